@@ -1,0 +1,174 @@
+"""The environment interface: what the runtime needs from a benchmark.
+
+The runtime (``rao_core.runtime``) owns the REPL sandboxes, the policy and the limits. An environment
+owns the RL task data, the orchestrator-side state of one rollout (``Episode``: e.g. TextCraft's shared
+inventory) and its tools. Tool functions inside the REPL are stubs that send ``(name, args, kwargs)``
+back to the orchestrator, which calls ``Environment.call_tool``; model code can therefore never edit the
+environment state, the limits or its own reward (spec section 1).
+
+Contract for implementers:
+- ``tools()`` lists the REPL tools with a signature and a one-paragraph doc used in the system prompt.
+  ``launch_subagent`` and ``finish`` are provided by the runtime; an environment only describes how
+  ``launch_subagent`` maps its arguments to a child (``child_spec``) and may declare extra finishing
+  tools (``ToolSpec.finishes=True``, e.g. ART-E's ``return_final_answer``): the value returned by
+  ``call_tool`` for such a tool becomes the node's result.
+- Errors the agent should see (bad item name, malformed ingredients) are raised as ``ToolError``; the
+  stub re-raises them inside the REPL as a plain exception with that message. Any other exception is a
+  bug in the environment.
+- ``call_tool`` may be called concurrently for sibling nodes from one asyncio loop; it is synchronous
+  and must keep the episode state consistent (no awaits inside).
+- ``verify`` is the exact verifier: a success in [0, 1] for a node, or None when this environment cannot
+  check that node exactly (the judging stage then uses an LLM judge or the root proxy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rao_core.tree import Node
+
+
+class ToolError(Exception):
+    """An error reported to the agent as a message (never kills the node)."""
+
+
+class Task(BaseModel):
+    """One RL task (a "problem"), as stored in a task file (one JSON object per line).
+
+    ``data`` is environment-specific (TextCraft: targets, inventory, gold plan; Oolong: context and
+    question; ...). ``split`` is "train" | "validation" | "test".
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    env: str
+    split: str = "train"
+    difficulty: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolSpec(BaseModel):
+    """A REPL tool as shown to the policy. ``signature`` like ``craft(ingredients: dict, target: tuple)``."""
+
+    name: str
+    signature: str
+    doc: str
+    finishes: bool = False  # calling it ends the node with the returned value as result
+
+
+class ChildSpec(BaseModel):
+    """What ``launch_subagent(...)`` asked for, after the environment validated it."""
+
+    goal: str  # the child's goal text (its first user message)
+    goal_args: dict[str, Any] = Field(default_factory=dict)  # structured goal (TextCraft targets)
+    max_steps: int | None = None  # step budget requested for the child (capped by the runtime)
+
+
+class Episode(BaseModel):
+    """Orchestrator-side state of one rollout tree. Environments subclass it."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    task: Task
+
+
+class Environment(ABC):
+    """Base class of the four benchmarks. Instances are cheap and hold configuration only."""
+
+    name: ClassVar[str]
+    #: True when every node (not only roots) has an exact verifier (TextCraft-Synth).
+    exact_subtask_verifier: ClassVar[bool] = False
+    #: Signature of launch_subagent shown to the policy.
+    subagent_signature: ClassVar[str] = "launch_subagent(goal: str, context: str = '') -> object"
+    subagent_doc: ClassVar[str] = (
+        "Start a sub-agent with a fresh context on `goal` (plus optional `context` text) and return its "
+        "finish() value. Await it; run several at once with asyncio.gather."
+    )
+
+    @abstractmethod
+    def tools(self) -> list[ToolSpec]:
+        """The environment's REPL tools (besides launch_subagent and finish)."""
+
+    @abstractmethod
+    def new_episode(self, task: Task) -> Episode:
+        """Fresh orchestrator-side state for one rollout of ``task``."""
+
+    @abstractmethod
+    def root_goal(self, task: Task) -> ChildSpec:
+        """Goal text and structured goal of the root node."""
+
+    def child_spec(self, episode: Episode, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> ChildSpec:
+        """Validate ``launch_subagent(*args, **kwargs)``; raise ToolError with a clear message if bad.
+
+        Default: ``launch_subagent(goal: str, context: str = '')``.
+        """
+        goal = kwargs.pop("goal", args[0] if args else None)
+        context = kwargs.pop("context", args[1] if len(args) > 1 else "")
+        if not isinstance(goal, str) or not goal.strip():
+            raise ToolError("launch_subagent needs a non-empty goal string")
+        if kwargs:
+            raise ToolError(f"launch_subagent got unexpected arguments: {sorted(kwargs)}")
+        text = goal if not context else f"{goal}\n\nContext:\n{context}"
+        return ChildSpec(goal=text, goal_args={"goal": goal, "context": str(context)})
+
+    def on_node_start(self, episode: Episode, node: Node) -> None:
+        """Hook called before a node's first turn (e.g. snapshot the inventory into node.env_info)."""
+
+    def repl_variables(self, episode: Episode, node: Node) -> dict[str, Any]:
+        """JSON-serialisable variables pre-set in the node's REPL (e.g. Oolong's long ``context``)."""
+        return {}
+
+    @abstractmethod
+    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run tool ``name`` for ``node``; return a JSON-serialisable value or raise ToolError."""
+
+    def verify(self, episode: Episode, node: Node) -> float | None:
+        """Exact success s in [0, 1] of ``node`` (call after the node ended), or None if not checkable."""
+        return None
+
+    def extra_system_prompt(self) -> str:
+        """Environment-specific guidance appended to the system prompt (may be empty)."""
+        return ""
+
+
+def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+    """Load a JSON-lines task file; raises ValueError naming the file, line and field on bad input."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"task file not found: {path}")
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                tasks.append(Task.model_validate(json.loads(line)))
+            except Exception as e:
+                raise ValueError(f"{path}:{i}: malformed task record: {e}") from e
+    return tasks
+
+
+def write_tasks(path: str | os.PathLike[str], tasks: list[Task]) -> Path:
+    """Write tasks as JSON lines atomically, with sorted keys so the same tasks give the same bytes."""
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for t in tasks:
+                f.write(json.dumps(t.model_dump(), sort_keys=True, separators=(",", ":")))
+                f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

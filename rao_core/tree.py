@@ -1,0 +1,234 @@
+"""Typed, serialisable execution-tree records (the record passed between every pipeline stage).
+
+An *execution tree* is the set of agent *nodes* grown while one policy solves one RL task
+(`shared/spec/rao-algorithm.md`, section 1). Nodes point to their parent by id, so depth, children
+and training samples all come from walking the flat node list.
+
+Serialisation: one tree per JSON line (``ExecutionTree.model_dump_json()``), versioned by
+``schema_version``; ``read_trees``/``write_trees`` round-trip to an equal object. ``write_trees`` is
+atomic (temporary file + rename), so a file is complete or absent.
+
+Token bookkeeping (spec section 6, "token in, token out"): every turn records the exact prompt ids the
+server saw and the ids it generated with their log-probs. A node's trajectory is the last turn's prompt
+ids followed by its completion ids; ``assistant_mask`` is 1 exactly on the ids that this node's own
+generations produced, and ``behaviour_logprobs`` holds their log-probs (0.0 where the mask is 0).
+
+Departures from the paper: none in the record itself; end reasons and timings are project additions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class EndReason(StrEnum):
+    """Why a node stopped. Every limit that stops a node has its own value."""
+
+    FINISHED = "finished"  # the node's code called finish(...) (or an env's finishing tool)
+    MAX_STEPS = "max_steps"  # per-node step limit reached without finish
+    CONTEXT_OVERFLOW = "context_overflow"  # the next prompt would exceed the node's context window
+    TREE_STEP_BUDGET = "tree_step_budget"  # the whole tree's optional step budget is spent
+    TREE_TIMEOUT = "tree_timeout"  # the wall-clock limit of the tree elapsed
+    POLICY_ERROR = "policy_error"  # the policy server failed (dead, timeouts after retries)
+    TOKEN_PREFIX_BREAK = "token_prefix_break"  # a turn's prompt ids did not extend the previous ids
+    SANDBOX_ERROR = "sandbox_error"  # the node's REPL process died or could not start
+    CANCELLED = "cancelled"  # the parent or the tree was cancelled
+    RUNNING = "running"  # not ended yet (only in live views)
+
+
+class CellStatus(StrEnum):
+    """Outcome of running one code cell in the sandbox."""
+
+    OK = "ok"
+    ERROR = "error"  # the cell raised; the traceback is in the observation
+    TIMEOUT = "timeout"  # per-cell wall-clock or CPU limit
+    MEMORY = "memory"  # per-cell memory limit
+    KILLED = "killed"  # the REPL process died (os._exit, signal, fork bomb...)
+    NO_CODE = "no_code"  # the assistant message held no code cell
+
+
+class Turn(BaseModel):
+    """One policy generation of a node and the cell it produced.
+
+    ``prompt_token_ids`` are exactly the ids the server received; ``completion_token_ids`` and
+    ``completion_logprobs`` (natural log, same length) exactly what it returned.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    text: str  # the decoded assistant message
+    finish_reason: str | None = None  # "stop" | "length" | ...
+    code: str | None = None  # the code cell extracted from ``text``
+    observation: str | None = None  # what the cell printed (truncated), shown to the node next
+    cell_status: CellStatus | None = None
+    queue_s: float = 0.0  # waiting for a concurrency slot, seconds
+    generation_s: float = 0.0  # policy request latency, seconds
+    execution_s: float = 0.0  # cell execution in the sandbox, seconds
+
+
+class NodeTimings(BaseModel):
+    """Wall-clock accounting of one node, seconds. ``started_at`` is a UNIX timestamp."""
+
+    started_at: float = 0.0
+    wall_s: float = 0.0
+    queue_s: float = 0.0
+    generation_s: float = 0.0
+    execution_s: float = 0.0
+
+
+class Node(BaseModel):
+    """One agent instance solving one (sub-)task: a trajectory tau_X of spec section 1.
+
+    Scoring fields (``success``, ``success_source``, ``reward``, ``judge``) are empty after rollout and
+    filled by the judging stage: ``success`` is s(X, tau_X) of Eq. (1) in [0, 1] or NaN when the judgement
+    failed; ``reward`` is R(X, tau_X) of Eq. (1).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str
+    parent_id: str | None = None
+    depth: int = 0
+    goal: str
+    goal_args: dict[str, Any] = Field(default_factory=dict)  # structured goal, e.g. TextCraft targets
+    max_steps: int | None = None  # per-node step limit in force for this node
+    messages: list[dict[str, Any]] = Field(default_factory=list)  # readable chat view of the context
+    turns: list[Turn] = Field(default_factory=list)
+    token_ids: list[int] = Field(default_factory=list)  # [T] full trajectory of this node
+    assistant_mask: list[int] = Field(default_factory=list)  # [T] 1 on this node's generated ids
+    behaviour_logprobs: list[float] = Field(default_factory=list)  # [T] log pi_old, 0.0 where mask 0
+    children: list[str] = Field(default_factory=list)  # ids of direct children, launch order
+    result: Any = None  # the value passed to finish(...), JSON-serialisable
+    end_reason: EndReason = EndReason.RUNNING
+    error: str | None = None  # human-readable detail for non-"finished" ends
+    env_info: dict[str, Any] = Field(default_factory=dict)  # env bookkeeping (e.g. inventory at start)
+    timings: NodeTimings = Field(default_factory=NodeTimings)
+    # Filled by judging (issue 7) and credit assignment (Eq. 1):
+    success: float | None = None
+    success_source: str | None = None  # "verifier" | "judge" | "proxy" | "none"
+    reward: float | None = None
+    judge: dict[str, Any] | None = None  # verdict, reason, raw text, model, cached
+
+    @property
+    def finished(self) -> bool:
+        """True when the node ended by calling finish."""
+        return self.end_reason == EndReason.FINISHED
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens of the node's trajectory not generated by it (system, goal, observations)."""
+        return len(self.token_ids) - sum(self.assistant_mask)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """Tokens generated by this node (the ones that get a gradient)."""
+        return sum(self.assistant_mask)
+
+
+class ExecutionTree(BaseModel):
+    """One rollout: all nodes grown from one root for one RL task.
+
+    ``group_id`` identifies the G rollouts of the same task in one iteration (the group of Eq. 3);
+    ``rollout_index`` is g in 0..G-1.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    tree_id: str
+    env: str
+    task_id: str
+    group_id: str = ""
+    rollout_index: int = 0
+    root_id: str
+    nodes: list[Node]
+    wall_s: float = 0.0
+    error: str | None = None  # set when the rollout itself crashed (partial tree kept)
+    policy: str = ""  # model name / checkpoint / scripted policy name
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    def node(self, node_id: str) -> Node:
+        """Return the node with ``node_id``; raises KeyError naming the id if absent."""
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise KeyError(f"tree {self.tree_id} has no node {node_id!r}")
+
+    @property
+    def root(self) -> Node:
+        """The root node (depth 0)."""
+        return self.node(self.root_id)
+
+    def children_of(self, node_id: str) -> list[Node]:
+        """Direct children of ``node_id`` in launch order."""
+        return [n for n in self.nodes if n.parent_id == node_id]
+
+    @property
+    def depth(self) -> int:
+        """Maximum node depth (0 for a root-only tree)."""
+        return max((n.depth for n in self.nodes), default=0)
+
+    def walk(self) -> Iterator[Node]:
+        """Nodes in depth-first pre-order from the root."""
+        by_parent: dict[str | None, list[Node]] = {}
+        for n in self.nodes:
+            by_parent.setdefault(n.parent_id, []).append(n)
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(reversed(by_parent.get(n.node_id, [])))
+
+
+def is_nan(x: float | None) -> bool:
+    """True for None or NaN (an unscored value)."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def write_trees(path: str | os.PathLike[str], trees: Iterable[ExecutionTree]) -> Path:
+    """Write trees as JSON lines atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for t in trees:
+                f.write(t.model_dump_json())
+                f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_trees(path: str | os.PathLike[str]) -> list[ExecutionTree]:
+    """Read a JSON-lines tree file; raises ValueError naming the file and line on a bad record."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                t = ExecutionTree.model_validate_json(line)
+            except Exception as e:  # pydantic.ValidationError or JSON error
+                raise ValueError(f"{path}:{i}: not a valid execution tree record: {e}") from e
+            if t.schema_version != SCHEMA_VERSION:
+                raise ValueError(
+                    f"{path}:{i}: schema_version {t.schema_version}, expected {SCHEMA_VERSION}"
+                )
+            out.append(t)
+    return out
