@@ -133,6 +133,14 @@ class Environment(ABC):
         """Exact success s in [0, 1] of ``node`` (call after the node ended), or None if not checkable."""
         return None
 
+    def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
+                       **options: Any) -> list[Task]:
+        """Seeded offline generator: ``n`` tasks of ``difficulty`` from ``split``; same seed, same tasks.
+
+        Raises NotImplementedError for environments without a generator, ValueError for a bad option.
+        """
+        raise NotImplementedError(f"environment {self.name!r} has no task generator")
+
     def extra_system_prompt(self) -> str:
         """Environment-specific guidance appended to the system prompt (may be empty)."""
         return ""
