@@ -121,6 +121,13 @@ class Environment(ABC):
     def on_node_start(self, episode: Episode, node: Node) -> None:
         """Hook called before a node's first turn (e.g. snapshot the inventory into node.env_info)."""
 
+    def on_node_end(self, episode: Episode, node: Node) -> None:
+        """Hook called once when a node has ended (any end reason), before its parent resumes.
+
+        Used to snapshot node-end state that ``verify`` needs later (TextCraft: target counts when the
+        node finished, since the parent may consume them afterwards). Default: nothing.
+        """
+
     def repl_variables(self, episode: Episode, node: Node) -> dict[str, Any]:
         """JSON-serialisable variables pre-set in the node's REPL (e.g. Oolong's long ``context``)."""
         return {}
