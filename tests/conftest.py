@@ -1,0 +1,63 @@
+"""Shared fixtures: real services started once per test session.
+
+- ``vllm_tiny``: a vLLM OpenAI server on the tiny random model (2-3 minutes to start on CPU). Set
+  ``RAO_TEST_VLLM_URL`` (+ ``RAO_TEST_VLLM_MODEL``, ``RAO_TEST_VLLM_MODEL_PATH``) to reuse a running one.
+- ``s3_server``: SeaweedFS on loopback with a bucket; ``mlflow_uri``: SQLite tracking in a temp folder;
+  ``prefect_harness``: one session-wide Prefect test harness.
+Tests needing them are marked ``vllm`` / ``services``; ``-m "not vllm"`` skips the slow ones.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@dataclass
+class ServedModel:
+    """What a test needs to talk to a served model."""
+
+    base_url: str
+    model: str
+    model_path: Path
+    server: object | None = None
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    from infra.models import require_model
+    from rao_core.paths import tiny_model_path as p
+
+    return require_model(p())
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny(tmp_path_factory, tiny_model_path):
+    url = os.environ.get("RAO_TEST_VLLM_URL")
+    if url:
+        yield ServedModel(url, os.environ.get("RAO_TEST_VLLM_MODEL", "policy"),
+                          Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)))
+        return
+    from infra.serving import VLLMServer
+
+    # Serve a private copy so tests that reload weights never touch the shared model folder.
+    import shutil
+
+    served = tmp_path_factory.mktemp("served") / "tiny"
+    shutil.copytree(tiny_model_path, served)
+    server = VLLMServer(served, served_model_name="policy", max_model_len=4096,
+                        log_dir=tmp_path_factory.mktemp("vllm-logs"))
+    server.start()
+    try:
+        yield ServedModel(server.base_url, server.model, served, server)
+    finally:
+        server.stop()
