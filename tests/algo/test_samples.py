@@ -1,0 +1,165 @@
+"""build_samples: Eqs. (1), (3), (4), (5) over a batch of trees, checked by hand and by a naive loop."""
+
+import math
+
+import pytest
+
+from rao_core.advantages import depth_weights
+from rao_core.rewards import assign_rewards, local_node_reward
+from rao_core.samples import SampleBatch, build_samples, read_samples, write_samples
+from tests.algo.helpers import node, tree, wide_tree
+
+
+def by_id(batch: SampleBatch):
+    return {(s.tree_id, s.node_id): s for s in batch.samples}
+
+
+def test_one_group_of_two_trees():
+    # tree A: root s=1, child s=1 -> R(root) = 1 + 0.5 * 1 = 1.5, R(child) = 1
+    # tree B: root s=0 (leaf)      -> R(root) = 0
+    # b_A = r_B = 0, b_B = r_A = 1.5
+    # A(A.root) = 1.5 - 0 = 1.5; A(A.child) = 1 - 0 = 1; A(B.root) = 0 - 1.5 = -1.5
+    # depths kept: 0, 1, 0 -> N = 3, K = 2, alpha = 1.5: w_0 = 1.5/2 = 0.75, w_1 = 1.5/1 = 1.5
+    ta = tree("A", "g", [node("r", None, 0, 1.0), node("c", "r", 1, 1.0)])
+    tb = tree("B", "g", [node("r", None, 0, 0.0)])
+    batch = build_samples([ta, tb], lam=0.5)
+    s = by_id(batch)
+    assert len(batch) == 3
+    assert s["A", "r"].reward == pytest.approx(1.5) and s["A", "r"].baseline == pytest.approx(0.0)
+    assert s["A", "r"].advantage == pytest.approx(1.5)
+    assert s["A", "c"].advantage == pytest.approx(1.0)
+    assert s["B", "r"].advantage == pytest.approx(-1.5) and s["B", "r"].baseline == pytest.approx(1.5)
+    assert [s["A", "r"].weight, s["A", "c"].weight, s["B", "r"].weight] == pytest.approx([0.75, 1.5, 0.75])
+    assert s["A", "c"].depth == 1 and s["A", "c"].group_id == "g"
+    # token data copied as is
+    assert s["A", "c"].token_ids == ta.node("c").token_ids
+    assert s["A", "c"].assistant_mask == [0, 0, 1, 1] and s["A", "c"].behaviour_logprobs == [0, 0, -0.5, -0.5]
+    assert batch.stats.num_samples == 3 and batch.stats.dropped_nan_nodes == 0
+    assert ta.node("r").reward is None  # input not modified
+
+
+def test_group_with_nan_root():
+    # roots: A s=1, B s=NaN, C s=0 (lam irrelevant: leaves). B is dropped with all its nodes,
+    # b_A = r_C = 0, b_C = r_A = 1 -> A(A) = 1, A(C) = -1
+    ta = tree("A", "g", [node("r", None, 0, 1.0)])
+    tb = tree("B", "g", [node("r", None, 0, math.nan), node("c", "r", 1, 1.0)])
+    tc = tree("C", "g", [node("r", None, 0, 0.0)])
+    batch = build_samples([ta, tb, tc], lam=0.1)
+    s = by_id(batch)
+    assert set(s) == {("A", "r"), ("C", "r")}
+    assert s["A", "r"].advantage == pytest.approx(1.0) and s["C", "r"].advantage == pytest.approx(-1.0)
+    assert batch.stats.dropped_nan_root_trees == 1 and batch.stats.dropped_nodes_of_dropped_trees == 2
+    assert batch.stats.dropped_small_groups == 0
+
+
+def test_small_groups_dropped_and_counted():
+    # group g1 has 2 trees but one NaN root -> 1 scored root < 2 -> whole group dropped
+    # group g2 has a single tree (G = 1) -> dropped; group g3 is fine
+    g1 = [tree("A", "g1", [node("r", None, 0, 1.0)]), tree("B", "g1", [node("r", None, 0, None)])]
+    g2 = [tree("C", "g2", [node("r", None, 0, 1.0), node("k", "r", 1, 1.0)])]
+    g3 = [tree("D", "g3", [node("r", None, 0, 1.0)]), tree("E", "g3", [node("r", None, 0, 0.5)])]
+    batch = build_samples(g1 + g2 + g3, lam=0.0)
+    assert {(x.tree_id) for x in batch.samples} == {"D", "E"}
+    st = batch.stats
+    assert st.dropped_small_groups == 2 and st.dropped_nan_root_trees == 1
+    assert st.dropped_nodes_of_dropped_trees == 4 and st.num_groups == 3 and st.num_trees == 5
+
+
+def test_tree_of_only_a_root():
+    # two root-only trees: s = 0.75, 0.25; b = 0.25, 0.75; A = +0.5, -0.5; one depth -> w = 1
+    batch = build_samples([tree("A", "g", [node("r", None, 0, 0.75)]),
+                          tree("B", "g", [node("r", None, 0, 0.25)])], lam=0.5)
+    assert [x.advantage for x in batch.samples] == pytest.approx([0.5, -0.5])
+    assert [x.weight for x in batch.samples] == [1.0, 1.0]
+
+
+def test_wide_tree_weights_7_175_04375():
+    # two trees of 1 + 4 + 16 nodes would give N = 42, alpha = 14 and w = 14/2, 14/8, 14/32 = 7, 1.75, 0.4375
+    batch = build_samples([wide_tree("A", "g", 1.0), wide_tree("B", "g", 0.0)], lam=0.5)
+    w = {d: {x.weight for x in batch.samples if x.depth == d} for d in (0, 1, 2)}
+    assert w == {0: {7.0}, 1: {1.75}, 2: {0.4375}}
+    assert sum(x.weight for x in batch.samples) == pytest.approx(42)
+    # tree A: R(root) = 1 + 0.5 * 1 = 1.5, R(child) = 1.5, R(grandchild) = 1; tree B: all 0; b_A = 0, b_B = 1.5
+    s = by_id(batch)
+    assert s["A", "r"].advantage == pytest.approx(1.5) and s["A", "c0g0"].advantage == pytest.approx(1.0)
+    assert s["B", "c2"].advantage == pytest.approx(-1.5)
+    assert batch.stats.samples_per_depth == {0: 2, 1: 8, 2: 32}
+
+
+def test_nan_nodes_and_empty_nodes_dropped_and_counted():
+    # tree A: root s=1, child a s=NaN (dropped), child b s=1 but no assistant tokens (dropped)
+    ta = tree("A", "g", [node("r", None, 0, 1.0), node("a", "r", 1, math.nan), node("b", "r", 1, 1.0, n_gen=0)])
+    tb = tree("B", "g", [node("r", None, 0, 0.0)])
+    batch = build_samples([ta, tb], lam=1.0)
+    # R(A.r) = 1 + 1.0 * mean(valid children s = [1]) = 2; b_A = 0 -> A = 2; b_B = 2 -> A(B.r) = -2
+    assert {(x.tree_id, x.node_id): x.advantage for x in batch.samples} == pytest.approx({("A", "r"): 2.0, ("B", "r"): -2.0})
+    assert batch.stats.dropped_nan_nodes == 1 and batch.stats.dropped_empty_nodes == 1
+
+
+def test_uses_stored_rewards_when_lam_none():
+    ta = assign_rewards(tree("A", "g", [node("r", None, 0, 1.0), node("c", "r", 1, 0.0)]), lam=0.5)
+    tb = assign_rewards(tree("B", "g", [node("r", None, 0, 0.5)]), lam=0.5)
+    assert [x.advantage for x in build_samples([ta, tb]).samples] == pytest.approx([0.5, -0.5, -0.5])
+    with pytest.raises(ValueError, match="no reward"):
+        build_samples([tree("C", "h", [node("r", None, 0, 1.0)]), tree("D", "h", [node("r", None, 0, 1.0)])])
+
+
+def test_bad_records_raise():
+    bad = tree("A", "g", [node("r", None, 0, 1.0)])
+    bad.nodes[0].behaviour_logprobs.pop()
+    with pytest.raises(ValueError, match="node r: token_ids .* differ in length"):
+        build_samples([bad, tree("B", "g", [node("r", None, 0, 0.0)])], lam=0.0)
+    with pytest.raises(ValueError, match="empty group_id"):
+        build_samples([tree("A", "", [node("r", None, 0, 1.0)])], lam=0.0)
+    with pytest.raises(ValueError, match="appears twice"):
+        build_samples([tree("A", "g", [node("r", None, 0, 1.0)]), tree("A", "g", [node("r", None, 0, 1.0)])], lam=0.0)
+
+
+def test_batched_matches_naive_loop():
+    # a mixed batch: 2 groups, NaNs, different shapes; recompute everything with plain loops
+    import random
+
+    rng = random.Random(0)
+    trees = []
+    for g in range(2):
+        for k in range(3):
+            nodes = [node("r", None, 0, rng.choice([0.0, 0.5, 1.0]))]
+            for i in range(rng.randint(0, 3)):
+                nodes.append(node(f"c{i}", "r", 1, rng.choice([0.0, 1.0, math.nan])))
+                for j in range(rng.randint(0, 2)):
+                    nodes.append(node(f"c{i}g{j}", f"c{i}", 2, rng.choice([0.25, 1.0])))
+            trees.append(tree(f"t{g}{k}", f"g{g}", nodes))
+    lam = 0.3
+    batch = build_samples(trees, lam=lam)
+    naive = []
+    for t in trees:
+        def R(n):
+            return local_node_reward(n.success, [m.success for m in t.nodes if m.parent_id == n.node_id], lam)
+        others = [o for o in trees if o.group_id == t.group_id and o.tree_id != t.tree_id]
+        b = sum(R_root(o, lam) for o in others) / len(others)
+        for n in t.walk():
+            if n.success is None or math.isnan(n.success):
+                continue
+            naive.append((t.tree_id, n.node_id, n.depth, R(n) - b))
+    w = depth_weights([d for *_, d, _ in naive])
+    assert [(s.tree_id, s.node_id) for s in batch.samples] == [(a, b) for a, b, _, _ in naive]
+    assert [s.advantage for s in batch.samples] == pytest.approx([a for *_, a in naive])
+    assert [s.weight for s in batch.samples] == pytest.approx(w)
+
+
+def R_root(t, lam):
+    return local_node_reward(t.root.success, [m.success for m in t.nodes if m.parent_id == t.root_id], lam)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_write_read_roundtrip(tmp_path, suffix):
+    batch = build_samples([wide_tree("A", "g", 1.0), tree("B", "g", [node("r", None, 0, 0.0)])], lam=0.5)
+    p = write_samples(tmp_path / f"s{suffix}", batch)
+    back = read_samples(p)
+    assert back.samples == batch.samples
+    assert back.stats.num_samples == batch.stats.num_samples
+    if suffix == ".parquet":
+        assert back.stats == batch.stats
+    assert [f.name for f in tmp_path.iterdir()] == [f"s{suffix}"]  # no temp file left
+    with pytest.raises(ValueError, match="unknown samples format"):
+        write_samples(tmp_path / "s.csv", batch)
