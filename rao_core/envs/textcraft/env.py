@@ -1,0 +1,263 @@
+"""TextCraft-Synth environment: REPL tools over one shared inventory, exact verifier for every node.
+
+Tools (benchmarks spec, section 1): ``get_info(items)``, ``craft(ingredients, target)``,
+``view_inventory()``; ``finish(message)`` and ``launch_subagent(targets, num_steps, context="")`` are
+provided by the runtime, this module maps ``launch_subagent``'s arguments to a ``ChildSpec``.
+
+Shared inventory: the ``TextCraftEpisode`` holds ONE inventory for the whole execution tree; a sub-agent
+crafts into it. ``call_tool`` is synchronous and each craft checks and applies its change in one step,
+so sibling nodes interleaving crafts from one asyncio loop always see a consistent inventory.
+
+Verifier (exact, every node): success 1.0 iff the node ended by ``finish`` and, for every target,
+``count at node end - count at node start >= required``. Start counts are snapshotted by
+``on_node_start`` and end counts by ``on_node_end`` into ``node.env_info``; if the runtime never called
+``on_node_end``, ``verify`` falls back to the inventory at verification time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, ToolSpec
+from rao_core.envs.textcraft.graph import RecipeGraph
+from rao_core.envs.textcraft.tasks import ENV_NAME, generate_textcraft_tasks, graph_of
+from rao_core.tree import EndReason, Node
+
+
+class TextCraftEpisode(Episode):
+    """Orchestrator-side state of one rollout: the shared inventory ({item: count > 0})."""
+
+    inventory: dict[str, int] = Field(default_factory=dict)
+    graph: Any = Field(default=None, exclude=True)  # RecipeGraph (rebuilt from the task's graph seed)
+
+
+def format_targets(targets: dict[str, int]) -> str:
+    """``{"m3_i1": 2}`` -> ``"2 x m3_i1"`` (comma separated, in the given order)."""
+    return ", ".join(f"{c} x {i}" for i, c in targets.items())
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+class TextCraftEnv(Environment):
+    """TextCraft-Synth (``textcraft-synth``): craft target items from a tiered synthetic recipe graph."""
+
+    name = ENV_NAME
+    exact_subtask_verifier = True
+    subagent_signature = "launch_subagent(targets: dict, num_steps: int, context: str = '') -> object"
+    subagent_doc = (
+        "Start a sub-agent with a fresh context whose goal is to craft `targets` ({item: count}) into the "
+        "SAME shared inventory within `num_steps` steps; `context` is optional extra text for it (e.g. "
+        "recipes you already know). Returns the sub-agent's finish() message. Await it; run independent "
+        "sub-agents at once with `await asyncio.gather(launch_subagent(...), launch_subagent(...))`. "
+        "A sub-agent succeeds only if it crafts its targets and calls finish."
+    )
+
+    def tools(self) -> list[ToolSpec]:
+        """``get_info``, ``craft``, ``view_inventory``."""
+        return [
+            ToolSpec(name="get_info", signature="get_info(items: list[str]) -> list[dict]",
+                     doc="For each item: whether it is craftable or a base material, how many you hold, its "
+                         "crafting depth, and its recipes as {'ingredients': {item: count}, 'result_count': n} "
+                         "(one execution consumes the ingredients and yields result_count items)."),
+            ToolSpec(name="craft", signature="craft(ingredients: dict, target: tuple) -> str",
+                     doc="Craft target=(item, total). `total` must be a multiple of the recipe's result_count "
+                         "and `ingredients` exactly the recipe's ingredients times total/result_count. "
+                         "Consumes the ingredients from the shared inventory and adds `total` of the item."),
+            ToolSpec(name="view_inventory", signature="view_inventory() -> dict",
+                     doc="The shared inventory as {item: count}."),
+        ]
+
+    def extra_system_prompt(self) -> str:
+        """Rules of the crafting world shown to every node."""
+        return (
+            "Crafting world: item names are opaque ids like `m3_i5` (domain m, tier 3). Base materials "
+            "(depth 0) cannot be crafted; you only have what the inventory holds. Use get_info to read "
+            "recipes before crafting; craft ingredients before the items that need them. All agents share "
+            "one inventory. Call finish(message) when your targets are crafted."
+        )
+
+    # -- episode ---------------------------------------------------------------------------------------
+    def new_episode(self, task: Task) -> TextCraftEpisode:
+        """Fresh shared inventory from ``task.data['inventory']``; raises ValueError on malformed data."""
+        inv = task.data.get("inventory")
+        if not isinstance(inv, dict) or not all(_is_count(v) or v == 0 for v in inv.values()):
+            raise ValueError(f"task {task.task_id}: data.inventory must be {{item: count >= 0}}")
+        graph = graph_of(task)
+        unknown = [i for i in inv if i not in graph.tier]
+        if unknown:
+            raise ValueError(f"task {task.task_id}: inventory items not in the recipe graph: {unknown[:5]}")
+        return TextCraftEpisode(task=task, inventory={k: v for k, v in inv.items() if v > 0}, graph=graph)
+
+    def root_goal(self, task: Task) -> ChildSpec:
+        """Goal text listing the task's targets; ``goal_args = {"targets": {...}}``."""
+        targets = self._check_targets(task.data.get("targets"), graph_of(task), where=f"task {task.task_id}")
+        return ChildSpec(goal=self.goal_text(targets), goal_args={"targets": targets})
+
+    @staticmethod
+    def goal_text(targets: dict[str, int], context: str = "") -> str:
+        """The natural-language goal of a node crafting ``targets`` (plus the parent's context, if any)."""
+        text = (f"Craft these items into the shared inventory: {format_targets(targets)}. You succeed when "
+                "your inventory holds at least that many more of each item than when you started, and you "
+                "have called finish(message).")
+        if context:
+            text += f"\n\nContext from the parent agent:\n{context}"
+        return text
+
+    def _check_targets(self, targets: Any, graph: RecipeGraph, where: str = "launch_subagent") -> dict[str, int]:
+        if not isinstance(targets, dict) or not targets:
+            raise ToolError(f"{where}: targets must be a non-empty dict {{item: count}}, got {targets!r}")
+        out: dict[str, int] = {}
+        for item, count in targets.items():
+            if not isinstance(item, str) or item not in graph.tier:
+                raise ToolError(f"{where}: unknown item {item!r}")
+            if graph.is_base(item):
+                raise ToolError(f"{where}: {item} is a base material and cannot be crafted")
+            if not _is_count(count):
+                raise ToolError(f"{where}: count of {item} must be a positive int, got {count!r}")
+            out[item] = count
+        return out
+
+    def child_spec(self, episode: Episode, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> ChildSpec:
+        """Validate ``launch_subagent(targets: dict, num_steps: int, context: str = "")``.
+
+        Returns ``ChildSpec(goal=<text listing targets>, goal_args={"targets", "context"}, max_steps=num_steps)``.
+        Raises ToolError for missing/unknown arguments, unknown or base items, non-positive counts/steps.
+        """
+        assert isinstance(episode, TextCraftEpisode)
+        kwargs = dict(kwargs)
+        names = ["targets", "num_steps", "context"]
+        if len(args) > len(names):
+            raise ToolError(f"launch_subagent takes at most 3 positional arguments ({', '.join(names)}), "
+                            f"got {len(args)}")
+        values = dict(zip(names, args))
+        for k in list(kwargs):
+            if k not in names:
+                raise ToolError(f"launch_subagent got an unexpected argument {k!r}; expected {names}")
+            if k in values:
+                raise ToolError(f"launch_subagent got two values for {k!r}")
+            values[k] = kwargs.pop(k)
+        if "targets" not in values:
+            raise ToolError("launch_subagent needs targets: a dict {item: count}")
+        targets = self._check_targets(values["targets"], episode.graph)
+        num_steps = values.get("num_steps")
+        if num_steps is not None and not _is_count(num_steps):
+            raise ToolError(f"launch_subagent: num_steps must be a positive int, got {num_steps!r}")
+        context = values.get("context") or ""
+        if not isinstance(context, str):
+            raise ToolError(f"launch_subagent: context must be a string, got {type(context).__name__}")
+        return ChildSpec(goal=self.goal_text(targets, context), goal_args={"targets": targets, "context": context},
+                         max_steps=num_steps)
+
+    def on_node_start(self, episode: Episode, node: Node) -> None:
+        """Snapshot the node's target counts into ``node.env_info["start_counts"]``."""
+        assert isinstance(episode, TextCraftEpisode)
+        targets = node.goal_args.get("targets") or {}
+        node.env_info["start_counts"] = {i: episode.inventory.get(i, 0) for i in targets}
+
+    def on_node_end(self, episode: Episode, node: Node) -> None:
+        """Snapshot the node's target counts into ``node.env_info["end_counts"]``."""
+        assert isinstance(episode, TextCraftEpisode)
+        targets = node.goal_args.get("targets") or {}
+        node.env_info["end_counts"] = {i: episode.inventory.get(i, 0) for i in targets}
+
+    # -- tools -----------------------------------------------------------------------------------------
+    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run ``get_info`` / ``craft`` / ``view_inventory``; raises ToolError on any bad call."""
+        assert isinstance(episode, TextCraftEpisode)
+        if name == "get_info":
+            return self._get_info(episode, *self._bind(name, args, kwargs, ["items"]))
+        if name == "craft":
+            return self._craft(episode, *self._bind(name, args, kwargs, ["ingredients", "target"]))
+        if name == "view_inventory":
+            self._bind(name, args, kwargs, [])
+            return dict(sorted(episode.inventory.items()))
+        raise ToolError(f"unknown tool {name!r}; available: get_info, craft, view_inventory")
+
+    @staticmethod
+    def _bind(name: str, args: list[Any], kwargs: dict[str, Any], params: list[str]) -> list[Any]:
+        if len(args) > len(params):
+            raise ToolError(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}")
+        values = dict(zip(params, args))
+        for k, v in kwargs.items():
+            if k not in params:
+                raise ToolError(f"{name}() got an unexpected argument {k!r}")
+            if k in values:
+                raise ToolError(f"{name}() got two values for {k!r}")
+            values[k] = v
+        missing = [p for p in params if p not in values]
+        if missing:
+            raise ToolError(f"{name}() missing argument(s): {', '.join(missing)}")
+        return [values[p] for p in params]
+
+    def _get_info(self, ep: TextCraftEpisode, items: Any) -> list[dict]:
+        if isinstance(items, str):
+            items = [items]
+        if not isinstance(items, (list, tuple)) or not items or not all(isinstance(i, str) for i in items):
+            raise ToolError(f"get_info(items): items must be a list of item names, got {items!r}")
+        unknown = [i for i in items if i not in ep.graph.tier]
+        if unknown:
+            raise ToolError(f"get_info: unknown item(s): {', '.join(map(repr, unknown))}")
+        return [ep.graph.info(i, ep.inventory.get(i, 0)) for i in dict.fromkeys(items)]
+
+    def _craft(self, ep: TextCraftEpisode, ingredients: Any, target: Any) -> str:
+        g = ep.graph
+        if not (isinstance(target, (list, tuple)) and len(target) == 2):
+            raise ToolError(f"craft: target must be a pair (item, total), got {target!r}")
+        item, total = target
+        if not isinstance(item, str) or item not in g.tier:
+            raise ToolError(f"craft: unknown target item {item!r}")
+        if g.is_base(item):
+            raise ToolError(f"craft: {item} is a base material and cannot be crafted")
+        if not _is_count(total):
+            raise ToolError(f"craft: target total must be a positive int, got {total!r}")
+        recipe = g.recipes[item]
+        if total % recipe.result_count:
+            raise ToolError(f"craft: {item} is made {recipe.result_count} at a time; total {total} is not a "
+                            f"multiple of {recipe.result_count}")
+        k = total // recipe.result_count
+        expected = {i: c * k for i, c in recipe.ingredients.items()}
+        if not isinstance(ingredients, dict) or {str(i): c for i, c in ingredients.items()} != expected:
+            raise ToolError(f"craft: wrong ingredients for {total} x {item} ({k} execution(s) of "
+                            f"{dict(recipe.ingredients)} -> {recipe.result_count}); expected exactly {expected}, "
+                            f"got {ingredients!r}")
+        short = {i: (c, ep.inventory.get(i, 0)) for i, c in expected.items() if ep.inventory.get(i, 0) < c}
+        if short:
+            detail = ", ".join(f"{i} (need {c}, have {h})" for i, (c, h) in short.items())
+            raise ToolError(f"craft: not enough ingredients for {total} x {item}: {detail}")
+        for i, c in expected.items():  # check-then-apply with no await in between: atomic in the loop
+            left = ep.inventory[i] - c
+            if left:
+                ep.inventory[i] = left
+            else:
+                del ep.inventory[i]
+        ep.inventory[item] = ep.inventory.get(item, 0) + total
+        return f"Crafted {total} x {item} (now holding {ep.inventory[item]})."
+
+    # -- verification and generation -------------------------------------------------------------------
+    def verify(self, episode: Episode, node: Node) -> float | None:
+        """Exact success (1.0 / 0.0) of any node: finished and every target's count rose enough."""
+        assert isinstance(episode, TextCraftEpisode)
+        if node.end_reason != EndReason.FINISHED:
+            return 0.0
+        targets = node.goal_args.get("targets") or {}
+        if not targets:
+            raise ValueError(f"node {node.node_id}: goal_args has no targets; cannot verify")
+        start = node.env_info.get("start_counts")
+        if start is None:
+            raise ValueError(f"node {node.node_id}: env_info.start_counts missing (on_node_start not called)")
+        end = node.env_info.get("end_counts") or {i: episode.inventory.get(i, 0) for i in targets}
+        ok = all(end.get(i, 0) - start.get(i, 0) >= c for i, c in targets.items())
+        return 1.0 if ok else 0.0
+
+    def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
+                       **options: Any) -> list[Task]:
+        """Seeded tasks; options: ``graph_seed`` (0), ``items_per_tier`` (25). See ``generate_textcraft_tasks``."""
+        bad = set(options) - {"graph_seed", "items_per_tier"}
+        if bad:
+            raise ValueError(f"textcraft-synth: unknown generator option(s) {sorted(bad)}; "
+                             "expected graph_seed, items_per_tier")
+        return generate_textcraft_tasks(n=n, seed=seed, difficulty=difficulty, split=split, **options)

@@ -1,0 +1,207 @@
+"""TextCraft-Synth RL task generation: targets, starting inventory, gold crafting plan, split.
+
+A task (``Task.data``) stores:
+- ``targets``: {item: count} to craft; ``depth``: the largest target tier; ``difficulty``;
+- ``inventory``: the starting inventory (base materials only);
+- ``gold_plan``: the gold crafting plan, a list of ``{"item", "executions", "total", "ingredients"}`` in
+  crafting order (one batched craft per distinct intermediate, lowest tier first); replaying it with
+  ``craft(ingredients, (item, total))`` solves the task;
+- ``graph``: ``{"seed", "items_per_tier", "version"}``, enough to rebuild the recipe graph.
+
+Starting inventory (project choice, following the reference generator): the base materials needed by
+the *fully expanded* crafting tree, where every unit of every intermediate is crafted by its own
+recipe execution (yields ignored), plus a 0..50% buffer per base item and 1..3 distractor base items.
+This is an upper bound on what any plan uses that never crafts more executions than the units it needs,
+so every sensible decomposition into sub-agents (each crafting its own intermediates, with their own
+rounding to recipe yields) is feasible from the shared inventory, not only the gold plan.
+
+Split: per tier, a seeded 20% of the items (``VALIDATION_FRACTION``) are validation-only targets; train
+tasks never target them (they may still appear as intermediates).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from rao_core.envs.base import Task
+from rao_core.envs.textcraft.graph import GRAPH_VERSION, MAX_TIER, RecipeGraph, recipe_graph
+
+DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 6), "hard": (7, 9), "extreme": (10, 12)}
+VALIDATION_FRACTION = 0.2
+ENV_NAME = "textcraft-synth"
+
+
+def difficulty_of_depth(depth: int) -> str:
+    """Difficulty name of a crafting depth (2..12); raises ValueError outside 2..12."""
+    for name, (lo, hi) in DIFFICULTIES.items():
+        if lo <= depth <= hi:
+            return name
+    raise ValueError(f"crafting depth {depth} has no difficulty (expected 2..12)")
+
+
+def plan_crafts(graph: RecipeGraph, targets: dict[str, int], leaves: frozenset[str] | set[str] = frozenset()
+                ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Aggregated crafting plan for ``targets`` from scratch (ignores anything already held).
+
+    Every craftable item needed is crafted in one batch of ``ceil(need / result_count)`` executions,
+    needs being summed over all uses before rounding (items processed from the highest tier down, a
+    valid topological order since ingredients always sit at lower tiers). Items in ``leaves`` are not
+    expanded (e.g. items delegated to sub-agents).
+
+    Returns:
+        (crafts, leaf_needs): crafts in crafting order (lowest tier first), each
+        ``{"item", "executions", "total", "ingredients"}`` with ``ingredients`` = recipe x executions;
+        leaf_needs = {item: units} of base items and ``leaves`` items consumed.
+    """
+    need: dict[str, int] = {}
+    for item, count in targets.items():
+        need[item] = need.get(item, 0) + count
+    crafts: list[dict[str, Any]] = []
+    leaf_needs: dict[str, int] = {}
+    done: set[str] = set()
+    while True:
+        pending = [i for i in need if i not in done]
+        if not pending:
+            break
+        item = max(pending, key=lambda i: (graph.tier[i], i))
+        done.add(item)
+        n = need[item]
+        if graph.is_base(item) or (item in leaves and item not in targets):
+            leaf_needs[item] = leaf_needs.get(item, 0) + n
+            continue
+        recipe = graph.recipes[item]
+        execs = -(-n // recipe.result_count)
+        ingredients = {i: c * execs for i, c in recipe.ingredients.items()}
+        crafts.append({"item": item, "executions": execs, "total": execs * recipe.result_count,
+                       "ingredients": ingredients})
+        for i, c in ingredients.items():
+            need[i] = need.get(i, 0) + c
+    crafts.sort(key=lambda c: (graph.tier[c["item"]], c["item"]))
+    return crafts, leaf_needs
+
+
+_PER_UNIT: dict[tuple[int, int], dict[str, dict[str, int]]] = {}
+
+
+def expanded_base_needs(graph: RecipeGraph, targets: dict[str, int]) -> dict[str, int]:
+    """Base units used by the fully expanded crafting tree (one execution per unit; yields ignored)."""
+    memo = _PER_UNIT.setdefault((graph.seed, graph.items_per_tier), {})
+
+    def per_unit(item: str) -> dict[str, int]:
+        if item in memo:
+            return memo[item]
+        if graph.is_base(item):
+            out = {item: 1}
+        else:
+            out = {}
+            for ing, c in graph.recipes[item].ingredients.items():
+                for b, k in per_unit(ing).items():
+                    out[b] = out.get(b, 0) + c * k
+        memo[item] = out
+        return out
+
+    total: dict[str, int] = {}
+    for item, count in targets.items():
+        for b, k in per_unit(item).items():
+            total[b] = total.get(b, 0) + k * count
+    return total
+
+
+def split_items(graph: RecipeGraph) -> dict[str, dict[int, list[str]]]:
+    """Train / validation target items per tier (1..12): a seeded ``VALIDATION_FRACTION`` held out per tier."""
+    rng = random.Random(f"textcraft-synth-split:{graph.seed}:{graph.items_per_tier}")
+    out: dict[str, dict[int, list[str]]] = {"train": {}, "validation": {}}
+    for tier in range(1, MAX_TIER + 1):
+        items = sorted(graph.by_tier[tier])
+        rng.shuffle(items)
+        n_val = max(1, round(len(items) * VALIDATION_FRACTION))
+        out["validation"][tier] = sorted(items[:n_val])
+        out["train"][tier] = sorted(items[n_val:])
+    return out
+
+
+def _max_targets(difficulty: str) -> tuple[int, int]:
+    # (max number of target items, max count per target)
+    return (1, 3) if difficulty in ("easy", "medium") else (1, 2)
+
+
+def generate_textcraft_tasks(*, n: int, seed: int, difficulty: str | None = None, split: str = "train",
+                             graph_seed: int = 0, items_per_tier: int = 25) -> list[Task]:
+    """``n`` seeded TextCraft-Synth tasks; same arguments, same tasks (and same bytes via write_tasks).
+
+    Args:
+        n: number of tasks (>= 1).
+        seed: task sampling seed.
+        difficulty: "easy" | "medium" | "hard" | "extreme", or None / "mixed" to cycle through all four.
+        split: "train" or "validation" ("test" is treated as "validation": held-out targets).
+        graph_seed: seed of the recipe graph (shared by train and validation tasks; keep it fixed).
+        items_per_tier: items per domain and tier of the recipe graph.
+
+    Raises:
+        ValueError: bad ``n``, ``difficulty`` or ``split``.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if difficulty in (None, "mixed"):
+        levels = list(DIFFICULTIES)
+    elif difficulty in DIFFICULTIES:
+        levels = [difficulty]
+    else:
+        raise ValueError(f"unknown difficulty {difficulty!r}; expected one of {[*DIFFICULTIES, 'mixed']}")
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"unknown split {split!r}; expected 'train', 'validation' or 'test'")
+    graph = recipe_graph(graph_seed, items_per_tier)
+    pool_split = split_items(graph)["train" if split == "train" else "validation"]
+    rng = random.Random(f"textcraft-synth-tasks:{seed}:{split}:{difficulty}")
+    all_base = sorted(graph.by_tier[0])
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        level = levels[len(tasks) % len(levels)]
+        lo, hi = DIFFICULTIES[level]
+        depth = rng.randint(lo, hi)
+        max_targets, max_count = _max_targets(level)
+        n_targets = 1 if max_targets == 1 or rng.random() < 0.75 else 2
+        first = rng.choice(pool_split[depth])
+        targets = {first: rng.randint(1, max_count)}
+        if n_targets == 2:
+            other = rng.choice([i for t in range(lo, depth + 1) for i in pool_split[t] if i != first])
+            targets[other] = rng.randint(1, max_count)
+        key = repr(sorted(targets.items()))
+        if key in seen and attempts < 20 * n:
+            continue
+        seen.add(key)
+        needs = expanded_base_needs(graph, targets)
+        inventory = {b: c + rng.randint(0, c // 2) for b, c in sorted(needs.items())}
+        distractors = [b for b in all_base if b not in inventory]
+        for b in rng.sample(distractors, min(len(distractors), rng.randint(1, 3))):
+            inventory[b] = rng.randint(1, 5)
+        crafts, _ = plan_crafts(graph, targets)
+        tasks.append(Task(
+            task_id=f"tcs-{split}-{level}-s{seed}-{len(tasks):05d}",
+            env=ENV_NAME,
+            split=split,
+            difficulty=level,
+            data={
+                "targets": targets,
+                "inventory": dict(sorted(inventory.items())),
+                "depth": max(graph.tier[t] for t in targets),
+                "gold_plan": crafts,
+                "num_gold_crafts": len(crafts),
+                "graph": {"seed": graph_seed, "items_per_tier": items_per_tier, "version": GRAPH_VERSION},
+            },
+        ))
+    return tasks
+
+
+def graph_of(task: Task) -> RecipeGraph:
+    """The recipe graph a task was generated on; raises ValueError if the task lacks graph data."""
+    g = task.data.get("graph")
+    if not isinstance(g, dict) or "seed" not in g:
+        raise ValueError(f"task {task.task_id}: data.graph (seed, items_per_tier) is missing")
+    if g.get("version", GRAPH_VERSION) != GRAPH_VERSION:
+        raise ValueError(f"task {task.task_id}: graph version {g.get('version')} != {GRAPH_VERSION}")
+    return recipe_graph(int(g["seed"]), int(g.get("items_per_tier", 25)))
