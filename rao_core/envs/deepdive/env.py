@@ -1,0 +1,325 @@
+"""The DeepDive environment: multi-hop deep research with ``search`` and ``open`` tools.
+
+Tools in the REPL: ``search(query, num=10)`` -> ranked ``[{"id", "title", "snippet"}]`` and
+``open(page_id, page=1)`` -> the page text, cut into chunks of ``page_chars`` characters (``page`` selects
+the chunk; a header says ``page i of n``). The node answers with the runtime's ``finish(answer)``.
+
+Departures from the reference: ``open(page_id)`` replaces ``click(link_id)``/``open(url)`` (ids are shown
+in results and in page links); the root verifier is an exact match against the answer and its aliases
+(``scoring.exact_match``), the offline stand-in for the judge; sub-agent nodes are not verified here
+(``verify`` returns None, the judging stage decides).
+
+Corpus storage: a generated task stores only the corpus parameters (``data["corpus"] = {"generator",
+"params"}``); the environment rebuilds the SQLite FTS5 database deterministically and caches it at
+``$RAO_HOME/cache/deepdive/<hash>.sqlite``. ``data["corpus"] = {"path": ...}`` points at a prebuilt
+database instead; ``None`` (real DeepDive records) needs a non-local backend.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, ToolSpec
+from rao_core.envs.deepdive.backends import HttpSearchBackend, LocalFTSBackend, SearchBackend, build_pages_db
+from rao_core.envs.deepdive.kg import (
+    GENERATOR_VERSION,
+    CorpusParams,
+    KnowledgeGraph,
+    build_graph,
+    random_walk_question,
+    render_pages,
+)
+from rao_core.envs.deepdive.scoring import exact_match
+from rao_core.envs.search import cache_dir, normalize_text, params_hash
+from rao_core.tree import Node
+
+#: difficulty name -> inclusive range of hops k. "k<N>" (e.g. "k3") asks for exactly N hops.
+DIFFICULTY_HOPS: dict[str, tuple[int, int]] = {"easy": (1, 2), "medium": (3, 4), "hard": (5, 7)}
+_SPLIT_SALT = {"train": (2, 3, 4, 5, 6, 7, 8, 9), "validation": (1,), "test": (0,)}
+
+
+class DeepDiveConfig(BaseModel):
+    """Configuration of the DeepDive environment (tools and search backend)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local", "http"] = Field("local", description="'local': SQLite FTS5 over the task's "
+                                              "corpus; 'http': HttpSearchBackend at http_base_url.")
+    http_base_url: str | None = Field(None, description="Base URL of the search API proxy (backend='http').")
+    http_api_key_env: str | None = Field(None, description="Name of the environment variable holding the "
+                                         "search API key (never the key itself).")
+    page_chars: int = Field(1500, ge=200, description="Characters per chunk returned by open().")
+    max_results: int = Field(10, ge=1, le=50, description="Upper bound on search(num=...).")
+    title_weight: float = Field(4.0, gt=0, description="bm25 weight of the title column (body = 1).")
+    snippet_tokens: int = Field(24, ge=4, le=64, description="Tokens per search snippet.")
+
+
+class DeepDiveEpisode(Episode):
+    """One rollout's state: the search backend of the task, the question (for the leak filter), a log."""
+
+    backend: Any
+    question: str
+    searches: list[str] = Field(default_factory=list)
+    opened: list[str] = Field(default_factory=list)
+
+
+def corpus_db_path(params: CorpusParams) -> Path:
+    """Where the generated corpus of ``params`` is cached (built on first use)."""
+    key = params_hash({"generator": GENERATOR_VERSION, **params.model_dump()})
+    return cache_dir("deepdive") / f"{key}.sqlite"
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def ensure_corpus(params: CorpusParams) -> Path:
+    """Build (once) and return the SQLite FTS5 database of the generated corpus of ``params``."""
+    path = corpus_db_path(params)
+    with _BUILD_LOCK:
+        if not path.exists():
+            build_pages_db(render_pages(build_graph(params)), path)
+    return path
+
+
+def hops_for(difficulty: str | None, rng: random.Random) -> int:
+    """Hop count k for ``difficulty`` ('easy' 1-2, 'medium' 3-4, 'hard' 5-7, 'k<N>'); ValueError if unknown."""
+    d = difficulty or "medium"
+    if d.startswith("k") and d[1:].isdigit() and int(d[1:]) >= 1:
+        return int(d[1:])
+    if d not in DIFFICULTY_HOPS:
+        raise ValueError(f"unknown DeepDive difficulty {difficulty!r}; expected one of "
+                         f"{sorted(DIFFICULTY_HOPS)} or 'k<N>' (e.g. 'k5')")
+    lo, hi = DIFFICULTY_HOPS[d]
+    return rng.randint(lo, hi)
+
+
+class DeepDiveEnv(Environment):
+    """DeepDive (spec ``benchmarks.md`` section 3). ``DeepDiveEnv(**DeepDiveConfig fields, search_backend=...)``.
+
+    ``search_backend`` (optional) is any object implementing ``SearchBackend``; it overrides the
+    configured backend for every task (e.g. a custom engine).
+    """
+
+    name = "deepdive"
+
+    def __init__(self, search_backend: SearchBackend | None = None, **options: Any):
+        self.config = DeepDiveConfig(**options)
+        if search_backend is not None and not isinstance(search_backend, SearchBackend):
+            raise TypeError("search_backend must implement search(query, num) and open(page_id)")
+        self._custom = search_backend
+        self._backends: dict[str, SearchBackend] = {}
+
+    # ----------------------------------------------------------------- tasks
+    def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
+                       **options: Any) -> list[Task]:
+        """``n`` k-hop questions over the corpus of ``CorpusParams(seed=corpus_seed or seed, ...)``.
+
+        Options: ``hops`` (int, overrides difficulty), ``corpus_seed`` (int, default ``seed``) and any
+        ``CorpusParams`` field (``n_people``...). Start entities are partitioned by split (test: ids whose
+        index ends in 0, validation: 1, train: the rest), so splits never share a start entity.
+        Raises ValueError for an unknown option, split or difficulty.
+        """
+        if split not in _SPLIT_SALT:
+            raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLIT_SALT)}")
+        opts = dict(options)
+        hops_opt = opts.pop("hops", None)
+        corpus_seed = opts.pop("corpus_seed", seed)
+        unknown = sorted(set(opts) - set(CorpusParams.model_fields) - {"seed"})
+        if unknown:
+            raise ValueError(f"unknown DeepDive generator options {unknown}; expected hops, corpus_seed or "
+                             f"{sorted(CorpusParams.model_fields)}")
+        opts.pop("seed", None)
+        params = CorpusParams(seed=int(corpus_seed), **opts)
+        kg = build_graph(params)
+        starts = [e for e in kg.entities if int(e.split("-")[1]) % 10 in _SPLIT_SALT[split]]
+        rng = random.Random(f"deepdive-questions:{seed}:{split}:{difficulty}:{hops_opt}")
+        if hops_opt is not None:
+            hops_for(f"k{int(hops_opt)}", rng)  # validates
+        else:
+            hops_for(difficulty, random.Random(0))  # validates before the loop
+        tasks = []
+        for i in range(n):
+            k = int(hops_opt) if hops_opt is not None else hops_for(difficulty, rng)
+            q = random_walk_question(kg, rng, k, starts)
+            tasks.append(Task(
+                task_id=f"deepdive-{split}-s{seed}-{difficulty or 'medium'}-{i:05d}", env="deepdive",
+                split=split, difficulty=difficulty or ("k%d" % k if hops_opt is not None else "medium"),
+                data={"question": q.question, "answer": q.answer, "answers": q.answers, "hops": k,
+                      "corpus": {"generator": GENERATOR_VERSION, "params": params.model_dump()},
+                      "gold": {"start_query": q.start_query, "path": q.path, "relations": q.relations,
+                               "attribute": q.attribute}},
+            ))
+        return tasks
+
+    @staticmethod
+    def graph_for(task: Task) -> KnowledgeGraph:
+        """Rebuild the knowledge graph of a generated task (for tests and analysis)."""
+        corpus = task.data.get("corpus") or {}
+        if "params" not in corpus:
+            raise ValueError(f"task {task.task_id} has no generated corpus")
+        return build_graph(CorpusParams(**corpus["params"]))
+
+    # -------------------------------------------------------------- episodes
+    def _backend(self, task: Task) -> SearchBackend:
+        if self._custom is not None:
+            return self._custom
+        if self.config.backend == "http":
+            if not self.config.http_base_url:
+                raise ValueError("DeepDive backend 'http' needs http_base_url")
+            key = "http:" + self.config.http_base_url
+            if key not in self._backends:
+                self._backends[key] = HttpSearchBackend(self.config.http_base_url, self.config.http_api_key_env)
+            return self._backends[key]
+        corpus = task.data.get("corpus")
+        if not corpus:
+            raise ValueError(f"task {task.task_id} has no local corpus (a real DeepDive record?); use "
+                             "backend='http' or a custom search_backend")
+        if "path" in corpus:
+            path = Path(corpus["path"])
+        elif "params" in corpus:
+            if corpus.get("generator", GENERATOR_VERSION) != GENERATOR_VERSION:
+                raise ValueError(f"task {task.task_id}: corpus generator {corpus.get('generator')!r} is not "
+                                 f"{GENERATOR_VERSION!r}; regenerate the tasks")
+            path = ensure_corpus(CorpusParams(**corpus["params"]))
+        else:
+            raise ValueError(f"task {task.task_id}: data['corpus'] needs 'path' or 'params', got {sorted(corpus)}")
+        key = str(path)
+        if key not in self._backends:
+            self._backends[key] = LocalFTSBackend(path, self.config.title_weight, self.config.snippet_tokens)
+        return self._backends[key]
+
+    def new_episode(self, task: Task) -> DeepDiveEpisode:
+        """Open (building if needed) the task's search backend; ValueError on a malformed task."""
+        q = task.data.get("question")
+        if not isinstance(q, str) or not q.strip():
+            raise ValueError(f"task {task.task_id}: data['question'] must be a non-empty string")
+        if not task.data.get("answers") and task.data.get("answer") is None:
+            raise ValueError(f"task {task.task_id}: data needs 'answers' or 'answer'")
+        return DeepDiveEpisode(task=task, backend=self._backend(task), question=q)
+
+    def root_goal(self, task: Task) -> ChildSpec:
+        """The question; ``goal_args["oracle"]`` holds the gold path (no answer) for scripted policies."""
+        args: dict[str, Any] = {"question": task.data["question"]}
+        if "gold" in task.data:
+            args["oracle"] = task.data["gold"]
+        return ChildSpec(goal=task.data["question"], goal_args=args)
+
+    def tools(self) -> list[ToolSpec]:
+        """``search`` and ``open``."""
+        return [
+            ToolSpec(name="search", signature="search(query: str, num: int = 10) -> list[dict]",
+                     doc="Full-text web search. Returns up to `num` results, best first, each "
+                         "{'id': page id, 'title': str, 'snippet': str}. Pages quoting the question are hidden."),
+            ToolSpec(name="open", signature="open(page_id: str, page: int = 1) -> str",
+                     doc=f"The text of page `page_id` (an id from search results or a link `Name [page-id]` "
+                         f"in a page), in chunks of {self.config.page_chars} characters; `page` selects the "
+                         "chunk and a header says how many there are."),
+        ]
+
+    def extra_system_prompt(self) -> str:
+        """Tool-use guidance."""
+        return ("Answer the question by searching the web with search() and reading pages with open(). "
+                "Pages link to related pages as `Name [page-id]`. Finish with a short answer string, "
+                "e.g. finish('1873').")
+
+    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Dispatch ``search``/``open``; ToolError on bad arguments, unknown pages or backend failures."""
+        assert isinstance(episode, DeepDiveEpisode)
+        if name == "search":
+            query, num = _bind(name, args, kwargs, ("query", "num"), {"num": 10})
+            if not isinstance(query, str):
+                raise ToolError(f"search: query must be a string, got {type(query).__name__}")
+            if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+                raise ToolError(f"search: num must be a positive int, got {num!r}")
+            return self.search(episode, query, min(num, self.config.max_results))
+        if name == "open":
+            page_id, page = _bind(name, args, kwargs, ("page_id", "page"), {"page": 1})
+            if not isinstance(page_id, str):
+                raise ToolError(f"open: page_id must be a string, got {type(page_id).__name__}")
+            if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+                raise ToolError(f"open: page must be an int >= 1, got {page!r}")
+            return self.open_page(episode, page_id.strip(), page)
+        raise ToolError(f"unknown tool {name!r}")
+
+    def search(self, episode: DeepDiveEpisode, query: str, num: int) -> list[dict[str, Any]]:
+        """Ranked results without the pages that contain the question text (the leak filter)."""
+        episode.searches.append(query)
+        try:
+            hits = episode.backend.search(query, num + 5)
+        except Exception as e:  # backend failure (HTTP error...) is shown to the agent
+            raise ToolError(f"search failed: {e}") from e
+        q = normalize_text(episode.question)
+        out = []
+        for h in hits:
+            text = h.text if h.text is not None else f"{h.title} {h.snippet}"
+            if q and q in normalize_text(text):
+                continue
+            out.append({"id": h.id, "title": h.title, "snippet": " ".join(h.snippet.split())})
+            if len(out) == num:
+                break
+        return out
+
+    def open_page(self, episode: DeepDiveEpisode, page_id: str, page: int = 1) -> str:
+        """Chunk ``page`` of ``page_id`` with a header; ToolError for unknown pages or chunks."""
+        try:
+            p = episode.backend.open(page_id)
+        except Exception as e:
+            raise ToolError(f"open failed: {e}") from e
+        if p is None:
+            raise ToolError(f"no page with id {page_id!r}")
+        if normalize_text(episode.question) in normalize_text(p.text):
+            raise ToolError(f"page {page_id!r} is hidden (it quotes the question)")
+        size = self.config.page_chars
+        n = max(1, -(-len(p.text) // size))
+        if page > n:
+            raise ToolError(f"page {page_id!r} has {n} chunk(s); page={page} is out of range")
+        episode.opened.append(page_id)
+        chunk = p.text[(page - 1) * size: page * size]
+        more = f" (call open({page_id!r}, page={page + 1}) for more)" if page < n else ""
+        return f"[{page_id}] {p.title} -- page {page} of {n}{more}\n{chunk}"
+
+    def verify(self, episode: Episode, node: Node) -> float | None:
+        """Root: 1.0 when the node finished with an answer matching the answer or an alias, else 0.0.
+
+        Sub-agent nodes: None (the judging stage decides). A dict result uses its ``"answer"`` key.
+        """
+        if node.parent_id is not None:
+            return None
+        if not node.finished:
+            return 0.0
+        result = node.result
+        if isinstance(result, dict):
+            result = result.get("answer")
+        if not isinstance(result, str | int | float) or isinstance(result, bool):
+            return 0.0
+        data = episode.task.data
+        answers = data.get("answers") or [data.get("answer")]
+        return 1.0 if exact_match(result, answers) else 0.0
+
+
+def _bind(tool: str, args: list[Any], kwargs: dict[str, Any], names: tuple[str, ...],
+          defaults: dict[str, Any]) -> list[Any]:
+    """Bind positional/keyword arguments to ``names``; ToolError on extra, duplicate or missing ones."""
+    if len(args) > len(names):
+        raise ToolError(f"{tool}() takes at most {len(names)} arguments ({', '.join(names)}), got {len(args)}")
+    bound = dict(zip(names, args, strict=False))
+    for k, v in kwargs.items():
+        if k not in names:
+            raise ToolError(f"{tool}() got an unexpected argument {k!r}; expected {', '.join(names)}")
+        if k in bound:
+            raise ToolError(f"{tool}() got two values for {k!r}")
+        bound[k] = v
+    out = []
+    for k in names:
+        if k in bound:
+            out.append(bound[k])
+        elif k in defaults:
+            out.append(defaults[k])
+        else:
+            raise ToolError(f"{tool}() missing argument {k!r}")
+    return out
