@@ -1,0 +1,91 @@
+"""Accounting and the per-iteration budget of the judging stage."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from rao_core.judge.config import JudgeConfig
+
+SOURCES = ("verifier", "judge", "proxy", "none")
+
+
+class JudgeStats(BaseModel):
+    """What one ``judge_trees`` call (one iteration) did and cost.
+
+    ``requests`` counts HTTP requests sent (parse retries included); ``cache_hits`` answers reused from
+    the persistent cache or from an identical node judged earlier in the same call; ``failures`` nodes
+    scored NaN by the judge (unparseable after retries, or transport errors after retries);
+    ``budget_skipped`` nodes that needed the judge after the budget ran out; ``sources`` final source
+    counts over all nodes.
+    """
+
+    nodes: int = 0
+    requests: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+    parse_retries: int = 0
+    transport_errors: int = 0
+    unfinished_rule: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    budget_exhausted: bool = False
+    budget_skipped: int = 0
+    sources: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    wall_s: float = 0.0
+
+    def as_metrics(self) -> dict[str, float]:
+        """Flat, namespaced metrics (``judge/...``) for the metrics logger; meanings in docs/judging.md."""
+        judged = self.sources.get("judge", 0)
+        m = {
+            "judge/nodes": float(self.nodes),
+            "judge/requests": float(self.requests),
+            "judge/cache_hits": float(self.cache_hits),
+            "judge/failures": float(self.failures),
+            "judge/fail_rate": self.failures / judged if judged else 0.0,
+            "judge/parse_retries": float(self.parse_retries),
+            "judge/transport_errors": float(self.transport_errors),
+            "judge/unfinished_rule": float(self.unfinished_rule),
+            "judge/prompt_tokens": float(self.prompt_tokens),
+            "judge/completion_tokens": float(self.completion_tokens),
+            "judge/cost_usd": float(self.cost_usd),
+            "judge/budget_exhausted": float(self.budget_exhausted),
+            "judge/budget_skipped": float(self.budget_skipped),
+            "judge/wall_s": float(self.wall_s),
+        }
+        for s in SOURCES:
+            m[f"judge/source_{s}"] = float(self.sources.get(s, 0))
+        return m
+
+
+class Budget:
+    """Per-iteration limits on judge requests, tokens and dollars (``JudgeConfig`` budget fields).
+
+    ``allows()`` is checked before each request; once it returns False it stays False for this call
+    (``stats.budget_exhausted`` is set), so judging stops cleanly instead of flapping.
+    """
+
+    def __init__(self, config: JudgeConfig, stats: JudgeStats) -> None:
+        """Bind the limits of ``config`` to the running totals in ``stats``."""
+        self.config = config
+        self.stats = stats
+
+    def allows(self) -> bool:
+        """True while one more request fits every configured limit."""
+        c, s = self.config, self.stats
+        if s.budget_exhausted:
+            return False
+        over = (
+            (c.max_requests is not None and s.requests >= c.max_requests)
+            or (c.max_tokens_total is not None and s.prompt_tokens + s.completion_tokens >= c.max_tokens_total)
+            or (c.max_cost_usd is not None and s.cost_usd >= c.max_cost_usd)
+        )
+        if over:
+            s.budget_exhausted = True
+        return not over
+
+    def charge(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Add one answered request's tokens and dollars to the totals."""
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += completion_tokens
+        self.stats.cost_usd += self.config.cost_usd(prompt_tokens, completion_tokens)

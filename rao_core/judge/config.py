@@ -1,0 +1,128 @@
+"""Configuration of the judging stage (one pydantic model, every field documented).
+
+The stage gives every node of an execution tree its success signal s(X, tau_X) of Eq. (1)
+(``shared/spec/rao-algorithm.md`` section 2) from one of three sources: the exact verifier, an LLM judge,
+or the root proxy. This model configures the judge (endpoint, prompts, cache, budget, prices) and the
+fallbacks. It is self-contained so the campaign config can embed it as ``judge: JudgeConfig``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rao_core.paths import rao_home
+
+#: Folder of the prompt files shipped with the package (``<env>.md``).
+DEFAULT_PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
+
+
+def default_cache_path() -> Path:
+    """``RAO_HOME/cache/judge.sqlite``: the persistent judge cache used when ``cache_path`` is unset."""
+    return rao_home() / "cache" / "judge.sqlite"
+
+
+class JudgeConfig(BaseModel):
+    """Settings of the judging stage: which source scores a node, and how the LLM judge is called.
+
+    Source selection per node (see ``rao_core.judge.stage``): ``verifier`` when the runtime stored an
+    exact value in ``node.env_info["verifier_success"]``; else ``judge`` when ``enabled`` and the
+    environment is in ``judge_envs``; else ``proxy`` (the node inherits its root's success, the paper's
+    fallback) when ``use_proxy``; else ``none`` (NaN).
+
+    Budget fields bound ONE call of ``judge_trees`` (one iteration). The checks run before each request,
+    so token and dollar limits can be overshot by at most ``max_concurrency`` requests already in flight.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Use the LLM judge for nodes without an exact verifier value.")
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1",
+        description="OpenAI-compatible endpoint of the judge (default: the project's local vLLM service; "
+        "https://api.openai.com/v1 for a hosted model).",
+    )
+    model: str = Field("judge", description="Model name sent to the endpoint (the paper uses gpt-5-mini).")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="Name of the environment variable holding the API key; when unset the key 'EMPTY' is sent "
+        "(enough for a local vLLM server).",
+    )
+    judge_envs: list[str] | None = Field(
+        None, description="Environments whose un-verified nodes are sent to the judge; None = all environments."
+    )
+    use_proxy: bool = Field(
+        True, description="Fall back to the root proxy (node inherits the root's success) when not judged."
+    )
+    judge_roots: bool = Field(
+        False, description="Also judge a root that has no verifier value (normally every root has one)."
+    )
+    unfinished_is_failure: bool = Field(
+        True, description="A node that never called finish gets s = 0 from the judge source without a request."
+    )
+    max_concurrency: int = Field(8, ge=1, description="Judge requests in flight at once.")
+    max_retries: int = Field(
+        4, ge=0, description="Retries with exponential backoff on transient errors (timeouts, 408/409/429/5xx), "
+        "done by the openai client."
+    )
+    parse_retries: int = Field(
+        1, ge=0, description="Extra requests when an answer cannot be parsed into a verdict (then s = NaN)."
+    )
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the judge.")
+    max_tokens: int = Field(256, ge=1, description="Maximum completion tokens per judge answer.")
+    json_response_format: bool = Field(
+        False, description="Send response_format={'type': 'json_object'} (structured output, if the server "
+        "supports it); parsing stays lenient either way."
+    )
+    prompt_dir: Path = Field(DEFAULT_PROMPT_DIR, description="Folder holding one prompt file per environment.")
+    cache_path: Path | None = Field(
+        None, description="SQLite judge cache; None = RAO_HOME/cache/judge.sqlite."
+    )
+    use_cache: bool = Field(True, description="Read and write the persistent cache.")
+    include_cells: bool = Field(
+        True, description="Show the judge a bounded summary of the node's code cells and outputs."
+    )
+    max_summary_chars: int = Field(2000, ge=0, description="Character bound of the cell summary.")
+    max_result_chars: int = Field(4000, ge=1, description="Character bound of the node's result shown.")
+    max_goal_chars: int = Field(4000, ge=1, description="Character bound of the sub-task goal shown.")
+    max_requests: int | None = Field(None, ge=0, description="Budget: judge requests per iteration.")
+    max_tokens_total: int | None = Field(
+        None, ge=0, description="Budget: prompt + completion tokens per iteration."
+    )
+    max_cost_usd: float | None = Field(None, ge=0, description="Budget: dollars per iteration.")
+    price_prompt_per_1m: float = Field(0.0, ge=0, description="USD per 1M prompt tokens (0 for a local model).")
+    price_completion_per_1m: float = Field(0.0, ge=0, description="USD per 1M completion tokens.")
+    on_budget_exhausted: Literal["proxy", "nan"] = Field(
+        "proxy", description="What un-judged nodes get once the budget is spent: the root proxy, or NaN."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"judge base_url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("judge model name must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _check_prompt_dir(self) -> JudgeConfig:
+        if self.enabled and not Path(self.prompt_dir).is_dir():
+            raise ValueError(f"judge prompt_dir {self.prompt_dir} is not a folder")
+        return self
+
+    def resolved_cache_path(self) -> Path:
+        """The cache file actually used (``cache_path`` or the RAO_HOME default)."""
+        return Path(self.cache_path) if self.cache_path is not None else default_cache_path()
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """Dollar cost of a request: tokens times the configured price per 1M tokens."""
+        return (prompt_tokens * self.price_prompt_per_1m + completion_tokens * self.price_completion_per_1m) / 1e6

@@ -1,0 +1,174 @@
+"""The judging stage: give every node of every execution tree its success signal s (Eq. 1).
+
+Source selection per node (spec section 2, in order):
+
+1. ``verifier``: the runtime stored an exact value in ``node.env_info["verifier_success"]`` (every
+   TextCraft-Synth node; the roots of the other environments). A NaN stored there counts as absent.
+2. ``judge``: the LLM judge, when ``config.enabled``, the environment is in ``config.judge_envs`` (None =
+   all) and the node is not a root (unless ``config.judge_roots``). A node that never called finish gets
+   s = 0 without a request when ``config.unfinished_is_failure`` (``node.judge["rule"] = "unfinished"``).
+   An answer that cannot be parsed after ``parse_retries`` retries, or a transport error after retries,
+   gives s = NaN with the raw text kept (spec: NaN nodes are left out of their parent's mean and the loss).
+3. ``proxy``: the paper's fallback: a sub-agent node inherits its root's success (when ``use_proxy``).
+   Also used for nodes left un-judged when the budget runs out and ``on_budget_exhausted == "proxy"``.
+4. ``none``: s = NaN (no source, or the root itself could not be scored).
+
+Departure from the paper: the paper uses gpt-5-mini as judge; here any OpenAI-compatible endpoint
+(default: the project's local vLLM service), a persistent cache, a per-iteration budget, and the
+unfinished-node rule are project additions, all configurable.
+
+Input trees are never mutated: ``judge_trees`` returns deep copies with ``success``,
+``success_source`` and ``judge`` filled on every node (``judge`` is None for verifier/proxy/none nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import openai
+
+from rao_core.judge.budget import JudgeStats
+from rao_core.judge.client import JudgeOutcome, Judger
+from rao_core.judge.config import JudgeConfig
+from rao_core.judge.prompting import NO_CELLS, JudgePrompt, clip, load_prompt, render_result, summarize_cells
+from rao_core.tree import EndReason, ExecutionTree, Node
+
+VERIFIER_KEY = "verifier_success"
+NAN = float("nan")
+
+
+def verifier_value(node: Node) -> float | None:
+    """The exact verifier value stored by the runtime, as a float in [0, 1], or None when absent/NaN.
+
+    Raises ValueError naming the node when the stored value is not a number in [0, 1].
+    """
+    v = node.env_info.get(VERIFIER_KEY)
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    if not isinstance(v, (int, float)):
+        raise ValueError(f"node {node.node_id}: env_info[{VERIFIER_KEY!r}] = {v!r} is not a number")
+    v = float(v)
+    if math.isnan(v):
+        return None
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"node {node.node_id}: env_info[{VERIFIER_KEY!r}] = {v} is outside [0, 1]")
+    return v
+
+
+def judge_inputs(node: Node, prompt: JudgePrompt, config: JudgeConfig) -> tuple[list[dict[str, str]], str, str, str]:
+    """Render the judge's chat messages for ``node``: returns (messages, goal, result, cells) texts."""
+    goal = clip(node.goal, config.max_goal_chars)
+    result = render_result(node, config.max_result_chars)
+    cells = summarize_cells(node, config.max_summary_chars) if config.include_cells else NO_CELLS
+    return prompt.render(goal=goal, result=result, cells=cells), goal, result, cells
+
+
+def _judge_record(out: JudgeOutcome, config: JudgeConfig, prompt: JudgePrompt) -> dict[str, Any]:
+    return {"verdict": out.verdict, "reason": out.reason, "raw": out.raw, "model": config.model,
+            "prompt_version": prompt.version, "cached": out.cached, "attempts": out.attempts,
+            "parsed_by": out.how, "status": out.status, "error": out.error}
+
+
+def _wants_judge(node: Node, tree: ExecutionTree, env_name: str, config: JudgeConfig) -> bool:
+    if not config.enabled:
+        return False
+    if config.judge_envs is not None and env_name not in config.judge_envs:
+        return False
+    return node.node_id != tree.root_id or config.judge_roots
+
+
+def _set(node: Node, success: float, source: str, judge: dict[str, Any] | None = None) -> None:
+    node.success = success
+    node.success_source = source
+    node.judge = judge
+
+
+async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, config: JudgeConfig, *,
+                      client: openai.AsyncOpenAI | None = None) -> tuple[list[ExecutionTree], JudgeStats]:
+    """Score every node of ``trees``; returns (deep copies with scores filled, stats of this call).
+
+    ``env_name`` picks the prompt file (None: each tree's own ``env`` field). ``client`` overrides the
+    AsyncOpenAI client built from ``config`` (tests, custom transports). Raises ``JudgeEndpointError``
+    when the endpoint rejects the configuration, ValueError on a malformed verifier value.
+    """
+    t0 = time.monotonic()
+    stats = JudgeStats()
+    out = [t.model_copy(deep=True) for t in trees]
+    prompts: dict[str, JudgePrompt] = {}
+    judger: Judger | None = None
+    jobs: list[tuple[Node, JudgePrompt, asyncio.Task[JudgeOutcome]]] = []
+    pending_proxy: list[tuple[ExecutionTree, Node, str | None]] = []  # (tree, node, why)
+    try:
+        for tree in out:
+            for node in tree.nodes:  # a re-judged tree starts clean
+                _set(node, NAN, "none")
+        for tree in out:
+            env = env_name or tree.env
+            for node in tree.walk():
+                stats.nodes += 1
+                v = verifier_value(node)
+                if v is not None:
+                    _set(node, v, "verifier")
+                elif _wants_judge(node, tree, env, config):
+                    if env not in prompts:
+                        prompts[env] = load_prompt(env, config.prompt_dir)
+                    prompt = prompts[env]
+                    if config.unfinished_is_failure and node.end_reason != EndReason.FINISHED:
+                        stats.unfinished_rule += 1
+                        _set(node, 0.0, "judge", {
+                            "verdict": "no", "reason": f"node did not finish (end reason: {node.end_reason.value})",
+                            "raw": "", "model": config.model, "prompt_version": prompt.version, "cached": False,
+                            "attempts": 0, "parsed_by": None, "status": "ok", "error": None, "rule": "unfinished"})
+                        continue
+                    if judger is None:
+                        judger = Judger(config, stats, client=client)
+                    messages, goal, result, cells = judge_inputs(node, prompt, config)
+                    task = asyncio.ensure_future(judger.judge(messages, prompt_version=prompt.version, goal=goal,
+                                                              result=result, cells=cells))
+                    jobs.append((node, prompt, task))
+                else:
+                    pending_proxy.append((tree, node, None))
+        if jobs:
+            outcomes = await asyncio.gather(*(t for _, _, t in jobs))
+            node_tree = {id(n): t for t in out for n in t.nodes}
+            for (node, prompt, _), res in zip(jobs, outcomes, strict=True):
+                if res.status == "budget":
+                    stats.budget_skipped += 1
+                    pending_proxy.append((node_tree[id(node)], node, "budget"))
+                    node.judge = _judge_record(res, config, prompt)
+                    continue
+                if res.status == "failed":
+                    stats.failures += 1
+                _set(node, res.success, "judge", _judge_record(res, config, prompt))
+        for tree, node, why in pending_proxy:
+            rec = node.judge if why == "budget" else None
+            root = tree.root
+            proxy_ok = (node.node_id != tree.root_id and config.use_proxy
+                        and (why != "budget" or config.on_budget_exhausted == "proxy"))
+            if proxy_ok and root.success is not None and not math.isnan(root.success):
+                _set(node, root.success, "proxy", rec)
+            else:
+                _set(node, NAN, "none", rec)
+    finally:
+        for _, _, t in jobs:
+            if not t.done():
+                t.cancel()
+        if judger is not None:
+            await judger.aclose()
+    for tree in out:
+        for node in tree.nodes:
+            stats.sources[node.success_source or "none"] += 1
+    stats.wall_s = time.monotonic() - t0
+    return out, stats
+
+
+def judge_trees_sync(trees: Sequence[ExecutionTree], env_name: str | None, config: JudgeConfig, *,
+                     client: openai.AsyncOpenAI | None = None) -> tuple[list[ExecutionTree], JudgeStats]:
+    """Blocking wrapper of ``judge_trees`` (runs its own event loop; not callable from a running loop)."""
+    return asyncio.run(judge_trees(trees, env_name, config, client=client))
