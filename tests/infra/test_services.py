@@ -1,0 +1,103 @@
+"""Embedded services: real SeaweedFS (with multipart), MLflow, Prefect, vLLM, and clean shutdown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from infra.process import pid_alive
+
+
+@pytest.mark.services
+def test_seaweedfs_roundtrip_with_multipart(tmp_path):
+    from infra.storage import ArtifactStore, SeaweedFSServer
+
+    srv = SeaweedFSServer(data_dir=tmp_path / "sw", log_dir=tmp_path).start()
+    try:
+        store = ArtifactStore(srv.settings(), "camp")
+        big = tmp_path / "big.bin"
+        big.write_bytes(os.urandom(20 << 20))  # 20 MiB > 8 MiB threshold -> multipart upload
+        entry = store.put_file(big, "iter-0/big.bin")
+        small = store.put_bytes(b"hello", "iter-0/small.txt")
+        # boto3 marks multipart objects with an ETag ending in "-<parts>"
+        head = store.client.head_object(Bucket="rao", Key="camp/iter-0/big.bin")
+        assert head["ETag"].strip('"').endswith("-3")
+        out = store.get_file("iter-0/big.bin", tmp_path / "back.bin")
+        assert out.read_bytes() == big.read_bytes()
+        assert store.get_bytes("iter-0/small.txt") == b"hello"
+        assert sorted(store.list("iter-0/")) == ["iter-0/big.bin", "iter-0/small.txt"]
+        store.write_manifest("iter-0/manifest.json", [entry, small])
+        assert store.verify_manifest("iter-0/manifest.json") == []
+        store.put_bytes(b"tampered", "iter-0/small.txt")  # new checksum metadata != manifest
+        assert store.verify_manifest("iter-0/manifest.json") == [f"checksum mismatch {small['uri']}"]
+        pid = srv.pid
+    finally:
+        srv.stop()
+    assert not pid_alive(pid)
+
+
+@pytest.mark.services
+def test_mlflow_sqlite_log_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    import mlflow
+
+    from infra.tracking import configure_mlflow, ensure_experiment
+
+    uri = configure_mlflow()
+    assert uri == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    exp = ensure_experiment("t")
+    with mlflow.start_run(experiment_id=exp) as run:
+        mlflow.log_param("G", 4)
+        mlflow.log_metric("reward/depth_0", 0.5, step=1)
+    got = mlflow.MlflowClient().get_run(run.info.run_id)
+    assert got.data.params["G"] == "4"
+    assert got.data.metrics["reward/depth_0"] == 0.5
+
+
+@pytest.mark.services
+def test_services_cli_up_status_down_leaves_nothing(tmp_path):
+    env = {**os.environ, "RAO_HOME": str(tmp_path)}
+    env.pop("RAO_S3_ENDPOINT", None)
+    rao = [sys.executable, "-m", "rao_cli.main"]
+    r = subprocess.run(rao + ["services", "up"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from infra import services
+
+    os.environ["RAO_HOME"], old = str(tmp_path), os.environ.get("RAO_HOME")
+    try:
+        state = services.load_state()
+        pid = state["s3"]["pid"]
+        assert pid_alive(pid)
+        r = subprocess.run(rao + ["services", "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert "s3" in r.stdout and "running" in r.stdout
+        r = subprocess.run(rao + ["services", "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "s3" in r.stdout
+        assert not pid_alive(pid)
+        assert services.load_state() == {}
+    finally:
+        if old is None:
+            os.environ.pop("RAO_HOME")
+        else:
+            os.environ["RAO_HOME"] = old
+
+
+@pytest.mark.vllm
+def test_vllm_chat_completion_with_token_ids_and_logprobs(vllm_tiny):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=vllm_tiny.base_url, api_key="EMPTY")
+    r = client.chat.completions.create(
+        model=vllm_tiny.model, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+        logprobs=True, temperature=1.0, extra_body={"return_token_ids": True},
+    )
+    choice = r.choices[0]
+    d = r.model_dump()
+    prompt_ids = d.get("prompt_token_ids")
+    token_ids = d["choices"][0].get("token_ids")
+    assert prompt_ids and all(isinstance(i, int) for i in prompt_ids)
+    assert token_ids and len(token_ids) == len(choice.logprobs.content)
+    assert all(lp.logprob <= 0.0 for lp in choice.logprobs.content)
