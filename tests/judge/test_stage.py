@@ -1,0 +1,208 @@
+"""The judging stage end to end against a fake OpenAI-compatible server (real HTTP, real openai client)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rao_core.judge import JudgeEndpointError, judge_trees, judge_trees_sync
+from tests.judge.conftest import node, tree
+from tests.judge.fake_openai import FakeOpenAI
+
+YES = '{"verdict": "yes", "reason": "fine"}'
+NO = '{"verdict": "no", "reason": "wrong"}'
+
+
+def by_goal(body, _idx):
+    """Answer yes when the user message's goal mentions 'good', else no."""
+    user = body["messages"][1]["content"]
+    return 200, YES if "good" in user.split("## Agent's final result")[0] else NO, {}
+
+
+def never(body, idx):
+    raise AssertionError("the judge must not be called")
+
+
+def oolong_tree(root_v=1.0):
+    return tree("oolong", [
+        node("r", None, verifier=root_v),
+        node("a", "r", depth=1, goal="good subtask"),
+        node("b", "r", depth=1, goal="bad subtask"),
+        node("c", "a", depth=2, goal="unfinished subtask", finished=False),
+    ])
+
+
+def src(t):
+    return {n.node_id: (n.success_source, n.success) for n in t.nodes}
+
+
+async def test_textcraft_nodes_use_the_verifier_and_send_nothing(config):
+    t = tree("textcraft-synth", [node("r", None, verifier=1.0), node("a", "r", depth=1, verifier=0.0),
+                                 node("b", "r", depth=1, verifier=True)])
+    with FakeOpenAI(never) as srv:
+        out, stats = await judge_trees([t], "textcraft-synth", config.model_copy(update={"base_url": srv.base_url}))
+    assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("verifier", 0.0), "b": ("verifier", 1.0)}
+    assert stats.requests == 0 and stats.sources == {"verifier": 3, "judge": 0, "proxy": 0, "none": 0}
+    assert all(n.judge is None for n in out[0].nodes)
+
+
+async def test_free_form_subtasks_go_to_the_judge(config):
+    t = oolong_tree()
+    with FakeOpenAI(by_goal) as srv:
+        out, stats = await judge_trees([t], "oolong", config.model_copy(update={"base_url": srv.base_url}))
+    assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("judge", 1.0), "b": ("judge", 0.0), "c": ("judge", 0.0)}
+    # c never called finish: scored 0 by the rule, without a request
+    assert stats.requests == 2 and len(srv.requests) == 2 and stats.unfinished_rule == 1
+    a, c = out[0].node("a").judge, out[0].node("c").judge
+    assert a["verdict"] == "yes" and a["reason"] == "fine" and a["raw"] == YES and a["model"] == "judge"
+    assert a["prompt_version"].startswith("oolong/v1#") and a["cached"] is False and a["parsed_by"] == "json"
+    assert c["rule"] == "unfinished" and c["verdict"] == "no"
+    sent = srv.requests[0]["body"]
+    assert sent["model"] == "judge" and sent["temperature"] == 0.0 and sent["max_tokens"] == 256
+    assert "good subtask" in sent["messages"][1]["content"]
+    assert stats.prompt_tokens == 200 and stats.completion_tokens == 40 and stats.cost_usd == 0.0
+    assert stats.sources == {"verifier": 1, "judge": 3, "proxy": 0, "none": 0}
+
+
+async def test_proxy_when_no_judge(config):
+    """The paper's proxy: sub-agent nodes inherit the root's success."""
+    cfg = config.model_copy(update={"enabled": False})
+    out, stats = await judge_trees([oolong_tree(root_v=0.25)], "oolong", cfg)
+    assert src(out[0]) == {"r": ("verifier", 0.25), "a": ("proxy", 0.25), "b": ("proxy", 0.25),
+                           "c": ("proxy", 0.25)}
+    assert stats.requests == 0
+
+
+async def test_judge_envs_selects_environments(config):
+    with FakeOpenAI(by_goal) as srv:
+        cfg = config.model_copy(update={"base_url": srv.base_url, "judge_envs": ["deepdive"]})
+        out, _ = await judge_trees([oolong_tree()], "oolong", cfg)
+        assert {s for s, _ in src(out[0]).values()} == {"verifier", "proxy"} and not srv.requests
+        out, _ = await judge_trees([oolong_tree()], None, cfg.model_copy(update={"judge_envs": ["oolong"]}))
+    assert src(out[0])["a"] == ("judge", 1.0)  # env taken from the tree when env_name is None
+
+
+async def test_root_without_verifier_is_none_and_children_proxy_nan(config):
+    cfg = config.model_copy(update={"enabled": False})
+    t = tree("arte", [node("r", None), node("a", "r", depth=1)])
+    out, stats = await judge_trees([t], "arte", cfg)
+    assert all(s == "none" and math.isnan(v) for s, v in src(out[0]).values())
+    assert stats.sources["none"] == 2
+
+
+async def test_unparseable_answer_is_retried_then_nan(config):
+    answers = ["I am not sure what you mean.", "Let me think about the inventory."]
+    with FakeOpenAI(lambda b, i: (200, answers[i], {})) as srv:
+        out, stats = await judge_trees([tree("oolong", [node("r", None, verifier=1.0), node("a", "r", depth=1)])],
+                                       "oolong", config.model_copy(update={"base_url": srv.base_url}))
+    a = out[0].node("a")
+    assert a.success_source == "judge" and math.isnan(a.success)
+    assert a.judge["status"] == "failed" and a.judge["verdict"] is None and a.judge["attempts"] == 2
+    assert answers[0] in a.judge["raw"] and answers[1] in a.judge["raw"]
+    assert stats.requests == 2 and stats.parse_retries == 1 and stats.failures == 1
+    # the retry shows the model its own answer and asks again for the JSON form
+    retry = srv.requests[1]["body"]["messages"]
+    assert [m["role"] for m in retry] == ["system", "user", "assistant", "user"] and '"verdict"' in retry[3]["content"]
+
+
+async def test_rate_limit_is_retried_by_the_client(config):
+    def flaky(body, i):
+        return (429, "slow down", {"retry-after-ms": "1"}) if i < 2 else (200, YES, {})
+    with FakeOpenAI(flaky) as srv:
+        out, stats = await judge_trees([oolong_tree()], "oolong",
+                                       config.model_copy(update={"base_url": srv.base_url, "max_retries": 3}))
+    assert out[0].node("a").success == 1.0 and len(srv.requests) == 3 + 1  # a: 2 x 429 + ok; b: ok
+    assert stats.failures == 0 and stats.transport_errors == 0
+
+
+async def test_server_errors_after_retries_give_nan(config):
+    with FakeOpenAI(lambda b, i: (503, "down", {"retry-after-ms": "1"})) as srv:
+        out, stats = await judge_trees([oolong_tree()], "oolong",
+                                       config.model_copy(update={"base_url": srv.base_url, "max_retries": 1}))
+    a = out[0].node("a")
+    assert math.isnan(a.success) and a.judge["status"] == "failed" and "InternalServerError" in a.judge["error"]
+    assert stats.transport_errors == 2 and stats.failures == 2 and len(srv.requests) == 4  # 2 nodes x (1 + 1 retry)
+
+
+async def test_unknown_model_stops_the_stage(config):
+    with FakeOpenAI(lambda b, i: (404, "model not found", {})) as srv:
+        with pytest.raises(JudgeEndpointError, match="rejected model 'judge'"):
+            await judge_trees([oolong_tree()], "oolong", config.model_copy(update={"base_url": srv.base_url}))
+
+
+async def test_cache_second_pass_makes_no_request(config):
+    with FakeOpenAI(by_goal) as srv:
+        cfg = config.model_copy(update={"base_url": srv.base_url})
+        first, s1 = await judge_trees([oolong_tree()], "oolong", cfg)
+        second, s2 = await judge_trees([oolong_tree()], "oolong", cfg)
+        assert len(srv.requests) == 2 and s1.requests == 2 and s2.requests == 0 and s2.cache_hits == 2
+        assert src(first[0]) == src(second[0]) and second[0].node("a").judge["cached"] is True
+        assert second[0].node("a").judge["raw"] == YES
+        # another judge model or prompt version is another key
+        await judge_trees([oolong_tree()], "oolong", cfg.model_copy(update={"model": "other"}))
+        assert len(srv.requests) == 4
+
+
+async def test_identical_nodes_in_one_call_share_one_request(config):
+    t = tree("oolong", [node("r", None, verifier=1.0)] + [node(f"k{i}", "r", depth=1, goal="good same") for i in range(3)])
+    with FakeOpenAI(by_goal) as srv:
+        out, stats = await judge_trees([t], "oolong", config.model_copy(
+            update={"base_url": srv.base_url, "use_cache": False, "max_concurrency": 4}))
+    assert len(srv.requests) == 1 and stats.requests == 1 and stats.cache_hits == 2
+    assert [n.success for n in out[0].nodes] == [1.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(("fallback", "expect"), [("proxy", ("proxy", 0.5)), ("nan", ("none", None))])
+async def test_budget_stop(config, fallback, expect):
+    t = tree("oolong", [node("r", None, verifier=0.5)] + [node(f"k{i}", "r", depth=1, goal=f"good {i}") for i in range(4)])
+    with FakeOpenAI(by_goal) as srv:
+        out, stats = await judge_trees([t], "oolong", config.model_copy(
+            update={"base_url": srv.base_url, "max_requests": 1, "on_budget_exhausted": fallback}))
+    assert len(srv.requests) == 1 and stats.budget_exhausted and stats.budget_skipped == 3
+    assert src(out[0])["k0"] == ("judge", 1.0)
+    for i in (1, 2, 3):
+        s, v = src(out[0])[f"k{i}"]
+        assert s == expect[0] and (math.isnan(v) if expect[1] is None else v == expect[1])
+        assert out[0].node(f"k{i}").judge["status"] == "budget"
+
+
+async def test_token_and_cost_budget_and_accounting(config):
+    """Each fake answer costs 100 prompt + 20 completion tokens: at $1/M and $2/M that is $0.00014."""
+    t = tree("oolong", [node("r", None, verifier=1.0)] + [node(f"k{i}", "r", depth=1, goal=f"good {i}") for i in range(4)])
+    with FakeOpenAI(by_goal) as srv:
+        cfg = config.model_copy(update={"base_url": srv.base_url, "price_prompt_per_1m": 1.0,
+                                        "price_completion_per_1m": 2.0, "max_tokens_total": 240})
+        _, stats = await judge_trees([t], "oolong", cfg)
+        assert stats.requests == 2 and stats.prompt_tokens == 200 and stats.completion_tokens == 40
+        assert stats.cost_usd == pytest.approx(2 * 1.4e-4) and stats.budget_skipped == 2
+        cfg = cfg.model_copy(update={"max_tokens_total": None, "max_cost_usd": 1.5e-4, "use_cache": False})
+        _, stats = await judge_trees([t], "oolong", cfg)
+        assert stats.requests == 2 and stats.budget_skipped == 2  # 1.4e-4 < 1.5e-4 allows a second request
+    m = stats.as_metrics()
+    assert m["judge/requests"] == 2 and m["judge/budget_exhausted"] == 1.0 and m["judge/source_proxy"] == 2
+
+
+async def test_input_trees_are_not_mutated(config):
+    t = oolong_tree()
+    before = t.model_dump_json()
+    out, _ = await judge_trees([t], "oolong", config.model_copy(update={"enabled": False}))
+    assert t.model_dump_json() == before and out[0] is not t and out[0].node("a").success == 1.0
+
+
+def test_sync_wrapper_and_rejudge_starts_clean(config):
+    t = oolong_tree()
+    with FakeOpenAI(by_goal) as srv:
+        out, _ = judge_trees_sync([t], "oolong", config.model_copy(update={"base_url": srv.base_url}))
+    # re-judge the scored tree with the judge off: old judge records are replaced by the proxy
+    again, _ = judge_trees_sync(out, "oolong", config.model_copy(update={"enabled": False}))
+    assert src(again[0])["b"] == ("proxy", 1.0) and again[0].node("b").judge is None
+    json.loads(again[0].model_dump_json())  # NaN-free here; still serialisable
+
+
+def test_bad_verifier_value_is_named(config):
+    t = tree("oolong", [node("r", None, verifier=1.0), node("a", "r", depth=1)])
+    t.nodes[1].env_info["verifier_success"] = 2.0
+    with pytest.raises(ValueError, match="node a: .* outside"):
+        judge_trees_sync([t], "oolong", config)
