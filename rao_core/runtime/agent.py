@@ -1,0 +1,447 @@
+"""The recursive agent loop: grows one execution tree per rollout (spec section 1).
+
+Every node runs the same loop: system prompt + goal, then alternately a policy generation (token in,
+token out), the first ```python cell of it run in the node's own sandboxed REPL, and the cell's output
+(cut to ``observation_max_chars``) as the next user message. A node ends when its code calls
+``finish(result)`` or a finishing tool, or when a limit of ``RuntimeConfig`` hits; every end has an
+``EndReason``. ``await launch_subagent(...)`` in a cell comes back here: the orchestrator validates it
+(``Environment.child_spec``, depth, children count), runs the child node with a fresh context at
+``depth + 1`` concurrently with its siblings, and returns the child's ``finish`` value to the parent REPL.
+
+Departures from the paper / project choices:
+- A child that ends without calling finish makes ``launch_subagent`` raise inside the parent's REPL
+  (``ToolError: sub-agent ended without finishing (max_steps)``) instead of returning None.
+- The per-cell wall-clock limit does not count time spent waiting on sub-agents or tools.
+- After a node ends, ``env.verify(episode, node)`` is stored in ``node.env_info["verifier_success"]``
+  (None when not checkable); the runtime never computes rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rao_core.envs.base import Environment, Episode, Task, ToolError
+from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
+from rao_core.runtime.chat import ChatTokens, extract_code, load_tokenizer
+from rao_core.runtime.config import RuntimeConfig
+from rao_core.runtime.sandbox import CellResult, Repl, ReplPool, SandboxError, SandboxLimits
+from rao_core.tree import CellStatus, EndReason, ExecutionTree, Node, NodeTimings, Turn
+
+TreeCallback = Callable[[ExecutionTree], None]
+
+_REPL_RULES = """You are an agent that acts by writing Python code in a persistent REPL.
+Each reply: think briefly, then write exactly ONE code cell in a fenced block:
+```python
+# your code
+```
+The cell runs right away; what it prints is shown to you in the next message (cut after {obs_chars} characters).
+Variables persist between cells. Top-level `await` works. Only the first code block of a reply is run.
+You have at most {max_steps} replies. Call finish(result) when done: it ends your work and returns
+`result` (a JSON-serialisable value: dict, list, str, number) to whoever gave you the goal."""
+
+
+def sandbox_limits(config: RuntimeConfig) -> SandboxLimits:
+    """The per-REPL limits implied by ``config``."""
+    return SandboxLimits(
+        cell_timeout_s=config.cell_timeout_s, memory_mb=config.cell_memory_mb, cpu_s=config.cell_cpu_s,
+        cpu_total_s=config.cell_cpu_s * config.max_steps_per_node, nproc=config.max_processes,
+        fsize_mb=config.max_file_mb, output_cap=max(8 * config.observation_max_chars, 65536),
+        mode=config.sandbox)
+
+
+def system_prompt(env: Environment, config: RuntimeConfig, node: Node) -> str:
+    """System prompt of ``node``: REPL rules, env tools, launch_subagent (if allowed), finish, env notes."""
+    parts = [_REPL_RULES.format(obs_chars=config.observation_max_chars,
+                                max_steps=node.max_steps or config.max_steps_per_node)]
+    tools = ["- finish(result) -> None\n  End your work and return `result`."]
+    for t in env.tools():
+        tools.append(f"- {t.signature}\n  {t.doc}")
+    if config.delegation and node.depth < config.effective_max_depth:
+        tools.append(f"- await {env.subagent_signature}\n  {env.subagent_doc} The sub-agent sees only the "
+                     "goal you give it, not this conversation.")
+    parts.append("Functions available in the REPL:\n" + "\n".join(tools))
+    extra = env.extra_system_prompt()
+    if extra:
+        parts.append(extra)
+    return "\n\n".join(parts)
+
+
+def format_observation(res: CellResult | None, max_chars: int, note: str = "") -> str:
+    """Cell output as shown to the node: printed text, then the error, cut to ``max_chars``."""
+    if res is None:
+        text = note
+    else:
+        text = res.output
+        if res.error:
+            text = (text + "\n" if text and not text.endswith("\n") else text) + res.error
+        if res.status in (CellStatus.TIMEOUT, CellStatus.KILLED):
+            text += ("\n[the REPL was restarted: all variables from earlier cells are lost]")
+        if not text.strip():
+            text = "[the cell ran and printed nothing]"
+    cut = len(text) - max_chars + (res.truncated_chars if res else 0)
+    if len(text) > max_chars:
+        text = text[:max_chars]
+    if cut > 0:
+        text += f"\n[output cut: {cut} more characters not shown]"
+    return text
+
+
+@dataclass
+class _Shared:
+    """State shared by all trees of one run_trees call."""
+
+    config: RuntimeConfig
+    policy: Policy
+    chat: ChatTokens
+    semaphore: asyncio.Semaphore
+    pool: ReplPool
+
+
+@dataclass
+class _TreeCtx:
+    env: Environment
+    episode: Episode
+    tree: ExecutionTree
+    shared: _Shared
+    on_update: TreeCallback | None = None
+    steps: int = 0
+    timed_out: bool = False
+    node_tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+
+    @property
+    def config(self) -> RuntimeConfig:
+        return self.shared.config
+
+    def notify(self) -> None:
+        if self.on_update is not None:
+            try:
+                self.on_update(self.tree)
+            except Exception:  # noqa: BLE001 - a broken live view must not kill rollouts
+                pass
+
+
+def _tool_dicts(env: Environment) -> list[dict[str, Any]]:
+    return [{"name": t.name, "finishes": t.finishes} for t in env.tools()]
+
+
+async def _new_repl(ctx: _TreeCtx, node: Node) -> Repl:
+    repl = await ctx.shared.pool.acquire()
+    await repl.init(_tool_dicts(ctx.env), ctx.config.delegation,
+                    ctx.env.repl_variables(ctx.episode, node))
+    return repl
+
+
+def _finalise_tokens(node: Node) -> None:
+    """Fill node.token_ids / assistant_mask / behaviour_logprobs from its valid turns."""
+    turns = [t for t in node.turns if t.prompt_token_ids is not None]
+    if node.end_reason == EndReason.TOKEN_PREFIX_BREAK and turns:
+        turns = turns[:-1]  # the broken turn is kept for inspection, not as training data
+    if not turns:
+        node.token_ids, node.assistant_mask, node.behaviour_logprobs = [], [], []
+        return
+    last = turns[-1]
+    ids = list(last.prompt_token_ids) + list(last.completion_token_ids)
+    mask = [0] * len(ids)
+    lps = [0.0] * len(ids)
+    for t in turns:
+        start = len(t.prompt_token_ids)
+        for j, lp in enumerate(t.completion_logprobs):
+            mask[start + j] = 1
+            lps[start + j] = float(lp)
+    node.token_ids, node.assistant_mask, node.behaviour_logprobs = ids, mask, lps
+
+
+async def _generate(ctx: _TreeCtx, node: Node, prompt_ids: list[int]) -> tuple[Generation, float, float]:
+    """One policy call under the shared semaphore; returns (generation, queue_s, generation_s)."""
+    cfg = ctx.config
+    t0 = time.perf_counter()
+    async with ctx.shared.semaphore:
+        t1 = time.perf_counter()
+        req = PolicyRequest(node=node, env=ctx.env.name, prompt_token_ids=prompt_ids,
+                            max_tokens=cfg.max_new_tokens)
+        gen = await asyncio.wait_for(ctx.shared.policy.generate(req), timeout=cfg.policy_timeout_s)
+    return gen, t1 - t0, time.perf_counter() - t1
+
+
+async def _run_node(ctx: _TreeCtx, node: Node) -> None:
+    """Run ``node`` to its end; never raises except CancelledError (after recording the end reason)."""
+    cfg, env, chat = ctx.config, ctx.env, ctx.shared.chat
+    t_start = time.perf_counter()
+    node.timings = NodeTimings(started_at=time.time())
+    repl: Repl | None = None
+    state: dict[str, Any] = {"finished": False, "result": None}
+
+    async def on_call(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if name == "launch_subagent":
+            return await _launch_child(ctx, node, args, kwargs)
+        spec = next((t for t in env.tools() if t.name == name), None)
+        if spec is None:
+            raise ToolError(f"unknown tool {name!r}")
+        value = env.call_tool(ctx.episode, node, name, list(args), dict(kwargs))
+        if spec.finishes:
+            state["finished"], state["result"] = True, value
+        return value
+
+    try:
+        env.on_node_start(ctx.episode, node)
+        node.messages = [{"role": "system", "content": system_prompt(env, cfg, node)},
+                         {"role": "user", "content": node.goal}]
+        prompt_ids = chat.initial(node.messages[0]["content"], node.goal)
+        try:
+            repl = await _new_repl(ctx, node)
+        except SandboxError as e:
+            node.end_reason, node.error = EndReason.SANDBOX_ERROR, str(e)
+            return
+        ctx.notify()
+        max_steps = node.max_steps or cfg.max_steps_per_node
+        while True:
+            if len(node.turns) >= max_steps:
+                node.end_reason = EndReason.MAX_STEPS
+                node.error = f"no finish() after {max_steps} steps"
+                break
+            if cfg.tree_step_budget is not None and ctx.steps >= cfg.tree_step_budget:
+                node.end_reason = EndReason.TREE_STEP_BUDGET
+                node.error = f"the tree's step budget of {cfg.tree_step_budget} is spent"
+                break
+            if len(prompt_ids) + cfg.max_new_tokens > cfg.context_window:
+                node.end_reason = EndReason.CONTEXT_OVERFLOW
+                node.error = (f"prompt of {len(prompt_ids)} tokens + max_new_tokens {cfg.max_new_tokens} "
+                              f"> context_window {cfg.context_window}")
+                break
+            ctx.steps += 1
+            try:
+                gen, queue_s, gen_s = await _generate(ctx, node, prompt_ids)
+            except asyncio.TimeoutError:
+                node.end_reason = EndReason.POLICY_ERROR
+                node.error = f"policy did not answer within {cfg.policy_timeout_s:g} s"
+                break
+            except PolicyError as e:
+                node.end_reason, node.error = EndReason.POLICY_ERROR, str(e)
+                break
+            except Exception as e:  # noqa: BLE001 - a policy bug fails this node, not the run
+                node.end_reason, node.error = EndReason.POLICY_ERROR, f"{type(e).__name__}: {e}"
+                break
+            if gen.token_ids is not None:
+                comp_ids = list(gen.token_ids)
+                lps = list(gen.logprobs) if gen.logprobs is not None else [0.0] * len(comp_ids)
+                if len(lps) != len(comp_ids):
+                    node.end_reason = EndReason.POLICY_ERROR
+                    node.error = f"policy returned {len(comp_ids)} token ids but {len(lps)} log-probs"
+                    break
+            else:
+                comp_ids = chat.encode(gen.text)
+                lps = [0.0] * len(comp_ids)
+            turn = Turn(prompt_token_ids=list(prompt_ids), completion_token_ids=comp_ids,
+                        completion_logprobs=lps, text=gen.text, finish_reason=gen.finish_reason,
+                        queue_s=queue_s, generation_s=gen_s)
+            node.turns.append(turn)
+            node.messages.append({"role": "assistant", "content": gen.text})
+            if gen.prompt_token_ids is not None and list(gen.prompt_token_ids) != list(prompt_ids):
+                turn.prompt_token_ids = list(gen.prompt_token_ids)
+                k = next((i for i, (a, b) in enumerate(zip(gen.prompt_token_ids, prompt_ids)) if a != b),
+                         min(len(gen.prompt_token_ids), len(prompt_ids)))
+                node.end_reason = EndReason.TOKEN_PREFIX_BREAK
+                node.error = (f"turn {len(node.turns) - 1}: server prompt ids ({len(gen.prompt_token_ids)}) "
+                              f"differ from the sent ids ({len(prompt_ids)}) at position {k}")
+                break
+            code = extract_code(gen.text)
+            if code is None:
+                turn.cell_status = CellStatus.NO_CODE
+                obs = ("[no code cell found: write one ```python ... ``` block per reply; "
+                       "call finish(result) when done]")
+            else:
+                turn.code = code
+                res = await repl.execute(code, on_call)
+                turn.execution_s = res.wall_s
+                turn.cell_status = res.status
+                if res.finished and not state["finished"]:
+                    state["finished"], state["result"] = True, res.finish_value
+                obs = format_observation(res, cfg.observation_max_chars)
+                if res.status in (CellStatus.TIMEOUT, CellStatus.KILLED):
+                    await repl.close()
+                    try:
+                        repl = await _new_repl(ctx, node)
+                    except SandboxError as e:
+                        turn.observation = obs
+                        node.end_reason, node.error = EndReason.SANDBOX_ERROR, str(e)
+                        break
+            turn.observation = obs
+            ctx.notify()
+            if state["finished"]:
+                node.result = state["result"]
+                node.end_reason = EndReason.FINISHED
+                break
+            node.messages.append({"role": "user", "content": obs})
+            prompt_ids = prompt_ids + comp_ids + chat.suffix(comp_ids, obs)
+    except asyncio.CancelledError:
+        node.end_reason = EndReason.TREE_TIMEOUT if ctx.timed_out else EndReason.CANCELLED
+        node.error = node.error or ("the tree's wall-clock limit elapsed" if ctx.timed_out
+                                    else "cancelled (the parent's cell ended or was killed)")
+        raise
+    except Exception as e:  # noqa: BLE001 - environment bugs end the node with a visible error
+        if node.end_reason == EndReason.RUNNING:
+            node.end_reason = EndReason.SANDBOX_ERROR
+        node.error = f"{type(e).__name__}: {e}"
+        ctx.tree.error = ctx.tree.error or f"node {node.node_id}: {type(e).__name__}: {e}"
+    finally:
+        if repl is not None:
+            await asyncio.shield(repl.close())
+        _finalise_tokens(node)
+        node.timings.wall_s = time.perf_counter() - t_start
+        node.timings.queue_s = sum(t.queue_s for t in node.turns)
+        node.timings.generation_s = sum(t.generation_s for t in node.turns)
+        node.timings.execution_s = sum(t.execution_s for t in node.turns)
+        try:
+            node.env_info["verifier_success"] = env.verify(ctx.episode, node)
+        except Exception as e:  # noqa: BLE001 - a verifier error leaves the node unscored
+            node.env_info["verifier_success"] = None
+            node.env_info["verifier_error"] = f"{type(e).__name__}: {e}"
+        ctx.notify()
+
+
+async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Serve ``launch_subagent`` from ``parent``'s REPL: validate, run the child, return its result."""
+    cfg = ctx.config
+    if not cfg.delegation:
+        raise ToolError("launch_subagent is disabled in this run (single-agent mode)")
+    if parent.depth >= cfg.effective_max_depth:
+        raise ToolError(f"launch_subagent refused: maximum depth {cfg.effective_max_depth} reached "
+                        f"(this agent is at depth {parent.depth}); solve this goal yourself")
+    if len(parent.children) >= cfg.max_children_per_node:
+        raise ToolError(f"launch_subagent refused: at most {cfg.max_children_per_node} sub-agents per agent")
+    spec = ctx.env.child_spec(ctx.episode, parent, list(args), dict(kwargs))
+    steps = cfg.max_steps_per_node if spec.max_steps is None else max(1, min(spec.max_steps,
+                                                                             cfg.max_steps_per_node))
+    child = Node(node_id=f"{parent.node_id}.{len(parent.children)}", parent_id=parent.node_id,
+                 depth=parent.depth + 1, goal=spec.goal, goal_args=spec.goal_args, max_steps=steps)
+    parent.children.append(child.node_id)
+    ctx.tree.nodes.append(child)
+    await _run_node(ctx, child)
+    if child.end_reason != EndReason.FINISHED:
+        raise ToolError(f"sub-agent ended without finishing ({child.end_reason.value})")
+    return child.result
+
+
+async def _run_tree_ctx(ctx: _TreeCtx) -> ExecutionTree:
+    t0 = time.perf_counter()
+    root = ctx.tree.root
+    task = asyncio.ensure_future(_run_node(ctx, root))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=ctx.config.tree_timeout_s)
+        if not done:
+            ctx.timed_out = True
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        elif task.exception() is not None:
+            ctx.tree.error = f"{type(task.exception()).__name__}: {task.exception()}"
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    for n in ctx.tree.nodes:  # nodes that never started their loop (e.g. cancelled while queued)
+        if n.end_reason == EndReason.RUNNING:
+            n.end_reason = EndReason.TREE_TIMEOUT if ctx.timed_out else EndReason.CANCELLED
+    ctx.tree.wall_s = time.perf_counter() - t0
+    ctx.notify()
+    return ctx.tree
+
+
+def _new_tree(env: Environment, task: Task, policy: Policy, config: RuntimeConfig, tree_id: str | None,
+              group_id: str, rollout_index: int) -> tuple[ExecutionTree, Episode]:
+    spec = env.root_goal(task)
+    root = Node(node_id="0", depth=0, goal=spec.goal, goal_args=spec.goal_args,
+                max_steps=config.max_steps_per_node)
+    tree = ExecutionTree(tree_id=tree_id or uuid.uuid4().hex, env=env.name, task_id=task.task_id,
+                         group_id=group_id, rollout_index=rollout_index, root_id=root.node_id, nodes=[root],
+                         policy=getattr(policy, "name", type(policy).__name__),
+                         meta={"max_depth": config.effective_max_depth, "delegation": config.delegation})
+    return tree, env.new_episode(task)
+
+
+def _shared(policy: Policy, config: RuntimeConfig, tokenizer: Any) -> _Shared:
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__") \
+        else tokenizer
+    return _Shared(config=config, policy=policy, chat=ChatTokens(tok),
+                   semaphore=asyncio.Semaphore(config.max_concurrent_requests),
+                   pool=ReplPool(sandbox_limits(config), size=config.repl_pool_size))
+
+
+async def run_tree(env: Environment, task: Task, policy: Policy, config: RuntimeConfig, *, tokenizer: Any,
+                   tree_id: str | None = None, group_id: str = "", rollout_index: int = 0,
+                   on_update: TreeCallback | None = None) -> ExecutionTree:
+    """Grow one execution tree for ``task`` (one rollout). Never raises for rollout failures.
+
+    ``tokenizer``: a Hugging Face tokenizer or the checkpoint folder holding one. ``on_update`` is
+    called with the (live) tree after each turn and node end. Failures are recorded in each node's
+    ``end_reason``/``error`` and in ``tree.error``; every node has an end reason on return.
+    """
+    shared = _shared(policy, config, tokenizer)
+    try:
+        return await _run_one(env, task, shared, tree_id, group_id, rollout_index, on_update)
+    finally:
+        await shared.pool.close()
+
+
+async def _run_one(env: Environment, task: Task, shared: _Shared, tree_id: str | None, group_id: str,
+                   rollout_index: int, on_update: TreeCallback | None) -> ExecutionTree:
+    try:
+        tree, episode = _new_tree(env, task, shared.policy, shared.config, tree_id, group_id, rollout_index)
+    except Exception as e:  # noqa: BLE001 - a bad task gives an empty failed tree, not an exception
+        root = Node(node_id="0", goal="", end_reason=EndReason.CANCELLED, error=f"{type(e).__name__}: {e}")
+        return ExecutionTree(tree_id=tree_id or uuid.uuid4().hex, env=env.name, task_id=task.task_id,
+                             group_id=group_id, rollout_index=rollout_index, root_id="0", nodes=[root],
+                             error=f"could not start the rollout: {type(e).__name__}: {e}")
+    ctx = _TreeCtx(env=env, episode=episode, tree=tree, shared=shared, on_update=on_update)
+    try:
+        return await _run_tree_ctx(ctx)
+    except Exception as e:  # noqa: BLE001 - never raise for a rollout failure
+        tree.error = f"{type(e).__name__}: {e}"
+        for n in tree.nodes:
+            if n.end_reason == EndReason.RUNNING:
+                n.end_reason, n.error = EndReason.CANCELLED, tree.error
+        return tree
+
+
+async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, int]], policy: Policy,
+                    config: RuntimeConfig, *, tokenizer: Any,
+                    progress: Callable[[int, int, ExecutionTree], None] | bool | None = None
+                    ) -> list[ExecutionTree]:
+    """Grow G trees per task concurrently; returns them task by task, rollout index 0..G-1.
+
+    ``tasks_with_rollouts``: pairs (task, G). Each tree gets ``group_id = task.task_id`` and
+    ``rollout_index`` g. All trees share one policy-request semaphore (``max_concurrent_requests``)
+    and one REPL pool. ``progress``: a callback ``(done, total, tree)``, or True for a rich progress bar.
+    """
+    items = [(task, g) for task, n in tasks_with_rollouts for g in range(int(n))]
+    shared = _shared(policy, config, tokenizer)
+    total = len(items)
+    done_count = 0
+    bar = None
+    if progress is True:
+        from rich.progress import Progress
+
+        bar = Progress()
+        bar.start()
+        bar_task = bar.add_task("rollouts", total=total)
+
+    async def one(task: Task, g: int) -> ExecutionTree:
+        nonlocal done_count
+        tree = await _run_one(env, task, shared, None, task.task_id, g, None)
+        done_count += 1
+        if bar is not None:
+            bar.update(bar_task, advance=1)
+        elif callable(progress):
+            progress(done_count, total, tree)
+        return tree
+
+    try:
+        return list(await asyncio.gather(*(one(t, g) for t, g in items)))
+    finally:
+        await shared.pool.close()
+        if bar is not None:
+            bar.stop()

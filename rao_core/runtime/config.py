@@ -1,0 +1,70 @@
+"""Limits and knobs of the recursive agent runtime (one pydantic config for the rollout stage).
+
+Every limit here is enforced by the orchestrator process, outside the node's REPL (spec section 1):
+model code can neither read nor change them. Each limit that stops a node has its own
+``rao_core.tree.EndReason``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RuntimeConfig(BaseModel):
+    """Configuration of ``run_tree``/``run_trees``.
+
+    Context-window rule (``CONTEXT_OVERFLOW``, [project choice]): before every generation, a node whose
+    prompt length ``T_prompt`` (tokens) satisfies ``T_prompt + max_new_tokens > context_window`` ends
+    with ``EndReason.CONTEXT_OVERFLOW``; so no request can ever exceed the window, and the recorded
+    trajectory holds at most ``context_window`` tokens.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_depth: int = Field(2, ge=0, description="Deepest node depth allowed (root = 0). launch_subagent "
+                           "from a node at max_depth raises inside its REPL.")
+    max_steps_per_node: int = Field(10, ge=1, description="Turns (generation + cell) per node; a node "
+                                    "that has not finished after this many ends with MAX_STEPS.")
+    context_window: int = Field(8192, ge=64, description="Tokens per node: prompt + max_new_tokens of the "
+                                "next turn must fit, else CONTEXT_OVERFLOW.")
+    max_new_tokens: int = Field(1024, ge=1, description="Generation cap per turn (tokens).")
+    observation_max_chars: int = Field(2000, ge=64, description="Cell output shown to the node is cut to "
+                                       "this many characters (a note says it was cut).")
+    cell_timeout_s: float = Field(30.0, gt=0, description="Wall-clock seconds per cell, not counting "
+                                  "time the REPL waits on the orchestrator (sub-agents, tools). On expiry "
+                                  "the REPL is killed and restarted; its variables are lost.")
+    cell_memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of a node's REPL process, MiB.")
+    cell_cpu_s: int = Field(60, ge=1, description="CPU seconds per cell (RLIMIT_CPU soft limit, reset "
+                            "per cell); the hard limit is cell_cpu_s * max_steps_per_node per REPL.")
+    max_processes: int = Field(32, ge=4, description="RLIMIT_NPROC per REPL (each REPL has its own uid).")
+    max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a REPL, MiB (largest file it writes).")
+    max_children_per_node: int = Field(8, ge=0, description="launch_subagent calls allowed per node.")
+    tree_step_budget: int | None = Field(None, ge=1, description="Optional turns shared by the whole "
+                                         "tree; once spent every running node ends with TREE_STEP_BUDGET.")
+    tree_timeout_s: float = Field(600.0, gt=0, description="Wall-clock seconds per tree; then all nodes "
+                                  "still running end with TREE_TIMEOUT.")
+    max_concurrent_requests: int = Field(64, ge=1, description="Policy requests in flight at once, over "
+                                         "all trees of one run_trees call.")
+    policy_timeout_s: float = Field(300.0, gt=0, description="Seconds one generation may take (including "
+                                    "retries) before the node ends with POLICY_ERROR.")
+    delegation: bool = Field(True, description="False = single-agent baseline: max depth 0 and no "
+                             "launch_subagent in the prompt or the REPL.")
+    sandbox: Literal["bwrap", "none"] = Field("bwrap", description="'bwrap' (bubblewrap, default) or "
+                                             "'none' (plain subprocess with rlimits; debugging only).")
+    repl_pool_size: int = Field(2, ge=0, description="Pre-started idle REPL processes (hide start-up).")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of endpoint policies.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of endpoint policies.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RuntimeConfig:
+        if self.max_new_tokens >= self.context_window:
+            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be below context_window "
+                             f"({self.context_window})")
+        return self
+
+    @property
+    def effective_max_depth(self) -> int:
+        """Max depth in force: 0 when delegation is disabled."""
+        return self.max_depth if self.delegation else 0

@@ -1,0 +1,365 @@
+"""Sandboxed REPL processes: launcher (bubblewrap), pool, and the orchestrator side of the protocol.
+
+Each node gets its own REPL process (``repl_server.py``) running under bubblewrap:
+``--unshare-net --unshare-pid --unshare-ipc --unshare-uts --die-with-parent --new-session --clearenv``,
+the host filesystem bound read-only, a private tmpfs ``/tmp`` with the node's work folder bound at
+``/tmp/work`` (the only writable place), ``/root`` replaced by an empty tmpfs (only the Python install
+is bound back when it lives there). After start the server sets rlimits (RLIMIT_AS, RLIMIT_CPU,
+RLIMIT_NPROC, RLIMIT_FSIZE) and drops to its own unprivileged uid (one uid per live REPL, so
+RLIMIT_NPROC counts only that REPL's processes and REPLs cannot signal each other; see
+``docs/sandbox.md``). The per-cell wall-clock limit is enforced here, by the orchestrator: on expiry the
+whole sandbox is killed and the node gets a fresh REPL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rao_core.tree import CellStatus
+
+SERVER_PATH = Path(__file__).with_name("repl_server.py")
+UID_BASE = 200_000  # unprivileged uids used by sandboxes: UID_BASE .. UID_BASE + UID_RANGE - 1
+UID_RANGE = 50_000
+_uid_counter = itertools.count()
+_STREAM_LIMIT = 64 * 1024 * 1024
+
+
+class SandboxError(RuntimeError):
+    """A REPL process could not be started or initialised (bwrap missing, bad interpreter...)."""
+
+
+@dataclass
+class CellResult:
+    """Outcome of one cell. ``output``: captured text (already capped by the REPL)."""
+
+    status: CellStatus
+    output: str = ""
+    error: str = ""
+    truncated_chars: int = 0
+    wall_s: float = 0.0
+    finished: bool = False
+    finish_value: Any = None
+
+
+@dataclass
+class SandboxLimits:
+    """Limits applied to one REPL process (all enforced by the kernel or by the orchestrator)."""
+
+    cell_timeout_s: float = 30.0
+    memory_mb: int = 1024
+    cpu_s: int = 60
+    cpu_total_s: int = 600
+    nproc: int = 32
+    fsize_mb: int = 64
+    output_cap: int = 100_000
+    mode: Literal["bwrap", "none"] = "bwrap"
+
+
+def _hidden_ancestor(path: Path) -> Path | None:
+    """First ancestor directory of ``path`` that other users cannot traverse (no o+x), or None."""
+    cur = Path("/")
+    for part in path.parts[1:]:
+        cur = cur / part
+        try:
+            mode = cur.stat().st_mode
+        except OSError:
+            return None
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return cur
+    return None
+
+
+def bwrap_command(workdir: Path, argv: list[str]) -> list[str]:
+    """The bubblewrap command line that runs ``argv`` with ``workdir`` bound at /tmp/work."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxError("bubblewrap (bwrap) is not installed; `apt-get install bubblewrap`, or use "
+                           "sandbox='none' for debugging")
+    cmd = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+           "--perms", "01777", "--tmpfs", "/tmp", "--bind", str(workdir), "/tmp/work"]
+    hidden_roots: set[Path] = set()
+    if Path("/root").exists():
+        cmd += ["--perms", "0755", "--tmpfs", "/root"]
+        hidden_roots.add(Path("/root"))
+    for p in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
+        anc = _hidden_ancestor(p)
+        if anc is None and not any(p.is_relative_to(h) for h in hidden_roots):
+            continue
+        top = next((h for h in hidden_roots if p.is_relative_to(h)), anc)
+        if top not in hidden_roots:
+            cmd += ["--perms", "0755", "--tmpfs", str(top)]
+            hidden_roots.add(top)
+        cur = top
+        for part in p.relative_to(top).parts[:-1]:
+            cur = cur / part
+            cmd += ["--perms", "0755", "--dir", str(cur)]
+        cmd += ["--ro-bind", str(p), str(p)]
+    cmd += ["--chdir", "/tmp/work", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session", "--clearenv",
+            "--setenv", "HOME", "/tmp/work", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+            "--setenv", "LANG", "C.UTF-8", "--"]
+    return cmd + argv
+
+
+class Repl:
+    """Orchestrator-side handle of one sandboxed REPL process (async; one cell at a time)."""
+
+    def __init__(self, limits: SandboxLimits):
+        self.limits = limits
+        self.uid = UID_BASE + next(_uid_counter) % UID_RANGE
+        self.proc: asyncio.subprocess.Process | None = None
+        self.workdir: Path | None = None
+        self.start_s = 0.0
+
+    async def start(self) -> Repl:
+        """Spawn the process and wait for its 'started' line; raises SandboxError on failure."""
+        t0 = time.perf_counter()
+        self.workdir = Path(tempfile.mkdtemp(prefix="rao-repl-"))
+        argv = [sys.executable, "-I", "-u", str(SERVER_PATH)]
+        if self.limits.mode == "bwrap":
+            if os.geteuid() == 0:
+                os.chown(self.workdir, self.uid, self.uid)
+            os.chmod(self.workdir, 0o700)
+            cmd, cwd, env = bwrap_command(self.workdir, argv), None, None
+        else:
+            cmd, cwd = argv, str(self.workdir)
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.workdir), "LANG": "C.UTF-8"}
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
+                limit=_STREAM_LIMIT)
+            msg = await asyncio.wait_for(self._read(), timeout=60)
+        except (OSError, asyncio.TimeoutError) as e:
+            await self.close()
+            raise SandboxError(f"REPL failed to start: {e!r}") from e
+        if msg is None or msg.get("type") != "started":
+            err = (await self.proc.stderr.read()).decode(errors="replace")[-2000:] if self.proc else ""
+            await self.close()
+            raise SandboxError(f"REPL failed to start: {msg!r}; stderr: {err}")
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    async def init(self, tools: list[dict[str, Any]], delegation: bool, variables: dict[str, Any]) -> None:
+        """Set limits, drop the uid, install tool stubs and variables; raises SandboxError."""
+        lim = self.limits
+        rl = {"as": lim.memory_mb * 2**20, "nproc": lim.nproc, "fsize": lim.fsize_mb * 2**20,
+              "cpu": lim.cpu_total_s}
+        await self._send({"type": "init", "uid": self.uid if lim.mode == "bwrap" else None, "rlimits": rl,
+                          "tools": tools, "delegation": delegation, "variables": variables,
+                          "output_cap": lim.output_cap})
+        try:
+            msg = await asyncio.wait_for(self._read(), timeout=60)
+        except asyncio.TimeoutError:
+            msg = None
+        if msg is None or msg.get("type") != "ready":
+            await self.close()
+            raise SandboxError(f"REPL failed to initialise: {msg!r}")
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        await self.proc.stdin.drain()
+
+    async def _read(self) -> dict[str, Any] | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await self.proc.stdout.readline()
+        return json.loads(line) if line else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def execute(self, code: str,
+                      on_call: Callable[[str, list[Any], dict[str, Any]], Awaitable[Any]]) -> CellResult:
+        """Run ``code``; serve its tool / launch_subagent calls with ``on_call`` (ToolError -> refusal).
+
+        The wall-clock limit counts only time when no call is outstanding (waiting on sub-agents or
+        tools is the orchestrator's time, bounded by the tree timeout). On expiry the process is killed
+        and ``CellStatus.TIMEOUT`` returned; a dead process gives ``KILLED`` (or ``TIMEOUT`` on SIGXCPU).
+        """
+        from rao_core.envs.base import ToolError
+
+        t0 = time.perf_counter()
+        res = CellResult(status=CellStatus.OK)
+        if not self.alive:
+            res.status, res.error = CellStatus.KILLED, "the REPL process is not running"
+            return res
+        calls: set[asyncio.Task] = set()
+        idle = asyncio.Event()
+        idle.set()
+
+        async def serve(cid: int, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+            try:
+                value = await on_call(name, args, kwargs)
+                reply = {"type": "reply", "call_id": cid, "ok": True, "value": value}
+                try:
+                    data = json.dumps(reply)
+                except (TypeError, ValueError) as e:
+                    reply = {"type": "reply", "call_id": cid, "ok": False,
+                             "error": f"{name} returned a value that is not JSON-serialisable: {e}"}
+            except ToolError as e:
+                reply = {"type": "reply", "call_id": cid, "ok": False, "error": str(e)}
+            data = json.dumps(reply)
+            if self.alive:
+                try:
+                    self.proc.stdin.write((data + "\n").encode())  # type: ignore[union-attr]
+                    await self.proc.stdin.drain()  # type: ignore[union-attr]
+                except (ConnectionError, RuntimeError):
+                    pass
+
+        def on_done(task: asyncio.Task) -> None:
+            calls.discard(task)
+            if not calls:
+                idle.set()
+
+        await self._send({"type": "exec", "code": code, "cpu_s": self.limits.cpu_s})
+        remaining = self.limits.cell_timeout_s
+        reader = asyncio.ensure_future(self._read())
+        try:
+            while True:
+                if not calls:
+                    t = time.perf_counter()
+                    done, _ = await asyncio.wait({reader}, timeout=remaining)
+                    remaining -= time.perf_counter() - t
+                    if not done:
+                        res.status = CellStatus.TIMEOUT
+                        res.error = f"cell exceeded its wall-clock limit of {self.limits.cell_timeout_s:g} s"
+                        await self.kill()
+                        break
+                else:
+                    idle.clear()
+                    waiter = asyncio.ensure_future(idle.wait())
+                    done, _ = await asyncio.wait({reader, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    if waiter not in done:
+                        waiter.cancel()
+                    if reader not in done:
+                        continue
+                msg = reader.result()
+                if msg is None:  # process died
+                    await self.kill()
+                    rc = self.proc.returncode if self.proc else None
+                    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+                        res.status, res.error = CellStatus.TIMEOUT, "cell exceeded its CPU-time limit"
+                    else:
+                        res.status = CellStatus.KILLED
+                        res.error = f"the REPL process died (exit status {rc})"
+                    break
+                kind = msg.get("type")
+                if kind == "call":
+                    task = asyncio.ensure_future(serve(msg["call_id"], msg["name"], msg.get("args", []),
+                                                       msg.get("kwargs", {})))
+                    calls.add(task)
+                    task.add_done_callback(on_done)
+                elif kind == "finish":
+                    res.finished, res.finish_value = True, msg.get("value")
+                elif kind == "done":
+                    res.status = CellStatus(msg["status"]) if msg["status"] != "memory" else CellStatus.MEMORY
+                    res.output, res.error = msg.get("output", ""), msg.get("error", "")
+                    res.truncated_chars = int(msg.get("truncated_chars", 0))
+                    break
+                reader = asyncio.ensure_future(self._read())
+        finally:
+            if not reader.done():
+                reader.cancel()
+            for task in list(calls):  # a cell that ended (or was killed) abandons its pending calls
+                task.cancel()
+            if calls:
+                await asyncio.gather(*calls, return_exceptions=True)
+        res.wall_s = time.perf_counter() - t0
+        return res
+
+    async def kill(self) -> None:
+        """Kill the sandbox (outer bwrap and, through --die-with-parent and the pid namespace, all)."""
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=10)
+            except asyncio.TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """Kill the process and remove its work folder."""
+        await self.kill()
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+@dataclass
+class ReplPool:
+    """A few pre-started REPL processes (started, not yet initialised) to hide the start-up time."""
+
+    limits: SandboxLimits
+    size: int = 2
+    _idle: list[Repl] = field(default_factory=list)
+    _filling: set[asyncio.Task] = field(default_factory=set)
+
+    async def acquire(self) -> Repl:
+        """A started REPL (from the pool if one is ready); refills the pool in the background."""
+        repl = None
+        while self._idle:
+            cand = self._idle.pop()
+            if cand.alive:
+                repl = cand
+                break
+            await cand.close()
+        self._refill()
+        if repl is None:
+            repl = await Repl(self.limits).start()
+        return repl
+
+    def _refill(self) -> None:
+        missing = self.size - len(self._idle) - len(self._filling)
+        for _ in range(max(0, missing)):
+            task = asyncio.ensure_future(self._add())
+            self._filling.add(task)
+            task.add_done_callback(self._filling.discard)
+
+    async def _add(self) -> None:
+        try:
+            repl = await Repl(self.limits).start()
+        except SandboxError:
+            return
+        self._idle.append(repl)
+
+    async def close(self) -> None:
+        """Stop the background starts and kill idle REPLs."""
+        for t in list(self._filling):
+            t.cancel()
+        await asyncio.gather(*self._filling, return_exceptions=True)
+        while self._idle:
+            await self._idle.pop().close()
+
+
+async def run_cell_once(code: str, limits: SandboxLimits) -> CellResult:
+    """Run one cell in a fresh sandbox with no tools (``rao sandbox run``); raises SandboxError."""
+    from rao_core.envs.base import ToolError
+
+    async def no_calls(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        raise ToolError(f"no tools are available here (called {name})")
+
+    repl = await Repl(limits).start()
+    try:
+        await repl.init([], False, {})
+        return await repl.execute(code, no_calls)
+    finally:
+        await repl.close()
