@@ -8,6 +8,7 @@ fallbacks. It is self-contained so the campaign config can embed it as ``judge: 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +18,17 @@ from rao_core.paths import rao_home
 
 #: Folder of the prompt files shipped with the package (``<env>.md``).
 DEFAULT_PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
+
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+DEFAULT_MODEL = "policy"
+
+
+def _env_default(names: tuple[str, ...], fallback: str) -> str:
+    for n in names:
+        if os.environ.get(n):
+            return os.environ[n]
+    return fallback
 
 
 def default_cache_path() -> Path:
@@ -40,11 +52,16 @@ class JudgeConfig(BaseModel):
 
     enabled: bool = Field(True, description="Use the LLM judge for nodes without an exact verifier value.")
     base_url: str = Field(
-        "http://127.0.0.1:8000/v1",
-        description="OpenAI-compatible endpoint of the judge (default: the project's local vLLM service; "
-        "https://api.openai.com/v1 for a hosted model).",
+        default_factory=lambda: _env_default(("RAO_JUDGE_BASE_URL", "RAO_POLICY_BASE_URL"), DEFAULT_BASE_URL),
+        description="OpenAI-compatible endpoint of the judge. Default: env RAO_JUDGE_BASE_URL, else the "
+        "project's local vLLM service (RAO_POLICY_BASE_URL, exported by `rao services up`), else "
+        "http://127.0.0.1:8000/v1. Use https://api.openai.com/v1 for a hosted model.",
     )
-    model: str = Field("judge", description="Model name sent to the endpoint (the paper uses gpt-5-mini).")
+    model: str = Field(
+        default_factory=lambda: _env_default(("RAO_JUDGE_MODEL", "RAO_POLICY_MODEL"), DEFAULT_MODEL),
+        description="Model name sent to the endpoint (the paper uses gpt-5-mini). Default: env "
+        "RAO_JUDGE_MODEL, else RAO_POLICY_MODEL, else 'policy' (the local vLLM service's served name).",
+    )
     api_key_env: str = Field(
         "OPENAI_API_KEY",
         description="Name of the environment variable holding the API key; when unset the key 'EMPTY' is sent "
