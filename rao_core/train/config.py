@@ -1,0 +1,90 @@
+"""Configuration of the training stage (one pydantic model, every field documented)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["LoraSettings", "TrainerConfig"]
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapter settings (Hu et al. 2021, arXiv:2106.09685), passed to ``peft.LoraConfig``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(16, ge=1, description="Adapter rank. vLLM must be started with --max-lora-rank >= r.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get adapters (Llama/Qwen naming; all linear layers by default).",
+    )
+
+
+class TrainerConfig(BaseModel):
+    """Settings of one training stage (policy update or SFT warm start) of ``rao_core.train.train``.
+
+    Defaults and their source:
+    - ``loss_type='ppo'`` with ``clip_eps_low = clip_eps_high = 0.2``: PPO-clip, Schulman et al. 2017.
+      Raise ``clip_eps_high`` (e.g. 0.28, DAPO) for "clip-higher"; CISPO (MiniMax-M1) usually uses a large
+      upper bound and no effective lower one.
+    - ``lr=1e-6``, AdamW (betas 0.9/0.999, no weight decay), ``max_grad_norm=1.0``: common settings for
+      RL fine-tuning of 1-8B instruct models (e.g. TRL's GRPO examples); small models tolerate more.
+    - ``grad_accum=None``: the whole batch is one optimizer step per epoch (on-policy), so the importance
+      ratio only measures the trainer/inference mismatch.
+    - token-mean aggregation over the optimizer step (``rao_core.train.loss``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    loss_type: Literal["reinforce", "ppo", "cispo", "sft"] = Field(
+        "ppo", description="reinforce | ppo (clipped ratio) | cispo (clipped IS weight) | sft (cross-entropy)."
+    )
+    clip_eps_low: float = Field(0.2, ge=0, le=1, description="Lower ratio bound is 1 - clip_eps_low (ppo, cispo).")
+    clip_eps_high: float = Field(0.2, ge=0, description="Upper ratio bound is 1 + clip_eps_high (ppo, cispo).")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant, after warmup_steps linear warm-up).")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, optimizer steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    epochs: int = Field(1, ge=1, description="Passes over the samples.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (None: all epochs).")
+    micro_batch_tokens: int | None = Field(
+        4096, ge=1,
+        description="Padded tokens per micro-batch (rows x longest row); samples are sorted by length and "
+        "bucketed greedily. A single sample longer than this forms its own micro-batch. Ignored when "
+        "micro_batch_size is set.",
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Rows per micro-batch (length-sorted) instead of a token budget; takes precedence."
+    )
+    grad_accum: int | None = Field(
+        None, ge=1, description="Micro-batches (per process) per optimizer step; None: one step per epoch."
+    )
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm (None: no clipping).")
+    lora: LoraSettings | None = Field(None, description="Train a LoRA adapter instead of all weights (None: full).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the initial checkpoint (0: off).")
+    temperature: float = Field(
+        1.0, gt=0, description="Logits are divided by this before log-probs (match the behaviour log-probs' mode)."
+    )
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="Compute precision: auto = bf16 autocast on a bf16-capable GPU, else fp32. Master "
+        "weights stay fp32; checkpoints are saved in the input checkpoint's dtype.",
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    shuffle: bool = Field(True, description="Shuffle micro-batch order each epoch (seeded).")
+    seed: int = Field(0, description="Seed of shuffling, LoRA init and dropout.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainerConfig":
+        if self.micro_batch_tokens is None and self.micro_batch_size is None:
+            raise ValueError("set micro_batch_tokens or micro_batch_size")
+        if self.loss_type == "sft" and self.kl_coef > 0:
+            raise ValueError("kl_coef > 0 is meaningless with loss_type='sft'")
+        return self
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of this config (first 16 hex digits)."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]

@@ -1,0 +1,123 @@
+"""Input checks and micro-batching of training samples.
+
+Micro-batches pad to the longest row (right padding); samples are sorted by length (longest first) and
+cut greedily so that ``rows x longest row <= micro_batch_tokens`` (or ``micro_batch_size`` rows), which
+keeps padding small. Sequence packing is not implemented (it needs per-segment attention masks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rao_core.samples import Sample
+
+__all__ = ["MicroBatch", "validate_samples", "make_micro_batches", "collate"]
+
+
+def validate_samples(samples: Sequence[Sample], vocab_size: int, loss_type: str,
+                     max_length: int | None = None) -> None:
+    """Reject bad training input before any step is taken.
+
+    Raises:
+        ValueError: listing (up to 5) offending samples by ``tree_id/node_id`` for: no samples; lengths of
+            token ids, mask and behaviour log-probs differ; a mask value not 0/1; no assistant token; an
+            assistant token at position 0 (nothing predicts it); a token id outside [0, vocab_size); a
+            non-finite advantage or weight (policy losses) or behaviour log-prob on an assistant token;
+            a sequence longer than ``max_length``.
+    """
+    if not samples:
+        raise ValueError("no training samples")
+    problems: list[str] = []
+    for s in samples:
+        where = f"{s.tree_id}/{s.node_id}"
+        T = len(s.token_ids)
+        if not (T == len(s.assistant_mask) == len(s.behaviour_logprobs)):
+            problems.append(f"{where}: mismatched lengths: token_ids {T}, assistant_mask {len(s.assistant_mask)}, "
+                            f"behaviour_logprobs {len(s.behaviour_logprobs)}")
+            continue
+        if any(m not in (0, 1) for m in s.assistant_mask):
+            problems.append(f"{where}: assistant_mask values must be 0 or 1")
+        elif sum(s.assistant_mask) == 0:
+            problems.append(f"{where}: no assistant tokens")
+        elif s.assistant_mask[0] == 1:
+            problems.append(f"{where}: assistant token at position 0 has no prefix to condition on")
+        bad_ids = [t for t in s.token_ids if not 0 <= t < vocab_size]
+        if bad_ids:
+            problems.append(f"{where}: token ids out of vocabulary [0, {vocab_size}): {bad_ids[:3]}")
+        if loss_type != "sft":
+            if not (math.isfinite(s.advantage) and math.isfinite(s.weight)):
+                problems.append(f"{where}: non-finite advantage {s.advantage} or weight {s.weight}")
+            if any(m and not math.isfinite(lp) for m, lp in zip(s.assistant_mask, s.behaviour_logprobs)):
+                problems.append(f"{where}: non-finite behaviour log-prob on an assistant token")
+        if max_length is not None and T > max_length:
+            problems.append(f"{where}: {T} tokens > the model's max_position_embeddings {max_length}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ValueError(f"{len(problems)} bad training sample(s): " + "; ".join(problems[:5]) + more)
+
+
+@dataclass
+class MicroBatch:
+    """Indices of the samples of one micro-batch (into the sample list) and its padded size."""
+
+    indices: list[int]
+    max_len: int
+
+    @property
+    def padded_tokens(self) -> int:
+        return len(self.indices) * self.max_len
+
+
+def make_micro_batches(lengths: Sequence[int], *, micro_batch_tokens: int | None = None,
+                       micro_batch_size: int | None = None) -> list[MicroBatch]:
+    """Group samples of the given lengths into micro-batches, longest first (deterministic).
+
+    ``micro_batch_size`` (rows) takes precedence over ``micro_batch_tokens`` (padded tokens).
+    """
+    if micro_batch_size is None and micro_batch_tokens is None:
+        raise ValueError("give micro_batch_tokens or micro_batch_size")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[MicroBatch] = []
+    cur: list[int] = []
+    for i in order:
+        if cur:
+            longest = lengths[cur[0]]
+            full = (len(cur) >= micro_batch_size) if micro_batch_size is not None \
+                else (len(cur) + 1) * longest > micro_batch_tokens  # type: ignore[operator]
+            if full:
+                out.append(MicroBatch(cur, longest))
+                cur = []
+        cur.append(i)
+    if cur:
+        out.append(MicroBatch(cur, lengths[cur[0]]))
+    return out
+
+
+def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str = "cpu",
+            zero_out: bool = False) -> dict[str, torch.Tensor]:
+    """Right-pad samples into tensors.
+
+    Returns ``input_ids`` [B, L] long, ``attention_mask`` [B, L] long, ``loss_mask`` [B, L] float (1 on
+    assistant tokens; all 0 when ``zero_out``, used for the filler micro-batches that keep processes in
+    step), ``behaviour_logprobs`` [B, L] float, ``coef`` [B] float (``weight * advantage``), ``depth`` [B] long.
+    """
+    B, L = len(samples), max(len(s.token_ids) for s in samples)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    lmask = torch.zeros((B, L), dtype=torch.float32)
+    old = torch.zeros((B, L), dtype=torch.float32)
+    for b, s in enumerate(samples):
+        T = len(s.token_ids)
+        ids[b, :T] = torch.tensor(s.token_ids, dtype=torch.long)
+        attn[b, :T] = 1
+        if not zero_out:
+            lmask[b, :T] = torch.tensor(s.assistant_mask, dtype=torch.float32)
+        old[b, :T] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+    coef = torch.tensor([s.weight * s.advantage for s in samples], dtype=torch.float32)
+    depth = torch.tensor([s.depth for s in samples], dtype=torch.long)
+    out = dict(input_ids=ids, attention_mask=attn, loss_mask=lmask, behaviour_logprobs=old, coef=coef, depth=depth)
+    return {k: v.to(device) for k, v in out.items()}

@@ -1,0 +1,173 @@
+"""Token-level policy-gradient loss of the RAO update (``shared/spec/rao-algorithm.md``, section 6).
+
+Every assistant token t of node trajectory n carries the weight ``c_n = w_d * A_n`` (Eq. 5 times Eq. 4).
+With ``logp_t = log pi_theta(y_t | ...)``, ``old_t`` the behaviour log-prob recorded at generation time
+and ``rho_t = exp(logp_t - old_t)`` the importance ratio, the per-token loss is
+
+- ``reinforce``: ``-c_n * logp_t``  (REINFORCE, Williams 1992; exact when on-policy, rho = 1);
+- ``ppo``:       ``-min(rho_t * c_n, clip(rho_t, 1 - eps_low, 1 + eps_high) * c_n)``
+                 (PPO-clip, Schulman et al. 2017, arXiv:1707.06347; asymmetric bounds as in DAPO,
+                 Yu et al. 2025, arXiv:2503.14476);
+- ``cispo``:     ``-sg[clip(rho_t, 1 - eps_low, 1 + eps_high)] * c_n * logp_t``
+                 (CISPO, MiniMax-M1, arXiv:2506.13585: clip the importance weight, never drop the
+                 token's gradient; sg = stop-gradient);
+- ``sft``:       ``-logp_t`` (cross-entropy on assistant tokens; weights and advantages ignored).
+
+An optional KL-to-reference penalty adds ``kl_coef * k3_t``, with the k3 estimator
+``k3 = exp(ref_t - logp_t) - (ref_t - logp_t) - 1`` (Schulman, "Approximating KL divergence", 2020),
+as in GRPO (Shao et al. 2024, arXiv:2402.03300).
+
+Aggregation [project choice, spec section 6]: token-mean over the batch, i.e. the per-token losses are
+SUMMED over all assistant tokens and divided by ``normalizer``: the number of assistant tokens in the
+whole optimizer step (all micro-batches, all processes), so micro-batching and the number of processes
+do not change the update. Without ``normalizer`` the micro-batch's own token count is used.
+
+Reported statistics (detached): sums and counts so that the trainer can aggregate over micro-batches,
+processes and depths. ``kl_mismatch`` is the k3 estimate of KL(pi_behaviour || pi_theta) with the
+samples drawn from the behaviour policy: ``k3 = rho - 1 - log rho``, which measures how far the trainer's
+log-probs are from the ones the inference server reported (0 when they agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+LossType = Literal["reinforce", "ppo", "cispo", "sft"]
+
+__all__ = ["LossType", "LossStats", "token_logprobs", "policy_loss"]
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """Detached statistics of one micro-batch; every field is a sum or a count (aggregate by adding).
+
+    Per-sample fields have shape [B].
+    """
+
+    loss_sum: torch.Tensor  # [] sum over tokens of the per-token loss (incl. KL term)
+    pg_loss_sum: torch.Tensor  # [] sum of the policy-gradient part only
+    ref_kl_sum: torch.Tensor  # [] sum of k3 to the reference (0 without reference)
+    tokens: torch.Tensor  # [] number of assistant tokens
+    clipped_tokens: torch.Tensor  # [] tokens whose ratio was clipped (ppo: the clipped branch was taken)
+    ratio_sum: torch.Tensor  # [] sum of rho over tokens
+    kl_mismatch_per_sample: torch.Tensor  # [B] sum over the sample's tokens of k3(behaviour || theta)
+    tokens_per_sample: torch.Tensor  # [B]
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each token given its prefix: position t holds log p(input_ids[t] | input_ids[:t]).
+
+    Args:
+        logits: [B, L, V] model outputs (position t predicts token t + 1).
+        input_ids: [B, L].
+        temperature: logits are divided by it (match the sampler's temperature when the behaviour
+            log-probs were taken after temperature scaling).
+
+    Returns:
+        [B, L] float32; position 0 (no prefix) is 0.
+    """
+    logits = logits[:, :-1].float()  # [B, L-1, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = input_ids[:, 1:]  # [B, L-1]
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)  # [B, L-1]
+    lp = picked - torch.logsumexp(logits, dim=-1)  # [B, L-1]
+    return torch.nn.functional.pad(lp, (1, 0), value=0.0)  # [B, L]
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    coef: torch.Tensor,
+    *,
+    loss_type: LossType = "ppo",
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    normalizer: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossStats]:
+    """Token-level RAO policy loss (module docstring has the formulas and sources).
+
+    Args:
+        logprobs: [B, L] log pi_theta of each token (with gradient).
+        behaviour_logprobs: [B, L] log pi_old recorded at generation time.
+        mask: [B, L] 1 on assistant tokens (only they count), 0 elsewhere (prompt, padding).
+        coef: [B] per-sample weight ``w_d * A_n`` (ignored for ``sft``).
+        loss_type: ``reinforce`` | ``ppo`` | ``cispo`` | ``sft``.
+        clip_eps_low, clip_eps_high: ratio bounds [1 - eps_low, 1 + eps_high] (ppo, cispo).
+        ref_logprobs: [B, L] reference-policy log-probs, needed when ``kl_coef > 0``.
+        kl_coef: weight of the k3 KL-to-reference penalty (0: off).
+        normalizer: divide the token sum by this (tokens of the whole optimizer step); default: the
+            micro-batch's token count.
+
+    Returns:
+        ``(loss, stats)``: scalar loss with gradient; :class:`LossStats` detached.
+
+    Raises:
+        ValueError: mismatched shapes, unknown ``loss_type``, ``kl_coef > 0`` without reference, a
+            non-finite coefficient or behaviour log-prob on an assistant token.
+    """
+    if logprobs.shape != behaviour_logprobs.shape or logprobs.shape != mask.shape:
+        raise ValueError(f"shape mismatch: logprobs {tuple(logprobs.shape)}, behaviour_logprobs "
+                         f"{tuple(behaviour_logprobs.shape)}, mask {tuple(mask.shape)}")
+    if coef.shape != logprobs.shape[:1]:
+        raise ValueError(f"coef must be [B] = {tuple(logprobs.shape[:1])}, got {tuple(coef.shape)}")
+    if loss_type not in ("reinforce", "ppo", "cispo", "sft"):
+        raise ValueError(f"unknown loss_type {loss_type!r}")
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    m = mask.to(logprobs.dtype)  # [B, L]
+    if not torch.isfinite(coef).all():
+        raise ValueError("non-finite advantage * weight reached the loss")
+    old = torch.where(m > 0, behaviour_logprobs, torch.zeros_like(behaviour_logprobs))  # [B, L]
+    if not torch.isfinite(old).all():
+        raise ValueError("non-finite behaviour log-prob on an assistant token")
+
+    c = coef.to(logprobs.dtype).unsqueeze(-1)  # [B, 1]
+    log_ratio = (logprobs - old) * m  # [B, L]
+    ratio = torch.exp(log_ratio)  # [B, L], 1 off the mask
+    lo, hi = 1.0 - clip_eps_low, 1.0 + clip_eps_high
+    clipped = torch.zeros_like(m, dtype=torch.bool)  # [B, L]
+    if loss_type == "reinforce":
+        per_tok = -c * logprobs  # [B, L]
+    elif loss_type == "ppo":
+        unclipped_obj = ratio * c  # [B, L]
+        clipped_obj = ratio.clamp(lo, hi) * c  # [B, L]
+        per_tok = -torch.minimum(unclipped_obj, clipped_obj)
+        clipped = clipped_obj < unclipped_obj
+    elif loss_type == "cispo":
+        per_tok = -ratio.detach().clamp(lo, hi) * c * logprobs  # [B, L]
+        clipped = (ratio < lo) | (ratio > hi)
+    else:  # sft
+        per_tok = -logprobs
+    pg_tok = per_tok * m  # [B, L]
+    total_tok = pg_tok
+    ref_kl = torch.zeros_like(m)
+    if ref_logprobs is not None:
+        d = (ref_logprobs - logprobs) * m  # [B, L]
+        ref_kl = (torch.exp(d) - d - 1.0) * m  # [B, L], k3 >= 0
+        if kl_coef > 0:
+            total_tok = total_tok + kl_coef * ref_kl
+    tokens = m.sum()
+    norm = tokens.clamp(min=1.0) if normalizer is None else normalizer
+    loss = total_tok.sum() / norm
+
+    with torch.no_grad():
+        lr_d = log_ratio.detach()
+        k3 = (torch.exp(lr_d) - 1.0 - lr_d) * m  # [B, L], KL(behaviour || theta) estimate per token
+        stats = LossStats(
+            loss_sum=total_tok.detach().sum(),
+            pg_loss_sum=pg_tok.detach().sum(),
+            ref_kl_sum=ref_kl.detach().sum(),
+            tokens=tokens.detach(),
+            clipped_tokens=(clipped & (m > 0)).sum().to(m.dtype),
+            ratio_sum=(ratio.detach() * m).sum(),
+            kl_mismatch_per_sample=k3.sum(-1),
+            tokens_per_sample=m.sum(-1),
+        )
+    return loss, stats

@@ -1,0 +1,333 @@
+"""The RAO trainer: one policy update (or SFT warm start) from training samples to a new checkpoint.
+
+``train(samples, model_path, out_dir, config)`` loads an HF checkpoint (full weights, or a LoRA adapter
+to continue), checks every sample before any step, builds length-sorted padded micro-batches, applies
+the token-level loss of :mod:`rao_core.train.loss` (weighted by w_d * A_n, spec section 6) with gradient
+accumulation and clipping, and saves the result atomically as a folder vLLM loads as is
+(:mod:`rao_core.train.checkpoint`).
+
+Everything device- and process-related goes through ``accelerate.Accelerator``: the same code runs on
+this CPU in one process and under ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` on
+GPUs. Each process takes every ``num_processes``-th micro-batch; a process short of one gets a filler
+micro-batch with an all-zero loss mask so that all processes run the same number of forwards. The loss
+is the token-mean over the whole optimizer step across processes (the normaliser is the global count
+of assistant tokens of the step, times ``num_processes`` to undo the gradient averaging of DDP/FSDP).
+
+Per-step metrics (dicts, identical on all processes; ``on_step`` is called on the main process only):
+``train/loss``, ``train/pg_loss``, ``train/kl_ref``, ``train/clip_frac``, ``train/ratio_mean``,
+``train/grad_norm``, ``train/adv_abs_mean``, ``train/coef_abs_mean``, ``train/tokens``,
+``train/seq_tokens``, ``train/padded_tokens``, ``train/samples``, ``train/kl_mismatch``,
+``train/kl_mismatch_depth_<d>``, ``train/lr``, ``train/step``, ``train/epoch``, ``train/step_s``,
+``train/tokens_per_s`` (meanings in docs/algorithm.md).
+
+Departures: no sequence packing (padding only); learning-rate schedule is constant after optional
+linear warm-up (one update per iteration is the common case).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rao_core.samples import Sample, SampleBatch, read_samples
+from rao_core.train.checkpoint import MANIFEST_NAME, atomic_folder, data_hash, is_lora_checkpoint, read_manifest
+from rao_core.train.config import TrainerConfig
+from rao_core.train.data import collate, make_micro_batches, validate_samples
+from rao_core.train.loss import policy_loss, token_logprobs
+
+__all__ = ["TrainResult", "train"]
+
+StepCallback = Callable[[dict[str, float]], None]
+
+
+@dataclass
+class TrainResult:
+    """What one call of :func:`train` produced."""
+
+    checkpoint: Path  # the saved checkpoint folder (== out_dir)
+    metrics: list[dict[str, float]] = field(default_factory=list)  # one dict per optimizer step
+    manifest: dict[str, Any] = field(default_factory=dict)  # contents of rao-checkpoint.json
+
+
+def _as_samples(samples: SampleBatch | Sequence[Sample] | str | os.PathLike[str]) -> list[Sample]:
+    if isinstance(samples, (str, os.PathLike)):
+        return read_samples(samples).samples
+    if isinstance(samples, SampleBatch):
+        return list(samples.samples)
+    return list(samples)
+
+
+def _resolve_base(model_path: Path) -> tuple[Path, Path | None]:
+    """(base model folder, adapter folder or None)."""
+    if is_lora_checkpoint(model_path):
+        cfg = json.loads((model_path / "adapter_config.json").read_text())
+        base = Path(cfg.get("base_model_name_or_path") or "")
+        if not (base / "config.json").exists():
+            raise ValueError(f"{model_path} is a LoRA adapter whose base model {base} has no config.json")
+        return base, model_path
+    if not (model_path / "config.json").exists():
+        raise ValueError(f"{model_path} is not a checkpoint folder (no config.json or adapter_config.json)")
+    return model_path, None
+
+
+def _compute_dtype(cfg: TrainerConfig) -> str:
+    if cfg.dtype == "float32":
+        return "no"
+    bf16_ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if cfg.dtype == "bfloat16" and not bf16_ok:
+        raise ValueError("dtype='bfloat16' needs a bf16-capable GPU; use 'auto' or 'float32' on CPU")
+    return "bf16" if bf16_ok else "no"
+
+
+def train(
+    samples: SampleBatch | Sequence[Sample] | str | os.PathLike[str],
+    model_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    config: TrainerConfig | None = None,
+    *,
+    iteration: int = 0,
+    on_step: StepCallback | None = None,
+) -> TrainResult:
+    """Train the policy on ``samples`` starting from ``model_path``; save the new checkpoint at ``out_dir``.
+
+    Args:
+        samples: a :class:`SampleBatch`, a list of :class:`Sample`, or a ``.jsonl``/``.parquet`` path.
+        model_path: HF checkpoint folder (full weights), or a LoRA checkpoint folder written by this
+            trainer (then ``config.lora`` must be set and training continues that adapter).
+        out_dir: the checkpoint folder to write (replaced atomically if it exists).
+        config: :class:`TrainerConfig` (defaults if None).
+        iteration: RL iteration number, recorded in the manifest.
+        on_step: called with each step's metrics dict (main process only).
+
+    Returns:
+        :class:`TrainResult` with the checkpoint path, the per-step metrics and the manifest.
+
+    Raises:
+        ValueError: bad samples (see :func:`rao_core.train.data.validate_samples`), a LoRA adapter as
+            ``model_path`` without ``config.lora``, untied embeddings at save time; all before any step
+            except the last.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = config or TrainerConfig()
+    model_path = Path(model_path).resolve()
+    out_dir = Path(out_dir).resolve()
+    rows = _as_samples(samples)
+
+    base_path, adapter_path = _resolve_base(model_path)
+    if adapter_path is not None and cfg.lora is None:
+        raise ValueError(f"{model_path} is a LoRA adapter: set config.lora to continue training it")
+    hf_cfg = AutoConfig.from_pretrained(base_path)
+    validate_samples(rows, vocab_size=int(hf_cfg.vocab_size), loss_type=cfg.loss_type,
+                     max_length=getattr(hf_cfg, "max_position_embeddings", None))
+
+    accelerator = Accelerator(mixed_precision=_compute_dtype(cfg))
+    set_seed(cfg.seed)
+    world, rank = accelerator.num_processes, accelerator.process_index
+
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, attn_implementation="sdpa")
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    ref_model = None
+    if cfg.lora is not None:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if adapter_path is not None:
+            model = PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
+        else:
+            lc = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                            target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+            model = get_peft_model(model, lc)
+    elif cfg.kl_coef > 0:
+        ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, attn_implementation="sdpa")
+        ref_model.requires_grad_(False).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError):
+        tokenizer = AutoTokenizer.from_pretrained(base_path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+    warm = cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if ref_model is not None:
+        ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+    model.train()
+
+    mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
+                             micro_batch_size=cfg.micro_batch_size)
+    tokens_of = [s.num_assistant_tokens for s in rows]
+    max_depth = max(s.depth for s in rows)
+    per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
+    rng = random.Random(cfg.seed)
+    dev = accelerator.device
+    metrics: list[dict[str, float]] = []
+    step = 0
+    done = False
+    for epoch in range(cfg.epochs):
+        order = list(range(len(mbs)))
+        if cfg.shuffle:
+            rng.shuffle(order)
+        # Pad the global micro-batch list to a multiple of the process count with fillers (-1).
+        order += [-1] * (-len(order) % world)
+        chunk = per_step or len(order)
+        for start in range(0, len(order), chunk):
+            step_mbs = order[start:start + chunk]
+            t0 = time.perf_counter()
+            step_tokens = sum(tokens_of[i] for j in step_mbs if j >= 0 for i in mbs[j].indices)
+            normalizer = max(step_tokens, 1) / world
+            local = step_mbs[rank::world]
+            acc = torch.zeros(9, device=dev, dtype=torch.float64)
+            kl_depth = torch.zeros(2, max_depth + 1, device=dev, dtype=torch.float64)
+            for k, j in enumerate(local):
+                mb = mbs[j if j >= 0 else 0]
+                batch_rows = [rows[i] for i in mb.indices]
+                batch = collate(batch_rows, pad_id, dev, zero_out=j < 0)
+                sync = k == len(local) - 1
+                ctx = contextlib.nullcontext() if sync else accelerator.no_sync(model)
+                with ctx:
+                    with accelerator.autocast():
+                        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                    lp = token_logprobs(logits, batch["input_ids"], cfg.temperature)  # [B, L]
+                    del logits
+                    ref_lp = None
+                    if cfg.kl_coef > 0:
+                        with torch.no_grad(), accelerator.autocast():
+                            if ref_model is not None:
+                                ref_logits = ref_model(input_ids=batch["input_ids"],
+                                                       attention_mask=batch["attention_mask"]).logits
+                            else:  # LoRA: the reference is the base model, adapter off
+                                with accelerator.unwrap_model(model).disable_adapter():
+                                    ref_logits = model(input_ids=batch["input_ids"],
+                                                       attention_mask=batch["attention_mask"]).logits
+                            ref_lp = token_logprobs(ref_logits, batch["input_ids"], cfg.temperature)
+                            del ref_logits
+                    loss, st = policy_loss(
+                        lp, batch["behaviour_logprobs"], batch["loss_mask"], batch["coef"],
+                        loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+                        ref_logprobs=ref_lp, kl_coef=cfg.kl_coef, normalizer=normalizer,
+                    )
+                    accelerator.backward(loss)
+                if j >= 0:
+                    n_rows = len(batch_rows)
+                    acc += torch.stack([
+                        st.loss_sum, st.pg_loss_sum, st.ref_kl_sum, st.tokens, st.clipped_tokens, st.ratio_sum,
+                        batch["attention_mask"].sum().to(st.tokens.dtype),
+                        torch.tensor(float(mb.padded_tokens), device=dev),
+                        torch.tensor(float(n_rows), device=dev),
+                    ]).to(torch.float64)
+                    kl_depth[0].index_add_(0, batch["depth"], st.kl_mismatch_per_sample.to(torch.float64))
+                    kl_depth[1].index_add_(0, batch["depth"], st.tokens_per_sample.to(torch.float64))
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            acc = accelerator.reduce(acc, reduction="sum")
+            kl_depth = accelerator.reduce(kl_depth, reduction="sum")
+            dt = time.perf_counter() - t0
+            idx = [i for j in step_mbs if j >= 0 for i in mbs[j].indices]
+            tok = max(float(acc[3]), 1.0)
+            m = {
+                "train/step": float(step), "train/epoch": float(epoch),
+                "train/loss": float(acc[0]) / tok, "train/pg_loss": float(acc[1]) / tok,
+                "train/kl_ref": float(acc[2]) / tok, "train/clip_frac": float(acc[4]) / tok,
+                "train/ratio_mean": float(acc[5]) / tok, "train/grad_norm": float(grad_norm),
+                "train/adv_abs_mean": sum(abs(rows[i].advantage) for i in idx) / len(idx),
+                "train/coef_abs_mean": sum(abs(rows[i].advantage * rows[i].weight) for i in idx) / len(idx),
+                "train/tokens": float(acc[3]), "train/seq_tokens": float(acc[6]),
+                "train/padded_tokens": float(acc[7]), "train/samples": float(acc[8]),
+                "train/kl_mismatch": float(kl_depth[0].sum()) / max(float(kl_depth[1].sum()), 1.0),
+                "train/lr": float(scheduler.get_last_lr()[0]), "train/step_s": dt,
+                "train/tokens_per_s": float(acc[6]) / dt if dt > 0 else 0.0,
+            }
+            for d in range(max_depth + 1):
+                if kl_depth[1, d] > 0:
+                    m[f"train/kl_mismatch_depth_{d}"] = float(kl_depth[0, d] / kl_depth[1, d])
+            metrics.append(m)
+            if on_step is not None and accelerator.is_main_process:
+                on_step(m)
+            if cfg.max_steps is not None and step >= cfg.max_steps:
+                done = True
+                break
+        if done:
+            break
+
+    manifest = {
+        "kind": "lora" if cfg.lora is not None else "full",
+        "parent_checkpoint": str(model_path),
+        "parent_iteration": (read_manifest(model_path) or {}).get("iteration"),
+        "parent_data_hash": (read_manifest(model_path) or {}).get("data_hash"),
+        "base_model": str(base_path),
+        "iteration": iteration,
+        "data_hash": data_hash(rows),
+        "config_hash": cfg.config_hash(),
+        "config": json.loads(cfg.model_dump_json()),
+        "num_samples": len(rows),
+        "num_steps": step,
+        "num_assistant_tokens": sum(tokens_of),
+        "created_at": time.time(),
+        "final_metrics": metrics[-1] if metrics else {},
+        "versions": _versions(),
+    }
+    _save(accelerator, model, tokenizer, out_dir, manifest, tied=tied, lora=cfg.lora is not None)
+    accelerator.wait_for_everyone()
+    return TrainResult(checkpoint=out_dir, metrics=metrics, manifest=manifest)
+
+
+def _versions() -> dict[str, str]:
+    import accelerate
+    import transformers
+
+    import rao_core
+
+    return {"rao": rao_core.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__}
+
+
+def _save(accelerator, model, tokenizer, out_dir: Path, manifest: dict[str, Any], *, tied: bool, lora: bool) -> None:
+    """Gather the weights (collective under FSDP) and write the checkpoint folder on the main process."""
+    state = accelerator.get_state_dict(model)
+    unwrapped = accelerator.unwrap_model(model)
+    if not accelerator.is_main_process:
+        return
+    if lora:
+        with atomic_folder(out_dir) as tmp:
+            unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            acfg_path = tmp / "adapter_config.json"
+            acfg = json.loads(acfg_path.read_text())
+            acfg["base_model_name_or_path"] = manifest["base_model"]
+            acfg_path.write_text(json.dumps(acfg, indent=2))
+            tokenizer.save_pretrained(tmp)
+            (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+        return
+    if bool(getattr(unwrapped.config, "tie_word_embeddings", False)) != tied:
+        raise ValueError("tie_word_embeddings changed during training; vLLM would load a different model")
+    if tied and accelerator.num_processes == 1:
+        out = unwrapped.get_output_embeddings()
+        if out is not None and out.weight.data_ptr() != unwrapped.get_input_embeddings().weight.data_ptr():
+            raise ValueError("input and output embeddings were untied during training")
+    save_dtype = getattr(unwrapped.config, "dtype", None) or torch.float32
+    if isinstance(save_dtype, str):
+        save_dtype = getattr(torch, save_dtype)
+    state = {k: (v.to(save_dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    with atomic_folder(out_dir) as tmp:
+        unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
