@@ -1,0 +1,95 @@
+"""Endpoint policy: token-in/token-out generations from an OpenAI-compatible vLLM server.
+
+Requests use the legacy completions route with a list of token ids as the prompt, so the server sees
+exactly the ids the runtime built (spec section 6), and vLLM's ``return_token_ids`` extension echoes the
+prompt ids and returns the generated ids; ``logprobs=0`` returns each sampled token's log-prob.
+Generation stops at EOS or at the end of the first code fence (stop string ``"\\n```\\n"``, kept in the
+output with ``include_stop_str_in_output`` so that the recorded ids are exactly what was generated).
+
+Retries: transient errors (connection refused/reset, timeouts, 5xx, 429) are retried with exponential
+backoff (tenacity) up to ``max_retries`` times; then ``PolicyError``. Each HTTP request has its own
+``request_timeout_s``, so a dead or hung server fails the node instead of hanging.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
+
+DEFAULT_STOP = ("\n```\n",)
+
+
+class OpenAIPolicy(Policy):
+    """Client of one served model. Safe to call concurrently (one shared ``AsyncOpenAI`` client).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000/v1``.
+        model: served model name.
+        temperature, top_p: sampling parameters.
+        stop: stop strings (default: end of a code fence).
+        request_timeout_s: per HTTP request, seconds.
+        max_retries: retries of a transient error (so at most ``max_retries + 1`` attempts).
+        extra_body: extra vLLM sampling fields (e.g. ``{"seed": 0}``).
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", temperature: float = 1.0,
+                 top_p: float = 1.0, stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
+                 request_timeout_s: float = 120.0, max_retries: int = 3, extra_body: dict[str, Any] | None = None):
+        from openai import AsyncOpenAI
+
+        if not base_url:
+            raise ValueError("OpenAIPolicy needs a base_url such as http://127.0.0.1:8000/v1")
+        self.name = model
+        self.model = model
+        self.temperature = temperature
+        self.top_p = top_p
+        self.stop = list(stop)
+        self.max_retries = max_retries
+        self.extra_body = dict(extra_body or {})
+        self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=request_timeout_s, max_retries=0)
+
+    async def _create(self, request: PolicyRequest) -> Any:
+        return await self.client.completions.create(
+            model=self.model, prompt=request.prompt_token_ids, max_tokens=request.max_tokens,
+            temperature=self.temperature, top_p=self.top_p, logprobs=0, stop=self.stop or None,
+            extra_body={"return_token_ids": True, "include_stop_str_in_output": True,
+                        "skip_special_tokens": False, **self.extra_body})
+
+    async def generate(self, request: PolicyRequest) -> Generation:
+        """One completion; raises PolicyError after the retries or on a malformed answer."""
+        import openai
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+        transient = (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError,
+                     openai.RateLimitError)
+        try:
+            async for attempt in AsyncRetrying(stop=stop_after_attempt(self.max_retries + 1),
+                                               wait=wait_exponential(multiplier=0.25, max=4),
+                                               retry=retry_if_exception_type(transient), reraise=True):
+                with attempt:
+                    resp = await self._create(request)
+        except openai.OpenAIError as e:
+            raise PolicyError(f"{type(e).__name__} from {self.client.base_url}: {e}") from e
+        if not resp.choices:
+            raise PolicyError("server returned no choices")
+        ch = resp.choices[0]
+        extra = ch.model_extra or {}
+        token_ids = extra.get("token_ids")
+        prompt_ids = extra.get("prompt_token_ids")
+        if prompt_ids is None:
+            prompt_ids = (resp.model_extra or {}).get("prompt_token_ids")
+        if token_ids is None:
+            raise PolicyError("server did not return token_ids (needs vLLM with return_token_ids)")
+        lps = None
+        if ch.logprobs is not None and ch.logprobs.token_logprobs is not None:
+            lps = [float(x) if x is not None else 0.0 for x in ch.logprobs.token_logprobs]
+        if lps is None or len(lps) != len(token_ids):
+            raise PolicyError(f"server returned {len(token_ids)} token ids but "
+                              f"{None if lps is None else len(lps)} log-probs")
+        return Generation(text=ch.text, token_ids=list(token_ids), logprobs=lps, finish_reason=ch.finish_reason,
+                          prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.client.close()

@@ -1,0 +1,49 @@
+"""A tiny OpenAI-compatible completions server (stdlib only) for runtime tests.
+
+Usage: python fake_openai_server.py PORT DIE_AFTER  -- answers POST /v1/completions with a scripted cell
+(first answer: a cell printing 'hello'; later: finish('done')), echoing prompt ids; after DIE_AFTER
+answers the process exits (simulating a server crash mid-rollout).
+"""
+
+import json
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT, DIE_AFTER = int(sys.argv[1]), int(sys.argv[2])
+COUNT = {"n": 0}
+CELLS = ["```python\nprint('hello')\n```\n", "```python\nfinish('done')\n```\n"]
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if COUNT["n"] >= DIE_AFTER:
+            os._exit(0)
+        text = CELLS[min(COUNT["n"], len(CELLS) - 1)]
+        COUNT["n"] += 1
+        ids = [100 + (ord(c) % 200) for c in text]
+        out = {"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
+               "choices": [{"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
+                            "prompt_token_ids": body["prompt"],
+                            "logprobs": {"tokens": list(text), "token_logprobs": [-0.5] * len(ids),
+                                         "top_logprobs": None, "text_offset": list(range(len(ids)))}}],
+               "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids),
+                         "total_tokens": len(body["prompt"]) + len(ids)}}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+ThreadingHTTPServer(("127.0.0.1", PORT), H).serve_forever()
