@@ -34,7 +34,7 @@ from rao_core.envs.base import Task, ToolError
 from rao_core.envs.deepdive.scoring import exact_match
 from rao_core.policies.arte_expert import ArteExpert
 from rao_core.tree import EndReason, Node, Turn
-from tests.envs.test_deepdive import HOSTILE, drive
+from tests.envs.test_deepdive import HOSTILE, drive, tokenizer
 
 FIX = Path(__file__).parent / "fixtures"
 LAY, KITCHEN = "kenneth.lay@enron.com", "louise.kitchen@enron.com"
@@ -321,13 +321,12 @@ async def test_expert_abstains_on_real_questions(enron_db):
 
 async def test_end_to_end_through_run_tree():
     from rao_core.runtime import RuntimeConfig, run_tree
-    from tests.runtime.fakes import tokenizer_path
 
     env = get_env("arte", reward="ladder")
     t = env.generate_tasks(n=1, seed=4)[0]
     cfg = RuntimeConfig(max_depth=1, context_window=8192, max_new_tokens=512, repl_pool_size=1, tree_timeout_s=120,
                         sandbox="bwrap" if shutil.which("bwrap") else "none")
-    tree = await run_tree(env, t, ArteExpert(), cfg, tokenizer=tokenizer_path())
+    tree = await run_tree(env, t, ArteExpert(), cfg, tokenizer=tokenizer())
     assert tree.error is None, tree.error
     assert tree.root.end_reason == EndReason.FINISHED, [x.observation for x in tree.root.turns]
     assert tree.root.result["sources"] == t.data["message_ids"]

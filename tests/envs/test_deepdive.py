@@ -37,6 +37,21 @@ HOSTILE = ['"', '""', "NEAR(a b)", "*", "a OR b", "'); DROP TABLE pages; --", "-
            "^x", "a AND", "NOT", "title:*", "\x00", "", "   ", "🙂", '"unterminated', "a + b - c*"]
 
 
+_ORIG_RAO_HOME = os.environ.get("RAO_HOME")
+
+
+def tokenizer() -> str:
+    """The test tokenizer from the real RAO_HOME (the tests below point RAO_HOME at a temporary folder)."""
+    from tests.runtime.fakes import tokenizer_path
+
+    with pytest.MonkeyPatch.context() as mp:
+        if _ORIG_RAO_HOME is None:
+            mp.delenv("RAO_HOME", raising=False)
+        else:
+            mp.setenv("RAO_HOME", _ORIG_RAO_HOME)
+        return tokenizer_path()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def rao_home(tmp_path_factory):
     """Generated corpora go to a temporary RAO_HOME."""
@@ -341,13 +356,12 @@ def ensure_corpus_path():
 
 async def test_end_to_end_through_run_tree():
     from rao_core.runtime import RuntimeConfig, run_tree
-    from tests.runtime.fakes import tokenizer_path
 
     env = get_env("deepdive")
     t = env.generate_tasks(n=1, seed=4, difficulty="medium")[0]
     cfg = RuntimeConfig(max_depth=1, context_window=8192, max_new_tokens=512, repl_pool_size=1, tree_timeout_s=120,
                         sandbox="bwrap" if shutil.which("bwrap") else "none")
-    tree = await run_tree(env, t, DeepDiveExpert(), cfg, tokenizer=tokenizer_path())
+    tree = await run_tree(env, t, DeepDiveExpert(), cfg, tokenizer=tokenizer())
     assert tree.error is None, tree.error
     assert tree.root.end_reason == EndReason.FINISHED, [x.observation for x in tree.root.turns]
     assert tree.root.env_info["verifier_success"] == 1.0
