@@ -1,0 +1,30 @@
+"""``rao train`` end to end on the tiny model (samples file -> checkpoint folder)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rao_core.paths import tiny_model_path
+from rao_core.samples import Sample, write_samples
+
+
+def test_rao_train_cli(tmp_path):
+    tiny = tiny_model_path()
+    if not (tiny / "config.json").exists():
+        pytest.skip("tiny model missing")
+    from rao_cli.main import app
+
+    samples = [Sample(tree_id=f"t{i}", node_id="r", group_id="g", depth=0, token_ids=[1, 5, 9, 700 + i, 701],
+                      assistant_mask=[0, 0, 0, 1, 1], behaviour_logprobs=[0, 0, 0, -10.0, -10.0], success=float(i),
+                      reward=float(i), baseline=1.0 - i, advantage=2.0 * i - 1.0) for i in (0, 1)]
+    sp = write_samples(tmp_path / "s.parquet", samples)
+    (tmp_path / "c.yaml").write_text("train:\n  loss_type: reinforce\n  lr: 0.001\n  micro_batch_size: 1\n")
+    r = CliRunner().invoke(app, ["train", "--samples", str(sp), "--model", str(tiny), "--out", str(tmp_path / "ck"),
+                                 "--config", str(tmp_path / "c.yaml"), "--iteration", "2"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if '{"train/' in x)
+    step = json.loads(line[line.index("{"):])
+    assert step["train/tokens"] == 4 and step["train/samples"] == 2 and step["train/grad_norm"] > 0
+    man = json.loads((tmp_path / "ck" / "rao-checkpoint.json").read_text())
+    assert man["iteration"] == 2 and man["config"]["loss_type"] == "reinforce"
