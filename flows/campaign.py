@@ -1,0 +1,248 @@
+"""The ``rao-campaign`` flow: RL iterations of serve -> generate -> judge -> validate -> train -> evaluate ->
+register, each iteration a subflow whose tasks pass S3 URIs (not objects) to each other.
+
+Resume: a campaign re-run with the same name skips every stage whose completion marker exists on S3
+(``tasks.common.resumable``), so it continues after the last completed iteration, and an interrupted
+iteration is redone from its first unfinished stage.
+
+Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedFS server of
+``rao services up`` if one runs, else starts one for its own duration (data kept under
+``$RAO_HOME/services/seaweedfs``, so a later run resumes from it). MLflow defaults to SQLite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from pydantic import BaseModel, Field
+
+from rao_core.config import CampaignConfig, load_config
+from tasks import tracking
+from tasks.common import RunContext
+from tasks.serve import serve_checkpoint, shutdown_server
+from tasks.stages import (evaluate, generate_trees, judge_trees, primary_metric, register_checkpoint,
+                          train_policy, validate_dataset)
+from tasks.warm_start import warm_start
+
+
+class CampaignParams(BaseModel):
+    """Parameters of a campaign run (rendered as a form in the Prefect UI). Unset fields keep the file's values."""
+
+    config: str = Field("configs/cpu-smoke.yaml", description="YAML config file (relative to the repo or absolute).")
+    name: str | None = Field(None, description="Campaign name (resume key, S3 prefix, MLflow run name).")
+    env: str | None = Field(None, description="Environment, e.g. textcraft-synth.")
+    iterations: int | None = Field(None, ge=0, description="RL iterations.")
+    tasks_per_iteration: int | None = Field(None, ge=1, description="RL tasks sampled per iteration.")
+    G: int | None = Field(None, ge=2, description="Rollout trees per task (group size of Eq. 3).")
+    lam: float | None = Field(None, ge=0, description="lambda of Eq. (1).")
+    max_depth: int | None = Field(None, ge=0, description="Maximum recursion depth.")
+    context_window: int | None = Field(None, ge=256, description="Tokens per agent node.")
+    model_path: str | None = Field(None, description="Initial checkpoint folder.")
+    seed: int | None = Field(None, description="Master seed.")
+    overrides: list[str] = Field(default_factory=list, description="Extra KEY=VALUE overrides, e.g. trainer.lr=1e-5.")
+
+    def resolve(self) -> CampaignConfig:
+        """Load the config file and apply the set fields; raises ConfigError with a one-line message."""
+        from rao_core.paths import REPO_ROOT
+
+        path = Path(self.config)
+        if not path.is_absolute() and not path.exists():
+            path = REPO_ROOT / path
+        ov: dict[str, Any] = {}
+        for key, field in [("name", "name"), ("tasks.env", "env"), ("iterations", "iterations"),
+                           ("tasks.tasks_per_iteration", "tasks_per_iteration"), ("algo.G", "G"), ("algo.lam", "lam"),
+                           ("runtime.max_depth", "max_depth"), ("runtime.context_window", "context_window"),
+                           ("model.path", "model_path"), ("seed", "seed")]:
+            v = getattr(self, field)
+            if v is not None:
+                ov[key] = v
+        import yaml
+
+        for o in self.overrides:
+            k, _, v = o.partition("=")
+            ov[k.strip()] = yaml.safe_load(v)
+        return load_config(path, ov).with_env_overrides()
+
+
+@contextlib.contextmanager
+def storage(cfg: CampaignConfig):
+    """S3 settings for the campaign: configured endpoint, a running embedded server, or a new one."""
+    from infra.services import service_env
+    from infra.storage import S3Settings, SeaweedFSServer, settings_from_env
+
+    st = cfg.storage
+    if st.endpoint_url:
+        import os
+
+        endpoint = None if st.endpoint_url == "aws" else st.endpoint_url
+        yield S3Settings(endpoint, st.bucket, os.environ.get("AWS_ACCESS_KEY_ID"),
+                         os.environ.get("AWS_SECRET_ACCESS_KEY"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+        return
+    env = service_env()
+    if env.get("RAO_S3_ENDPOINT"):
+        import os
+
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            s = settings_from_env()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        yield s
+        return
+    srv = SeaweedFSServer(bucket=st.bucket).start()
+    try:
+        yield srv.settings()
+    finally:
+        srv.stop()
+
+
+def _tokenizer_path(ctx: RunContext, ckpt: dict[str, Any]) -> str:
+    from tasks.serve import checkpoint_local
+
+    return str(checkpoint_local(ctx, ckpt))
+
+
+@flow(name="rao-iteration", log_prints=True)
+def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """One RL iteration; returns the new checkpoint, evaluation metrics, stage timings."""
+    import mlflow
+
+    log = get_run_logger()
+    it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
+    if it_run is None:
+        run = mlflow.MlflowClient().create_run(
+            ctx.mlflow_experiment_id, run_name=f"{ctx.name}-iter-{iteration}",
+            tags={"rao.campaign": ctx.name, "rao.iteration": str(iteration), "rao.kind": "iteration",
+                  "mlflow.parentRunId": ctx.campaign_run_id})
+        it_run = run.info.run_id
+    times: dict[str, float] = {}
+    t = time.monotonic()
+    served = serve_checkpoint(ctx, ckpt)
+    times["serve"] = time.monotonic() - t
+    tok = _tokenizer_path(ctx, ckpt)
+    gen = generate_trees(ctx, iteration, served, tok)
+    judged = judge_trees(ctx, iteration, gen["trees_uri"])
+    val = validate_dataset(ctx, iteration, judged["scored_uri"])
+    tr = train_policy(ctx, iteration, val["samples_uri"], ckpt)
+    new_ckpt = tr["checkpoint"]
+    ev: dict[str, Any] = {"metrics": {}, "rows": []}
+    if ctx.config.eval.enabled:
+        t = time.monotonic()
+        served2 = serve_checkpoint(ctx, new_ckpt)
+        times["serve_new"] = time.monotonic() - t
+        ev = evaluate(ctx, iteration, served2, tok)
+    reg = register_checkpoint(ctx, iteration, new_ckpt, ev["metrics"], it_run)
+    for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
+                      ("register", reg)]:
+        if "_stage_s" in out:
+            times[name] = out["_stage_s"]
+    # Metrics: trees, judge, samples, training, evaluation, timings.
+    from rao_core.metrics import depth_histogram, tree_metrics
+    from rao_core.tree import read_trees
+    from tasks.common import fetch
+
+    trees = read_trees(fetch(ctx, judged["scored_uri"], f"iter-{iteration}/scored.jsonl"))
+    m = tree_metrics(trees)
+    m.update({f"judge/{k}": v for k, v in judged.get("judge", {}).items() if isinstance(v, (int, float))})
+    m.update({f"samples/{k}": v for k, v in val.get("sample_stats", {}).items() if isinstance(v, (int, float))})
+    m.update({k: v for k, v in (tr.get("last_step") or {}).items() if isinstance(v, (int, float))})
+    m.update(ev["metrics"])
+    m.update({f"time/{k}_s": v for k, v in times.items()})
+    if "generate" in times and gen.get("generation_s") is not None:
+        m["time/generation_model_s"] = gen["generation_s"]
+    tracking.log_metrics(it_run, m, step=iteration)
+    tracking.log_metrics(ctx.campaign_run_id, m, step=iteration)
+    for i, step_m in enumerate(tr.get("metrics") or []):
+        tracking.log_metrics(it_run, step_m, step=i)
+    if not (gen.get("_resumed") and judged.get("_resumed")):
+        hist = depth_histogram(trees)
+        tracking.log_figure(it_run, tracking.depth_histogram_figure(hist, f"iteration {iteration}: nodes per depth"),
+                            "plots/depth_histogram.png")
+        if ctx.config.tracking.log_traces:
+            tracking.log_trees_as_traces(it_run, ctx.mlflow_experiment_id, trees,
+                                         ctx.config.tracking.max_traces_per_iteration)
+    keys = [k for k in m if k.startswith("eval/") and k.endswith("/success")] + ["success/root"]
+    tracking.log_figure(ctx.campaign_run_id, tracking.learning_curve_figure(ctx.campaign_run_id, keys,
+                        f"{ctx.name}: learning curve"), "plots/learning_curve.png")
+    log.info(f"iteration {iteration}: root success {m.get('success/root', float('nan')):.3f}, "
+             f"model version {reg['version']} (champion moved: {reg['champion']})")
+    mlflow.MlflowClient().set_terminated(it_run)
+    return {"checkpoint": new_ckpt, "metrics": m, "times": times, "register": reg, "eval_rows": ev["rows"]}
+
+
+def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
+    from infra.tracking import configure_mlflow, ensure_experiment
+
+    uri = configure_mlflow(cfg.tracking.tracking_uri)
+    return uri, ensure_experiment(cfg.tracking.experiment)
+
+
+@flow(name="rao-campaign", log_prints=True)
+def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
+    """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look."""
+    import mlflow
+
+    cfg = params.resolve()
+    log = get_run_logger()
+    uri, exp_id = _mlflow_setup(cfg)
+    run_id = tracking.find_campaign_run(exp_id, cfg.name)
+    if run_id is None:
+        run = mlflow.MlflowClient().create_run(exp_id, run_name=cfg.name,
+                                               tags={"rao.campaign": cfg.name, "rao.kind": "campaign"})
+        run_id = run.info.run_id
+        flat = _flatten(cfg.model_dump(mode="json"))
+        for i in range(0, len(flat), 90):
+            mlflow.MlflowClient().log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500])
+                                                            for k, v in list(flat.items())[i:i + 90]])
+        tracking.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
+    summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": []}
+    t0 = time.monotonic()
+    with storage(cfg) as s3:
+        ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id,
+                         campaign_run_id=run_id)
+        summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
+        try:
+            ws = warm_start(ctx)
+            ckpt = ws["checkpoint"]
+            summary["warm_start"] = {k: v for k, v in ws.items() if k != "checkpoint"}
+            base_metrics: dict[str, float] = {}
+            if cfg.eval.enabled:  # iteration 0: the starting checkpoint, for the learning curve
+                served = serve_checkpoint(ctx, ckpt)
+                ev0 = evaluate(ctx, 0, served, _tokenizer_path(ctx, ckpt))
+                base_metrics = ev0["metrics"]
+                tracking.log_metrics(run_id, base_metrics, step=0)
+                summary["base_eval"] = ev0["rows"]
+            if ws["mode"] == "demos":  # the warm-started checkpoint is the campaign's iteration 0
+                summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics, run_id)
+            for k in range(1, cfg.iterations + 1):
+                out = rao_iteration(ctx, k, ckpt)
+                ckpt = out["checkpoint"]
+                summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
+                                              "register": out["register"], "eval_rows": out["eval_rows"]})
+        finally:
+            shutdown_server()
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    tracking.log_metrics(run_id, {"time/campaign_s": summary["wall_s"]})
+    mlflow.MlflowClient().set_terminated(run_id)
+    log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow run {run_id}; artifacts {summary['s3_prefix']}")
+    return summary
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

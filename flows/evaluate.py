@@ -1,0 +1,124 @@
+"""The ``rao-evaluate`` flow: the nightly benchmark regression.
+
+Evaluates a registered model version or alias (default ``candidate``) on a benchmark suite (each listed
+environment at its difficulties, recursive and single-agent modes) and compares every metric with the
+``champion`` alias's recorded scores: a drop larger than the tolerance fails the flow run with a clear
+message and a Prefect table artifact listing each comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from pydantic import BaseModel, Field
+
+from tasks import tracking
+from tasks.common import RunContext
+from tasks.serve import serve_checkpoint, shutdown_server
+from tasks.stages import checkpoint_from_uri, run_evaluation
+
+
+class RegressionError(RuntimeError):
+    """The evaluated model is worse than the champion beyond the tolerance."""
+
+
+class SuiteEntry(BaseModel):
+    """One benchmark of the suite."""
+
+    env: str = "textcraft-synth"
+    difficulties: list[str] = Field(default_factory=lambda: ["easy"])
+    n_tasks: int = Field(8, ge=1)
+    modes: list[str] = Field(default_factory=lambda: ["recursive", "single"])
+
+
+class EvaluateParams(BaseModel):
+    """Parameters of ``rao-evaluate`` (a Prefect UI form)."""
+
+    config: str = Field("configs/cpu-smoke.yaml", description="Campaign config (serving, runtime, storage).")
+    model: str = Field("candidate", description="Alias or version number of the registered model, or models:/... URI.")
+    suite: list[SuiteEntry] = Field(default_factory=lambda: [SuiteEntry()])
+    tolerance: float | None = Field(None, ge=0, description="Allowed drop vs champion (default: eval.tolerance).")
+    name: str = Field("nightly", description="S3 prefix / MLflow run name of the evaluation.")
+
+
+def compare_with_champion(metrics: dict[str, float], champion: dict[str, float], tolerance: float
+                          ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows of (metric, champion, value, delta, status) for every ``/success`` metric; and the regressions.
+
+    A regression is ``value < champion - tolerance``. Metrics the champion lacks are reported as 'new'.
+    """
+    rows, bad = [], []
+    for k, v in sorted(metrics.items()):
+        if not k.endswith("/success"):
+            continue
+        c = champion.get(k)
+        if c is None:
+            rows.append({"metric": k, "champion": "", "value": round(v, 4), "delta": "", "status": "new"})
+            continue
+        d = v - c
+        status = "REGRESSION" if d < -tolerance else "ok"
+        rows.append({"metric": k, "champion": round(c, 4), "value": round(v, 4), "delta": round(d, 4), "status": status})
+        if status != "ok":
+            bad.append(f"{k}: {v:.3f} vs champion {c:.3f} (drop {-d:.3f} > tolerance {tolerance:.3f})")
+    return rows, bad
+
+
+@flow(name="rao-evaluate", log_prints=True)
+def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
+    """Evaluate a registered checkpoint on the suite; fail on a regression vs ``champion``."""
+    import mlflow
+
+    from flows.campaign import CampaignParams, _mlflow_setup, storage
+
+    log = get_run_logger()
+    base = CampaignParams(config=params.config, name=params.name).resolve()
+    uri, exp_id = _mlflow_setup(base)
+    name = base.model.registered_model
+    ref = params.model
+    if not ref.startswith("models:/"):
+        ref = f"models:/{name}/{ref}" if ref.isdigit() else f"models:/{name}@{ref}"
+    champ = tracking.alias_version(name, "champion")
+    champion_scores = {k: float(v) for k, v in (champ.tags if champ else {}).items() if k.startswith("eval/")}
+    tol = params.tolerance if params.tolerance is not None else base.eval.tolerance
+    run = mlflow.MlflowClient().create_run(exp_id, run_name=f"{params.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                           tags={"rao.kind": "evaluation", "rao.model": ref})
+    metrics: dict[str, float] = {}
+    all_rows: list[dict[str, Any]] = []
+    with storage(base) as s3:
+        try:
+            for entry in params.suite:
+                cfg = base.model_copy(deep=True)
+                cfg.tasks.env = entry.env
+                cfg.eval.difficulties, cfg.eval.n_tasks = entry.difficulties, entry.n_tasks
+                cfg.eval.modes = entry.modes  # type: ignore[assignment]
+                ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id)
+                ckpt = checkpoint_from_uri(ctx, ref)
+                served = serve_checkpoint(ctx, ckpt)
+                from tasks.serve import checkpoint_local
+
+                res = run_evaluation(ctx, served, str(checkpoint_local(ctx, ckpt)))
+                metrics.update({k.replace("eval/", f"eval/{entry.env}/", 1) if entry.env != base.tasks.env else k: v
+                                for k, v in res["metrics"].items()})
+                all_rows += [{"env": entry.env, **r} for r in res["rows"]]
+        finally:
+            shutdown_server()
+    tracking.log_metrics(run.info.run_id, metrics)
+    rows, bad = compare_with_champion(metrics, champion_scores, tol)
+    tracking.log_json(run.info.run_id, {"metrics": metrics, "comparison": rows}, "evaluation.json")
+    try:
+        create_table_artifact(key=f"{params.name}-comparison".lower(), table=rows or [{"metric": "none"}],
+                              description=f"{ref} vs champion (tolerance {tol})")
+        create_table_artifact(key=f"{params.name}-results".lower(), table=all_rows or [{"result": "none"}],
+                              description=f"{ref}: success by env, mode and difficulty")
+    except Exception:
+        pass
+    mlflow.MlflowClient().set_terminated(run.info.run_id, status="FAILED" if bad else "FINISHED")
+    if bad:
+        raise RegressionError(f"{ref} regressed vs champion: " + "; ".join(bad))
+    log.info(f"{ref}: no regression vs champion ({len(rows)} metrics compared)")
+    return {"model": ref, "metrics": metrics, "comparison": rows, "rows": all_rows,
+            "champion": champ.version if champ else None, "json": json.dumps(rows)}

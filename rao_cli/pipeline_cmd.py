@@ -1,0 +1,120 @@
+"""``rao run`` (the main job), ``rao evaluate`` (nightly regression) and ``rao deploy`` (Prefect deployments)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _prefect_env() -> None:
+    from infra.orchestration import configure_prefect
+    from infra.services import apply_service_env
+
+    apply_service_env()
+    configure_prefect()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _summary_table(summary: dict) -> Table:
+    t = Table(title=f"campaign {summary['campaign']}: validation success by iteration")
+    for c in ("iteration", "root success (train rollouts)", "eval", "model version", "champion", "wall (s)"):
+        t.add_column(c)
+    for row in summary.get("base_eval", []):
+        t.add_row("0 (start)", "", f"{row['mode']}/{row['difficulty']}: {row['success']:.2f} {row['ci95']}", "", "", "")
+    for it in summary["iterations"]:
+        m = it["metrics"]
+        ev = "; ".join(f"{r['mode']}/{r['difficulty']}: {r['success']:.2f} {r['ci95']}" for r in it["eval_rows"])
+        t.add_row(str(it["iteration"]), f"{m.get('success/root', float('nan')):.2f}", ev, str(it["register"]["version"]),
+                  "yes" if it["register"]["champion"] else "", f"{sum(it['times'].values()):.0f}")
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def run(
+        config: str = typer.Option("configs/cpu-smoke.yaml", help="Campaign config (YAML)."),
+        name: str = typer.Option(None, help="Campaign name (resume key); default from the config."),
+        iterations: int = typer.Option(None, help="RL iterations."),
+        override: list[str] = typer.Option([], "--set", help="KEY=VALUE config override (repeatable)."),
+    ) -> None:
+        """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth easy."""
+        _prefect_env()
+        from rao_core.config import ConfigError
+
+        try:
+            from flows.campaign import CampaignParams, rao_campaign
+
+            params = CampaignParams(config=config, name=name, iterations=iterations, overrides=list(override))
+            params.resolve()  # fail fast with a one-line error before Prefect starts
+        except (ConfigError, FileNotFoundError) as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from None
+        from infra.models import ModelError
+
+        try:
+            summary = rao_campaign(params)
+        except ModelError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from None
+        console.print(_summary_table(summary))
+        from rao_core.paths import rao_home
+
+        console.print(f"wall time: {summary['wall_s']} s")
+        console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
+        console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
+        console.print("Prefect:   .venv/bin/rao services up --prefect-server  then open the printed URL "
+                      "(or `.venv/bin/prefect server start`)")
+
+    @app.command()
+    def evaluate(
+        model: str = typer.Option("candidate", help="Alias, version, or models:/ URI of the registered model."),
+        config: str = typer.Option("configs/cpu-smoke.yaml", help="Config (serving, runtime, storage)."),
+        env: list[str] = typer.Option(["textcraft-synth"], help="Environments of the suite (repeatable)."),
+        difficulty: list[str] = typer.Option(["easy"], help="Difficulties (repeatable)."),
+        n_tasks: int = typer.Option(8, help="Tasks per difficulty."),
+        tolerance: float = typer.Option(None, help="Allowed drop vs champion."),
+    ) -> None:
+        """Evaluate a registered checkpoint and compare with the champion (the nightly regression)."""
+        _prefect_env()
+        from flows.evaluate import EvaluateParams, RegressionError, SuiteEntry, rao_evaluate
+
+        suite = [SuiteEntry(env=e, difficulties=list(difficulty), n_tasks=n_tasks) for e in env]
+        try:
+            out = rao_evaluate(EvaluateParams(config=config, model=model, suite=suite, tolerance=tolerance))
+        except RegressionError as e:
+            console.print(f"[red]regression:[/red] {e}")
+            raise typer.Exit(1) from None
+        t = Table(title=f"{out['model']} vs champion (v{out['champion']})")
+        for c in ("metric", "champion", "value", "delta", "status"):
+            t.add_column(c)
+        for r in out["comparison"]:
+            t.add_row(*(str(r[c]) for c in ("metric", "champion", "value", "delta", "status")))
+        console.print(t)
+
+    @app.command()
+    def deploy(
+        pool: str = typer.Option("rao-pool", help="Prefect work pool (process type) for the deployments."),
+    ) -> None:
+        """Create the Prefect deployments of prefect.yaml (campaign on demand, nightly evaluation on cron)."""
+        _prefect_env()
+        import subprocess
+
+        if not os.environ.get("PREFECT_API_URL"):
+            console.print("[red]error:[/red] no Prefect server: run `rao services up --prefect-server` first "
+                          "(or set PREFECT_API_URL)")
+            raise typer.Exit(2)
+        prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
+        subprocess.run([prefect, "work-pool", "create", pool, "--type", "process", "--overwrite"], check=False)
+        r = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], check=False)
+        if r.returncode:
+            raise typer.Exit(r.returncode)
+        console.print(f"deployments created; start a worker: {prefect} worker start --pool {pool}")

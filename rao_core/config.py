@@ -1,0 +1,244 @@
+"""The campaign configuration: one validated object composed of each stage's config.
+
+YAML files under ``configs/`` load into :class:`CampaignConfig` with :func:`load_config`. A bad value
+raises :class:`ConfigError` whose one-line message names the file, the field path, the value and what
+was expected, e.g. ``configs/x.yaml: algo.G = 1: Input should be greater than or equal to 2``.
+Environment variables override endpoints and secrets (never stored in YAML): ``RAO_POLICY_BASE_URL``,
+``RAO_S3_ENDPOINT``, ``RAO_S3_BUCKET``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``; the judge reads its
+own (see ``rao_core.judge.config``).
+
+Stage configs: ``runtime`` -> :class:`rao_core.runtime.RuntimeConfig`, ``trainer`` ->
+:class:`rao_core.train.TrainerConfig`, ``judge`` -> :class:`rao_core.judge.JudgeConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rao_core.judge.config import JudgeConfig
+from rao_core.paths import default_model_path
+from rao_core.runtime.config import RuntimeConfig
+from rao_core.train.config import TrainerConfig
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message is one line naming file, field and value."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSettings(_Strict):
+    """The policy checkpoint that starts the campaign."""
+
+    path: Path = Field(default_factory=default_model_path, description="HF checkpoint folder of the initial "
+                       "policy (SmolLM2-135M-Instruct by default; Qwen3-4B-Instruct on GPUs).")
+    registered_model: str = Field("rao-policy", description="MLflow registered-model name for checkpoints.")
+
+
+class ServingSettings(_Strict):
+    """How the policy is served during rollouts and evaluation."""
+
+    base_url: str | None = Field(None, description="An external OpenAI-compatible server (then nothing is "
+                                 "started and checkpoints are not switched). Env RAO_POLICY_BASE_URL overrides.")
+    served_model_name: str = Field("policy", description="Model name sent in requests.")
+    max_model_len: int = Field(8192, ge=256, description="vLLM context length, tokens (>= runtime.context_window).")
+    kv_cache_gib: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU, GiB.")
+    switch: Literal["reload", "restart", "lora"] = Field(
+        "reload", description="Checkpoint switch between iterations: 'reload' copies new weights over the served "
+        "folder and reloads in place (fast, full fine-tuning); 'restart' restarts the server; 'lora' hot-loads "
+        "the adapter (trainer.lora must be set).")
+    extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, e.g. "
+                                  "['--tensor-parallel-size', '4'] or ['--data-parallel-size', '8'] on GPUs.")
+    start_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for the server to be healthy.")
+
+
+class TaskSettings(_Strict):
+    """Where RL tasks come from and how many are used per iteration."""
+
+    env: str = Field("textcraft-synth", description="Environment name (see rao_core.envs.ENV_NAMES).")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the environment.")
+    train_file: Path | None = Field(None, description="JSONL task file; None = generate with the seeded generator.")
+    difficulties: list[str] = Field(default_factory=lambda: ["easy"], description="Training difficulties.")
+    pool_size: int = Field(64, ge=1, description="Generated training tasks per difficulty.")
+    tasks_per_iteration: int = Field(4, ge=1, description="RL tasks sampled per iteration (each gets G rollouts).")
+    generator_options: dict[str, Any] = Field(default_factory=dict, description="Extra generate_tasks options.")
+
+
+class AlgoSettings(_Strict):
+    """RAO credit assignment (spec sections 2-5)."""
+
+    G: int = Field(4, ge=2, description="Rollout trees per RL task: the group of the leave-one-out baseline, "
+                   "Eq. (3). G = 1 is rejected (no baseline).")
+    lam: float = Field(0.5, ge=0, description="lambda of Eq. (1): weight of the delegation bonus.")
+
+
+class WarmStartSettings(_Strict):
+    """How the campaign's iteration-0 checkpoint is made."""
+
+    mode: Literal["none", "demos", "checkpoint"] = Field(
+        "none", description="'none': start from model.path; 'demos': SFT on expert demonstrations built through "
+        "the runtime; 'checkpoint': start from a registered model version (`checkpoint`).")
+    checkpoint: str | None = Field(None, description="For mode 'checkpoint': 'models:/NAME@ALIAS', "
+                                   "'models:/NAME/VERSION', an s3:// URI or a local folder.")
+    n_tasks: int = Field(64, ge=1, description="Demonstration trees (mode 'demos').")
+    difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium"])
+    options: dict[str, Any] = Field(default_factory=dict, description="Extra rao_core.warmstart.DemoConfig fields.")
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(loss_type="sft", lr=5e-5, epochs=2),
+                                   description="Trainer settings of the SFT step (loss_type 'sft').")
+
+    @model_validator(mode="after")
+    def _check(self) -> WarmStartSettings:
+        if self.mode == "checkpoint" and not self.checkpoint:
+            raise ValueError("warm_start.mode 'checkpoint' needs warm_start.checkpoint")
+        return self
+
+
+class EvalSettings(_Strict):
+    """Evaluation after each iteration and for the nightly regression."""
+
+    enabled: bool = Field(True, description="Evaluate every new checkpoint.")
+    difficulties: list[str] = Field(default_factory=lambda: ["easy"])
+    n_tasks: int = Field(8, ge=1, description="Validation tasks per difficulty (seeded, held-out split).")
+    modes: list[Literal["recursive", "single"]] = Field(default_factory=lambda: ["recursive"])
+    seed: int = Field(1234, description="Seed of the validation task generator.")
+    tolerance: float = Field(0.05, ge=0, description="A drop of success larger than this vs the champion is a "
+                             "regression.")
+    primary_metric: str | None = Field(None, description="Metric that ranks checkpoints for the champion alias "
+                                       "(default: recursive success on the first difficulty).")
+
+
+class StorageSettings(_Strict):
+    """Artifacts on S3. Default: the embedded SeaweedFS server."""
+
+    bucket: str = Field("rao", description="Bucket (env RAO_S3_BUCKET overrides).")
+    endpoint_url: str | None = Field(None, description="S3 endpoint; None = embedded SeaweedFS (or env "
+                                     "RAO_S3_ENDPOINT; use 'aws' for AWS S3 with the standard credentials chain).")
+
+
+class TrackingSettings(_Strict):
+    """MLflow. Default: SQLite under RAO_HOME (env MLFLOW_TRACKING_URI overrides)."""
+
+    tracking_uri: str | None = None
+    experiment: str = Field("rao", description="MLflow experiment name.")
+    log_traces: bool = Field(True, description="Log every execution tree as an MLflow trace.")
+    max_traces_per_iteration: int = Field(64, ge=0, description="Cap of traces logged per iteration.")
+
+
+class CampaignConfig(_Strict):
+    """Everything a campaign needs. Field groups are documented in their own classes."""
+
+    name: str = Field("smoke", pattern=r"^[a-z0-9][a-z0-9-]*$", description="Campaign name: S3 prefix, MLflow "
+                      "run name, resume key (lowercase letters, digits, dashes).")
+    iterations: int = Field(2, ge=0, description="RL iterations to run.")
+    seed: int = Field(0, description="Master seed (task sampling, generation seeds).")
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    tasks: TaskSettings = Field(default_factory=TaskSettings)
+    algo: AlgoSettings = Field(default_factory=AlgoSettings)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    judge: JudgeConfig = Field(default_factory=lambda: JudgeConfig(enabled=False))
+    warm_start: WarmStartSettings = Field(default_factory=WarmStartSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_env(cls, v: TaskSettings) -> TaskSettings:
+        from rao_core.envs import ENV_NAMES
+
+        if v.env not in ENV_NAMES:
+            raise ValueError(f"unknown environment {v.env!r}; expected one of {ENV_NAMES}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CampaignConfig:
+        if self.runtime.context_window > self.serving.max_model_len:
+            raise ValueError(f"runtime.context_window ({self.runtime.context_window}) exceeds "
+                             f"serving.max_model_len ({self.serving.max_model_len})")
+        if self.serving.switch == "lora" and self.trainer.lora is None:
+            raise ValueError("serving.switch 'lora' needs trainer.lora")
+        return self
+
+    def with_env_overrides(self) -> CampaignConfig:
+        """Copy with endpoints taken from the environment variables listed in the module docstring."""
+        upd = self.model_copy(deep=True)
+        if os.environ.get("RAO_POLICY_BASE_URL"):
+            upd.serving.base_url = os.environ["RAO_POLICY_BASE_URL"]
+        if os.environ.get("RAO_S3_ENDPOINT"):
+            upd.storage.endpoint_url = os.environ["RAO_S3_ENDPOINT"]
+        if os.environ.get("RAO_S3_BUCKET"):
+            upd.storage.bucket = os.environ["RAO_S3_BUCKET"]
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            upd.tracking.tracking_uri = os.environ["MLFLOW_TRACKING_URI"]
+        return upd
+
+
+def _fmt_error(source: str, err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        val = e.get("input")
+        val_s = repr(val) if not isinstance(val, dict) else "{...}"
+        if len(val_s) > 60:
+            val_s = val_s[:57] + "..."
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc} = {val_s}: {msg}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def _deep_set(d: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"override {dotted}: {k} is not a section")
+    d[keys[-1]] = value
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | list[str] | None = None
+                ) -> CampaignConfig:
+    """Load a YAML config (or defaults if ``path`` is None), apply overrides, validate.
+
+    ``overrides``: ``{"algo.G": 8}`` or ``["algo.G=8", ...]`` (values parsed as YAML scalars).
+    Raises ConfigError (one line: file, field path, value, expectation) or FileNotFoundError.
+    """
+    source = str(path) if path else "<defaults>"
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    if overrides:
+        items = overrides.items() if isinstance(overrides, dict) else []
+        if isinstance(overrides, list):
+            pairs = []
+            for o in overrides:
+                if "=" not in o:
+                    raise ConfigError(f"override {o!r}: expected KEY=VALUE")
+                k, v = o.split("=", 1)
+                pairs.append((k.strip(), yaml.safe_load(v)))
+            items = pairs
+        for k, v in items:
+            _deep_set(data, k, v)
+    try:
+        return CampaignConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_fmt_error(source, e)) from None

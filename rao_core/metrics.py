@@ -1,0 +1,74 @@
+"""Namespaced metrics of a batch of execution trees (pure; the pipeline logs them to MLflow).
+
+Names (also listed in ``docs/pipeline.md``):
+- ``success/root``, ``success/depth_<d>``: mean node success s (scored nodes) overall roots / per depth.
+- ``reward/root``, ``reward/depth_<d>``: mean local reward R of Eq. (1) per depth.
+- ``tree/depth_mean``, ``tree/depth_max``, ``tree/nodes_mean``, ``tree/delegation_rate`` (fraction of trees
+  whose root launched at least one child), ``tree/children_per_node`` (mean over nodes that delegated),
+  ``tree/wall_s_mean``, ``tree/crashed`` (trees with ``error``).
+- ``tokens/completion_total``, ``tokens/prompt_mean_per_node``, ``tokens/completion_mean_per_node``.
+- ``end/<reason>``: fraction of nodes that ended for each reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from rao_core.tree import ExecutionTree, is_nan
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def tree_metrics(trees: Sequence[ExecutionTree]) -> dict[str, float]:
+    """Metrics of ``trees`` (see module docstring). Empty input gives an empty dict."""
+    if not trees:
+        return {}
+    out: dict[str, float] = {}
+    succ: dict[int, list[float]] = defaultdict(list)
+    rew: dict[int, list[float]] = defaultdict(list)
+    ends: Counter[str] = Counter()
+    n_nodes = 0
+    prompt, completion, kids = [], [], []
+    for t in trees:
+        for n in t.nodes:
+            n_nodes += 1
+            ends[str(n.end_reason)] += 1
+            if not is_nan(n.success):
+                succ[n.depth].append(float(n.success))  # type: ignore[arg-type]
+            if not is_nan(n.reward):
+                rew[n.depth].append(float(n.reward))  # type: ignore[arg-type]
+            prompt.append(n.num_prompt_tokens)
+            completion.append(n.num_completion_tokens)
+            if n.children:
+                kids.append(len(n.children))
+    for d, xs in sorted(succ.items()):
+        out[f"success/depth_{d}"] = _mean(xs)
+    for d, xs in sorted(rew.items()):
+        out[f"reward/depth_{d}"] = _mean(xs)
+    if 0 in succ:
+        out["success/root"] = out["success/depth_0"]
+    if 0 in rew:
+        out["reward/root"] = out["reward/depth_0"]
+    out["tree/depth_mean"] = _mean([t.depth for t in trees])
+    out["tree/depth_max"] = float(max(t.depth for t in trees))
+    out["tree/nodes_mean"] = n_nodes / len(trees)
+    out["tree/delegation_rate"] = _mean([1.0 if t.root.children else 0.0 for t in trees])
+    out["tree/children_per_node"] = _mean(kids) if kids else 0.0
+    out["tree/wall_s_mean"] = _mean([t.wall_s for t in trees])
+    out["tree/crashed"] = float(sum(1 for t in trees if t.error))
+    out["tokens/completion_total"] = float(sum(completion))
+    out["tokens/prompt_mean_per_node"] = _mean(prompt)
+    out["tokens/completion_mean_per_node"] = _mean(completion)
+    for reason, c in ends.items():
+        out[f"end/{reason}"] = c / n_nodes
+    return {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def depth_histogram(trees: Sequence[ExecutionTree]) -> dict[int, int]:
+    """Number of nodes at each depth over ``trees``."""
+    c: Counter[int] = Counter(n.depth for t in trees for n in t.nodes)
+    return dict(sorted(c.items()))

@@ -1,0 +1,112 @@
+"""What every Prefect task of the pipeline shares: the run context, artifact I/O and resumable stages.
+
+A stage (one Prefect task) writes its outputs to S3 under ``CAMPAIGN/iter-K/<stage>/...`` and then a
+completion marker ``CAMPAIGN/iter-K/_done/<stage>.json`` holding its return value (URIs and small
+metrics). Re-running a campaign with the same name returns the stored value of every stage whose marker
+exists, so nothing completed is recomputed and an interrupted iteration restarts at its first
+unfinished stage. Local copies live under ``$RAO_HOME/campaigns/CAMPAIGN`` (a cache: it can be deleted).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from infra.storage import ArtifactStore, S3Settings
+from rao_core.config import CampaignConfig
+from rao_core.paths import rao_home
+
+
+class RunContext(BaseModel):
+    """Small, serialisable context handed to every task (no large objects)."""
+
+    config: CampaignConfig
+    s3: dict[str, Any]  # S3Settings fields
+    mlflow_uri: str
+    mlflow_experiment_id: str = ""
+    campaign_run_id: str = ""  # MLflow parent run
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def store(self) -> ArtifactStore:
+        """The campaign's artifact store (prefix = campaign name)."""
+        return ArtifactStore(S3Settings(**self.s3), self.name)
+
+    def local(self, rel: str = "") -> Path:
+        """Local cache path for ``rel`` (created on demand)."""
+        p = rao_home() / "campaigns" / self.name / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+
+def iter_key(iteration: int, rel: str = "") -> str:
+    """S3 key (relative to the campaign) of ``rel`` inside iteration ``iteration``."""
+    return f"iter-{iteration}/{rel}".rstrip("/")
+
+
+def done_key(iteration: int | str, stage: str) -> str:
+    it = iteration if isinstance(iteration, str) else f"iter-{iteration}"
+    return f"{it}/_done/{stage}.json"
+
+
+def stage_output(ctx: RunContext, iteration: int | str, stage: str) -> dict[str, Any] | None:
+    """The stored return value of a completed stage, or None."""
+    store = ctx.store()
+    key = done_key(iteration, stage)
+    if not store.exists(key):
+        return None
+    return json.loads(store.get_bytes(key))
+
+
+def resumable(stage: str) -> Callable:
+    """Decorator for ``fn(ctx, iteration, ...) -> dict``: skip if done, else run and write the marker.
+
+    The returned dict gets ``_stage_s`` (wall seconds of the stage) and ``_resumed`` (True when it came
+    from the marker).
+    """
+
+    def deco(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        @functools.wraps(fn)
+        def wrapper(ctx: RunContext, iteration: int | str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            prev = stage_output(ctx, iteration, stage)
+            if prev is not None:
+                prev["_resumed"] = True
+                return prev
+            t0 = time.monotonic()
+            out = fn(ctx, iteration, *args, **kwargs)
+            out["_stage_s"] = round(time.monotonic() - t0, 3)
+            ctx.store().put_bytes(json.dumps(out, default=str).encode(), done_key(iteration, stage))
+            out["_resumed"] = False
+            return out
+
+        return wrapper
+
+    return deco
+
+
+def fetch(ctx: RunContext, uri: str, rel: str) -> Path:
+    """Local copy of the object at ``uri`` (downloaded and checksum-verified if absent)."""
+    p = ctx.local(rel)
+    if not p.exists():
+        ctx.store().get_file(uri, p)
+    return p
+
+
+def fetch_dir(ctx: RunContext, uri_prefix: str, rel: str) -> Path:
+    """Local copy of a folder stored under ``uri_prefix`` (an s3:// prefix); cached when complete."""
+    p = ctx.local(rel)
+    marker = p / ".complete"
+    if marker.exists():
+        return p
+    store = ctx.store()
+    key = store._key(uri_prefix)[len(store.prefix) + 1:]
+    store.get_dir(key, p)
+    marker.write_text("ok")
+    return p

@@ -1,0 +1,341 @@
+"""The Prefect tasks of one RL iteration (thin: load inputs, call ``rao_core``, save outputs, return URIs).
+
+Order: serve_checkpoint (tasks/serve.py) -> generate_trees -> judge_trees -> validate_dataset ->
+train_policy -> evaluate -> register_checkpoint. Each is resumable (``tasks.common.resumable``): its
+return value (URIs, small metrics) is stored on S3 once it completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
+
+from rao_core.envs import Task, get_env, load_tasks, write_tasks
+from rao_core.tree import read_trees, write_trees
+from tasks import tracking
+from tasks.common import RunContext, fetch, iter_key, resumable
+from tasks.serve import checkpoint_local
+
+IO_RETRIES = {"retries": 2, "retry_delay_seconds": [5, 20]}
+
+
+class ValidationFailed(RuntimeError):
+    """The training data failed the great-expectations suite; training did not run."""
+
+
+def _logger():
+    try:
+        return get_run_logger()
+    except Exception:  # outside a run context (direct .fn() calls in tests)
+        import logging
+
+        return logging.getLogger("rao")
+
+
+def training_pool(ctx: RunContext) -> list[Task]:
+    """The campaign's training RL tasks: from ``tasks.train_file`` or the seeded generator (cached)."""
+    cfg = ctx.config.tasks
+    if cfg.train_file:
+        return [t for t in load_tasks(cfg.train_file) if t.split == "train"] or load_tasks(cfg.train_file)
+    path = ctx.local("tasks/train.jsonl")
+    if not path.exists():
+        env = get_env(cfg.env, **cfg.env_options)
+        pool: list[Task] = []
+        for i, d in enumerate(cfg.difficulties):
+            pool += env.generate_tasks(n=cfg.pool_size, seed=ctx.config.seed * 1000 + i, difficulty=d,
+                                       split="train", **cfg.generator_options)
+        write_tasks(path, pool)
+    return load_tasks(path)
+
+
+def iteration_tasks(ctx: RunContext, iteration: int) -> list[Task]:
+    """RL tasks of iteration ``iteration``: a seeded sample (without replacement) from the pool."""
+    pool = training_pool(ctx)
+    rng = random.Random(f"{ctx.config.seed}-{iteration}")
+    k = min(ctx.config.tasks.tasks_per_iteration, len(pool))
+    return rng.sample(pool, k)
+
+
+def _policy(ctx: RunContext, served: dict[str, Any], seed: int):
+    from rao_core.policies.openai_policy import OpenAIPolicy
+
+    rt = ctx.config.runtime
+    return OpenAIPolicy(served["base_url"], served["model"], temperature=rt.temperature, top_p=rt.top_p,
+                        request_timeout_s=rt.policy_timeout_s)
+
+
+@resumable("generate")
+def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+    from rao_core.runtime import load_tokenizer, run_trees
+
+    log = _logger()
+    env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
+    tasks = iteration_tasks(ctx, iteration)
+    G = ctx.config.algo.G
+    policy = _policy(ctx, served, seed=iteration)
+    counts = {"done": 0, "crashed": 0, "solved": 0}
+    total = len(tasks) * G
+
+    def progress(done: int, total_: int, tree) -> None:
+        counts["done"] = done
+        counts["crashed"] += int(bool(tree.error))
+        counts["solved"] += int((tree.root.env_info or {}).get("verifier_success") == 1.0)
+        if done == total_ or done % max(1, total_ // 10) == 0:
+            log.info(f"rollouts {done}/{total_}  solved {counts['solved']}  crashed {counts['crashed']}")
+
+    t0 = time.monotonic()
+
+    async def go():
+        try:
+            return await run_trees(env, [(t, G) for t in tasks], policy, ctx.config.runtime,
+                                   tokenizer=load_tokenizer(tokenizer_path), progress=progress)
+        finally:
+            await policy.aclose()
+
+    trees = asyncio.run(go())
+    gen_s = time.monotonic() - t0
+    for t in trees:
+        t.meta.update({"campaign": ctx.name, "iteration": iteration})
+    path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)
+    up = ctx.store().put_file(path, iter_key(iteration, "trees/trees.jsonl"))
+    log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s")
+    return {"trees_uri": up["uri"], "sha256": up["sha256"], "num_trees": len(trees),
+            "crashed": counts["crashed"], "generation_s": round(gen_s, 3)}
+
+
+@task(name="generate-trees", cache_policy=NONE)
+def generate_trees(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+    """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI."""
+    return _generate(ctx, iteration, served, tokenizer_path)
+
+
+@resumable("judge")
+def _judge(ctx: RunContext, iteration: int, trees_uri: str) -> dict[str, Any]:
+    from rao_core.judge import judge_trees_sync
+    from rao_core.rewards import assign_rewards
+
+    trees = read_trees(fetch(ctx, trees_uri, f"iter-{iteration}/trees.jsonl"))
+    scored, stats = judge_trees_sync(trees, ctx.config.tasks.env, ctx.config.judge)
+    scored = [assign_rewards(t, ctx.config.algo.lam) for t in scored]
+    path = write_trees(ctx.local(f"iter-{iteration}/scored.jsonl"), scored)
+    up = ctx.store().put_file(path, iter_key(iteration, "trees/scored.jsonl"))
+    st = stats.model_dump() if hasattr(stats, "model_dump") else dict(stats)
+    return {"scored_uri": up["uri"], "sha256": up["sha256"],
+            "judge": {k: v for k, v in st.items() if isinstance(v, (int, float, bool, str, dict))}}
+
+
+@task(name="judge-trees", cache_policy=NONE)
+def judge_trees(ctx: RunContext, iteration: int, trees_uri: str) -> dict[str, Any]:
+    """Score every node (verifier, LLM judge or root proxy) and compute Eq. (1) rewards."""
+    return _judge(ctx, iteration, trees_uri)
+
+
+@resumable("validate")
+def _validate(ctx: RunContext, iteration: int, scored_uri: str) -> dict[str, Any]:
+    from infra.validation import report_markdown, validate_training_data
+    from rao_core.samples import build_samples, write_samples
+
+    trees = read_trees(fetch(ctx, scored_uri, f"iter-{iteration}/scored.jsonl"))
+    batch = build_samples(trees)
+    cfg = ctx.config
+    report = validate_training_data(trees, batch, max_depth=cfg.runtime.effective_max_depth, lam=cfg.algo.lam,
+                                    context_window=cfg.runtime.context_window)
+    report["sample_stats"] = batch.stats.model_dump()
+    store = ctx.store()
+    rep = store.put_bytes(json.dumps(report, indent=1, default=str).encode(),
+                          iter_key(iteration, "validation/report.json"))
+    try:
+        create_markdown_artifact(key=f"{ctx.name}-iter-{iteration}-validation", markdown=report_markdown(report),
+                                 description="Training-data validation (great-expectations)")
+    except Exception:  # outside a flow run (direct calls) there is no artifact API context
+        pass
+    if ctx.campaign_run_id:
+        it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
+        if it_run:
+            tracking.log_json(it_run, report, "validation/report.json")
+    if not report["success"]:
+        raise ValidationFailed(f"iteration {iteration}: training data failed validation "
+                               f"({'; '.join(report['failures'][:3])}); report {rep['uri']}")
+    spath = write_samples(ctx.local(f"iter-{iteration}/samples.jsonl"), batch)
+    up = store.put_file(spath, iter_key(iteration, "samples/samples.jsonl"))
+    return {"samples_uri": up["uri"], "report_uri": rep["uri"], "num_samples": len(batch),
+            "sample_stats": batch.stats.model_dump()}
+
+
+@task(name="validate-dataset", cache_policy=NONE)
+def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> dict[str, Any]:
+    """Flatten trees to a node table, build samples, run the great-expectations suite; fail before training."""
+    return _validate(ctx, iteration, scored_uri)
+
+
+@resumable("train")
+def _train(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, Any]) -> dict[str, Any]:
+    from rao_core.samples import read_samples
+    from rao_core.train import train
+
+    log = _logger()
+    batch = read_samples(fetch(ctx, samples_uri, f"iter-{iteration}/samples.jsonl"))
+    name = f"iter-{iteration}"
+    out_dir = ctx.local(f"checkpoints/{name}")
+    steps: list[dict[str, float]] = []
+    if len(batch) == 0 or all(s.advantage == 0.0 for s in batch.samples):
+        # Every advantage is 0 (e.g. all rollouts of every group scored alike): the update is a no-op.
+        log.warning(f"iteration {iteration}: no non-zero advantage; checkpoint unchanged")
+        src = checkpoint_local(ctx, parent)
+        import shutil
+
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        shutil.copytree(src, out_dir, ignore=shutil.ignore_patterns(".complete"))
+        train_s = 0.0
+    else:
+        t0 = time.monotonic()
+        res = train(batch, checkpoint_local(ctx, parent), out_dir, ctx.config.trainer, iteration=iteration,
+                    on_step=steps.append)
+        train_s = time.monotonic() - t0
+        log.info(f"trained {len(res.metrics)} steps in {train_s:.1f} s")
+    entries = ctx.store().put_dir(out_dir, iter_key(iteration, "checkpoint"))
+    ctx.store().write_manifest(iter_key(iteration, "checkpoint.manifest.json"), entries)
+    (out_dir / ".complete").write_text("ok")
+    last = steps[-1] if steps else {}
+    return {"checkpoint": {"name": name, "uri": ctx.store().uri(iter_key(iteration, "checkpoint")),
+                           "local": str(out_dir)},
+            "steps": len(steps), "train_s": round(train_s, 3), "last_step": last, "metrics": steps}
+
+
+@task(name="train-policy", cache_policy=NONE)
+def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, Any]) -> dict[str, Any]:
+    """One RAO update (token-level policy gradient, Eq. 4-5 weights) from ``parent``; saves a checkpoint."""
+    return _train(ctx, iteration, samples_uri, parent)
+
+
+def validation_tasks(ctx: RunContext) -> list[Task]:
+    """Held-out validation tasks (seeded; cached locally)."""
+    cfg, ev = ctx.config.tasks, ctx.config.eval
+    path = ctx.local("tasks/validation.jsonl")
+    if not path.exists():
+        env = get_env(cfg.env, **cfg.env_options)
+        out: list[Task] = []
+        for i, d in enumerate(ev.difficulties):
+            out += env.generate_tasks(n=ev.n_tasks, seed=ev.seed + i, difficulty=d, split="validation",
+                                      **cfg.generator_options)
+        write_tasks(path, out)
+    return load_tasks(path)
+
+
+def run_evaluation(ctx: RunContext, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+    """Evaluate the served policy on the validation tasks in each mode; returns flat metrics + table rows."""
+    from rao_core.runtime import load_tokenizer, run_trees
+
+    env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
+    tasks = validation_tasks(ctx)
+    metrics: dict[str, float] = {}
+    rows = []
+    for mode in ctx.config.eval.modes:
+        rt = ctx.config.runtime.model_copy(update={"delegation": mode == "recursive"})
+        policy = _policy(ctx, served, seed=0)
+
+        async def go():
+            try:
+                return await run_trees(env, [(t, 1) for t in tasks], policy, rt, tokenizer=load_tokenizer(tokenizer_path))
+            finally:
+                await policy.aclose()
+
+        t0 = time.monotonic()
+        trees = asyncio.run(go())
+        wall = time.monotonic() - t0
+        by_diff: dict[str, list] = {}
+        for task_, tree in zip(tasks, trees):
+            by_diff.setdefault(task_.difficulty or "all", []).append(tree)
+        for diff, ts in by_diff.items():
+            succ = [float((t.root.env_info or {}).get("verifier_success") or 0.0) for t in ts]
+            p = sum(succ) / len(succ)
+            lo, hi = wilson(sum(1 for s in succ if s >= 1.0), len(succ))
+            k = f"eval/{mode}/{diff}"
+            metrics.update({f"{k}/success": p, f"{k}/ci_low": lo, f"{k}/ci_high": hi,
+                            f"{k}/depth": sum(t.depth for t in ts) / len(ts),
+                            f"{k}/delegation_rate": sum(1 for t in ts if t.root.children) / len(ts)})
+            rows.append({"mode": mode, "difficulty": diff, "n": len(ts), "success": round(p, 3),
+                         "ci95": f"[{lo:.2f}, {hi:.2f}]", "mean_depth": round(sum(t.depth for t in ts) / len(ts), 2)})
+        metrics[f"eval/{mode}/wall_s"] = wall
+    return {"metrics": metrics, "rows": rows}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n (95% by default); (0, 1) when n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / den
+    h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / den
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def primary_metric(ctx: RunContext) -> str:
+    ev = ctx.config.eval
+    return ev.primary_metric or f"eval/{ev.modes[0]}/{ev.difficulties[0]}/success"
+
+
+@resumable("evaluate")
+def _evaluate(ctx: RunContext, iteration: int | str, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+    res = run_evaluation(ctx, served, tokenizer_path)
+    rep = ctx.store().put_bytes(json.dumps(res, indent=1).encode(), f"{iteration if isinstance(iteration, str) else f'iter-{iteration}'}/eval/report.json")
+    try:
+        create_table_artifact(key=f"{ctx.name}-{iteration}-eval".replace("_", "-").lower(), table=res["rows"],
+                              description="Validation success by mode and difficulty (Wilson 95% CI)")
+    except Exception:
+        pass
+    return {"metrics": res["metrics"], "rows": res["rows"], "report_uri": rep["uri"]}
+
+
+@task(name="evaluate", cache_policy=NONE)
+def evaluate(ctx: RunContext, iteration: int | str, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+    """Evaluate the served checkpoint on held-out validation tasks (recursive and/or single-agent)."""
+    return _evaluate(ctx, iteration, served, tokenizer_path)
+
+
+@resumable("register")
+def _register(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
+              run_id: str) -> dict[str, Any]:
+    name = ctx.config.model.registered_model
+    metric = primary_metric(ctx)
+    tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, **{k: round(v, 4) for k, v in eval_metrics.items()}}
+    version = tracking.register_version(name, ckpt["uri"], run_id, tags)
+    promoted = tracking.promote(name, version, eval_metrics.get(metric), metric)
+    return {"model": name, "version": version, "champion": promoted, "metric": metric,
+            "score": eval_metrics.get(metric)}
+
+
+@task(name="register-checkpoint", cache_policy=NONE, **IO_RETRIES)
+def register_checkpoint(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
+                        run_id: str) -> dict[str, Any]:
+    """Register the checkpoint as a model version (alias candidate); move champion if not worse."""
+    return _register(ctx, iteration, ckpt, eval_metrics, run_id)
+
+
+def checkpoint_from_uri(ctx: RunContext, ref: str) -> dict[str, Any]:
+    """Resolve ``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``s3://...`` or a local folder."""
+    if ref.startswith("models:/"):
+        from mlflow import MlflowClient
+
+        body = ref[len("models:/"):]
+        c = MlflowClient()
+        mv = c.get_model_version_by_alias(*body.split("@", 1)) if "@" in body else c.get_model_version(*body.split("/", 1))
+        return {"name": f"{mv.name}-v{mv.version}", "uri": mv.source, "local": None}
+    if ref.startswith("s3://"):
+        return {"name": ref.rstrip("/").split("/")[-2] + "-" + ref.rstrip("/").split("/")[-1], "uri": ref, "local": None}
+    p = Path(ref)
+    if not (p / "config.json").exists() and not (p / "adapter_config.json").exists():
+        from infra.models import ModelError
+
+        raise ModelError(f"model not found: {p} has no config.json (run `make setup`, or fix `model.path`)")
+    return {"name": p.name, "uri": None, "local": str(p)}

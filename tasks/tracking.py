@@ -1,0 +1,205 @@
+"""MLflow logging used by the pipeline tasks: metrics, plots, execution-tree traces, model registry.
+
+- One MLflow run per campaign (tag ``rao.campaign``), one nested run per iteration (``rao.iteration``).
+- Traces: one trace per execution tree, one span per agent node (goal, result, depth, success, reward,
+  tokens, end reason), nested like the tree, linked to the iteration run.
+- Registry: every checkpoint is a model version of ``model.registered_model`` whose source is the
+  checkpoint's S3 URI, tagged with campaign, iteration and evaluation scores; alias ``candidate`` is the
+  latest version, ``champion`` is moved only by :func:`promote` (primary metric not worse than the
+  current champion's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rao_core.tree import ExecutionTree
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def log_metrics(run_id: str, metrics: dict[str, float], step: int | None = None) -> None:
+    """Log finite numeric metrics to ``run_id`` (NaN/inf skipped)."""
+    import time
+
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    ms = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()
+          if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    for i in range(0, len(ms), 500):
+        _client().log_batch(run_id, metrics=ms[i:i + 500])
+
+
+def log_json(run_id: str, obj: Any, artifact_file: str) -> None:
+    _client().log_dict(run_id, obj, artifact_file)
+
+
+def log_figure(run_id: str, fig, artifact_file: str) -> None:
+    _client().log_figure(run_id, fig, artifact_file)
+
+
+def log_trees_as_traces(run_id: str, experiment_id: str, trees: Sequence[ExecutionTree], limit: int = 64) -> int:
+    """One MLflow trace per tree (first ``limit`` trees); returns the number logged."""
+    client = _client()
+    n = 0
+    for tree in list(trees)[:limit]:
+        root = tree.root
+        t0 = int(root.timings.started_at * 1e9) or None
+        span = client.start_trace(
+            name=f"tree {tree.tree_id}", inputs={"task_id": tree.task_id, "goal": root.goal[:2000]},
+            attributes={"env": tree.env, "group_id": tree.group_id, "rollout_index": str(tree.rollout_index)},
+            tags={"rao.tree_id": tree.tree_id, "rao.task_id": tree.task_id}, experiment_id=experiment_id,
+            run_id=run_id, start_time_ns=t0,
+        )
+        trace_id = span.trace_id
+        span_of = {root.node_id: span.span_id}
+        ends: list[tuple[str, Any]] = []
+        for node in tree.walk():
+            attrs = {"depth": node.depth, "success": node.success, "reward": node.reward,
+                     "success_source": node.success_source, "end_reason": str(node.end_reason),
+                     "completion_tokens": node.num_completion_tokens, "prompt_tokens": node.num_prompt_tokens,
+                     "turns": len(node.turns)}
+            attrs = {k: v for k, v in attrs.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+            if node.node_id == root.node_id:
+                ends.append((node.node_id, (node, attrs)))
+                continue
+            st = int(node.timings.started_at * 1e9) or None
+            s = client.start_span(name=f"node {node.node_id} (depth {node.depth})", trace_id=trace_id,
+                                  parent_id=span_of[node.parent_id], span_type="AGENT",
+                                  inputs={"goal": node.goal[:2000]}, attributes=attrs, start_time_ns=st)
+            span_of[node.node_id] = s.span_id
+            ends.append((node.node_id, (node, attrs)))
+        for node_id, (node, attrs) in reversed(ends):
+            end_ns = int((node.timings.started_at + node.timings.wall_s) * 1e9) or None
+            status = "OK" if str(node.end_reason) == "finished" else "ERROR"
+            out = {"result": _short(node.result)}
+            if node_id == root.node_id:
+                client.end_trace(trace_id, outputs=out, attributes=attrs, status=status, end_time_ns=end_ns)
+            else:
+                client.end_span(trace_id, span_of[node_id], outputs=out, status=status, end_time_ns=end_ns)
+        n += 1
+    import mlflow
+
+    mlflow.flush_trace_async_logging()
+    return n
+
+
+def _short(x: Any, limit: int = 2000) -> Any:
+    s = json.dumps(x, default=str)
+    return x if len(s) <= limit else s[:limit] + "..."
+
+
+def depth_histogram_figure(hist: dict[int, int], title: str):
+    """Bar chart of nodes per depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar([str(d) for d in hist], list(hist.values()), color="#4477aa")
+    ax.set_xlabel("depth")
+    ax.set_ylabel("nodes")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def learning_curve_figure(run_id: str, keys: Sequence[str], title: str):
+    """Line plot of metric histories (x = iteration step) of ``run_id``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    client = _client()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for k in keys:
+        hist = sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)
+        if hist:
+            ax.plot([m.step for m in hist], [m.value for m in hist], marker="o", label=k)
+    ax.set_xlabel("iteration")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def find_campaign_run(experiment_id: str, campaign: str) -> str | None:
+    """Id of the existing MLflow run of ``campaign`` (for resume), or None."""
+    runs = _client().search_runs([experiment_id], filter_string=f"tags.`rao.campaign` = '{campaign}' and "
+                                 "tags.`rao.kind` = 'campaign'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def find_iteration_run(experiment_id: str, campaign: str, iteration: int) -> str | None:
+    runs = _client().search_runs([experiment_id], filter_string=f"tags.`rao.campaign` = '{campaign}' and "
+                                 f"tags.`rao.iteration` = '{iteration}'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def register_version(name: str, source: str, run_id: str, tags: dict[str, Any]) -> str:
+    """Create a model version (registered model created if absent); sets alias ``candidate``."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client()
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description="RAO policy checkpoints (source: S3 checkpoint folder)")
+    mv = client.create_model_version(name, source=source, run_id=run_id,
+                                     tags={k: str(v) for k, v in tags.items()})
+    client.set_registered_model_alias(name, "candidate", mv.version)
+    return str(mv.version)
+
+
+def alias_version(name: str, alias: str) -> Any | None:
+    """The ModelVersion behind ``name@alias``, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _client().get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def promote(name: str, version: str, score: float | None, metric: str, tolerance: float = 0.0) -> bool:
+    """Move ``champion`` to ``version`` if there is none or ``score >= champion score - 0`` (not worse).
+
+    The champion's score is read from its tag ``<metric>``. ``tolerance`` is not used to promote (a
+    candidate must not be worse); it is used by the regression check. Returns True if moved.
+    """
+    champ = alias_version(name, "champion")
+    if champ is not None and score is not None:
+        try:
+            best = float(champ.tags.get(metric, "nan"))
+        except ValueError:
+            best = float("nan")
+        if math.isfinite(best) and score < best:
+            return False
+    if champ is not None and score is None:
+        return False
+    _client().set_registered_model_alias(name, "champion", version)
+    return True
+
+
+def write_tmp_json(obj: Any) -> Path:
+    fd, p = tempfile.mkstemp(suffix=".json")
+    Path(p).write_text(json.dumps(obj, indent=1, default=str))
+    import os
+
+    os.close(fd)
+    return Path(p)
