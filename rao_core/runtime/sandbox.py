@@ -119,7 +119,8 @@ class Repl:
 
     def __init__(self, limits: SandboxLimits):
         self.limits = limits
-        self.uid = UID_BASE + next(_uid_counter) % UID_RANGE
+        # distinct per live REPL; the pid term keeps concurrent orchestrator processes apart
+        self.uid = UID_BASE + ((os.getpid() % 50) * 1000 + next(_uid_counter) % 1000) % UID_RANGE
         self.proc: asyncio.subprocess.Process | None = None
         self.workdir: Path | None = None
         self.start_s = 0.0

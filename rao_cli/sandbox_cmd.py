@@ -1,0 +1,36 @@
+"""`rao sandbox run FILE.py`: run one cell in the node sandbox and print a JSON result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="The REPL sandbox used for every node (bubblewrap + rlimits).", no_args_is_help=True)
+
+
+@app.command("run")
+def run(file: Path = typer.Argument(..., help="Python file to run as one cell (top-level await allowed)."),
+        timeout: float = typer.Option(30.0, "--timeout", help="Wall-clock limit, seconds."),
+        memory_mb: int = typer.Option(1024, "--memory-mb", help="Address-space limit, MiB."),
+        sandbox: str = typer.Option("bwrap", "--sandbox", help="bwrap | none (debugging only).")) -> None:
+    """Print {"ok", "stdout", "error", "end_reason"}; exit 0 whether or not the cell failed."""
+    import asyncio
+    import json
+
+    from rao_core.runtime.sandbox import SandboxError, SandboxLimits, run_cell_once
+
+    if not file.exists():
+        typer.echo(f"file not found: {file}", err=True)
+        raise typer.Exit(2)
+    if sandbox not in ("bwrap", "none"):
+        typer.echo(f"--sandbox must be bwrap or none, got {sandbox!r}", err=True)
+        raise typer.Exit(2)
+    limits = SandboxLimits(cell_timeout_s=timeout, memory_mb=memory_mb, mode=sandbox)  # type: ignore[arg-type]
+    try:
+        res = asyncio.run(run_cell_once(file.read_text(), limits))
+    except SandboxError as e:
+        typer.echo(f"sandbox could not run: {e}", err=True)
+        raise typer.Exit(1) from e
+    typer.echo(json.dumps({"ok": res.status.value == "ok", "stdout": res.output, "error": res.error,
+                           "end_reason": res.status.value}))

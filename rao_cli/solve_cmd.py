@@ -1,0 +1,97 @@
+"""`rao solve`: grow one execution tree for one task and show it live."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def _render(tree):  # -> rich.tree.Tree
+    from rich.tree import Tree
+
+    def label(n) -> str:
+        colour = {"finished": "green", "running": "yellow"}.get(n.end_reason.value, "red")
+        goal = n.goal.replace("\n", " ")[:70]
+        return (f"[{colour}]{n.node_id}[/] d{n.depth} [{colour}]{n.end_reason.value}[/] turns={len(n.turns)} "
+                f"tok={len(n.token_ids)} {goal}")
+
+    root = Tree(label(tree.root))
+    items = {tree.root_id: root}
+    for n in tree.walk():
+        if n.parent_id is not None and n.parent_id in items:
+            items[n.node_id] = items[n.parent_id].add(label(n))
+    return root
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rao solve`` to ``app``."""
+
+    @app.command("solve")
+    def solve(env: str = typer.Option(..., "--env", help="Environment name, e.g. textcraft-synth."),
+              task_file: Path = typer.Option(..., "--task-file", help="JSON-lines task file."),
+              task_index: int = typer.Option(0, "--task-index", help="Which task of the file (0-based)."),
+              policy: str = typer.Option("oracle", "--policy", help="oracle | scripted | endpoint."),
+              max_depth: int = typer.Option(2, "--max-depth", help="Max node depth (0 = single agent)."),
+              base_url: str = typer.Option("", "--base-url", help="OpenAI-compatible URL (endpoint)."),
+              model: str = typer.Option("", "--model", help="Served model name (endpoint)."),
+              tokenizer: str = typer.Option("", "--tokenizer", help="Checkpoint folder with the tokenizer."),
+              script: Path = typer.Option(None, "--script", help="scripted: JSON list of assistant messages."),
+              sandbox: str = typer.Option("bwrap", "--sandbox", help="bwrap | none."),
+              out: Path = typer.Option(None, "--out", help="Write the tree here (JSON lines, one line).")) -> None:
+        """Solve one task with a policy, showing the execution tree as it grows."""
+        import asyncio
+        import json
+
+        from rich.console import Console
+        from rich.live import Live
+
+        from rao_core.envs import get_env, load_tasks
+        from rao_core.paths import default_model_path, tiny_model_path
+        from rao_core.runtime import RuntimeConfig, oracle_policy, run_tree
+        from rao_core.tree import write_trees
+
+        console = Console()
+        tasks = load_tasks(task_file)
+        if not 0 <= task_index < len(tasks):
+            raise typer.BadParameter(f"--task-index {task_index} out of range: {task_file} has {len(tasks)} tasks")
+        task = tasks[task_index]
+        environment = get_env(env)
+        if policy == "oracle":
+            pol = oracle_policy(env)
+        elif policy == "scripted":
+            from rao_core.policies.scripted import ReplayPolicy
+
+            if script is None:
+                raise typer.BadParameter("--policy scripted needs --script FILE (a JSON list of messages)")
+            pol = ReplayPolicy(default=json.loads(script.read_text()))
+        elif policy == "endpoint":
+            from rao_core.policies.openai_policy import OpenAIPolicy
+
+            if not base_url or not model:
+                raise typer.BadParameter("--policy endpoint needs --base-url and --model")
+            pol = OpenAIPolicy(base_url, model)
+        else:
+            raise typer.BadParameter(f"--policy must be oracle, scripted or endpoint, got {policy!r}")
+        tok = tokenizer or next((str(p) for p in (tiny_model_path(), default_model_path())
+                                 if (p / "tokenizer.json").exists()), "")
+        if not tok:
+            raise typer.BadParameter("no tokenizer: pass --tokenizer or run `make setup`")
+        config = RuntimeConfig(max_depth=max_depth, delegation=max_depth > 0, sandbox=sandbox,
+                               context_window=16384, max_new_tokens=2048)
+
+        async def go():
+            with Live(console=console, refresh_per_second=8) as live:
+                return await run_tree(environment, task, pol, config, tokenizer=tok,
+                                      on_update=lambda t: live.update(_render(t)))
+
+        tree = asyncio.run(go())
+        console.print(_render(tree))
+        root = tree.root
+        tokens = sum(len(n.token_ids) for n in tree.nodes)
+        console.print(f"task {task.task_id}: success={root.env_info.get('verifier_success')} "
+                      f"end={root.end_reason.value} depth={tree.depth} nodes={len(tree.nodes)} tokens={tokens} "
+                      f"wall={tree.wall_s:.2f}s" + (f" error={tree.error}" if tree.error else ""))
+        if out is not None:
+            write_trees(out, [tree])
+            console.print(f"tree written to {out}")
