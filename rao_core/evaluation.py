@@ -1,0 +1,325 @@
+"""Evaluation of a policy on held-out RL tasks: recursive agent vs single-agent baseline.
+
+:func:`evaluate_policy` grows one execution tree per task with the real runtime and summarises the
+trees per (mode, difficulty); :func:`evaluate_suite` generates the validation tasks of several
+difficulties and runs both modes with the same limits (``single`` = the same runtime and context
+window with ``delegation=False``, spec section 1). :func:`compare` flags success rates that dropped
+against a champion's metrics (the promotion gate of the pipeline).
+
+Success of a tree = the root node's exact verifier value ``root.env_info["verifier_success"]`` (stored
+by the runtime): ``>= 1.0`` counts as a success for binary environments; for graded environments
+(``graded=True``) the success rate is the mean of the values. Trees whose root could not be verified
+(value None) are not scored: they are counted in ``unscored`` and left out of the rate.
+
+Confidence interval: Wilson score interval at 95% (Wilson 1927, "Probable inference, the law of
+succession, and statistical inference", JASA 22(158)):
+``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``, z = 1.959964. For graded scores the
+mean is plugged in as p (an approximation). Departures from the paper: the paper reports success rates
+without intervals; this project reports both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rao_core.envs.base import Environment, Task
+from rao_core.policies.base import Policy
+from rao_core.runtime import RuntimeConfig, run_trees
+from rao_core.tree import ExecutionTree
+
+__all__ = ["EvalConfig", "EvalRow", "EvalReport", "Mode", "compare", "evaluate_policy", "evaluate_suite",
+           "eval_tasks", "render_report", "summarise", "wilson_interval", "Z95"]
+
+Mode = Literal["recursive", "single"]
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+class EvalConfig(BaseModel):
+    """Settings of the evaluation stage (one pydantic model; every field documented)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field("textcraft-synth", description="Environment name (rao_core.envs.get_env).")
+    difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium", "hard"],
+                                    description="Task difficulties evaluated, each reported separately.")
+    n: int = Field(20, ge=1, description="Tasks per difficulty.")
+    seed: int = Field(0, description="Seed of the generated evaluation tasks (difficulty i uses seed + 1000 i).")
+    split: str = Field("validation", description="Task split (validation targets are held out of training).")
+    modes: list[Mode] = Field(default_factory=lambda: ["recursive", "single"],
+                              description="'recursive' (delegation on) and/or 'single' (delegation off, same "
+                              "context window).")
+    graded: bool = Field(False, description="True: success rate = mean verifier value (graded envs such as "
+                         "Oolong); False: fraction of roots with value >= 1.")
+    runtime: dict[str, Any] = Field(default_factory=dict, description="RuntimeConfig fields overriding its "
+                                    "defaults (context_window, max_new_tokens, temperature, ...).")
+
+    @field_validator("difficulties", "modes")
+    @classmethod
+    def _nonempty(cls, v: list) -> list:
+        if not v:
+            raise ValueError("must list at least one entry")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate entries in {v}")
+        return v
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime_ok(cls, v: dict[str, Any]) -> dict[str, Any]:
+        RuntimeConfig(**v)  # raises a ValidationError naming the bad field
+        return v
+
+    def runtime_config(self, mode: Mode = "recursive") -> RuntimeConfig:
+        """The RuntimeConfig of ``mode``: the overrides, with ``delegation`` on (recursive) or off (single)."""
+        return RuntimeConfig(**{**self.runtime, "delegation": mode == "recursive"})
+
+
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a proportion (module docstring has the formula).
+
+    ``successes`` may be fractional (graded scores summed). Returns (0.0, 1.0) for ``n == 0``.
+    Raises ValueError when ``successes`` is outside [0, n].
+    """
+    if n == 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes {successes} outside [0, n={n}]")
+    p = successes / n
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    denom = 1 + z2 / n
+    return max(0.0, (centre - half) / denom), min(1.0, (centre + half) / denom)
+
+
+class EvalRow(BaseModel):
+    """Summary of the trees of one (mode, difficulty). Means are per tree."""
+
+    mode: str
+    difficulty: str
+    n: int  # trees
+    unscored: int = 0  # roots whose verifier returned None (left out of the rate)
+    successes: float = 0.0  # count (binary) or sum of values (graded), over scored roots
+    success: float = 0.0  # success rate over scored roots
+    ci_low: float = 0.0
+    ci_high: float = 1.0
+    mean_score: float = 0.0  # mean raw verifier value of scored roots
+    mean_depth: float = 0.0  # tree depth (0 = root only)
+    delegation_rate: float = 0.0  # fraction of trees with >= 1 child
+    mean_nodes: float = 0.0
+    mean_tokens: float = 0.0  # generated (assistant) tokens of all nodes of a tree
+    mean_context_tokens: float = 0.0  # trajectory tokens (prompt + generated) of all nodes of a tree
+    mean_tree_wall_s: float = 0.0
+    wall_s: float = 0.0  # wall-clock of the evaluate_policy call that grew these trees
+    end_reasons: dict[str, int] = Field(default_factory=dict)  # root end reasons
+
+
+class EvalReport(BaseModel):
+    """Rows per (mode, difficulty); ``trees`` (not serialised) keeps the execution trees."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    rows: list[EvalRow] = Field(default_factory=list)
+    trees: list[ExecutionTree] = Field(default_factory=list, exclude=True)
+
+    def row(self, mode: str, difficulty: str) -> EvalRow:
+        """The row of (mode, difficulty); KeyError naming both if absent."""
+        for r in self.rows:
+            if r.mode == mode and r.difficulty == difficulty:
+                return r
+        raise KeyError(f"no evaluation row for mode {mode!r}, difficulty {difficulty!r}")
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics: ``eval/<mode>/<difficulty>/<name>`` with names ``success``, ``success_ci_low``,
+        ``success_ci_high``, ``depth``, ``delegation_rate``, ``nodes``, ``tokens``, ``wall_s``, ``n``."""
+        out: dict[str, float] = {}
+        for r in self.rows:
+            p = f"eval/{r.mode}/{r.difficulty}"
+            out.update({f"{p}/success": r.success, f"{p}/success_ci_low": r.ci_low,
+                        f"{p}/success_ci_high": r.ci_high, f"{p}/depth": r.mean_depth,
+                        f"{p}/delegation_rate": r.delegation_rate, f"{p}/nodes": r.mean_nodes,
+                        f"{p}/tokens": r.mean_tokens, f"{p}/wall_s": r.wall_s, f"{p}/n": float(r.n)})
+        return out
+
+    def __add__(self, other: EvalReport) -> EvalReport:
+        return EvalReport(rows=self.rows + other.rows, trees=self.trees + other.trees)
+
+
+def _root_value(tree: ExecutionTree) -> float | None:
+    v = tree.root.env_info.get("verifier_success")
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return float(v)
+
+
+def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, graded: bool = False,
+              wall_s: float = 0.0) -> EvalRow:
+    """One :class:`EvalRow` from ``trees`` (module docstring: success rule, Wilson interval)."""
+    n = len(trees)
+    vals = [_root_value(t) for t in trees]
+    scored = [v for v in vals if v is not None]
+    succ = sum(scored) if graded else float(sum(1 for v in scored if v >= 1.0))
+    lo, hi = wilson_interval(min(succ, len(scored)), len(scored))
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+
+    ends: dict[str, int] = defaultdict(int)
+    for t in trees:
+        ends[t.root.end_reason.value] += 1
+    return EvalRow(
+        mode=mode, difficulty=difficulty, n=n, unscored=n - len(scored), successes=succ,
+        success=succ / len(scored) if scored else 0.0, ci_low=lo, ci_high=hi, mean_score=mean(scored),
+        mean_depth=mean([float(t.depth) for t in trees]),
+        delegation_rate=mean([1.0 if len(t.nodes) > 1 else 0.0 for t in trees]),
+        mean_nodes=mean([float(len(t.nodes)) for t in trees]),
+        mean_tokens=mean([float(sum(x.num_completion_tokens for x in t.nodes)) for t in trees]),
+        mean_context_tokens=mean([float(sum(len(x.token_ids) for x in t.nodes)) for t in trees]),
+        mean_tree_wall_s=mean([t.wall_s for t in trees]), wall_s=wall_s, end_reasons=dict(sorted(ends.items())),
+    )
+
+
+async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Policy, runtime_config: RuntimeConfig,
+                          *, tokenizer: Any, mode: Mode, graded: bool = False, progress: Any = None) -> EvalReport:
+    """Grow one execution tree per task with ``policy`` and summarise per difficulty.
+
+    Args:
+        env: the environment (its verifier scores the roots).
+        tasks: evaluation tasks; rows are grouped by ``task.difficulty`` ("" becomes "all").
+        policy: any policy (endpoint or scripted).
+        runtime_config: limits; ``delegation`` is forced on for ``mode='recursive'`` and off for
+            ``mode='single'`` (everything else, context window included, is kept).
+        tokenizer: HF tokenizer or checkpoint folder (chat template of the served model).
+        mode: 'recursive' | 'single'.
+        graded: success rate = mean verifier value instead of the fraction >= 1.
+        progress: passed to ``run_trees`` (callback or True for a progress bar).
+
+    Returns:
+        :class:`EvalReport` with one row per difficulty (in first-seen order) and the trees.
+
+    Raises:
+        ValueError: no tasks, or an unknown mode.
+    """
+    if mode not in ("recursive", "single"):
+        raise ValueError(f"mode must be 'recursive' or 'single', got {mode!r}")
+    if not tasks:
+        raise ValueError("evaluate_policy needs at least one task")
+    cfg = runtime_config.model_copy(update={"delegation": mode == "recursive"})
+    cfg = RuntimeConfig.model_validate(cfg.model_dump())
+    t0 = time.perf_counter()
+    trees = await run_trees(env, [(t, 1) for t in tasks], policy, cfg, tokenizer=tokenizer, progress=progress)
+    wall = time.perf_counter() - t0
+    by_diff: dict[str, list[ExecutionTree]] = {}
+    for task, tree in zip(tasks, trees):
+        tree.meta["eval_mode"] = mode
+        tree.meta["difficulty"] = task.difficulty or "all"
+        by_diff.setdefault(task.difficulty or "all", []).append(tree)
+    rows = [summarise(ts, mode=mode, difficulty=d, graded=graded, wall_s=wall) for d, ts in by_diff.items()]
+    return EvalReport(rows=rows, trees=list(trees))
+
+
+def eval_tasks(env: Environment, config: EvalConfig) -> list[Task]:
+    """The evaluation tasks of ``config``: ``n`` per difficulty from ``split``, difficulty i with seed
+    ``seed + 1000 i`` (so adding a difficulty does not change the others' tasks... as long as the order
+    is kept)."""
+    out: list[Task] = []
+    for i, d in enumerate(config.difficulties):
+        tasks = env.generate_tasks(n=config.n, seed=config.seed + 1000 * i, difficulty=d, split=config.split)
+        for t in tasks:
+            if not t.difficulty:
+                t.difficulty = d
+        out += tasks
+    return out
+
+
+async def evaluate_suite(config: EvalConfig, *, tokenizer: Any, policy: Policy | None = None,
+                         base_url: str | None = None, model: str = "policy", env: Environment | None = None,
+                         tasks: Sequence[Task] | None = None, progress: Any = None) -> EvalReport:
+    """Evaluate every mode of ``config`` on its tasks (all difficulties at once per mode, modes in turn).
+
+    The policy is ``policy`` if given, else an ``OpenAIPolicy(base_url, model)`` with the runtime's
+    temperature/top_p (closed at the end). ``tasks`` overrides the generated :func:`eval_tasks`.
+    Returns one report with rows for every (mode, difficulty), plus an ``all`` row per mode when more
+    than one difficulty is evaluated. Raises ValueError when neither ``policy`` nor ``base_url`` is given.
+    """
+    from rao_core.envs import get_env
+
+    env = env or get_env(config.env)
+    tasks = list(tasks) if tasks is not None else eval_tasks(env, config)
+    own = policy is None
+    if policy is None:
+        if not base_url:
+            raise ValueError("evaluate_suite needs a policy or the base_url of a served model")
+        from rao_core.policies.openai_policy import OpenAIPolicy
+
+        rc = config.runtime_config()
+        policy = OpenAIPolicy(base_url, model, temperature=rc.temperature, top_p=rc.top_p)
+    report = EvalReport()
+    try:
+        for mode in config.modes:
+            r = await evaluate_policy(env, tasks, policy, config.runtime_config(mode), tokenizer=tokenizer,
+                                      mode=mode, graded=config.graded, progress=progress)
+            if len(r.rows) > 1:
+                r.rows.append(summarise(r.trees, mode=mode, difficulty="all", graded=config.graded,
+                                        wall_s=r.rows[0].wall_s))
+            report = report + r
+    finally:
+        if own:
+            await policy.aclose()
+    return report
+
+
+def compare(report: EvalReport | dict[str, float], champion_metrics: dict[str, float], tolerance: float
+            ) -> list[str]:
+    """Regressions of ``report`` against a champion: success rates that dropped by more than ``tolerance``.
+
+    Compares every ``eval/<mode>/<difficulty>/success`` key present in both (extra keys on either side
+    are ignored). Returns one message per regression, e.g.
+    ``"eval/recursive/medium/success: 0.400 < champion 0.600 - tolerance 0.050"``; empty when none.
+    Raises ValueError for a negative tolerance.
+    """
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    new = report.metrics() if isinstance(report, EvalReport) else dict(report)
+    out = []
+    for k in sorted(new):
+        if not k.endswith("/success") or k not in champion_metrics:
+            continue
+        old = float(champion_metrics[k])
+        if new[k] < old - tolerance - 1e-12:
+            out.append(f"{k}: {new[k]:.3f} < champion {old:.3f} - tolerance {tolerance:.3f}")
+    return out
+
+
+def render_report(report: EvalReport, console: Any = None, title: str = "Evaluation") -> Any:
+    """Print the report as a rich table (to ``console`` or a new one); returns the ``rich.table.Table``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("mode", "difficulty", "n", "success", "95% CI", "depth", "delegation", "nodes", "tokens",
+                "wall s", "root ends"):
+        table.add_column(col, justify="left" if col in ("mode", "difficulty", "root ends") else "right")
+    for r in report.rows:
+        table.add_row(r.mode, r.difficulty, str(r.n) + (f" ({r.unscored} unscored)" if r.unscored else ""),
+                      f"{r.success:.3f}", f"[{r.ci_low:.2f}, {r.ci_high:.2f}]", f"{r.mean_depth:.2f}",
+                      f"{r.delegation_rate:.2f}", f"{r.mean_nodes:.1f}", f"{r.mean_tokens:.0f}",
+                      f"{r.wall_s:.1f}", ", ".join(f"{k} {v}" for k, v in r.end_reasons.items()))
+    (console or Console()).print(table)
+    return table
+
+
+def write_report(path: str | Path, report: EvalReport) -> Path:
+    """Write the rows (and flat metrics) as JSON; returns the path."""
+    import json
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"metrics": report.metrics(), "rows": [r.model_dump() for r in report.rows]}, indent=2))
+    return p

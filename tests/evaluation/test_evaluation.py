@@ -1,0 +1,167 @@
+"""Evaluation: Wilson intervals, summaries, regressions, and scripted policies through the real runtime."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+from rich.console import Console
+
+from rao_core.envs import get_env
+from rao_core.evaluation import (EvalConfig, EvalReport, EvalRow, compare, eval_tasks, evaluate_policy,
+                                 evaluate_suite, render_report, summarise, wilson_interval)
+from rao_core.paths import tiny_model_path
+from rao_core.policies.scripted import ReplayPolicy, cell
+from rao_core.policies.textcraft_expert import TextCraftExpert
+from rao_core.runtime import RuntimeConfig
+from rao_core.tree import EndReason, ExecutionTree, Node
+
+SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+needs_tok = pytest.mark.skipif(not (tiny_model_path() / "tokenizer_config.json").exists(),
+                               reason="tiny model tokenizer not prepared (make setup)")
+
+
+# -- Wilson interval: values computed by hand from the formula (z = 1.959964) -------------------------------
+@pytest.mark.parametrize("k,n,lo,hi", [
+    (7, 10, 0.396778, 0.892209),   # p=.7: (.892073 -/+ .342874) / 1.384146
+    (0, 10, 0.0, 0.277533),        # p=0: hi = (z^2/2n + z^2/2n) / (1 + z^2/n) = .384146/1.384146
+    (10, 10, 0.722467, 1.0),       # symmetric to 0/10
+    (1, 2, 0.094531, 0.905469),    # p=.5, n=2: (1.460365 -/+ 1.184265) / 2.920729
+])
+def test_wilson_interval_hand_computed(k, n, lo, hi):
+    a, b = wilson_interval(k, n)
+    assert a == pytest.approx(lo, abs=2e-6)
+    assert b == pytest.approx(hi, abs=2e-6)
+
+
+def test_wilson_interval_edges():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="outside"):
+        wilson_interval(3, 2)
+    lo, hi = wilson_interval(2.5, 5)  # graded: fractional successes allowed
+    assert lo < 0.5 < hi and math.isclose(lo + hi, 1.0, abs_tol=1e-9)
+
+
+# -- summaries from hand-made trees ------------------------------------------------------------------------
+def _tree(i: int, success: float | None, children: int = 0, depth2: bool = False) -> ExecutionTree:
+    root = Node(node_id="0", goal="g", end_reason=EndReason.FINISHED, env_info={"verifier_success": success},
+                token_ids=[1, 2, 3, 4], assistant_mask=[0, 0, 1, 1], behaviour_logprobs=[0.0] * 4)
+    nodes = [root]
+    for c in range(children):
+        nodes.append(Node(node_id=f"0.{c}", parent_id="0", depth=1, goal="c", end_reason=EndReason.FINISHED,
+                          token_ids=[1, 2, 3], assistant_mask=[0, 1, 1], behaviour_logprobs=[0.0] * 3))
+        root.children.append(f"0.{c}")
+    if depth2 and children:
+        nodes.append(Node(node_id="0.0.0", parent_id="0.0", depth=2, goal="d", end_reason=EndReason.MAX_STEPS))
+    return ExecutionTree(tree_id=f"t{i}", env="textcraft-synth", task_id=f"k{i}", root_id="0", nodes=nodes,
+                         wall_s=2.0)
+
+
+def test_summarise_counts_successes_depth_delegation_tokens():
+    trees = [_tree(0, 1.0, children=2, depth2=True), _tree(1, 0.0), _tree(2, 1.0, children=1), _tree(3, None)]
+    r = summarise(trees, mode="recursive", difficulty="medium", wall_s=5.0)
+    assert (r.n, r.unscored, r.successes) == (4, 1, 2.0)
+    assert r.success == pytest.approx(2 / 3)
+    assert (r.ci_low, r.ci_high) == pytest.approx(wilson_interval(2, 3))
+    assert r.mean_depth == pytest.approx((2 + 0 + 1 + 0) / 4)
+    assert r.delegation_rate == pytest.approx(0.5)
+    assert r.mean_nodes == pytest.approx((4 + 1 + 2 + 1) / 4)
+    assert r.mean_tokens == pytest.approx((2 + 2 + 2 + 2 + 2 + 2 + 2) / 4)  # 2 per root, 2 per child
+    assert r.wall_s == 5.0 and r.end_reasons == {"finished": 4}
+
+
+def test_summarise_graded_uses_mean_value():
+    trees = [_tree(0, 0.5), _tree(1, 0.25), _tree(2, 1.0)]
+    binary = summarise(trees, mode="single", difficulty="all")
+    graded = summarise(trees, mode="single", difficulty="all", graded=True)
+    assert binary.success == pytest.approx(1 / 3)
+    assert graded.success == pytest.approx(1.75 / 3) and graded.mean_score == pytest.approx(1.75 / 3)
+
+
+def _report(**succ: float) -> EvalReport:
+    return EvalReport(rows=[EvalRow(mode=k.split("_")[0], difficulty=k.split("_")[1], n=10, success=v)
+                            for k, v in succ.items()])
+
+
+def test_metrics_names_and_compare_regressions():
+    rep = _report(recursive_easy=0.9, recursive_medium=0.4, single_medium=0.2)
+    m = rep.metrics()
+    for k in ("eval/recursive/easy/success", "eval/recursive/easy/success_ci_low",
+              "eval/recursive/easy/success_ci_high", "eval/recursive/easy/depth",
+              "eval/recursive/easy/delegation_rate", "eval/single/medium/success"):
+        assert k in m
+    champ = {"eval/recursive/easy/success": 0.92, "eval/recursive/medium/success": 0.6,
+             "eval/single/medium/success": 0.25, "eval/recursive/hard/success": 0.9}
+    regs = compare(rep, champ, tolerance=0.05)
+    assert regs == ["eval/recursive/medium/success: 0.400 < champion 0.600 - tolerance 0.050"]
+    assert compare(rep, champ, tolerance=0.25) == []
+    assert len(compare(m, champ, tolerance=0.0)) == 3  # dict input; exact drops count at tolerance 0
+    with pytest.raises(ValueError):
+        compare(rep, champ, tolerance=-1)
+
+
+def test_eval_config_validation():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        EvalConfig(runtime={"context_window": 512, "max_new_tokens": 1024})
+    with pytest.raises(ValueError):
+        EvalConfig(modes=["recursive", "recursive"])
+    with pytest.raises(ValueError):
+        EvalConfig(modes=["both"])
+    cfg = EvalConfig(runtime={"context_window": 2048, "max_new_tokens": 256})
+    assert cfg.runtime_config("single").delegation is False
+    assert cfg.runtime_config("single").context_window == 2048 == cfg.runtime_config("recursive").context_window
+
+
+def test_eval_tasks_are_validation_per_difficulty():
+    env = get_env("textcraft-synth")
+    tasks = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n=3, seed=4))
+    assert [t.difficulty for t in tasks] == ["easy"] * 3 + ["medium"] * 3
+    assert all(t.split == "validation" for t in tasks)
+    again = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n=3, seed=4))
+    assert [t.task_id for t in tasks] == [t.task_id for t in again]
+
+
+# -- scripted policies through the real runtime -----------------------------------------------------------
+@needs_tok
+async def test_expert_succeeds_and_immediate_finish_fails():
+    env = get_env("textcraft-synth")
+    tasks = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n=2, seed=11))
+    cfg = RuntimeConfig(sandbox=SANDBOX, context_window=4096, max_new_tokens=768)
+    good = await evaluate_policy(env, tasks, TextCraftExpert(seed=0), cfg, tokenizer=tiny_model_path(),
+                                 mode="recursive")
+    assert [r.difficulty for r in good.rows] == ["easy", "medium"]
+    assert all(r.success == 1.0 and r.n == 2 for r in good.rows)
+    assert good.row("recursive", "medium").delegation_rate > 0  # the expert delegates medium tasks
+    assert good.row("recursive", "medium").mean_depth >= 1
+    quitter = ReplayPolicy(default=[cell("finish('done')")])
+    bad = await evaluate_policy(env, tasks, quitter, cfg, tokenizer=tiny_model_path(), mode="recursive")
+    assert all(r.success == 0.0 and r.successes == 0 for r in bad.rows)
+    assert all(r.delegation_rate == 0 and r.mean_nodes == 1 and r.end_reasons == {"finished": 2} for r in bad.rows)
+    assert bad.row("recursive", "easy").ci_high == pytest.approx(wilson_interval(0, 2)[1])
+    assert compare(bad, good.metrics(), tolerance=0.1) == [
+        "eval/recursive/easy/success: 0.000 < champion 1.000 - tolerance 0.100",
+        "eval/recursive/medium/success: 0.000 < champion 1.000 - tolerance 0.100"]
+
+
+@needs_tok
+async def test_suite_runs_both_modes_single_has_no_children():
+    env = get_env("textcraft-synth")
+    cfg = EvalConfig(difficulties=["easy", "medium"], n=1, seed=3,
+                     runtime={"sandbox": SANDBOX, "context_window": 4096, "max_new_tokens": 768})
+    rep = await evaluate_suite(cfg, tokenizer=tiny_model_path(), policy=TextCraftExpert(seed=0, max_depth=0),
+                               env=env)
+    assert {(r.mode, r.difficulty) for r in rep.rows} == {(m, d) for m in ("recursive", "single")
+                                                          for d in ("easy", "medium", "all")}
+    single = [t for t in rep.trees if t.meta["eval_mode"] == "single"]
+    assert single and all(len(t.nodes) == 1 and t.meta["delegation"] is False for t in single)
+    assert rep.row("single", "all").delegation_rate == 0.0 and rep.row("single", "all").n == 2
+    console = Console(record=True, width=160)
+    render_report(rep, console=console)
+    text = console.export_text()
+    assert "recursive" in text and "single" in text and "95% CI" in text
+
+
+async def test_suite_needs_policy_or_url():
+    with pytest.raises(ValueError, match="base_url"):
+        await evaluate_suite(EvalConfig(n=1, difficulties=["easy"]), tokenizer=None)
