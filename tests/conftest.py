@@ -61,3 +61,27 @@ def vllm_tiny(tmp_path_factory, tiny_model_path):
         yield ServedModel(server.base_url, server.model, served, server)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    """One Prefect test harness (temporary SQLite API) for the whole session."""
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """SeaweedFS on loopback with bucket ``rao``; yields the server (``.settings()``, ``.endpoint_url``)."""
+    from infra.storage import SeaweedFSServer
+
+    srv = SeaweedFSServer(data_dir=tmp_path_factory.mktemp("seaweedfs"), log_dir=tmp_path_factory.mktemp("sw-logs"))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

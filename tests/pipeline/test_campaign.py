@@ -1,0 +1,188 @@
+"""End-to-end pipeline tests: real vLLM (tiny model), SeaweedFS, MLflow (SQLite) and Prefect.
+
+The tiny random model never solves a task, so every advantage would be 0 and the update a no-op. To
+exercise the whole RL path, rollout 0 of each group comes from the scripted TextCraft expert and the
+others from the served model; groups then hold successful and failed trees, advantages are non-zero and
+the trainer really changes the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.services, pytest.mark.slow]
+
+TINY_OVERRIDES = {
+    "serving.max_model_len": 1024, "runtime.context_window": 1024, "runtime.max_new_tokens": 96,
+    "runtime.max_steps_per_node": 3, "runtime.max_depth": 1, "runtime.tree_timeout_s": 120,
+    "tasks.pool_size": 4, "tasks.tasks_per_iteration": 2, "tasks.difficulties": ["easy"],
+    "algo.G": 2, "warm_start.mode": "none", "eval.n_tasks": 2, "eval.difficulties": ["easy"],
+    "trainer.loss_type": "ppo", "trainer.lr": 1e-3, "trainer.micro_batch_tokens": 4096,
+    "tracking.max_traces_per_iteration": 8,
+}
+
+
+@pytest.fixture
+def campaign_env(tmp_path, s3_server, prefect_harness, monkeypatch):
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for k, v in s3_server.settings().env().items():
+        monkeypatch.setenv(k, v)
+    return tmp_path
+
+
+def _params(name, tiny_model_path, **extra):
+    from flows.campaign import CampaignParams
+
+    ov = [f"{k}={json.dumps(v)}" for k, v in {**TINY_OVERRIDES, **extra}.items()]
+    return CampaignParams(config="configs/cpu-smoke.yaml", name=name, iterations=1, model_path=str(tiny_model_path),
+                          overrides=ov)
+
+
+def _mixed(monkeypatch):
+    """Rollout 0 of every group comes from the scripted TextCraft expert, the others from the served model."""
+    import rao_core.runtime as rt
+    from rao_core.policies.textcraft_expert import TextCraftExpert
+
+    real = rt.run_trees
+
+    async def mixed(env, tasks_with_rollouts, policy, config, *, tokenizer, progress=None):
+        items = list(tasks_with_rollouts)
+        expert = await real(env, [(t, 1) for t, _ in items], TextCraftExpert(seed=0), config, tokenizer=tokenizer)
+        model = await real(env, [(t, n - 1) for t, n in items], policy, config, tokenizer=tokenizer)
+        out = []
+        for t, _ in items:
+            group = [x for x in expert if x.task_id == t.task_id] + [x for x in model if x.task_id == t.task_id]
+            for g, tree in enumerate(group):
+                tree.rollout_index = g
+            out += group
+        return out
+
+    monkeypatch.setattr(rt, "run_trees", mixed)
+
+
+def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
+    import mlflow
+    from safetensors.torch import load_file
+
+    from flows.campaign import rao_campaign
+    from infra.storage import ArtifactStore, S3Settings
+
+    _mixed(monkeypatch)
+    summary = rao_campaign(_params("e2e", tiny_model_path))
+    it = summary["iterations"][0]
+    # 1. parameters changed
+    ckpt = Path(os.environ["RAO_HOME"]) / "campaigns/e2e/checkpoints/iter-1"
+    new, old = load_file(ckpt / "model.safetensors"), load_file(tiny_model_path / "model.safetensors")
+    changed = [k for k in old if not (new[k] == old[k]).all()]
+    assert changed, "training did not change any parameter"
+    # 2. model version with both aliases
+    client = mlflow.MlflowClient()
+    name = "rao-policy-smoke"
+    cand = client.get_model_version_by_alias(name, "candidate")
+    champ = client.get_model_version_by_alias(name, "champion")
+    assert cand.version == it["register"]["version"] == champ.version  # first version is also the champion
+    assert cand.source.startswith("s3://rao/e2e/iter-1/checkpoint")
+    assert cand.tags["rao.iteration"] == "1"
+    # 3. S3 objects with valid checksums
+    store = ArtifactStore(S3Settings(os.environ["RAO_S3_ENDPOINT"], "rao", os.environ["AWS_ACCESS_KEY_ID"],
+                                     os.environ["AWS_SECRET_ACCESS_KEY"]), "e2e")
+    keys = set(store.list())
+    for k in ["iter-1/trees/trees.jsonl", "iter-1/trees/scored.jsonl", "iter-1/samples/samples.jsonl",
+              "iter-1/validation/report.json", "iter-1/checkpoint/model.safetensors", "iter-1/eval/report.json",
+              "iter-1/_done/register.json"]:
+        assert k in keys, k
+    assert store.verify_manifest("iter-1/checkpoint.manifest.json") == []
+    # 4. validation report exists and passed
+    report = json.loads(store.get_bytes("iter-1/validation/report.json"))
+    assert report["success"] is True and report["tables"]["nodes"]["rows"] > 0
+    # 5. one trace per tree, one span per node
+    from rao_core.tree import read_trees
+
+    trees = read_trees(store.get_file("iter-1/trees/scored.jsonl", campaign_env / "scored.jsonl"))
+    assert len(trees) == 4
+    run_id = client.search_runs(
+        [client.get_experiment_by_name("rao").experiment_id],
+        filter_string="tags.`rao.campaign` = 'e2e' and tags.`rao.iteration` = '1'")[0].info.run_id
+    traces = client.search_traces(run_id=run_id, max_results=50, flush=True)
+    assert len(traces) == len(trees)
+    by_tree = {t.info.tags.get("rao.tree_id"): t for t in traces}
+    for tree in trees:
+        assert len(by_tree[tree.tree_id].data.spans) == len(tree.nodes)
+    # rewards per node and samples from both successful and failed trees
+    assert {t.root.success for t in trees} == {0.0, 1.0}
+
+
+def test_corrupted_node_table_stops_before_training(campaign_env, tiny_model_path, vllm_tiny, monkeypatch):
+    """Pre-seed the judge stage's output with a tree whose node has a missing parent: the iteration
+    must fail at validation, attach the report, and never train or register."""
+    from flows.campaign import rao_campaign
+    from infra.storage import ArtifactStore, S3Settings
+    from rao_core.tree import EndReason, ExecutionTree, Node, write_trees
+
+    store = ArtifactStore(S3Settings(os.environ["RAO_S3_ENDPOINT"], "rao", os.environ["AWS_ACCESS_KEY_ID"],
+                                     os.environ["AWS_SECRET_ACCESS_KEY"]), "corrupt")
+
+    def tree(i, s, parent="n0"):
+        root = Node(node_id="n0", goal="g", token_ids=[1, 2, 3], assistant_mask=[0, 1, 1], behaviour_logprobs=[0, -1, -1],
+                    end_reason=EndReason.FINISHED, success=s, reward=s, children=["n1"])
+        kid = Node(node_id="n1", parent_id=parent, depth=1, goal="c", token_ids=[1, 2], assistant_mask=[0, 1],
+                   behaviour_logprobs=[0, -1], end_reason=EndReason.FINISHED, success=1.0, reward=1.0)
+        return ExecutionTree(tree_id=f"t{i}", env="textcraft-synth", task_id="a", group_id="a", rollout_index=i,
+                             root_id="n0", nodes=[root, kid])
+
+    bad = write_trees(campaign_env / "bad.jsonl", [tree(0, 1.0), tree(1, 0.0, parent="ghost")])
+    up = store.put_file(bad, "iter-1/trees/scored.jsonl")
+    store.put_bytes(json.dumps({"trees_uri": up["uri"], "num_trees": 2}).encode(), "iter-1/_done/generate.json")
+    store.put_bytes(json.dumps({"scored_uri": up["uri"], "judge": {}}).encode(), "iter-1/_done/judge.json")
+    params = _params("corrupt", tiny_model_path, **{"serving.base_url": vllm_tiny.base_url, "eval.enabled": False})
+    with pytest.raises(Exception, match="failed validation"):
+        rao_campaign(params)
+    keys = set(store.list())
+    assert "iter-1/validation/report.json" in keys
+    report = json.loads(store.get_bytes("iter-1/validation/report.json"))
+    assert report["success"] is False and any("parent_exists" in f for f in report["failures"])
+    assert "iter-1/_done/validate.json" not in keys
+    assert not any(k.startswith("iter-1/checkpoint") for k in keys)
+    assert "iter-1/_done/train.json" not in keys
+
+
+def test_killed_campaign_resumes_without_redoing_work(campaign_env, tiny_model_path, vllm_tiny, s3_server):
+    """Kill a campaign process right after its judge stage completed; the re-run resumes at validation."""
+    from infra.storage import ArtifactStore, S3Settings
+
+    store = ArtifactStore(s3_server.settings(), "resume")
+    extra = {"serving.base_url": vllm_tiny.base_url, "eval.enabled": False, "trainer.loss_type": "reinforce"}
+    ov = [f"--set={k}={json.dumps(v)}" for k, v in {**TINY_OVERRIDES, **extra}.items()]
+    cmd = [sys.executable, "-m", "rao_cli.main", "run", "--name", "resume", "--iterations", "1",
+           f"--set=model.path={json.dumps(str(tiny_model_path))}", *ov]
+    env = dict(os.environ)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 900
+    try:
+        while not store.exists("iter-1/_done/judge.json"):
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "campaign did not reach the judge stage"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    assert not store.exists("iter-1/_done/train.json")
+    head = store.client.head_object(Bucket="rao", Key="resume/iter-1/trees/trees.jsonl")
+    from flows.campaign import rao_campaign
+
+    params = _params("resume", tiny_model_path, **extra)
+    summary = rao_campaign(params)
+    # generate/judge were not redone: the trees object is the same one, and the re-run finished the iteration
+    head2 = store.client.head_object(Bucket="rao", Key="resume/iter-1/trees/trees.jsonl")
+    assert head2["LastModified"] == head["LastModified"] and head2["ETag"] == head["ETag"]
+    assert store.exists("iter-1/_done/train.json") and store.exists("iter-1/_done/register.json")
+    assert summary["iterations"][0]["times"].get("generate") is not None
+    assert json.loads(store.get_bytes("iter-1/_done/generate.json"))["num_trees"] == 4
