@@ -1,0 +1,158 @@
+"""Benchmarks of the recursive agent runtime (prints numbers; results go to docs/benchmarks.md "## Runtime").
+
+(a) sandbox overhead per cell on a warm REPL (median, target < 10 ms) and REPL start time;
+(b) with --base-url: tokens/s of N concurrent trees vs the server's raw throughput at the same
+    concurrency, in the same run (target ratio >= 0.8);
+(c) wall time of TextCraft hard tasks solved by the oracle with parallel vs forced-sequential children,
+    with a simulated policy latency per generation (target >= 2x).
+
+Usage: python scripts/bench_runtime.py [--base-url URL --model NAME --tokenizer PATH] [--skip-c]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+
+async def bench_sandbox(mode: str, n_cells: int = 200, n_starts: int = 10) -> None:
+    from rao_core.envs.base import ToolError
+    from rao_core.runtime.sandbox import Repl, SandboxLimits
+
+    async def no_calls(name, args, kwargs):
+        raise ToolError("none")
+
+    starts = []
+    for _ in range(n_starts):
+        t0 = time.perf_counter()
+        r = await Repl(SandboxLimits(mode=mode)).start()
+        await r.init([], False, {})
+        starts.append(time.perf_counter() - t0)
+        await r.close()
+    r = await Repl(SandboxLimits(mode=mode)).start()
+    await r.init([], False, {})
+    per = {}
+    for name, code in [("empty", "pass"), ("print", "print('x' * 100)"), ("tool-free loop", "s = sum(range(1000))")]:
+        ts = []
+        for _ in range(n_cells):
+            t0 = time.perf_counter()
+            await r.execute(code, no_calls)
+            ts.append(time.perf_counter() - t0)
+        per[name] = statistics.median(ts) * 1000
+    await r.close()
+    print(f"(a) sandbox={mode}: REPL start+init median {statistics.median(starts) * 1000:.0f} ms; "
+          + "; ".join(f"cell '{k}' median {v:.2f} ms" for k, v in per.items()))
+
+
+async def bench_textcraft(delay_s: float, n_tasks: int) -> None:
+    from rao_core.envs import get_env
+    from rao_core.policies.base import Policy
+    from rao_core.policies.textcraft_expert import TextCraftExpert
+    from rao_core.paths import tiny_model_path
+    from rao_core.runtime import RuntimeConfig, load_tokenizer, run_tree
+
+    class Delayed(Policy):
+        def __init__(self, inner: Policy, delay: float):
+            self.inner, self.delay, self.name = inner, delay, inner.name
+
+        async def generate(self, request):
+            await asyncio.sleep(self.delay)
+            return await self.inner.generate(request)
+
+    env = get_env("textcraft-synth")
+    tasks = env.generate_tasks(n=n_tasks, seed=0, difficulty="hard")
+    tok = load_tokenizer(tiny_model_path())
+    cfg = RuntimeConfig(max_depth=2, context_window=32768, max_new_tokens=2048, max_children_per_node=8)
+    walls = {}
+    for label, prob in (("parallel", 1.0), ("sequential", 0.0)):
+        pol = Delayed(TextCraftExpert(seed=0, parallel_prob=prob, max_depth=2), delay_s)
+        ws, ok, nodes = [], 0, 0
+        for t in tasks:
+            tree = await run_tree(env, t, pol, cfg, tokenizer=tok)
+            ws.append(tree.wall_s)
+            ok += tree.root.env_info.get("verifier_success") == 1.0
+            nodes += len(tree.nodes)
+        walls[label] = sum(ws)
+        print(f"(c) {label}: {len(tasks)} hard tasks, total wall {sum(ws):.2f} s, solved {ok}/{len(tasks)}, "
+              f"nodes {nodes}, policy delay {delay_s} s/turn")
+    print(f"(c) speed-up parallel vs sequential: {walls['sequential'] / walls['parallel']:.2f}x (target >= 2x)")
+
+
+async def bench_throughput(base_url: str, model: str, tokenizer: str, n: int, max_tokens: int) -> None:
+    from openai import AsyncOpenAI
+
+    from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolSpec
+    from rao_core.policies.openai_policy import OpenAIPolicy
+    from rao_core.runtime import RuntimeConfig, load_tokenizer, run_trees
+
+    tok = load_tokenizer(tokenizer)
+    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=600)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Write Python code that prints numbers."}],
+                                     tokenize=False, add_generation_prompt=True)
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+
+    async def one():
+        r = await client.completions.create(model=model, prompt=ids, max_tokens=max_tokens, temperature=1.0,
+                                            extra_body={"ignore_eos": True})
+        return r.usage.completion_tokens
+
+    t0 = time.perf_counter()
+    raw_tokens = sum(await asyncio.gather(*(one() for _ in range(n))))
+    raw = raw_tokens / (time.perf_counter() - t0)
+
+    class Echo(Environment):
+        name = "bench"
+
+        def tools(self):
+            return [ToolSpec(name="noop", signature="noop() -> None", doc="Does nothing.")]
+
+        def new_episode(self, task):
+            return Episode(task=task)
+
+        def root_goal(self, task):
+            return ChildSpec(goal="Write Python code that prints numbers.")
+
+        def call_tool(self, episode, node, name, args, kwargs):
+            return None
+
+    pol = OpenAIPolicy(base_url, model, temperature=1.0, extra_body={"ignore_eos": True}, stop=())
+    cfg = RuntimeConfig(max_depth=0, delegation=False, max_steps_per_node=3, context_window=4096,
+                        max_new_tokens=max_tokens, max_concurrent_requests=n, repl_pool_size=4)
+    t0 = time.perf_counter()
+    trees = await run_trees(Echo(), [(Task(task_id="b", env="bench"), n)], pol, cfg, tokenizer=tok)
+    wall = time.perf_counter() - t0
+    gen = sum(n.num_completion_tokens for t in trees for n in t.nodes)
+    print(f"(b) raw server: {raw:.1f} tok/s at {n} concurrent; {n} trees: {gen / wall:.1f} tok/s; "
+          f"ratio {gen / wall / raw:.2f} (target >= 0.8)")
+    await pol.aclose()
+    await client.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
+    ap.add_argument("--base-url", default="")
+    ap.add_argument("--model", default="policy")
+    ap.add_argument("--tokenizer", default="")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--delay", type=float, default=0.5, help="simulated policy latency per turn, seconds")
+    ap.add_argument("--tasks", type=int, default=3)
+    ap.add_argument("--skip-c", action="store_true")
+    args = ap.parse_args()
+    asyncio.run(bench_sandbox(args.sandbox))
+    if not args.skip_c:
+        asyncio.run(bench_textcraft(args.delay, args.tasks))
+    if args.base_url:
+        from rao_core.paths import tiny_model_path
+
+        asyncio.run(bench_throughput(args.base_url, args.model, args.tokenizer or str(tiny_model_path()),
+                                     args.concurrency, args.max_tokens))
+    else:
+        print("(b) skipped: pass --base-url of a running vLLM server")
+
+
+if __name__ == "__main__":
+    main()
