@@ -48,17 +48,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth easy."""
         _prefect_env()
+        from infra.models import ModelError, require_model
         from rao_core.config import ConfigError
 
         try:
             from flows.campaign import CampaignParams, rao_campaign
 
             params = CampaignParams(config=config, name=name, iterations=iterations, overrides=list(override))
-            params.resolve()  # fail fast with a one-line error before Prefect starts
-        except (ConfigError, FileNotFoundError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            cfg = params.resolve()  # fail fast with a one-line error before Prefect starts
+            if cfg.warm_start.mode != "checkpoint":
+                require_model(cfg.model.path)
+        except (ConfigError, FileNotFoundError, ModelError) as e:
+            console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
-        from infra.models import ModelError
 
         try:
             summary = rao_campaign(params)

@@ -1,0 +1,67 @@
+"""Config loading: validated values, one-line errors naming file, field and value; CLI exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rao_core.config import ConfigError, load_config
+
+
+def test_shipped_configs_load():
+    cpu = load_config("configs/cpu-smoke.yaml")
+    gpu = load_config("configs/gpu-qwen3-4b.yaml")
+    assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 2048, "textcraft-synth")
+    assert gpu.runtime.context_window == 8192 and gpu.trainer.lora is not None and gpu.serving.switch == "lora"
+
+
+def test_bad_value_names_file_field_value(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("algo:\n  G: 1\nruntime:\n  max_depth: -2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{f}: ")
+    assert "algo.G = 1: Input should be greater than or equal to 2" in msg
+    assert "runtime.max_depth = -2" in msg
+
+
+def test_unknown_field_unknown_env_and_bad_yaml(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("tasks:\n  env: minecraft\nrutnime: {}\n")
+    msg = str(pytest.raises(ConfigError, load_config, f).value)
+    assert "unknown environment 'minecraft'" in msg and "rutnime = {...}: unknown field" in msg
+    f.write_text("algo: [unclosed\n")
+    assert "not valid YAML" in str(pytest.raises(ConfigError, load_config, f).value)
+    assert "config file not found" in str(pytest.raises(ConfigError, load_config, tmp_path / "nope.yaml").value)
+
+
+def test_overrides_and_cross_field_check():
+    assert load_config(overrides=["algo.G=8", "algo.lam=0.25"]).algo.G == 8
+    msg = str(pytest.raises(ConfigError, load_config, None, {"runtime.context_window": 9000}).value)
+    assert "exceeds serving.max_model_len" in msg
+
+
+def _rao(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "rao_cli.main", *args], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **(env or {})})
+
+
+def test_cli_bad_config_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("algo:\n  G: 1\n")
+    r = _rao("run", "--config", str(f), env={"RAO_HOME": str(tmp_path)})
+    assert r.returncode == 2
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "algo.G = 1" in lines[0] and lines[0].startswith("error:")
+
+
+def test_cli_missing_model_is_one_line_exit_2(tmp_path):
+    r = _rao("run", "--set", f"model.path={tmp_path / 'no-model'}", env={"RAO_HOME": str(tmp_path)})
+    assert r.returncode == 2
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "model not found" in lines[0] and "no-model" in lines[0]
