@@ -1,0 +1,394 @@
+"""Warm start: supervised fine-tuning (SFT) of the policy on scripted-expert demonstrations.
+
+A small instruct model does not yet know the REPL protocol (one fenced ```python cell per reply,
+``finish(...)``, ``await launch_subagent(...)``), so RL from it finds no reward. The warm start runs the
+environment's scripted expert (``rao_core.policies``) through the REAL runtime (sandboxed REPLs, the
+same context window and limits as the RL rollouts), keeps the execution trees whose root the exact
+verifier accepted, and turns every node into one SFT sample: the node's trajectory with exactly its
+own assistant tokens as targets (``node.token_ids`` / ``node.assistant_mask``, observations and the
+prompt masked). The trainer then minimises the token-mean cross-entropy on those tokens
+(``TrainerConfig(loss_type="sft")``, ``rao_core.train.loss``).
+
+Departures from the paper / project choices:
+- The paper starts RL from an instruct model (Qwen3-4B-Instruct) without a warm start; a 135M model
+  needs one. The demonstration set is deliberately small (see ``docs/results.md``, "Warm start
+  sizing") so that the warm-started policy is far from perfect and RL has room to improve it.
+- Scripted generations are text; the runtime would tokenise them without an end-of-turn token, so the
+  model would never learn to stop after its cell. ``build_demonstrations`` wraps the expert so that each
+  generation's ids are ``tokenize(text) + [eos]`` (what a served model returns when it stops at EOS);
+  the EOS is an assistant token and is trained on. Log-probs of scripted tokens are 0.0 (ignored by SFT).
+- Variety: each tree gets its own expert instance with a seeded draw of settings (parallel vs
+  sequential launches, occasional valid-but-longer routes, wording, the crafting depth from which
+  ingredients are delegated), so the demonstrations are not one fixed script.
+- By default only nodes that the verifier accepted become samples (a successful root may hold a child
+  that failed and was repaired by its parent; imitating the failed child is not wanted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rao_core.envs.base import Environment, Task
+from rao_core.policies.base import Generation, Policy, PolicyRequest
+from rao_core.runtime import RuntimeConfig, load_tokenizer, oracle_policy, run_tree
+from rao_core.samples import Sample, SampleBatch, SampleStats
+from rao_core.tree import ExecutionTree, Node
+
+__all__ = [
+    "DemoConfig", "Demonstrations", "WarmStartResult", "build_demonstrations", "demo_loss", "demo_samples",
+    "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start",
+    "recommended_runtime_config",
+]
+
+
+class DemoConfig(BaseModel):
+    """How the demonstration set of the warm start is built (defaults: the measured CPU recommendation,
+    ``docs/results.md`` "Warm start sizing")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_tasks: int = Field(24, ge=1, description="RL tasks to demonstrate, split evenly over `difficulties` "
+                         "(the first difficulties get the remainder).")
+    difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium"],
+                                    description="Task difficulties of the demonstrations (env names).")
+    seed: int = Field(0, description="Seed of task generation and of the per-tree expert settings.")
+    split: str = Field("train", description="Task split the demonstrations come from.")
+    rollouts_per_task: int = Field(1, ge=1, description="Demonstration trees per task (each with its own "
+                                   "expert settings).")
+    parallel_prob: float = Field(0.5, ge=0, le=1, description="Probability that the expert launches 2+ "
+                                 "sub-agents with asyncio.gather (else one after another).")
+    suboptimal_prob: float = Field(0.1, ge=0, le=1, description="Probability of a valid but longer route "
+                                   "(split crafts, an extra inventory check).")
+    wording_variety: bool = Field(True, description="Vary the expert's reasoning text between phrasings.")
+    delegate_min_depths: list[int] = Field(default_factory=lambda: [2, 3], description="Delegate threshold: "
+                                           "each tree draws the smallest crafting depth of an ingredient "
+                                           "that the expert hands to a sub-agent from this list.")
+    only_successful_nodes: bool = Field(True, description="Train only on nodes the verifier accepted "
+                                        "(verifier_success >= 1); False keeps every node of a kept tree.")
+    max_concurrent_trees: int = Field(8, ge=1, description="Demonstration trees grown at once.")
+
+    @field_validator("difficulties")
+    @classmethod
+    def _nonempty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("difficulties must name at least one difficulty (e.g. ['easy', 'medium'])")
+        return v
+
+    @field_validator("delegate_min_depths")
+    @classmethod
+    def _depths(cls, v: list[int]) -> list[int]:
+        if not v or any(d < 1 for d in v):
+            raise ValueError(f"delegate_min_depths must be a non-empty list of depths >= 1, got {v}")
+        return v
+
+
+def recommended_runtime_config(**overrides: Any) -> RuntimeConfig:
+    """The CPU runtime settings the warm start was sized with (``docs/results.md``): 4096-token context
+    per agent, 768 new tokens per turn, 10 steps per node, max depth 2. ``overrides`` replace fields."""
+    base = dict(context_window=4096, max_new_tokens=768, max_steps_per_node=10, max_depth=2)
+    base.update(overrides)
+    return RuntimeConfig(**base)
+
+
+def default_sft_trainer_config(**overrides: Any):
+    """``TrainerConfig`` of the warm start: SFT loss, lr 1e-4 (full weights, AdamW), 2 epochs, 4
+    micro-batches of <= 4096 padded tokens per optimizer step, 2 warm-up steps, gradient checkpointing
+    (an 8192-token micro-batch of SmolLM2-135M without it peaked at 19.6 GB RSS on CPU and was OOM-killed).
+    ``overrides`` replace fields."""
+    from rao_core.train import TrainerConfig
+
+    base: dict[str, Any] = dict(loss_type="sft", lr=1e-4, epochs=2, grad_accum=4, micro_batch_tokens=4096,
+                                warmup_steps=2, gradient_checkpointing=True)
+    base.update(overrides)
+    return TrainerConfig(**base)
+
+
+def demo_tasks(env: Environment, config: DemoConfig) -> list[Task]:
+    """The demonstration tasks: ``config.n_tasks`` split over ``config.difficulties`` (seeded).
+
+    Raises NotImplementedError for an environment without a task generator.
+    """
+    k = len(config.difficulties)
+    out: list[Task] = []
+    for i, d in enumerate(config.difficulties):
+        n = config.n_tasks // k + (1 if i < config.n_tasks % k else 0)
+        if n:
+            out += env.generate_tasks(n=n, seed=config.seed + 1000 * i, difficulty=d, split=config.split)
+    return out
+
+
+class _EosTerminated(Policy):
+    """Wraps a text-only scripted policy: generations come back as ``ids(text) + [eos]`` (see module doc)."""
+
+    def __init__(self, inner: Policy, tokenizer: Any):
+        self.inner = inner
+        self.name = getattr(inner, "name", type(inner).__name__)
+        self.tok = tokenizer
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if not isinstance(eos, int):
+            raise ValueError("the tokenizer has no eos_token_id; cannot end scripted turns")
+        self.eos_id = eos
+
+    async def generate(self, request: PolicyRequest) -> Generation:
+        gen = await self.inner.generate(request)
+        if gen.token_ids is not None:
+            return gen
+        ids = list(self.tok(gen.text, add_special_tokens=False)["input_ids"]) + [self.eos_id]
+        return Generation(text=gen.text, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
+
+
+def expert_for_tree(env_name: str, config: DemoConfig, index: int, runtime_config: RuntimeConfig) -> Policy:
+    """The scripted expert of demonstration tree ``index`` (seeded draw of variety settings).
+
+    TextCraft-Synth: a ``TextCraftExpert`` with ``seed = config.seed * 100003 + index``, the config's
+    parallel/sub-optimal probabilities and wording variety, a delegate threshold drawn from
+    ``config.delegate_min_depths``, and the runtime's max depth. Other environments: their oracle
+    policy (``rao_core.runtime.oracle_policy``) as is.
+    """
+    if env_name != "textcraft-synth":
+        return oracle_policy(env_name)
+    from rao_core.policies.textcraft_expert import TextCraftExpert
+
+    rng = random.Random(f"demo|{config.seed}|{index}")
+    return TextCraftExpert(seed=config.seed * 100003 + index, parallel_prob=config.parallel_prob,
+                           suboptimal_prob=config.suboptimal_prob, wording_variety=config.wording_variety,
+                           delegate_min_depth=rng.choice(config.delegate_min_depths),
+                           max_depth=runtime_config.effective_max_depth,
+                           max_children=runtime_config.max_children_per_node,
+                           child_steps=runtime_config.max_steps_per_node)
+
+
+class Demonstrations(list):
+    """``list[ExecutionTree]`` of kept demonstrations, plus what was attempted and rejected.
+
+    Attributes: ``attempted`` (trees grown), ``rejected`` (root not verified successful), ``wall_s``.
+    """
+
+    attempted: int = 0
+    rejected: int = 0
+    wall_s: float = 0.0
+
+
+def _root_success(tree: ExecutionTree) -> float:
+    v = tree.root.env_info.get("verifier_success")
+    return float(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else 0.0
+
+
+async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: DemoConfig, *, tokenizer: Any,
+                               runtime_config: RuntimeConfig) -> Demonstrations:
+    """Grow ``config.rollouts_per_task`` expert trees per task through the real runtime; keep verified ones.
+
+    Args:
+        env: the environment (its exact verifier scores the roots).
+        tasks: RL tasks (e.g. :func:`demo_tasks`).
+        config: :class:`DemoConfig` (variety settings, concurrency).
+        tokenizer: HF tokenizer or checkpoint folder of the model that will be fine-tuned (its chat
+            template builds the token ids, so the samples are in that model's ids).
+        runtime_config: the runtime limits (use the RL rollouts' settings, sandbox on).
+
+    Returns:
+        :class:`Demonstrations` (a list of trees, task order, rollout index order) holding only trees
+        whose root has ``env_info["verifier_success"] >= 1``; ``rejected`` counts the others.
+        Each kept tree has ``meta["demo_expert"]`` with the expert's settings.
+
+    Raises:
+        ValueError: no tasks; a tokenizer without EOS.
+    """
+    if not tasks:
+        raise ValueError("build_demonstrations needs at least one task")
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
+    sem = asyncio.Semaphore(config.max_concurrent_trees)
+    t0 = time.perf_counter()
+
+    async def one(task: Task, g: int, index: int) -> ExecutionTree:
+        expert = expert_for_tree(env.name, config, index, runtime_config)
+        async with sem:
+            tree = await run_tree(env, task, _EosTerminated(expert, tok), runtime_config, tokenizer=tok,
+                                  group_id=task.task_id, rollout_index=g)
+        tree.meta["demo_expert"] = {k: v for k, v in vars(expert).items() if isinstance(v, (int, float, bool, str))}
+        return tree
+
+    jobs = [(t, g) for t in tasks for g in range(config.rollouts_per_task)]
+    trees = await asyncio.gather(*(one(t, g, i) for i, (t, g) in enumerate(jobs)))
+    out = Demonstrations(t for t in trees if _root_success(t) >= 1.0)
+    out.attempted, out.rejected, out.wall_s = len(trees), len(trees) - len(out), time.perf_counter() - t0
+    return out
+
+
+def _node_ok(n: Node) -> bool:
+    v = n.env_info.get("verifier_success")
+    return v is not None and float(v) >= 1.0
+
+
+def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool = True) -> SampleBatch:
+    """One SFT sample per node of the demonstration trees.
+
+    Each sample is the node's trajectory exactly as recorded (``token_ids`` [T], ``assistant_mask`` [T]:
+    1 on the node's own generated ids, 0 on system prompt, goal and observations;
+    ``behaviour_logprobs`` [T]). ``success`` = the node's verifier value (0.0 when None), ``reward`` =
+    ``success``, ``baseline`` 0, ``advantage`` 1.0, ``weight`` 1.0 (``loss_type='sft'`` ignores them).
+
+    Nodes without assistant tokens are dropped (``stats.dropped_empty_nodes``), and with
+    ``only_successful_nodes`` nodes the verifier did not accept (``stats.dropped_nan_nodes`` is reused
+    for that count). Raises ValueError for a node whose ids, mask and log-probs differ in length.
+    """
+    stats = SampleStats(num_trees=len(trees), num_groups=len({t.group_id or t.tree_id for t in trees}),
+                        num_nodes=sum(len(t.nodes) for t in trees))
+    out: list[Sample] = []
+    for t in trees:
+        for n in t.walk():
+            if not (len(n.token_ids) == len(n.assistant_mask) == len(n.behaviour_logprobs)):
+                raise ValueError(f"tree {t.tree_id}, node {n.node_id}: token_ids ({len(n.token_ids)}), "
+                                 f"assistant_mask ({len(n.assistant_mask)}) and behaviour_logprobs "
+                                 f"({len(n.behaviour_logprobs)}) differ in length")
+            if sum(n.assistant_mask) == 0:
+                stats.dropped_empty_nodes += 1
+                continue
+            if only_successful_nodes and not _node_ok(n):
+                stats.dropped_nan_nodes += 1
+                continue
+            s = float(n.env_info.get("verifier_success") or 0.0)
+            out.append(Sample(tree_id=t.tree_id, node_id=n.node_id, group_id=t.group_id or t.tree_id,
+                              depth=n.depth, env=t.env, task_id=t.task_id, token_ids=list(n.token_ids),
+                              assistant_mask=list(n.assistant_mask),
+                              behaviour_logprobs=list(n.behaviour_logprobs), success=s, reward=s,
+                              baseline=0.0, advantage=1.0, weight=1.0))
+    stats.num_samples = len(out)
+    stats.samples_per_depth = dict(sorted(Counter(s.depth for s in out).items()))
+    stats.mean_abs_advantage = 1.0 if out else 0.0
+    stats.num_assistant_tokens = sum(s.num_assistant_tokens for s in out)
+    return SampleBatch(samples=out, stats=stats)
+
+
+def _launch_kind(tree: ExecutionTree, node: Node) -> str | None:
+    """'parallel' when two of ``node``'s children ran at overlapping times, 'sequential' when it has
+    children that never overlapped, None without children."""
+    kids = tree.children_of(node.node_id)
+    if not kids:
+        return None
+    spans = sorted((k.timings.started_at, k.timings.started_at + k.timings.wall_s) for k in kids)
+    overlap = any(spans[i + 1][0] < spans[i][1] for i in range(len(spans) - 1))
+    return "parallel" if overlap else "sequential"
+
+
+def demo_stats(trees: Sequence[ExecutionTree]) -> dict[str, Any]:
+    """Summary of a demonstration set.
+
+    Keys: ``trees``, ``nodes``, ``depth_histogram`` ({node depth: nodes}), ``tree_depth_histogram``
+    ({tree depth: trees}), ``mean_assistant_tokens`` (per node), ``assistant_tokens``, ``tokens`` (all
+    trajectory tokens), ``turns``, ``parallel_launches`` / ``sequential_launches`` (nodes whose
+    children overlapped in time / never did), ``delegating_trees``, ``rejected`` (when ``trees`` is a
+    :class:`Demonstrations`).
+    """
+    nodes = [n for t in trees for n in t.nodes]
+    kinds = Counter(k for t in trees for n in t.nodes if (k := _launch_kind(t, n)))
+    asst = sum(n.num_completion_tokens for n in nodes)
+    out: dict[str, Any] = {
+        "trees": len(trees), "nodes": len(nodes),
+        "depth_histogram": dict(sorted(Counter(n.depth for n in nodes).items())),
+        "tree_depth_histogram": dict(sorted(Counter(t.depth for t in trees).items())),
+        "assistant_tokens": asst, "tokens": sum(len(n.token_ids) for n in nodes),
+        "mean_assistant_tokens": asst / len(nodes) if nodes else 0.0,
+        "turns": sum(len(n.turns) for n in nodes),
+        "parallel_launches": kinds.get("parallel", 0), "sequential_launches": kinds.get("sequential", 0),
+        "delegating_trees": sum(1 for t in trees if len(t.nodes) > 1),
+    }
+    if isinstance(trees, Demonstrations):
+        out["attempted"], out["rejected"] = trees.attempted, trees.rejected
+    return out
+
+
+def demo_loss(model_path: str | Path, samples: SampleBatch | Sequence[Sample], *, micro_batch_tokens: int = 8192
+              ) -> float:
+    """Token-mean SFT loss (nats per assistant token) of the checkpoint at ``model_path`` on ``samples``.
+
+    Uses the trainer's own code (``collate``, ``token_logprobs``, ``policy_loss(loss_type='sft')``) in
+    eval mode without gradients, fp32 on CPU (or the first GPU). Raises ValueError for no samples.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rao_core.train.data import collate, make_micro_batches
+    from rao_core.train.loss import policy_loss, token_logprobs
+
+    rows = list(samples.samples if isinstance(samples, SampleBatch) else samples)
+    if not rows:
+        raise ValueError("demo_loss needs at least one sample")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(dev).eval()
+    tok = load_tokenizer(str(model_path))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    total, tokens = 0.0, 0.0
+    with torch.no_grad():
+        for mb in make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=micro_batch_tokens):
+            b = collate([rows[i] for i in mb.indices], pad, dev)
+            lp = token_logprobs(model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits,
+                                b["input_ids"])
+            _, st = policy_loss(lp, b["behaviour_logprobs"], b["loss_mask"], b["coef"], loss_type="sft")
+            total += float(st.loss_sum)
+            tokens += float(st.tokens)
+    return total / max(tokens, 1.0)
+
+
+class WarmStartResult(BaseModel):
+    """What :func:`run_warm_start` produced."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    checkpoint: Path
+    stats: dict[str, Any]  # demo_stats(...) plus sample counts
+    train_metrics: list[dict[str, float]] = Field(default_factory=list)
+    demo_wall_s: float = 0.0
+    sft_wall_s: float = 0.0
+    num_samples: int = 0
+    num_assistant_tokens: int = 0
+    num_tokens: int = 0
+
+
+def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str | Path, *,
+                   demo_config: DemoConfig | None = None, trainer_config: Any = None,
+                   runtime_config: RuntimeConfig | None = None, trees_path: str | Path | None = None,
+                   on_step: Any = None) -> WarmStartResult:
+    """Build demonstrations, then SFT ``model_path`` on them; the checkpoint goes to ``out_dir``.
+
+    Synchronous (runs its own event loop; call it from a worker thread inside async code).
+    ``trainer_config`` defaults to :func:`default_sft_trainer_config`; its ``loss_type`` must be
+    ``'sft'`` (ValueError otherwise). ``runtime_config`` defaults to :func:`recommended_runtime_config`.
+    ``trees_path``: also write the demonstration trees there (JSON lines). Raises ValueError when no
+    demonstration tree succeeded.
+    """
+    from rao_core.envs import get_env
+    from rao_core.train import train
+    from rao_core.tree import write_trees
+
+    env = get_env(env) if isinstance(env, str) else env
+    demo_config = demo_config or DemoConfig()
+    trainer_config = trainer_config or default_sft_trainer_config()
+    if trainer_config.loss_type != "sft":
+        raise ValueError(f"the warm start trains with loss_type='sft', got {trainer_config.loss_type!r}")
+    runtime_config = runtime_config or recommended_runtime_config()
+    tasks = demo_tasks(env, demo_config)
+    trees = asyncio.run(build_demonstrations(env, tasks, demo_config, tokenizer=str(model_path),
+                                             runtime_config=runtime_config))
+    if not trees:
+        raise ValueError(f"none of the {trees.attempted} demonstration trees succeeded; nothing to train on")
+    if trees_path is not None:
+        write_trees(trees_path, trees)
+    batch = demo_samples(trees, only_successful_nodes=demo_config.only_successful_nodes)
+    t0 = time.perf_counter()
+    res = train(batch, model_path, out_dir, trainer_config, on_step=on_step)
+    sft_s = time.perf_counter() - t0
+    stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes}
+    return WarmStartResult(checkpoint=res.checkpoint, stats=stats, train_metrics=res.metrics,
+                           demo_wall_s=trees.wall_s, sft_wall_s=sft_s, num_samples=len(batch),
+                           num_assistant_tokens=batch.stats.num_assistant_tokens,
+                           num_tokens=sum(len(s.token_ids) for s in batch.samples))
