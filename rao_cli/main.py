@@ -26,6 +26,7 @@ _SUBAPPS = [
 _COMMANDS = [
     "rao_cli.solve_cmd",
     "rao_cli.train_cmd",
+    "rao_cli.sft_cmd",
     "rao_cli.pipeline_cmd",
 ]
 
