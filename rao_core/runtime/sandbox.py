@@ -214,6 +214,9 @@ class Repl:
                              "error": f"{name} returned a value that is not JSON-serialisable: {e}"}
             except ToolError as e:
                 reply = {"type": "reply", "call_id": cid, "ok": False, "error": str(e)}
+            except Exception as e:  # noqa: BLE001 - an environment bug must not hang the cell
+                reply = {"type": "reply", "call_id": cid, "ok": False,
+                         "error": f"internal error in {name}: {type(e).__name__}: {e}"}
             data = json.dumps(reply)
             if self.alive:
                 try:
