@@ -130,6 +130,9 @@ def train(
     if adapter_path is not None and cfg.lora is None:
         raise ValueError(f"{model_path} is a LoRA adapter: set config.lora to continue training it")
     hf_cfg = AutoConfig.from_pretrained(base_path)
+    save_dtype = getattr(hf_cfg, "dtype", None) or torch.float32  # checkpoints keep the parent's dtype
+    if isinstance(save_dtype, str):
+        save_dtype = getattr(torch, save_dtype)
     validate_samples(rows, vocab_size=int(hf_cfg.vocab_size), loss_type=cfg.loss_type,
                      max_length=getattr(hf_cfg, "max_position_embeddings", None))
 
@@ -142,6 +145,8 @@ def train(
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
+        if cfg.lora is not None:
+            model.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad input
     ref_model = None
     if cfg.lora is not None:
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -286,7 +291,8 @@ def train(
         "final_metrics": metrics[-1] if metrics else {},
         "versions": _versions(),
     }
-    _save(accelerator, model, tokenizer, out_dir, manifest, tied=tied, lora=cfg.lora is not None)
+    _save(accelerator, model, tokenizer, out_dir, manifest, tied=tied, lora=cfg.lora is not None,
+          save_dtype=save_dtype)
     accelerator.wait_for_everyone()
     return TrainResult(checkpoint=out_dir, metrics=metrics, manifest=manifest)
 
@@ -301,7 +307,8 @@ def _versions() -> dict[str, str]:
             "accelerate": accelerate.__version__}
 
 
-def _save(accelerator, model, tokenizer, out_dir: Path, manifest: dict[str, Any], *, tied: bool, lora: bool) -> None:
+def _save(accelerator, model, tokenizer, out_dir: Path, manifest: dict[str, Any], *, tied: bool, lora: bool,
+          save_dtype: torch.dtype) -> None:
     """Gather the weights (collective under FSDP) and write the checkpoint folder on the main process."""
     state = accelerator.get_state_dict(model)
     unwrapped = accelerator.unwrap_model(model)
@@ -323,11 +330,12 @@ def _save(accelerator, model, tokenizer, out_dir: Path, manifest: dict[str, Any]
         out = unwrapped.get_output_embeddings()
         if out is not None and out.weight.data_ptr() != unwrapped.get_input_embeddings().weight.data_ptr():
             raise ValueError("input and output embeddings were untied during training")
-    save_dtype = getattr(unwrapped.config, "dtype", None) or torch.float32
-    if isinstance(save_dtype, str):
-        save_dtype = getattr(torch, save_dtype)
     state = {k: (v.to(save_dtype) if v.is_floating_point() else v) for k, v in state.items()}
     with atomic_folder(out_dir) as tmp:
         unwrapped.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        cfg_path = tmp / "config.json"  # state the dtype of the saved weights (save_pretrained writes fp32's)
+        cfg_json = json.loads(cfg_path.read_text())
+        cfg_json["dtype"] = str(save_dtype).removeprefix("torch.")
+        cfg_path.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
         tokenizer.save_pretrained(tmp)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))

@@ -139,3 +139,17 @@ def test_bad_input_rejected_before_any_step(tiny, tmp_path, break_it, msg):
     with pytest.raises(ValueError, match=msg):
         train(samples, tiny, tmp_path / "x", TrainerConfig(lr=1e-3))
     assert not (tmp_path / "x").exists()
+
+
+def test_checkpoint_keeps_parent_dtype(tiny, tmp_path):
+    # a bf16 parent is trained with fp32 master weights but saved back in bf16 (half the size, as served)
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parent = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16).save_pretrained(parent)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(parent)
+    res = train(_samples(tiny), parent, tmp_path / "ck", TrainerConfig(lr=1e-3, micro_batch_size=4))
+    with safe_open(res.checkpoint / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    assert json.loads((res.checkpoint / "config.json").read_text())["dtype"] == "bfloat16"
