@@ -8,7 +8,13 @@ it in a fenced block, add prose around it, use other words for yes/no, or write 
 2. a fenced code block (```json ... ```) holding such an object;
 3. the first balanced ``{...}`` in the text holding such an object;
 4. the LAST line of the form ``VERDICT: yes`` (case-insensitive, markdown emphasis allowed);
-5. an answer that is only the word yes or no (punctuation allowed).
+5. the first ``"verdict": "yes"`` field in JSON-like text that does not parse (a small model's object is
+   often cut off by the token limit or malformed further on); a field followed by more alternatives
+   (the template echoed back: ``"verdict": "yes" or "no"``) does not count;
+6. an answer that is only the word yes or no, or starts with it (``Yes, the agent ...``).
+
+Rules 5 and 6 were added after recording real answers of SmolLM2-135M-Instruct
+(``tests/judge/fixtures/smollm2_135m_responses.json``).
 
 Anything else is unparseable (``None``): the caller retries, then scores the node NaN and keeps the raw text.
 """
@@ -27,12 +33,16 @@ _KEYS = ("verdict", "answer", "correct", "success", "accomplished")
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 _VERDICT_LINE = re.compile(r"^[\s>*_#-]*verdict[\s*_]*[:=][\s*_\"']*([A-Za-z01 ]+?)[\s*_\"'.!]*$",
                            re.IGNORECASE | re.MULTILINE)
+_VERDICT_FIELD = re.compile(r'"verdict"\s*:\s*"(yes|no)"\s*(?=[,}\n]|$)', re.IGNORECASE)
+_REASON_FIELD = re.compile(r'"reason"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_LEADING_WORD = re.compile(r"^\W*(yes|no)\b(?!-)", re.IGNORECASE)
 _REASON_LINE = re.compile(r"^[\s>*_#-]*reason[\s*_]*[:=]\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 
 
 class ParsedVerdict(BaseModel):
     """A parsed judge answer: ``verdict`` "yes"/"no", the judge's ``reason`` (may be empty), and ``how``
-    names the rule that matched ("json", "fenced_json", "embedded_json", "verdict_line", "bare_word")."""
+    names the rule that matched ("json", "fenced_json", "embedded_json", "verdict_line", "verdict_field",
+    "bare_word", "leading_word")."""
 
     verdict: Literal["yes", "no"]
     reason: str = ""
@@ -129,8 +139,17 @@ def parse_verdict(text: str | None) -> ParsedVerdict | None:
             reasons = _REASON_LINE.findall(t)
             return ParsedVerdict(verdict=verdict, reason=reasons[-1].strip() if reasons else "",
                                  how="verdict_line")
+    field = _VERDICT_FIELD.search(t)
+    if field:
+        reason = _REASON_FIELD.search(t, field.end())
+        return ParsedVerdict(verdict=field.group(1).lower(), reason=reason.group(1) if reason else "",
+                             how="verdict_field")
     if len(t) <= 16:
         verdict = _norm_verdict(t)
         if verdict is not None:
             return ParsedVerdict(verdict=verdict, reason="", how="bare_word")
+    lead = _LEADING_WORD.match(t)
+    if lead:
+        return ParsedVerdict(verdict=lead.group(1).lower(), reason=t[lead.end():].strip(" ,.:;-\n")[:500],
+                             how="leading_word")
     return None

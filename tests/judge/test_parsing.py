@@ -18,7 +18,10 @@ from rao_core.judge import parse_verdict
     ('The agent crafted it.\nREASON: fine\nVERDICT: yes', "yes", "verdict_line"),
     ('**Verdict:** No', "no", "verdict_line"),
     ('verdict: yes\nwait, recheck\nVerdict = no', "no", "verdict_line"),  # the last line wins
+    ('{"verdict": "yes"', "yes", "verdict_field"),  # cut off by the token limit
+    ('Sure.\n{"verdict": "No", "reason": "x", "extra": [1, 2', "no", "verdict_field"),
     ("Yes.", "yes", "bare_word"),
+    ("No, the count is 5 not 7.", "no", "leading_word"),
     (" no ", "no", "bare_word"),
 ])
 def test_accepted_forms(text, verdict, how):
@@ -36,7 +39,7 @@ def test_reason_is_kept():
 @pytest.mark.parametrize("text", [
     None, "", "   ", "maybe", '{"verdict": "perhaps"}', '{"reason": "no verdict key"}',
     "The answer is yes, but also no, depending on the count of items here.",  # prose only: too risky
-    '{"verdict": "yes"', "VERDICT: unclear",
+    "VERDICT: unclear", '{"verdict": "yes" or "no"}',
 ])
 def test_unparseable(text):
     assert parse_verdict(text) is None

@@ -14,7 +14,8 @@ from infra.serving import VLLMServer
 from rao_core.paths import default_model_path
 
 if __name__ == "__main__":
-    srv = VLLMServer(default_model_path(), served_model_name="smollm2-135m-instruct", max_model_len=4096)
+    srv = VLLMServer(default_model_path(), served_model_name="smollm2-135m-instruct", max_model_len=4096,
+                     start_timeout_s=1500)
     signal.signal(signal.SIGTERM, lambda *a: (srv.stop(), sys.exit(0)))
     srv.start()
     Path(sys.argv[1]).write_text(f"{srv.base_url} {srv.model}\n")
