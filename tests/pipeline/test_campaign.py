@@ -20,8 +20,8 @@ import pytest
 pytestmark = [pytest.mark.vllm, pytest.mark.services, pytest.mark.slow]
 
 TINY_OVERRIDES = {
-    "serving.max_model_len": 1024, "runtime.context_window": 1024, "runtime.max_new_tokens": 96,
-    "runtime.max_steps_per_node": 3, "runtime.max_depth": 1, "runtime.tree_timeout_s": 120,
+    "serving.max_model_len": 2048, "runtime.context_window": 2048, "runtime.max_new_tokens": 256,
+    "runtime.max_steps_per_node": 5, "runtime.max_depth": 1, "runtime.tree_timeout_s": 120,
     "tasks.pool_size": 4, "tasks.tasks_per_iteration": 2, "tasks.difficulties": ["easy"],
     "algo.G": 2, "warm_start.mode": "none", "eval.n_tasks": 2, "eval.difficulties": ["easy"],
     "trainer.loss_type": "ppo", "trainer.lr": 1e-3, "trainer.micro_batch_tokens": 4096,
@@ -88,7 +88,7 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
     name = "rao-policy-smoke"
     cand = client.get_model_version_by_alias(name, "candidate")
     champ = client.get_model_version_by_alias(name, "champion")
-    assert cand.version == it["register"]["version"] == champ.version  # first version is also the champion
+    assert str(cand.version) == str(it["register"]["version"]) == str(champ.version)  # first version is also the champion
     assert cand.source.startswith("s3://rao/e2e/iter-1/checkpoint")
     assert cand.tags["rao.iteration"] == "1"
     # 3. S3 objects with valid checksums
