@@ -56,7 +56,7 @@ class DemoConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    n_tasks: int = Field(24, ge=1, description="RL tasks to demonstrate, split evenly over `difficulties` "
+    n_tasks: int = Field(16, ge=1, description="RL tasks to demonstrate, split evenly over `difficulties` "
                          "(the first difficulties get the remainder).")
     difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium"],
                                     description="Task difficulties of the demonstrations (env names).")
