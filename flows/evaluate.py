@@ -47,23 +47,19 @@ class EvaluateParams(BaseModel):
 
 def compare_with_champion(metrics: dict[str, float], champion: dict[str, float], tolerance: float
                           ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Rows of (metric, champion, value, delta, status) for every ``/success`` metric; and the regressions.
+    """Table rows (metric, champion, value, delta, status) for every ``/success`` metric, and the
+    regressions found by :func:`rao_core.evaluation.compare` (``value < champion - tolerance``)."""
+    from rao_core.evaluation import compare
 
-    A regression is ``value < champion - tolerance``. Metrics the champion lacks are reported as 'new'.
-    """
-    rows, bad = [], []
+    bad = compare(metrics, champion, tolerance)
+    flagged = {b.split(":", 1)[0] for b in bad}
+    rows = []
     for k, v in sorted(metrics.items()):
-        if not k.endswith("/success"):
-            continue
-        c = champion.get(k)
-        if c is None:
-            rows.append({"metric": k, "champion": "", "value": round(v, 4), "delta": "", "status": "new"})
-            continue
-        d = v - c
-        status = "REGRESSION" if d < -tolerance else "ok"
-        rows.append({"metric": k, "champion": round(c, 4), "value": round(v, 4), "delta": round(d, 4), "status": status})
-        if status != "ok":
-            bad.append(f"{k}: {v:.3f} vs champion {c:.3f} (drop {-d:.3f} > tolerance {tolerance:.3f})")
+        if k.endswith("/success"):
+            c = champion.get(k)
+            rows.append({"metric": k, "champion": "" if c is None else round(c, 4), "value": round(v, 4),
+                         "delta": "" if c is None else round(v - c, 4),
+                         "status": "new" if c is None else ("REGRESSION" if k in flagged else "ok")})
     return rows, bad
 
 

@@ -232,52 +232,32 @@ def validation_tasks(ctx: RunContext) -> list[Task]:
 
 
 def run_evaluation(ctx: RunContext, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
-    """Evaluate the served policy on the validation tasks in each mode; returns flat metrics + table rows."""
-    from rao_core.runtime import load_tokenizer, run_trees
+    """Evaluate the served policy on the validation tasks in each mode (``rao_core.evaluation``).
+
+    Returns ``{"metrics": flat eval/<mode>/<difficulty>/... metrics, "rows": table rows}``.
+    """
+    from rao_core.evaluation import evaluate_policy
+    from rao_core.runtime import load_tokenizer
 
     env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
     tasks = validation_tasks(ctx)
-    metrics: dict[str, float] = {}
-    rows = []
+    tokenizer = load_tokenizer(tokenizer_path)
+    report = None
     for mode in ctx.config.eval.modes:
-        rt = ctx.config.runtime.model_copy(update={"delegation": mode == "recursive"})
         policy = _policy(ctx, served, seed=0)
 
         async def go():
             try:
-                return await run_trees(env, [(t, 1) for t in tasks], policy, rt, tokenizer=load_tokenizer(tokenizer_path))
+                return await evaluate_policy(env, tasks, policy, ctx.config.runtime, tokenizer=tokenizer, mode=mode)
             finally:
                 await policy.aclose()
 
-        t0 = time.monotonic()
-        trees = asyncio.run(go())
-        wall = time.monotonic() - t0
-        by_diff: dict[str, list] = {}
-        for task_, tree in zip(tasks, trees):
-            by_diff.setdefault(task_.difficulty or "all", []).append(tree)
-        for diff, ts in by_diff.items():
-            succ = [float((t.root.env_info or {}).get("verifier_success") or 0.0) for t in ts]
-            p = sum(succ) / len(succ)
-            lo, hi = wilson(sum(1 for s in succ if s >= 1.0), len(succ))
-            k = f"eval/{mode}/{diff}"
-            metrics.update({f"{k}/success": p, f"{k}/ci_low": lo, f"{k}/ci_high": hi,
-                            f"{k}/depth": sum(t.depth for t in ts) / len(ts),
-                            f"{k}/delegation_rate": sum(1 for t in ts if t.root.children) / len(ts)})
-            rows.append({"mode": mode, "difficulty": diff, "n": len(ts), "success": round(p, 3),
-                         "ci95": f"[{lo:.2f}, {hi:.2f}]", "mean_depth": round(sum(t.depth for t in ts) / len(ts), 2)})
-        metrics[f"eval/{mode}/wall_s"] = wall
-    return {"metrics": metrics, "rows": rows}
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion k/n (95% by default); (0, 1) when n = 0."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    den = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / den
-    h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / den
-    return max(0.0, c - h), min(1.0, c + h)
+        rep = asyncio.run(go())
+        report = rep if report is None else report + rep
+    rows = [{"mode": r.mode, "difficulty": r.difficulty, "n": r.n, "success": round(r.success, 3),
+             "ci95": f"[{r.ci_low:.2f}, {r.ci_high:.2f}]", "mean_depth": round(r.mean_depth, 2),
+             "delegation_rate": round(r.delegation_rate, 2), "wall_s": round(r.wall_s, 1)} for r in report.rows]
+    return {"metrics": report.metrics(), "rows": rows}
 
 
 def primary_metric(ctx: RunContext) -> str:

@@ -1,0 +1,70 @@
+"""Pipeline helpers without the heavy services: champion comparison, registry promotion, tree metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from rao_core.metrics import depth_histogram, tree_metrics
+from rao_core.tree import EndReason, ExecutionTree, Node
+
+
+def test_compare_with_champion_rows_and_regressions():
+    from flows.evaluate import compare_with_champion
+
+    metrics = {"eval/recursive/easy/success": 0.5, "eval/recursive/hard/success": 0.30,
+               "eval/single/easy/success": 0.9, "eval/recursive/easy/depth": 1.0}
+    champion = {"eval/recursive/easy/success": 0.7, "eval/recursive/hard/success": 0.32}
+    rows, bad = compare_with_champion(metrics, champion, tolerance=0.05)
+    # easy: 0.5 < 0.7 - 0.05 -> regression; hard: 0.30 >= 0.32 - 0.05 -> ok; single/easy: champion lacks it -> new
+    status = {r["metric"]: r["status"] for r in rows}
+    assert status == {"eval/recursive/easy/success": "REGRESSION", "eval/recursive/hard/success": "ok",
+                      "eval/single/easy/success": "new"}
+    assert len(bad) == 1 and bad[0].startswith("eval/recursive/easy/success")
+    assert [r["delta"] for r in rows if r["metric"].endswith("hard/success")] == [-0.02]
+
+
+def test_promotion_moves_champion_only_when_not_worse(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    from infra.tracking import configure_mlflow
+    from tasks import tracking
+
+    configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")
+    import mlflow
+
+    exp = mlflow.create_experiment("t", artifact_location=(tmp_path / "a").as_uri())
+    run = mlflow.MlflowClient().create_run(exp).info.run_id
+    m = "eval/recursive/easy/success"
+    v1 = tracking.register_version("p", "s3://b/c/iter-1/checkpoint", run, {m: 0.5})
+    assert tracking.promote("p", v1, 0.5, m) is True  # no champion yet
+    v2 = tracking.register_version("p", "s3://b/c/iter-2/checkpoint", run, {m: 0.4})
+    assert tracking.promote("p", v2, 0.4, m) is False  # worse: champion stays
+    v3 = tracking.register_version("p", "s3://b/c/iter-3/checkpoint", run, {m: 0.5})
+    assert tracking.promote("p", v3, 0.5, m) is True  # not worse: champion moves
+    c = mlflow.MlflowClient()
+    assert str(c.get_model_version_by_alias("p", "champion").version) == str(v3)
+    assert str(c.get_model_version_by_alias("p", "candidate").version) == str(v3)
+
+
+def _node(nid, parent, depth, success, reward, children=(), end=EndReason.FINISHED, toks=4, gen=2):
+    return Node(node_id=nid, parent_id=parent, depth=depth, goal="g", token_ids=list(range(toks)),
+                assistant_mask=[0] * (toks - gen) + [1] * gen, behaviour_logprobs=[0.0] * toks, end_reason=end,
+                success=success, reward=reward, children=list(children))
+
+
+def test_tree_metrics_by_hand():
+    # tree a: root (s=1, R=1 + 0.5 * mean(1, 0) = 1.25) with two children (s=1, s=0)
+    a = ExecutionTree(tree_id="a", env="e", task_id="t", root_id="0", wall_s=2.0, nodes=[
+        _node("0", None, 0, 1.0, 1.25, ["0.0", "0.1"]), _node("0.0", "0", 1, 1.0, 1.0),
+        _node("0.1", "0", 1, 0.0, 0.0, end=EndReason.MAX_STEPS)])
+    # tree b: a root alone that failed (s=0, R=0)
+    b = ExecutionTree(tree_id="b", env="e", task_id="t", root_id="0", wall_s=4.0,
+                      nodes=[_node("0", None, 0, 0.0, 0.0)])
+    m = tree_metrics([a, b])
+    assert m["success/root"] == 0.5  # (1 + 0) / 2
+    assert m["reward/depth_0"] == 0.625  # (1.25 + 0) / 2
+    assert m["success/depth_1"] == 0.5
+    assert m["tree/delegation_rate"] == 0.5 and m["tree/children_per_node"] == 2.0
+    assert m["tree/depth_mean"] == 0.5 and m["tree/depth_max"] == 1.0 and m["tree/nodes_mean"] == 2.0
+    assert m["end/max_steps"] == pytest.approx(0.25) and m["end/finished"] == pytest.approx(0.75)
+    assert m["tokens/completion_total"] == 8.0 and m["tree/wall_s_mean"] == 3.0
+    assert depth_histogram([a, b]) == {0: 2, 1: 2}

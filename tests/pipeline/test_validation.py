@@ -1,0 +1,71 @@
+"""The great-expectations suite on good and deliberately broken training data (no services needed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rao_core.samples import build_samples
+from rao_core.tree import EndReason, ExecutionTree, Node
+
+
+def _tree(i: int, root_success: float, *, parent: str = "0", depth: int = 1, child_tokens: int = 3) -> ExecutionTree:
+    root = Node(node_id="0", goal="g", token_ids=[1, 2, 3, 4], assistant_mask=[0, 0, 1, 1],
+                behaviour_logprobs=[0, 0, -1, -1], end_reason=EndReason.FINISHED, success=root_success,
+                children=["0.0"])
+    kid = Node(node_id="0.0", parent_id=parent, depth=depth, goal="c", token_ids=list(range(1, child_tokens + 1)),
+               assistant_mask=[0] + [1] * (child_tokens - 1), behaviour_logprobs=[0.0] + [-1.0] * (child_tokens - 1),
+               end_reason=EndReason.FINISHED, success=1.0)
+    return ExecutionTree(tree_id=f"t{i}", env="textcraft-synth", task_id="a", group_id="a", rollout_index=i,
+                         root_id="0", nodes=[root, kid])
+
+
+def _validate(trees, **kw):
+    from infra.validation import validate_training_data
+
+    args = {"max_depth": 2, "lam": 0.5, "context_window": 100, **kw}
+    return validate_training_data(trees, build_samples(trees, lam=0.5), **args)
+
+
+def test_good_batch_passes_and_reports_every_expectation():
+    rep = _validate([_tree(0, 1.0), _tree(1, 0.0)])
+    assert rep["success"] is True and rep["failures"] == []
+    assert rep["tables"]["nodes"]["rows"] == 4 and rep["tables"]["samples"]["rows"] == 4
+    assert len(rep["tables"]["nodes"]["expectations"]) == 6 and len(rep["tables"]["samples"]["expectations"]) == 6
+    assert rep["group_sizes"] == {"2": 4}
+
+
+@pytest.mark.parametrize("broken, expected", [
+    ({"parent": "ghost"}, "parent_exists"),  # a node whose parent is not in the tree
+    ({"depth": 5}, "'depth'"),  # deeper than the runtime allows
+    ({"child_tokens": 150}, "'num_tokens'"),  # longer than the context window
+])
+def test_broken_node_table_fails(broken, expected):
+    rep = _validate([_tree(0, 1.0), _tree(1, 0.0, **broken)])
+    assert rep["success"] is False
+    assert any(expected in f for f in rep["failures"]), rep["failures"]
+
+
+def test_reward_out_of_range_and_nan_advantage_fail():
+    trees = [_tree(0, 1.0), _tree(1, 0.0)]
+    batch = build_samples(trees, lam=0.5)
+    trees[0].nodes[0].reward = 2.0  # above 1 + lambda = 1.5
+    batch.samples[0].advantage = math.nan
+    from infra.validation import validate_training_data
+
+    rep = validate_training_data(trees, batch, max_depth=2, lam=0.5, context_window=100)
+    assert rep["success"] is False
+    assert any("'reward'" in f for f in rep["failures"])
+    assert any("'advantage'" in f for f in rep["failures"])
+
+
+def test_single_tree_group_fails_group_size():
+    trees = [_tree(0, 1.0), _tree(1, 0.0)]
+    batch = build_samples(trees, lam=0.5)
+    for s in batch.samples[:2]:
+        s.group_id = "lonely"  # a group with one scored tree has no leave-one-out baseline
+    from infra.validation import validate_training_data
+
+    rep = validate_training_data(trees, batch, max_depth=2, lam=0.5, context_window=100)
+    assert any("group_size" in f for f in rep["failures"])
