@@ -79,6 +79,12 @@ class AlgoSettings(_Strict):
     lam: float = Field(0.5, ge=0, description="lambda of Eq. (1): weight of the delegation bonus.")
 
 
+def _default_sft() -> TrainerConfig:
+    from rao_core.warmstart import default_sft_trainer_config
+
+    return default_sft_trainer_config()
+
+
 class WarmStartSettings(_Strict):
     """How the campaign's iteration-0 checkpoint is made."""
 
@@ -87,11 +93,12 @@ class WarmStartSettings(_Strict):
         "the runtime; 'checkpoint': start from a registered model version (`checkpoint`).")
     checkpoint: str | None = Field(None, description="For mode 'checkpoint': 'models:/NAME@ALIAS', "
                                    "'models:/NAME/VERSION', an s3:// URI or a local folder.")
-    n_tasks: int = Field(64, ge=1, description="Demonstration trees (mode 'demos').")
+    n_tasks: int = Field(16, ge=1, description="Demonstration tasks (mode 'demos'), split over difficulties.")
     difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium"])
     options: dict[str, Any] = Field(default_factory=dict, description="Extra rao_core.warmstart.DemoConfig fields.")
-    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(loss_type="sft", lr=5e-5, epochs=2),
-                                   description="Trainer settings of the SFT step (loss_type 'sft').")
+    trainer: TrainerConfig = Field(default_factory=lambda: _default_sft(),
+                                   description="Trainer settings of the SFT step (loss_type 'sft'); default "
+                                   "rao_core.warmstart.default_sft_trainer_config().")
 
     @model_validator(mode="after")
     def _check(self) -> WarmStartSettings:

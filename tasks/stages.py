@@ -50,7 +50,7 @@ def training_pool(ctx: RunContext) -> list[Task]:
         env = get_env(cfg.env, **cfg.env_options)
         pool: list[Task] = []
         for i, d in enumerate(cfg.difficulties):
-            pool += env.generate_tasks(n=cfg.pool_size, seed=ctx.config.seed * 1000 + i, difficulty=d,
+            pool += env.generate_tasks(n=cfg.pool_size, seed=ctx.config.seed * 1000 + 500 + i, difficulty=d,
                                        split="train", **cfg.generator_options)
         write_tasks(path, pool)
     return load_tasks(path)

@@ -34,15 +34,11 @@ def _warm_start(ctx: RunContext, iteration: str) -> dict[str, Any]:
     from rao_core.runtime import load_tokenizer
     from rao_core.samples import write_samples
     from rao_core.train import train
-    from rao_core.warmstart import DemoConfig, build_demonstrations, demo_samples, demo_stats
+    from rao_core.warmstart import DemoConfig, build_demonstrations, demo_samples, demo_stats, demo_tasks
 
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
     demo_cfg = DemoConfig(n_tasks=ws.n_tasks, difficulties=ws.difficulties, seed=cfg.seed, **ws.options)
-    per = max(1, ws.n_tasks // max(1, len(ws.difficulties)))
-    tasks = []
-    for i, d in enumerate(ws.difficulties):
-        tasks += env.generate_tasks(n=per, seed=10_000 + cfg.seed * 100 + i, difficulty=d, split="train",
-                                    **cfg.tasks.generator_options)
+    tasks = demo_tasks(env, demo_cfg)
     write_tasks(ctx.local("iter-0/demo_tasks.jsonl"), tasks)
     t0 = time.monotonic()
     trees = asyncio.run(build_demonstrations(env, tasks, demo_cfg, tokenizer=load_tokenizer(cfg.model.path),
@@ -51,7 +47,7 @@ def _warm_start(ctx: RunContext, iteration: str) -> dict[str, Any]:
     store = ctx.store()
     tpath = write_trees(ctx.local("iter-0/demos.jsonl"), trees)
     demos = store.put_file(tpath, "iter-0/demos/trees.jsonl")
-    batch = demo_samples(trees)
+    batch = demo_samples(trees, only_successful_nodes=demo_cfg.only_successful_nodes)
     spath = write_samples(ctx.local("iter-0/demo_samples.jsonl"), batch)
     store.put_file(spath, "iter-0/demos/samples.jsonl")
     stats = demo_stats(trees)
