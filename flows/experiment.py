@@ -1,0 +1,135 @@
+"""The ``rao-experiment`` flow: the learning-curve experiment of ``docs/results.md``.
+
+Runs two campaigns from one config with the same budget and the same context window: the recursive
+agent (delegation on) and the single-agent baseline (``runtime.delegation = false``, warm-started on
+single-agent demonstrations). Each evaluates after its warm start and after every iteration on the same
+held-out validation tasks. The flow then writes a table (success by difficulty vs iteration, recursive vs
+single, Wilson 95% intervals, mean depth, delegation rate, wall time per iteration) and a learning-curve
+plot to ``docs/results.md`` / ``docs/img/`` and to an MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from pydantic import BaseModel, Field
+
+from flows.campaign import CampaignParams, rao_campaign
+
+
+class ExperimentParams(BaseModel):
+    """Parameters of the experiment (a Prefect UI form)."""
+
+    config: str = Field("configs/experiment-textcraft-cpu.yaml", description="Campaign config of both arms.")
+    name: str | None = Field(None, description="Prefix of the two campaign names (default: the config's name).")
+    iterations: int | None = Field(None, ge=0, description="RL iterations per arm.")
+    arms: list[str] = Field(default_factory=lambda: ["recursive", "single"], description="Which arms to run.")
+    write_docs: bool = Field(True, description="Write docs/results.md and docs/img/learning_curve.png.")
+    overrides: list[str] = Field(default_factory=list, description="KEY=VALUE overrides for both arms.")
+
+
+def _rows(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for row in summary.get("base_eval", []):
+        out.append({"arm": arm, "iteration": 0, **row})
+    for it in summary["iterations"]:
+        wall = sum(v for k, v in it["times"].items())
+        for row in it["eval_rows"]:
+            out.append({"arm": arm, "iteration": it["iteration"], "iteration_wall_s": round(wall, 1), **row})
+    return out
+
+
+def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Success vs iteration, one line per (arm, eval mode, difficulty), with Wilson 95% bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault((r["arm"], r["mode"], r["difficulty"]), []).append(r)
+    for (arm, mode, diff), rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r["iteration"])
+        lo_hi = [tuple(float(x) for x in r["ci95"].strip("[]").split(",")) for r in rs]
+        ys = [r["success"] for r in rs]
+        err = [[y - lo for y, (lo, _) in zip(ys, lo_hi)], [hi - y for y, (_, hi) in zip(ys, lo_hi)]]
+        ax.errorbar([r["iteration"] for r in rs], ys, yerr=err, marker="o", capsize=3,
+                    linestyle="-" if arm == "recursive" else "--", label=f"{arm} agent / eval {mode} / {diff}")
+    ax.set_xlabel("iteration (0 = warm start)")
+    ax.set_ylabel("validation success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The results section of docs/results.md."""
+    lines = [
+        "## Learning curve: recursive vs single agent (TextCraft-Synth, CPU)", "",
+        f"Command: `{meta['command']}`  ", f"Config: `{meta['config']}` (seed {meta['seed']}), commit `{meta['commit']}`, "
+        f"run on {meta['date']}, total wall time {meta['wall_s'] / 60:.1f} min.  ",
+        f"Validation: {meta['n_tasks']} held-out tasks per difficulty (targets never seen in training); success with "
+        "Wilson 95% intervals.", "", "![learning curve](img/learning_curve.png)", "",
+        "| arm | iteration | eval mode | difficulty | n | success | 95% CI | mean depth | delegation rate | iteration wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | {r['n']} | {r['success']:.2f} | "
+                     f"{r['ci95']} | {r['mean_depth']} | {r.get('delegation_rate', '')} | {r.get('iteration_wall_s', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="rao-experiment", log_prints=True)
+def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, Any]:
+    """Run both arms and write the learning-curve table and plot."""
+    log = get_run_logger()
+    t0 = time.monotonic()
+    base = CampaignParams(config=params.config, iterations=params.iterations, overrides=params.overrides).resolve()
+    prefix = params.name or base.name
+    rows: list[dict[str, Any]] = []
+    summaries = {}
+    for arm in params.arms:
+        extra = list(params.overrides)
+        if arm == "single":
+            extra += ["runtime.delegation=false", "eval.modes=[single]"]
+        else:
+            extra += ["eval.modes=[recursive, single]"]
+        summaries[arm] = rao_campaign(CampaignParams(config=params.config, name=f"{prefix}-{arm}",
+                                                     iterations=params.iterations, overrides=extra))
+        rows += _rows(arm, summaries[arm])
+        log.info(f"arm {arm} done")
+    wall = time.monotonic() - t0
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"command": f"rao experiment textcraft-cpu --config {params.config}", "config": params.config,
+            "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,
+            "n_tasks": base.eval.n_tasks}
+    from rao_core.paths import REPO_ROOT
+
+    img = learning_curve_png(rows, (REPO_ROOT if params.write_docs else Path(base.name)) / "docs/img/learning_curve.png")
+    md = results_markdown(rows, meta)
+    if params.write_docs:
+        doc = REPO_ROOT / "docs/results.md"
+        old = doc.read_text() if doc.exists() else "# Results\n"
+        marker = "## Learning curve: recursive vs single agent"
+        old = old.split(marker)[0].rstrip() + "\n\n"
+        doc.write_text(old + md)
+    import mlflow
+
+    from tasks import tracking
+
+    run_id = summaries[params.arms[0]]["mlflow_run_id"]
+    tracking.log_json(run_id, {"rows": rows, "meta": meta}, "experiment/results.json")
+    mlflow.MlflowClient().log_artifact(run_id, str(img), "experiment")
+    return {"rows": rows, "meta": meta, "markdown": md, "summaries": json.loads(json.dumps(summaries, default=str))}

@@ -1,0 +1,37 @@
+"""``rao experiment textcraft-cpu``: the learning-curve experiment (recursive vs single agent on CPU)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="Documented experiments (results go to docs/results.md and MLflow).", no_args_is_help=True)
+console = Console()
+
+
+@app.command("textcraft-cpu")
+def textcraft_cpu(
+    config: str = typer.Option("configs/experiment-textcraft-cpu.yaml", help="Config of both arms."),
+    iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
+    arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
+    write_docs: bool = typer.Option(True, help="Write docs/results.md and docs/img/learning_curve.png."),
+    override: list[str] = typer.Option([], "--set", help="KEY=VALUE override for both arms (repeatable)."),
+) -> None:
+    """Warm-start SmolLM2-135M, run RAO iterations, evaluate after each; same for a single agent."""
+    from rao_cli.pipeline_cmd import _prefect_env
+
+    _prefect_env()
+    from flows.experiment import ExperimentParams, rao_experiment
+    from rao_core.config import ConfigError
+
+    try:
+        params = ExperimentParams(config=config, iterations=iterations, arms=list(arm), write_docs=write_docs,
+                                  overrides=list(override))
+        from flows.campaign import CampaignParams
+
+        CampaignParams(config=config, iterations=iterations, overrides=list(override)).resolve()
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    out = rao_experiment(params)
+    console.print(out["markdown"])
