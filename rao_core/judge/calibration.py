@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 
 import openai
@@ -90,6 +91,7 @@ async def calibrate(trees: Sequence[ExecutionTree], config: JudgeConfig, *, env_
     Trees are not modified. Raises ValueError when no node has a verifier value (nothing to calibrate
     on), ``JudgeEndpointError`` when the endpoint rejects the configuration.
     """
+    t0 = time.monotonic()
     prompt = load_prompt(env_name, config.prompt_dir)
     stats = JudgeStats()
     report = CalibrationReport(env=env_name, model=config.model, prompt_version=prompt.version)
@@ -125,6 +127,7 @@ async def calibrate(trees: Sequence[ExecutionTree], config: JudgeConfig, *, env_
         pred = out.verdict == "yes"
         report.overall.add(truth, pred)
         report.by_depth.setdefault(node.depth, Confusion()).add(truth, pred)
+    stats.wall_s = time.monotonic() - t0
     report.stats = stats
     return report
 
