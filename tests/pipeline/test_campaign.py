@@ -108,10 +108,11 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
 
     trees = read_trees(store.get_file("iter-1/trees/scored.jsonl", campaign_env / "scored.jsonl"))
     assert len(trees) == 4
+    exp_id = client.get_experiment_by_name("rao").experiment_id
     run_id = client.search_runs(
-        [client.get_experiment_by_name("rao").experiment_id],
+        [exp_id],
         filter_string="tags.`rao.campaign` = 'e2e' and tags.`rao.iteration` = '1'")[0].info.run_id
-    traces = client.search_traces(run_id=run_id, max_results=50, flush=True)
+    traces = client.search_traces(locations=[exp_id], run_id=run_id, max_results=50, flush=True)
     assert len(traces) == len(trees)
     by_tree = {t.info.tags.get("rao.tree_id"): t for t in traces}
     for tree in trees:

@@ -68,3 +68,33 @@ def test_tree_metrics_by_hand():
     assert m["end/max_steps"] == pytest.approx(0.25) and m["end/finished"] == pytest.approx(0.75)
     assert m["tokens/completion_total"] == 8.0 and m["tree/wall_s_mean"] == 3.0
     assert depth_histogram([a, b]) == {0: 2, 1: 2}
+
+
+def test_trees_logged_as_traces_one_span_per_node(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    from infra.tracking import configure_mlflow
+    from tasks import tracking
+
+    configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")
+    import mlflow
+
+    exp = mlflow.create_experiment("traces", artifact_location=(tmp_path / "a").as_uri())
+    client = mlflow.MlflowClient()
+    run = client.create_run(exp).info.run_id
+    # root -> (0.0 -> 0.0.0), 0.1 : four nodes, depth 2
+    t = ExecutionTree(tree_id="tr1", env="e", task_id="t", root_id="0", nodes=[
+        _node("0", None, 0, 1.0, 1.5, ["0.0", "0.1"]), _node("0.0", "0", 1, 1.0, 1.0, ["0.0.0"]),
+        _node("0.0.0", "0.0", 2, 1.0, 1.0), _node("0.1", "0", 1, 0.0, 0.0, end=EndReason.MAX_STEPS)])
+    single = ExecutionTree(tree_id="tr2", env="e", task_id="t", root_id="0", nodes=[_node("0", None, 0, 0.0, 0.0)])
+    assert tracking.log_trees_as_traces(run, exp, [t, single]) == 2
+    traces = client.search_traces(locations=[exp], run_id=run, max_results=10, flush=True)
+    by_tree = {tr.info.tags.get("rao.tree_id"): tr for tr in traces}
+    assert set(by_tree) == {"tr1", "tr2"}
+    spans = by_tree["tr1"].data.spans
+    assert len(spans) == 4 and len(by_tree["tr2"].data.spans) == 1
+    ids = {s.name: s for s in spans}
+    parent_of = {s.name: s.parent_id for s in spans}
+    grandchild = next(n for n in ids if n.startswith("node 0.0.0"))
+    child = next(n for n in ids if n.startswith("node 0.0 "))
+    assert parent_of[grandchild] == ids[child].span_id  # nested like the tree
+    assert ids[child].attributes["depth"] == 1 and ids[child].attributes["reward"] == 1.0
