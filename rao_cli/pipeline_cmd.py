@@ -38,6 +38,27 @@ def _summary_table(summary: dict) -> Table:
     return t
 
 
+def stage_table(summary: dict) -> Table:
+    """Wall time per stage and iteration, and the share spent outside generation and training.
+
+    Orchestration overhead = iteration wall - rollout generation - training - evaluation rollouts
+    (evaluation is itself model generation), as a fraction of the iteration wall time.
+    """
+    stages = ["serve", "generate", "judge", "validate", "train", "serve_new", "evaluate", "register"]
+    t = Table(title="wall time per stage (s)")
+    for c in ["iteration", *stages, "total", "overhead"]:
+        t.add_column(c)
+    for it in summary["iterations"]:
+        tm = it["times"]
+        total = sum(tm.values())
+        model = it["metrics"].get("time/generation_model_s", tm.get("generate", 0.0)) + tm.get("train", 0.0) \
+            + tm.get("evaluate", 0.0)
+        over = (total - model) / total if total else 0.0
+        t.add_row(str(it["iteration"]), *(f"{tm[s]:.1f}" if s in tm else "-" for s in stages), f"{total:.1f}",
+                  f"{100 * over:.1f}%")
+    return t
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
@@ -68,6 +89,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from None
         console.print(_summary_table(summary))
+        console.print(stage_table(summary))
         from rao_core.paths import rao_home
 
         console.print(f"wall time: {summary['wall_s']} s")
