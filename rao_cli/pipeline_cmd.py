@@ -12,7 +12,15 @@ from rich.table import Table
 console = Console()
 
 
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so ``finally`` blocks stop the services this process started."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def _prefect_env() -> None:
+    _exit_on_sigterm()
     from infra.orchestration import configure_prefect
     from infra.services import apply_service_env
 

@@ -14,7 +14,7 @@ from rao_core.config import ConfigError, load_config
 def test_shipped_configs_load():
     cpu = load_config("configs/cpu-smoke.yaml")
     gpu = load_config("configs/gpu-qwen3-4b.yaml")
-    assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 4096, "textcraft-synth")
+    assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 3072, "textcraft-synth")
     assert gpu.runtime.context_window == 8192 and gpu.trainer.lora is not None and gpu.serving.switch == "lora"
 
 
