@@ -1,6 +1,6 @@
 """Trainer throughput and peak memory vs a minimal plain-PyTorch loop over the same tokens.
 
-    .venv/bin/python scripts/bench_trainer.py [--model DIR] [--steps 4] [--seq 128] [--rows 4] [--mbs 2]
+    .venv/bin/python scripts/bench_trainer.py [--model DIR] [--steps 3] [--seq 64] [--rows 4] [--mbs 2]
 
 For full fine-tuning and LoRA, runs (each in a fresh subprocess, so peak RSS is per run):
 - ``trainer``: ``rao_core.train.train`` (PPO loss, metrics, validation, accelerate) for ``--steps``
@@ -110,8 +110,8 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(default_model_path()))
-    p.add_argument("--steps", type=int, default=4, help="optimizer steps (the first is warm-up)")
-    p.add_argument("--seq", type=int, default=128, help="tokens per sample (half of them assistant tokens)")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is warm-up)")
+    p.add_argument("--seq", type=int, default=64, help="tokens per sample (half of them assistant tokens)")
     p.add_argument("--rows", type=int, default=4, help="samples per micro-batch")
     p.add_argument("--mbs", type=int, default=2, help="micro-batches per optimizer step")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: "trainer-full" etc., run in a subprocess
@@ -131,6 +131,8 @@ def main() -> None:
             if line is None:
                 sys.exit(f"{kind}-{mode} failed:\n{out.stderr[-3000:]}")
             rows[kind, mode] = json.loads(line[7:])
+            r = rows[kind, mode]
+            print(f"  {mode} {kind}: step {r['step_s']:.2f} s, peak {r['peak_mb']:.0f} MB", flush=True)
     print(f"model {a.model}; {a.rows} x {a.seq} tokens per micro-batch, {a.mbs} micro-batches per step, "
           f"{a.steps} steps (first = warm-up)")
     print(f"{'mode':6} {'loop':8} {'step s':>8} {'tokens/s':>9} {'peak MB':>8}")
