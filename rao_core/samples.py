@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from rao_core.advantages import depth_weights, leave_one_out_baselines, node_advantage
+from rao_core.jsonl import atomic_path, read_jsonl, write_jsonl
 from rao_core.rewards import local_node_reward
 from rao_core.tree import ExecutionTree, is_nan
 
@@ -206,11 +206,6 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None) -> S
     return SampleBatch(samples=samples, stats=stats)
 
 
-def _atomic_target(path: Path) -> tuple[int, str]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-
-
 def write_samples(path: str | os.PathLike[str], samples: SampleBatch | Iterable[Sample]) -> Path:
     """Write samples atomically as JSON lines (``.jsonl``/``.json``) or Parquet (``.parquet``).
 
@@ -224,26 +219,17 @@ def write_samples(path: str | os.PathLike[str], samples: SampleBatch | Iterable[
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".json", ".parquet"):
         raise ValueError(f"{path}: unknown samples format {suffix!r} (use .jsonl or .parquet)")
-    fd, tmp = _atomic_target(path)
-    try:
-        if suffix == ".parquet":
-            os.close(fd)
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-            table = pa.Table.from_pylist([s.model_dump() for s in rows])
-            if stats is not None:
-                table = table.replace_schema_metadata({"rao_sample_stats": stats.model_dump_json()})
+        table = pa.Table.from_pylist([s.model_dump() for s in rows])
+        if stats is not None:
+            table = table.replace_schema_metadata({"rao_sample_stats": stats.model_dump_json()})
+        with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for s in rows:
-                    f.write(s.model_dump_json())
-                    f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    else:
+        write_jsonl(path, (s.model_dump_json() for s in rows))
     return path
 
 
@@ -268,15 +254,7 @@ def read_samples(path: str | os.PathLike[str]) -> SampleBatch:
         except Exception as e:
             raise ValueError(f"{path}: not a valid samples file: {e}") from e
     else:
-        samples = []
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    samples.append(Sample.model_validate(json.loads(line)))
-                except Exception as e:
-                    raise ValueError(f"{path}:{i}: not a valid sample record: {e}") from e
+        samples = read_jsonl(path, Sample.model_validate, "sample record")
     if stats is None:
         stats = SampleStats(
             num_samples=len(samples),

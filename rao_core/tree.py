@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rao_core.jsonl import read_jsonl, write_jsonl
 
 SCHEMA_VERSION = 1
 
@@ -200,35 +201,16 @@ def is_nan(x: float | None) -> bool:
 
 def write_trees(path: str | os.PathLike[str], trees: Iterable[ExecutionTree]) -> Path:
     """Write trees as JSON lines atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for t in trees:
-                f.write(t.model_dump_json())
-                f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_jsonl(path, (t.model_dump_json() for t in trees))
+
+
+def _tree_record(d: dict) -> ExecutionTree:
+    t = ExecutionTree.model_validate(d)
+    if t.schema_version != SCHEMA_VERSION:
+        raise ValueError(f"schema_version {t.schema_version}, expected {SCHEMA_VERSION}")
+    return t
 
 
 def read_trees(path: str | os.PathLike[str]) -> list[ExecutionTree]:
     """Read a JSON-lines tree file; raises ValueError naming the file and line on a bad record."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                t = ExecutionTree.model_validate_json(line)
-            except Exception as e:  # pydantic.ValidationError or JSON error
-                raise ValueError(f"{path}:{i}: not a valid execution tree record: {e}") from e
-            if t.schema_version != SCHEMA_VERSION:
-                raise ValueError(
-                    f"{path}:{i}: schema_version {t.schema_version}, expected {SCHEMA_VERSION}"
-                )
-            out.append(t)
-    return out
+    return read_jsonl(path, _tree_record, "execution tree record")

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rao_core.jsonl import read_jsonl, write_jsonl
 from rao_core.tree import Node
 
 
@@ -154,36 +155,10 @@ class Environment(ABC):
 
 
 def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
-    """Load a JSON-lines task file; raises ValueError naming the file, line and field on bad input."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"task file not found: {path}")
-    tasks = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                tasks.append(Task.model_validate(json.loads(line)))
-            except Exception as e:
-                raise ValueError(f"{path}:{i}: malformed task record: {e}") from e
-    return tasks
+    """Load a JSON-lines task file; raises FileNotFoundError, or ValueError naming the file, line and field."""
+    return read_jsonl(path, Task.model_validate, "task record")
 
 
 def write_tasks(path: str | os.PathLike[str], tasks: list[Task]) -> Path:
     """Write tasks as JSON lines atomically, with sorted keys so the same tasks give the same bytes."""
-    import tempfile
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for t in tasks:
-                f.write(json.dumps(t.model_dump(), sort_keys=True, separators=(",", ":")))
-                f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_jsonl(path, (json.dumps(t.model_dump(), sort_keys=True, separators=(",", ":")) for t in tasks))

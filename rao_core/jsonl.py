@@ -1,0 +1,62 @@
+"""Atomic files and JSON-lines records shared by trees, tasks and samples.
+
+``atomic_path`` yields a temporary path in the target's folder and renames it over the target only when
+the block succeeded, so a reader sees the complete old file or the complete new one, never a half-written
+one. ``read_jsonl`` parses one record per non-empty line and names the file and line of a bad record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
+    """Yield a temporary file path next to ``path``; on success rename it to ``path``, else delete it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_jsonl(path: str | os.PathLike[str], lines: Iterable[str]) -> Path:
+    """Write already-serialised JSON records, one per line, atomically; returns the path."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line)
+            f.write("\n")
+    return Path(path)
+
+
+def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: str) -> list[T]:
+    """Parse every non-empty line of ``path`` with ``parse(json.loads(line))``.
+
+    Raises FileNotFoundError if the file is missing, ValueError ``"<path>:<line>: not a valid <what>: ..."``
+    on a malformed line.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(parse(json.loads(line)))
+            except Exception as e:
+                raise ValueError(f"{path}:{i}: not a valid {what}: {e}") from e
+    return out
