@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.process import ManagedProcess, free_port
+from infra.process import ServiceMixin, ManagedProcess, free_port
 from rao_core.paths import rao_home
 
 
@@ -37,7 +37,7 @@ def configure_prefect() -> None:
 
 
 @dataclass
-class PrefectServer:
+class PrefectServer(ServiceMixin):
     """``prefect server start`` on 127.0.0.1 with the UI; ``api_url`` for clients and workers."""
 
     port: int = 0
@@ -63,10 +63,4 @@ class PrefectServer:
                                       health_url=f"{self.api_url}/health", start_timeout_s=180, env=env).start()
         return self
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
 
-    def stop(self) -> None:
-        if self.process:
-            self.process.stop()

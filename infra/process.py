@@ -160,3 +160,29 @@ class ManagedProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ServiceMixin:
+    """Common handle methods of the service classes (each has ``process`` and ``start()``)."""
+
+    process: ManagedProcess | None
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the service's process group leader (None before start)."""
+        return self.process.pid if self.process else None
+
+    def alive(self) -> bool:
+        """True while the service process runs."""
+        return self.process is not None and self.process.alive()
+
+    def stop(self) -> None:
+        """Stop the service and every process of its group."""
+        if self.process:
+            self.process.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

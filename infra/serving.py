@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from infra.process import ManagedProcess, ServiceError, free_port
+from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
 from rao_core.paths import rao_home, vllm_python
 
 
@@ -38,7 +38,7 @@ def has_cuda_gpu() -> bool:
 
 
 @dataclass
-class VLLMServer:
+class VLLMServer(ServiceMixin):
     """A vLLM OpenAI-compatible server for one checkpoint folder, on 127.0.0.1.
 
     Args:
@@ -126,17 +126,6 @@ class VLLMServer:
             time.sleep(0.5)
         return self
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive()
-
-    def stop(self) -> None:
-        """Stop the server and its engine processes."""
-        if self.process:
-            self.process.stop()
 
     def reload_weights(self, timeout_s: float = 120.0) -> None:
         """Reload weights from the served folder in place (dev-mode ``/collective_rpc``).
@@ -160,12 +149,6 @@ class VLLMServer:
                        json={"lora_name": name, "lora_path": str(path), "load_inplace": True}, timeout=120)
         if r.status_code != 200:
             raise ServiceError(f"vLLM load_lora_adapter({name}) answered {r.status_code}: {r.text[:300]}")
-
-    def __enter__(self) -> "VLLMServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.process import ManagedProcess, ServiceError, free_port
+from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
 from rao_core.paths import rao_home
 
 
@@ -71,7 +71,7 @@ class S3Settings:
 
 
 @dataclass
-class SeaweedFSServer:
+class SeaweedFSServer(ServiceMixin):
     """Embedded S3 server (``weed mini``) with data under ``data_dir``; all ports on loopback."""
 
     data_dir: Path | None = None
@@ -146,20 +146,6 @@ class SeaweedFSServer:
             if time.monotonic() > deadline:
                 raise ServiceError(f"SeaweedFS: cannot create bucket {self.bucket!r}: {err}")
             time.sleep(0.5)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.stop()
-
-    def __enter__(self) -> "SeaweedFSServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def settings_from_env() -> S3Settings | None:

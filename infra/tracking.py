@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.process import ManagedProcess, free_port
+from infra.process import ServiceMixin, ManagedProcess, free_port
 from rao_core.paths import rao_home
 
 
@@ -62,7 +62,7 @@ def ensure_experiment(name: str) -> str:
 
 
 @dataclass
-class MLflowServer:
+class MLflowServer(ServiceMixin):
     """``mlflow server`` bound to 127.0.0.1 (free port), backed by the project's SQLite file."""
 
     port: int = 0
@@ -87,10 +87,4 @@ class MLflowServer:
                                       env={"MLFLOW_DISABLE_TELEMETRY": "true"}).start()
         return self
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
 
-    def stop(self) -> None:
-        if self.process:
-            self.process.stop()
