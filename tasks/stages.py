@@ -310,9 +310,12 @@ def checkpoint_from_uri(ctx: RunContext, ref: str) -> dict[str, Any]:
         body = ref[len("models:/"):]
         c = MlflowClient()
         mv = c.get_model_version_by_alias(*body.split("@", 1)) if "@" in body else c.get_model_version(*body.split("/", 1))
-        return {"name": f"{mv.name}-v{mv.version}", "uri": mv.source, "local": None}
+        if mv.source.startswith("s3://"):
+            return {"name": f"{mv.name}-v{mv.version}", "uri": mv.source, "local": None}
+        ref = mv.source.removeprefix("file://")  # a version registered from a local folder
     if ref.startswith("s3://"):
-        return {"name": ref.rstrip("/").split("/")[-2] + "-" + ref.rstrip("/").split("/")[-1], "uri": ref, "local": None}
+        parts = ref.rstrip("/").split("/")
+        return {"name": f"{parts[-2]}-{parts[-1]}", "uri": ref, "local": None}
     p = Path(ref)
     if not (p / "config.json").exists() and not (p / "adapter_config.json").exists():
         from infra.models import ModelError

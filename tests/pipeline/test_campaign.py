@@ -187,3 +187,29 @@ def test_killed_campaign_resumes_without_redoing_work(campaign_env, tiny_model_p
     assert store.exists("iter-1/_done/train.json") and store.exists("iter-1/_done/register.json")
     assert summary["iterations"][0]["times"].get("generate") is not None
     assert json.loads(store.get_bytes("iter-1/_done/generate.json"))["num_trees"] == 4
+
+
+def test_nightly_evaluation_flags_a_regression(campaign_env, tiny_model_path, vllm_tiny, monkeypatch):
+    """A champion whose recorded success is 1.0 vs a candidate that scores 0: the flow run fails with the
+    regression named, and the MLflow evaluation run is marked FAILED."""
+    import mlflow
+
+    from flows.evaluate import EvaluateParams, RegressionError, SuiteEntry, rao_evaluate
+    from infra.tracking import configure_mlflow
+    from tasks import tracking
+
+    monkeypatch.setenv("RAO_POLICY_BASE_URL", vllm_tiny.base_url)  # evaluate on the running tiny server
+    configure_mlflow()
+    exp = mlflow.create_experiment("rao", artifact_location=(campaign_env / "art").as_uri())
+    run = mlflow.MlflowClient().create_run(exp).info.run_id
+    version = tracking.register_version("rao-policy-smoke", str(tiny_model_path), run,
+                                        {"eval/recursive/easy/success": 1.0})
+    assert tracking.promote("rao-policy-smoke", version, 1.0, "eval/recursive/easy/success")
+    params = EvaluateParams(model="candidate", tolerance=0.1, name="nightly-test",
+                            suite=[SuiteEntry(env="textcraft-synth", difficulties=["easy"], n_tasks=2,
+                                              modes=["recursive"])])
+    with pytest.raises(RegressionError, match=r"eval/recursive/easy/success: 0\.000 < champion 1\.000"):
+        rao_evaluate(params)
+    runs = mlflow.MlflowClient().search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert runs[0].data.metrics["eval/recursive/easy/success"] == 0.0
