@@ -12,8 +12,12 @@ Departures from the paper / project choices:
 - A child that ends without calling finish makes ``launch_subagent`` raise inside the parent's REPL
   (``ToolError: sub-agent ended without finishing (max_steps)``) instead of returning None.
 - The per-cell wall-clock limit does not count time spent waiting on sub-agents or tools.
-- After a node ends, ``env.verify(episode, node)`` is stored in ``node.env_info["verifier_success"]``
-  (None when not checkable); the runtime never computes rewards.
+- When a node ends (any end reason, cancellation included) the runtime calls, synchronously and once,
+  ``env.on_node_end(episode, node)`` and then ``env.verify(episode, node)``, stored in
+  ``node.env_info["verifier_success"]`` (None when not checkable); both run before the parent's
+  ``launch_subagent`` returns and before the node's REPL is closed, so a cancellation during the REPL
+  teardown cannot skip them. ``timings.wall_s`` therefore excludes the REPL teardown. The runtime never
+  computes rewards.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class _TreeCtx:
     steps: int = 0
     timed_out: bool = False
     node_tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)  # node ids already finalised by _end_node
 
     @property
     def config(self) -> RuntimeConfig:
@@ -166,6 +171,59 @@ async def _generate(ctx: _TreeCtx, node: Node, prompt_ids: list[int]) -> tuple[G
                             max_tokens=cfg.max_new_tokens)
         gen = await asyncio.wait_for(ctx.shared.policy.generate(req), timeout=cfg.policy_timeout_s)
     return gen, t1 - t0, time.perf_counter() - t1
+
+
+def _end_node(ctx: _TreeCtx, node: Node, wall_s: float | None) -> None:
+    """Finalise an ended node exactly once (synchronous, so no cancellation can cut it short).
+
+    Order: ``env.on_node_end`` (the end reason and result are already set), trajectory tokens, timings
+    (``wall_s``: seconds from the node's start to its end, REPL teardown excluded; None: measured from
+    ``timings.started_at`` when the node started, else left at 0), then ``env.verify`` into
+    ``node.env_info["verifier_success"]`` (None when not checkable or when the hook or verifier raised;
+    the error goes to ``env_info``), then ``notify``.
+    """
+    if node.node_id in ctx.ended:
+        return
+    ctx.ended.add(node.node_id)
+    env = ctx.env
+    try:
+        env.on_node_end(ctx.episode, node)
+    except Exception as e:  # noqa: BLE001 - a hook bug leaves the node visible, not the run dead
+        node.env_info["on_node_end_error"] = f"{type(e).__name__}: {e}"
+    _finalise_tokens(node)
+    if wall_s is None and node.timings.started_at:  # ended from outside its own loop
+        wall_s = max(0.0, time.time() - node.timings.started_at)
+    if wall_s is not None:
+        node.timings.wall_s = wall_s
+    node.timings.queue_s = sum(t.queue_s for t in node.turns)
+    node.timings.generation_s = sum(t.generation_s for t in node.turns)
+    node.timings.execution_s = sum(t.execution_s for t in node.turns)
+    try:
+        node.env_info["verifier_success"] = env.verify(ctx.episode, node)
+    except Exception as e:  # noqa: BLE001 - a verifier error leaves the node unscored
+        node.env_info["verifier_success"] = None
+        node.env_info["verifier_error"] = f"{type(e).__name__}: {e}"
+    ctx.notify()
+
+
+async def _close_repl(repl: Repl) -> None:
+    """Close ``repl`` to the end even when cancelled meanwhile; re-raise the cancellation afterwards.
+
+    ``Repl.close`` is bounded (SIGKILL, then at most 10 s waiting for the process), so deferring a
+    cancellation until it is done cannot hang the caller; it keeps REPL processes from leaking when a
+    node is cancelled twice (its own cell's end, then an outer gather's cancel).
+    """
+    closing = asyncio.ensure_future(repl.close())
+    cancelled = False
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            cancelled = True
+    if not closing.cancelled():
+        closing.exception()  # retrieved and dropped: a failed teardown must not hide the node's end
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _run_node(ctx: _TreeCtx, node: Node) -> None:
@@ -289,19 +347,15 @@ async def _run_node(ctx: _TreeCtx, node: Node) -> None:
         node.error = f"{type(e).__name__}: {e}"
         ctx.tree.error = ctx.tree.error or f"node {node.node_id}: {type(e).__name__}: {e}"
     finally:
+        # Finalise synchronously BEFORE the first await: a cancellation that arrives while the REPL is
+        # being closed (the parent's cell ended, or a second cancel from an outer gather) must not skip
+        # the end hook, the timings or the verifier.
+        if node.end_reason == EndReason.RUNNING:  # only a BaseException other than CancelledError
+            node.end_reason = EndReason.CANCELLED
+            node.error = node.error or "the node was interrupted"
+        _end_node(ctx, node, time.perf_counter() - t_start)
         if repl is not None:
-            await asyncio.shield(repl.close())
-        _finalise_tokens(node)
-        node.timings.wall_s = time.perf_counter() - t_start
-        node.timings.queue_s = sum(t.queue_s for t in node.turns)
-        node.timings.generation_s = sum(t.generation_s for t in node.turns)
-        node.timings.execution_s = sum(t.execution_s for t in node.turns)
-        try:
-            node.env_info["verifier_success"] = env.verify(ctx.episode, node)
-        except Exception as e:  # noqa: BLE001 - a verifier error leaves the node unscored
-            node.env_info["verifier_success"] = None
-            node.env_info["verifier_error"] = f"{type(e).__name__}: {e}"
-        ctx.notify()
+            await _close_repl(repl)
 
 
 async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -346,6 +400,8 @@ async def _run_tree_ctx(ctx: _TreeCtx) -> ExecutionTree:
     for n in ctx.tree.nodes:  # nodes that never started their loop (e.g. cancelled while queued)
         if n.end_reason == EndReason.RUNNING:
             n.end_reason = EndReason.TREE_TIMEOUT if ctx.timed_out else EndReason.CANCELLED
+            n.error = n.error or "the node never ran (cancelled before it started)"
+        _end_node(ctx, n, None)
     ctx.tree.wall_s = time.perf_counter() - t0
     ctx.notify()
     return ctx.tree
@@ -404,6 +460,7 @@ async def _run_one(env: Environment, task: Task, shared: _Shared, tree_id: str |
         for n in tree.nodes:
             if n.end_reason == EndReason.RUNNING:
                 n.end_reason, n.error = EndReason.CANCELLED, tree.error
+            _end_node(ctx, n, None)
         return tree
 
 
