@@ -90,15 +90,19 @@ def bwrap_command(workdir: Path, argv: list[str]) -> list[str]:
                            "sandbox='none' for debugging")
     cmd = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
            "--perms", "01777", "--tmpfs", "/tmp", "--bind", str(workdir), "/tmp/work"]
-    hidden_roots: set[Path] = set()
+    # /tmp is a fresh tmpfs inside the sandbox, so anything the REPL needs from under it (a checkout or
+    # virtual environment in /tmp) is bound back read-only, like paths under non-traversable folders.
+    hidden_roots: set[Path] = {Path("/tmp")}
     if Path("/root").exists():
         cmd += ["--perms", "0755", "--tmpfs", "/root"]
         hidden_roots.add(Path("/root"))
-    for p in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
+    needed = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), SERVER_PATH.parent.resolve()}
+    for p in sorted(needed):
         anc = _hidden_ancestor(p)
-        if anc is None and not any(p.is_relative_to(h) for h in hidden_roots):
+        under = next((h for h in sorted(hidden_roots) if p.is_relative_to(h)), None)
+        if anc is None and under is None:
             continue
-        top = next((h for h in hidden_roots if p.is_relative_to(h)), anc)
+        top = under or anc
         if top not in hidden_roots:
             cmd += ["--perms", "0755", "--tmpfs", str(top)]
             hidden_roots.add(top)
