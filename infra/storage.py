@@ -115,7 +115,11 @@ class SeaweedFSServer(ServiceMixin):
         log_dir = Path(self.log_dir or rao_home() / "services")
         self.process = ManagedProcess("seaweedfs", cmd, log_dir / f"seaweedfs-{self.s3_port}.log",
                                       health_url=f"{self.endpoint_url}/", start_timeout_s=60, cwd=data).start()
-        self._create_bucket()
+        try:
+            self._create_bucket()
+        except BaseException:  # also Ctrl-C: never leave the server behind
+            self.stop()
+            raise
         return self
 
     def _create_bucket(self) -> None:

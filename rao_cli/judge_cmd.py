@@ -113,6 +113,15 @@ def calibrate_cmd(
     cfg = _config(config, base_url=base_url, model=model, cache_path=cache)
     if not trees.is_file():
         raise typer.BadParameter(f"tree file not found: {trees}", param_hint="--trees")
+    from infra.process import ServiceError
+    from infra.serving import wait_for_server
+
+    try:
+        wait_for_server(cfg.base_url, timeout_s=5)
+    except ServiceError:
+        typer.echo(f"error: no judge server answers at {cfg.base_url} (start one, or pass --base-url / set "
+                   "RAO_JUDGE_BASE_URL)", err=True)
+        raise typer.Exit(2) from None
     try:
         rep = calibrate_sync(read_trees(trees), cfg, env_name=env)
     except (ValueError, JudgeEndpointError) as e:

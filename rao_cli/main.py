@@ -12,7 +12,7 @@ import importlib
 import typer
 
 app = typer.Typer(name="rao", help="Recursive Agent Optimization: train recursive LLM agents with RL.",
-                  no_args_is_help=True, pretty_exceptions_show_locals=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False)
 
 # (module, name) of sub-apps registered as `rao NAME ...`; modules missing during development are skipped.
 _SUBAPPS = [
@@ -43,5 +43,32 @@ for _mod in _COMMANDS:
         if e.name != _mod:
             raise
 
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    lines = text.splitlines()
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ({len(lines) - 1} more lines; RAO_DEBUG=1 shows all)"
+
+
+def main() -> None:
+    """Console entry point: user errors (bad input, missing files, services that fail) print one line
+    ``error: ...`` and exit 1; ``RAO_DEBUG=1`` shows the full traceback instead."""
+    import os
+    import sys
+
+    from pydantic import ValidationError
+
+    from infra.models import ModelError
+    from infra.process import ServiceError
+
+    try:
+        app()
+    except (ValueError, FileNotFoundError, ModelError, ServiceError, ValidationError, ImportError) as e:
+        if os.environ.get("RAO_DEBUG"):
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -57,6 +57,9 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--task-index {task_index} out of range: {task_file} has {len(tasks)} tasks")
         task = tasks[task_index]
         environment = get_env(env)
+        if task.env not in (env, environment.name):
+            raise typer.BadParameter(f"task {task.task_id} of {task_file} is for environment {task.env!r}, "
+                                     f"not --env {env!r}")
         if policy == "oracle":
             pol = oracle_policy(env)
         elif policy == "scripted":
@@ -92,6 +95,12 @@ def register(app: typer.Typer) -> None:
         console.print(f"task {task.task_id}: success={root.env_info.get('verifier_success')} "
                       f"end={root.end_reason.value} depth={tree.depth} nodes={len(tree.nodes)} tokens={tokens} "
                       f"wall={tree.wall_s:.2f}s" + (f" error={tree.error}" if tree.error else ""))
+        failed = [n for n in tree.nodes if n.end_reason.value in ("sandbox_error", "policy_error",
+                                                                  "token_prefix_break")]
+        for n in failed[:3]:
+            console.print(f"[red]node {n.node_id} ended with {n.end_reason.value}:[/red] {n.error}", soft_wrap=True)
         if out is not None:
             write_trees(out, [tree])
             console.print(f"tree written to {out}")
+        if root.end_reason.value in ("sandbox_error", "policy_error") or tree.error:
+            raise typer.Exit(1)  # the rollout itself broke (not a wrong answer)

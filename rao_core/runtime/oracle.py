@@ -12,7 +12,6 @@ ORACLE_POLICIES: dict[str, str] = {
     "deepdive-synth": "rao_core.policies.deepdive_expert:DeepDiveExpert",
     "arte": "rao_core.policies.arte_expert:ArteExpert",
     "arte-synth": "rao_core.policies.arte_expert:ArteExpert",
-    "oolong": "rao_core.policies.oolong_expert:OolongExpert",
 }
 
 

@@ -39,6 +39,14 @@ class FakeOpenAI:
             def log_message(self, *a: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:  # GET /v1/models, as a real OpenAI-compatible server answers
+                payload = json.dumps({"object": "list", "data": [{"id": "judge", "object": "model"}]}).encode()
+                self.send_response(200 if self.path.rstrip("/").endswith("/models") else 404)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 with outer._lock:

@@ -51,3 +51,14 @@ def test_calibrate_command(tmp_path):
     assert "accuracy" in res.output and "50.0%" in res.output  # TP=1, FP=1
     rep = json.loads((tmp_path / "rep.json").read_text())
     assert rep["summary"] == {"n": 2, "accuracy": 0.5, "false_positive_rate": 1.0, "false_negative_rate": 0.0}
+
+
+def test_calibrate_without_a_server_fails_naming_the_url(tmp_path):
+    from infra.process import free_port
+
+    src = write_trees(tmp_path / "t.jsonl", [tree("textcraft-synth", [node("r", None, verifier=1.0)])])
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    res = runner.invoke(app, ["calibrate", "--env", "textcraft-synth", "--trees", str(src), "--base-url", url,
+                              "--model", "m", "--cache", str(tmp_path / "c.sqlite")])
+    assert res.exit_code == 2
+    assert f"no judge server answers at {url}" in res.output

@@ -20,8 +20,8 @@ def test_rao_sft_builds_demos_and_writes_a_checkpoint(tmp_path):
     from rao_cli.main import app
 
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("warm_start:\n  difficulties: [easy]\nruntime:\n  sandbox: none\n"
-                   "  trainer:\n    micro_batch_tokens: 4096\n")
+    cfg.write_text("warm_start:\n  difficulties: [easy]\n  trainer:\n    micro_batch_tokens: 4096\n"
+                   "runtime:\n  sandbox: none\n")
     out = tmp_path / "ckpt"
     res = CliRunner().invoke(app, ["sft", "--n-tasks", "2", "--seed", "3", "--model", str(tiny_model_path()),
                                    "--out", str(out), "--epochs", "1", "--lr", "1e-3", "--config", str(cfg),
