@@ -34,15 +34,19 @@ def _prefect_env() -> None:
 
 def _summary_table(summary: dict) -> Table:
     t = Table(title=f"campaign {summary['campaign']}: validation success by iteration")
-    for c in ("iteration", "root success (train rollouts)", "eval", "model version", "champion", "wall (s)"):
+    for c in ("iter", "train success", "eval (mode/difficulty: success [95% CI])", "version", "champion"):
         t.add_column(c)
-    for row in summary.get("base_eval", []):
-        t.add_row("0 (start)", "", f"{row['mode']}/{row['difficulty']}: {row['success']:.2f} {row['ci95']}", "", "", "")
+
+    def ev(rows: list[dict]) -> str:
+        return "\n".join(f"{r['mode'][:3]}/{r['difficulty']}: {r['success']:.2f} {r['ci95']}" for r in rows)
+
+    if summary.get("base_eval"):
+        reg = (summary.get("warm_start") or {}).get("register") or {}
+        t.add_row("0", "", ev(summary["base_eval"]), str(reg.get("version", "")), "yes" if reg.get("champion") else "")
     for it in summary["iterations"]:
         m = it["metrics"]
-        ev = "; ".join(f"{r['mode']}/{r['difficulty']}: {r['success']:.2f} {r['ci95']}" for r in it["eval_rows"])
-        t.add_row(str(it["iteration"]), f"{m.get('success/root', float('nan')):.2f}", ev, str(it["register"]["version"]),
-                  "yes" if it["register"]["champion"] else "", f"{sum(it['times'].values()):.0f}")
+        t.add_row(str(it["iteration"]), f"{m.get('success/root', float('nan')):.2f}", ev(it["eval_rows"]),
+                  str(it["register"]["version"]), "yes" if it["register"]["champion"] else "")
     return t
 
 
@@ -53,16 +57,17 @@ def stage_table(summary: dict) -> Table:
     (evaluation is itself model generation), as a fraction of the iteration wall time.
     """
     stages = ["serve", "generate", "judge", "validate", "train", "serve_new", "evaluate", "register"]
-    t = Table(title="wall time per stage (s)")
-    for c in ["iteration", *stages, "total", "overhead"]:
-        t.add_column(c)
+    heads = ["serve", "gen", "judge", "valid", "train", "switch", "eval", "reg"]
+    t = Table(title="wall time per stage (s); overhead = share outside generation and training")
+    for c in ["iter", *heads, "total", "overhead"]:
+        t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
     for it in summary["iterations"]:
         tm = it["times"]
         total = sum(tm.values())
         model = it["metrics"].get("time/generation_model_s", tm.get("generate", 0.0)) + tm.get("train", 0.0) \
             + tm.get("evaluate", 0.0)
         over = (total - model) / total if total else 0.0
-        t.add_row(str(it["iteration"]), *(f"{tm[s]:.1f}" if s in tm else "-" for s in stages), f"{total:.1f}",
+        t.add_row(str(it["iteration"]), *(f"{tm[s]:.0f}" if s in tm else "-" for s in stages), f"{total:.0f}",
                   f"{100 * over:.1f}%")
     return t
 
