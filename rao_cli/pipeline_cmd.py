@@ -57,9 +57,9 @@ def stage_table(summary: dict) -> Table:
     (evaluation is itself model generation), as a fraction of the iteration wall time.
     """
     stages = ["serve", "generate", "judge", "validate", "train", "serve_new", "evaluate", "register"]
-    heads = ["serve", "gen", "judge", "valid", "train", "switch", "eval", "reg"]
+    heads = ["serve", "gen", "judge", "val", "train", "swap", "eval", "reg"]
     t = Table(title="wall time per stage (s); overhead = share outside generation and training")
-    for c in ["iter", *heads, "total", "overhead"]:
+    for c in ["it", *heads, "total", "ovh"]:
         t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
     for it in summary["iterations"]:
         tm = it["times"]
