@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not (tiny_model_path() / "tokenizer_config.json"
 
 
 def _rc(**kw) -> RuntimeConfig:
-    return RuntimeConfig(sandbox=SANDBOX, context_window=4096, max_new_tokens=768, **kw)
+    return RuntimeConfig(**{"sandbox": SANDBOX, "context_window": 4096, "max_new_tokens": 768, **kw})
 
 
 @pytest.fixture(scope="module")
