@@ -101,3 +101,18 @@ def test_vllm_chat_completion_with_token_ids_and_logprobs(vllm_tiny):
     assert prompt_ids and all(isinstance(i, int) for i in prompt_ids)
     assert token_ids and len(token_ids) == len(choice.logprobs.content)
     assert all(lp.logprob <= 0.0 for lp in choice.logprobs.content)
+
+
+@pytest.mark.services
+def test_trivial_prefect_flow_runs(prefect_harness):
+    from prefect import flow, task
+
+    @task
+    def double(x: int) -> int:
+        return 2 * x
+
+    @flow
+    def tiny(n: int) -> int:
+        return sum(double(i) for i in range(n))
+
+    assert tiny(4) == 12  # 2 * (0 + 1 + 2 + 3)
