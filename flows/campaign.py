@@ -72,7 +72,7 @@ class CampaignParams(BaseModel):
 def storage(cfg: CampaignConfig):
     """S3 settings for the campaign: configured endpoint, a running embedded server, or a new one."""
     from infra.services import service_env
-    from infra.storage import S3Settings, SeaweedFSServer, settings_from_env
+    from infra.storage import S3Settings, SeaweedFSServer
 
     st = cfg.storage
     if st.endpoint_url:
@@ -82,21 +82,10 @@ def storage(cfg: CampaignConfig):
         yield S3Settings(endpoint, st.bucket, os.environ.get("AWS_ACCESS_KEY_ID"),
                          os.environ.get("AWS_SECRET_ACCESS_KEY"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
         return
-    env = service_env()
+    env = service_env()  # a SeaweedFS started by `rao services up`
     if env.get("RAO_S3_ENDPOINT"):
-        import os
-
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            s = settings_from_env()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        yield s
+        yield S3Settings(env["RAO_S3_ENDPOINT"], env.get("RAO_S3_BUCKET", st.bucket), env.get("AWS_ACCESS_KEY_ID"),
+                         env.get("AWS_SECRET_ACCESS_KEY"), env.get("AWS_DEFAULT_REGION", "us-east-1"))
         return
     srv = SeaweedFSServer(bucket=st.bucket).start()
     try:

@@ -152,15 +152,6 @@ class SeaweedFSServer(ServiceMixin):
             time.sleep(0.5)
 
 
-def settings_from_env() -> S3Settings | None:
-    """S3 settings from ``RAO_S3_*`` / ``AWS_*`` variables, or None if ``RAO_S3_BUCKET`` is unset."""
-    bucket = os.environ.get("RAO_S3_BUCKET")
-    if not bucket:
-        return None
-    return S3Settings(os.environ.get("RAO_S3_ENDPOINT") or None, bucket, os.environ.get("AWS_ACCESS_KEY_ID"),
-                      os.environ.get("AWS_SECRET_ACCESS_KEY"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
