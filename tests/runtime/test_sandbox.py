@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -175,7 +176,9 @@ async def test_network_is_unreachable():
 
 
 async def test_cannot_write_outside_work_folder():
-    outside = rao_home() / "tmp" / f"sandbox-test-{uuid.uuid4().hex}"
+    # a host folder outside /tmp and /root (both are private tmpfs mounts inside the sandbox), so that only
+    # the read-only bind of the host filesystem protects it, wherever the checkout lives
+    outside = Path("/var/tmp") / f"rao-sandbox-test-{uuid.uuid4().hex}"
     outside.mkdir(parents=True)
     os.chmod(outside, 0o777)  # world-writable on the host: only the read-only bind protects it
     r = await repl()
