@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import tempfile
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rao_core.envs.search import fts5_query
+from rao_core.jsonl import atomic_path
 
 SCHEMA = """
 CREATE TABLE emails (
@@ -138,19 +138,14 @@ def insert_emails(con: sqlite3.Connection, records: Iterable[EmailRecord]) -> in
 def build_email_db(records: Iterable[EmailRecord], path: str | os.PathLike[str]) -> Path:
     """Create the database at ``path`` from ``records`` (atomic: temp file, then rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         con = sqlite3.connect(tmp)
-        with con:
-            con.executescript(SCHEMA)
-            insert_emails(con, records)
-        con.close()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        try:
+            with con:
+                con.executescript(SCHEMA)
+                insert_emails(con, records)
+        finally:
+            con.close()
     return path
 
 

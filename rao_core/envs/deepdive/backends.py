@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -19,6 +18,7 @@ from pydantic import BaseModel
 
 from rao_core.envs.deepdive.kg import Page
 from rao_core.envs.search import fts5_query
+from rao_core.jsonl import atomic_path
 
 
 class SearchResult(BaseModel):
@@ -57,21 +57,16 @@ CREATE VIRTUAL TABLE pages_fts USING fts5(
 def build_pages_db(pages: Iterable[Page], path: str | os.PathLike[str]) -> Path:
     """Write ``pages`` into a new SQLite FTS5 database at ``path`` (atomic: temp file, then rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         con = sqlite3.connect(tmp)
-        with con:
-            con.executescript(_SCHEMA)
-            con.executemany("INSERT INTO pages(page_id, title, url, text) VALUES (?, ?, ?, ?)",
-                            ((p.id, p.title, p.url, p.text) for p in pages))
-            con.execute("INSERT INTO pages_fts(rowid, title, text) SELECT rowid, title, text FROM pages")
-        con.close()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        try:
+            with con:
+                con.executescript(_SCHEMA)
+                con.executemany("INSERT INTO pages(page_id, title, url, text) VALUES (?, ?, ?, ?)",
+                                ((p.id, p.title, p.url, p.text) for p in pages))
+                con.execute("INSERT INTO pages_fts(rowid, title, text) SELECT rowid, title, text FROM pages")
+        finally:
+            con.close()
     return path
 
 
