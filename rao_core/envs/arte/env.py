@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import random
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +41,7 @@ from rao_core.envs.arte.synth import GENERATOR_VERSION, InboxParams, generate_co
 from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, ToolSpec
 from rao_core.envs.deepdive.env import _bind
 from rao_core.envs.deepdive.scoring import exact_match
-from rao_core.envs.search import cache_dir, params_hash
+from rao_core.envs.search.fts import cached_db_path, ensure_cached_db
 from rao_core.tree import Node
 
 _SPLIT_MOD = {"train": (2, 3, 4, 5, 6, 7, 8, 9), "validation": (1,), "test": (0,)}
@@ -75,20 +74,14 @@ class ArteEpisode(Episode):
 
 
 def corpus_db_path(params: InboxParams) -> Path:
-    """Where the synthetic corpus of ``params`` is cached."""
-    return cache_dir("arte") / f"{params_hash({'generator': GENERATOR_VERSION, **params.model_dump()})}.sqlite"
-
-
-_BUILD_LOCK = threading.Lock()
+    """Where the synthetic corpus of ``params`` is cached (built on first use by :func:`ensure_corpus`)."""
+    return cached_db_path("arte", {"generator": GENERATOR_VERSION, **params.model_dump()})
 
 
 def ensure_corpus(params: InboxParams) -> Path:
-    """Build (once) and return the email database of the synthetic corpus of ``params``."""
-    path = corpus_db_path(params)
-    with _BUILD_LOCK:
-        if not path.exists():
-            build_email_db(generate_corpus(params).emails, path)
-    return path
+    """Build (once) and return the SQLite database of the synthetic corpus of ``params``."""
+    return ensure_cached_db("arte", {"generator": GENERATOR_VERSION, **params.model_dump()},
+                            lambda p: build_email_db(generate_corpus(params).emails, p))
 
 
 def _split_answer(result: Any) -> tuple[str | None, list[str]]:

@@ -18,7 +18,6 @@ database instead; ``None`` (real DeepDive records) needs a non-local backend.
 from __future__ import annotations
 
 import random
-import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +34,8 @@ from rao_core.envs.deepdive.kg import (
     render_pages,
 )
 from rao_core.envs.deepdive.scoring import exact_match
-from rao_core.envs.search import cache_dir, normalize_text, params_hash
+from rao_core.envs.search import normalize_text
+from rao_core.envs.search.fts import cached_db_path, ensure_cached_db
 from rao_core.tree import Node
 
 #: difficulty name -> inclusive range of hops k. "k<N>" (e.g. "k3") asks for exactly N hops.
@@ -69,21 +69,14 @@ class DeepDiveEpisode(Episode):
 
 
 def corpus_db_path(params: CorpusParams) -> Path:
-    """Where the generated corpus of ``params`` is cached (built on first use)."""
-    key = params_hash({"generator": GENERATOR_VERSION, **params.model_dump()})
-    return cache_dir("deepdive") / f"{key}.sqlite"
-
-
-_BUILD_LOCK = threading.Lock()
+    """Where the synthetic corpus of ``params`` is cached (built on first use by :func:`ensure_corpus`)."""
+    return cached_db_path("deepdive", {"generator": GENERATOR_VERSION, **params.model_dump()})
 
 
 def ensure_corpus(params: CorpusParams) -> Path:
-    """Build (once) and return the SQLite FTS5 database of the generated corpus of ``params``."""
-    path = corpus_db_path(params)
-    with _BUILD_LOCK:
-        if not path.exists():
-            build_pages_db(render_pages(build_graph(params)), path)
-    return path
+    """Build (once) and return the SQLite database of the synthetic corpus of ``params``."""
+    return ensure_cached_db("deepdive", {"generator": GENERATOR_VERSION, **params.model_dump()},
+                            lambda p: build_pages_db(render_pages(build_graph(params)), p))
 
 
 def hops_for(difficulty: str | None, rng: random.Random) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
+from collections.abc import Callable
 import unicodedata
 from pathlib import Path
 from typing import Any, Literal
@@ -70,3 +72,20 @@ def cache_dir(kind: str) -> Path:
     d = rao_home() / "cache" / kind
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def cached_db_path(kind: str, key: dict[str, Any]) -> Path:
+    """Where the database built from ``key`` (generator version + parameters) is cached for ``kind``."""
+    return cache_dir(kind) / f"{params_hash(key)}.sqlite"
+
+
+def ensure_cached_db(kind: str, key: dict[str, Any], build: Callable[[Path], Any]) -> Path:
+    """Return :func:`cached_db_path`, calling ``build(path)`` once (under a lock) if it does not exist yet."""
+    path = cached_db_path(kind, key)
+    with _BUILD_LOCK:
+        if not path.exists():
+            build(path)
+    return path
