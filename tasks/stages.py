@@ -64,7 +64,7 @@ def iteration_tasks(ctx: RunContext, iteration: int) -> list[Task]:
     return rng.sample(pool, k)
 
 
-def _policy(ctx: RunContext, served: dict[str, Any], seed: int):
+def _policy(ctx: RunContext, served: dict[str, Any]):
     from rao_core.policies.openai_policy import OpenAIPolicy
 
     rt = ctx.config.runtime
@@ -80,7 +80,7 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
     env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
     tasks = iteration_tasks(ctx, iteration)
     G = ctx.config.algo.G
-    policy = _policy(ctx, served, seed=iteration)
+    policy = _policy(ctx, served)
     counts = {"done": 0, "crashed": 0, "solved": 0}
     total = len(tasks) * G
 
@@ -244,7 +244,7 @@ def run_evaluation(ctx: RunContext, served: dict[str, Any], tokenizer_path: str)
     tokenizer = load_tokenizer(tokenizer_path)
     report = None
     for mode in ctx.config.eval.modes:
-        policy = _policy(ctx, served, seed=0)
+        policy = _policy(ctx, served)
 
         async def go():
             try:
