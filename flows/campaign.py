@@ -203,6 +203,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
             ws = warm_start(ctx)
             ckpt = ws["checkpoint"]
             summary["warm_start"] = {k: v for k, v in ws.items() if k != "checkpoint"}
+            summary["warm_start"]["checkpoint_local"] = ckpt.get("local")
             base_metrics: dict[str, float] = {}
             if cfg.eval.enabled:  # iteration 0: the starting checkpoint, for the learning curve
                 served = serve_checkpoint(ctx, ckpt)

@@ -1,9 +1,12 @@
 """The ``rao-experiment`` flow: the learning-curve experiment of ``docs/results.md``.
 
 Runs two campaigns from one config with the same budget and the same context window: the recursive
-agent (delegation on) and the single-agent baseline (``runtime.delegation = false``, warm-started on
-single-agent demonstrations). Each evaluates after its warm start and after every iteration on the same
-held-out validation tasks. The flow then writes a table (success by difficulty vs iteration, recursive vs
+agent (delegation on) and the single-agent baseline (``runtime.delegation = false``). Both start from
+ONE warm-start checkpoint: the first arm builds it (SFT on a demonstration set that mixes recursive and
+single-agent trees, ``warm_start.options.single_agent_fraction``), the second arm starts from that
+checkpoint (``warm_start.mode = checkpoint``), so the arms differ only in whether delegation is
+available during RL and evaluation. Each evaluates after the warm start and after every iteration on
+the same held-out validation tasks. The flow then writes a table (success by difficulty vs iteration, recursive vs
 single, Wilson 95% intervals, mean depth, delegation rate, wall time per iteration) and a learning-curve
 plot to ``docs/results.md`` / ``docs/img/`` and to an MLflow run.
 """
@@ -100,15 +103,19 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     prefix = params.name or base.name
     rows: list[dict[str, Any]] = []
     summaries = {}
+    shared_ckpt: str | None = None
     for arm in params.arms:
         extra = list(params.overrides)
         if arm == "single":
             extra += ["runtime.delegation=false", "eval.modes=[single]"]
         else:
-            extra += ["eval.modes=[recursive, single]"]
+            extra += ["eval.modes=[recursive]"]
+        if shared_ckpt:  # the second arm starts from the first arm's warm start (same iteration-0 weights)
+            extra += ["warm_start.mode=checkpoint", f"warm_start.checkpoint={shared_ckpt}"]
         summaries[arm] = rao_campaign(CampaignParams(config=params.config, name=f"{prefix}-{arm}",
                                                      iterations=params.iterations, overrides=extra))
         rows += _rows(arm, summaries[arm])
+        shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
         log.info(f"arm {arm} done")
     wall = time.monotonic() - t0
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -45,7 +45,7 @@ from rao_core.tree import ExecutionTree, Node
 
 __all__ = [
     "DemoConfig", "Demonstrations", "WarmStartResult", "build_demonstrations", "demo_loss", "demo_samples",
-    "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start",
+    "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start", "single_agent_tree",
     "recommended_runtime_config",
 ]
 
@@ -75,6 +75,11 @@ class DemoConfig(BaseModel):
     only_successful_nodes: bool = Field(True, description="Train only on nodes the verifier accepted "
                                         "(verifier_success >= 1); False keeps every node of a kept tree.")
     max_concurrent_trees: int = Field(8, ge=1, description="Demonstration trees grown at once.")
+    single_agent_fraction: float = Field(0.0, ge=0, le=1, description="Fraction of the demonstration trees "
+                                         "grown with delegation disabled (single-agent system prompt, no "
+                                         "launch_subagent), so that one warm start serves both the recursive "
+                                         "agent and the single-agent baseline. Tree i is single-agent when "
+                                         "i mod round(1 / fraction) == round(1 / fraction) - 1.")
 
     @field_validator("difficulties")
     @classmethod
@@ -167,6 +172,16 @@ def expert_for_tree(env_name: str, config: DemoConfig, index: int, runtime_confi
                            child_steps=runtime_config.max_steps_per_node)
 
 
+def single_agent_tree(config: DemoConfig, index: int) -> bool:
+    """Whether demonstration tree ``index`` is grown with delegation disabled (``config.single_agent_fraction``:
+    every k-th tree, k = round(1 / fraction), counting from tree k - 1; 0 = never, 1 = always)."""
+    f = config.single_agent_fraction
+    if f <= 0:
+        return False
+    k = max(1, round(1 / f))
+    return index % k == k - 1
+
+
 class Demonstrations(list):
     """``list[ExecutionTree]`` of kept demonstrations, plus what was attempted and rejected.
 
@@ -209,16 +224,20 @@ async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: 
     sem = asyncio.Semaphore(config.max_concurrent_trees)
     t0 = time.perf_counter()
 
-    async def one(task: Task, g: int, index: int) -> ExecutionTree:
-        expert = expert_for_tree(env.name, config, index, runtime_config)
+    single_rc = runtime_config.model_copy(update={"delegation": False})
+
+    async def one(task: Task, g: int, index: int, single: bool) -> ExecutionTree:
+        rc = single_rc if single else runtime_config
+        expert = expert_for_tree(env.name, config, index, rc)
         async with sem:
-            tree = await run_tree(env, task, _EosTerminated(expert, tok), runtime_config, tokenizer=tok,
+            tree = await run_tree(env, task, _EosTerminated(expert, tok), rc, tokenizer=tok,
                                   group_id=task.task_id, rollout_index=g)
+        tree.meta["demo_single_agent"] = single
         tree.meta["demo_expert"] = {k: v for k, v in vars(expert).items() if isinstance(v, (int, float, bool, str))}
         return tree
 
     jobs = [(t, g) for t in tasks for g in range(config.rollouts_per_task)]
-    trees = await asyncio.gather(*(one(t, g, i) for i, (t, g) in enumerate(jobs)))
+    trees = await asyncio.gather(*(one(t, g, i, single_agent_tree(config, i)) for i, (t, g) in enumerate(jobs)))
     out = Demonstrations(t for t in trees if _root_success(t) >= 1.0)
     out.attempted, out.rejected, out.wall_s = len(trees), len(trees) - len(out), time.perf_counter() - t0
     return out
@@ -301,6 +320,7 @@ def demo_stats(trees: Sequence[ExecutionTree]) -> dict[str, Any]:
         "turns": sum(len(n.turns) for n in nodes),
         "parallel_launches": kinds.get("parallel", 0), "sequential_launches": kinds.get("sequential", 0),
         "delegating_trees": sum(1 for t in trees if len(t.nodes) > 1),
+        "single_agent_trees": sum(1 for t in trees if t.meta.get("demo_single_agent")),
     }
     if isinstance(trees, Demonstrations):
         out["attempted"], out["rejected"] = trees.attempted, trees.rejected

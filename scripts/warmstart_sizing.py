@@ -26,8 +26,10 @@ def cmd_sft(a: argparse.Namespace) -> None:
     from rao_core.warmstart import DemoConfig, default_sft_trainer_config, recommended_runtime_config, run_warm_start
 
     model = Path(a.model or default_model_path())
-    dc = DemoConfig(n_tasks=a.n_tasks, seed=a.seed, difficulties=a.difficulties)
-    tc = default_sft_trainer_config(epochs=a.epochs, lr=a.lr)
+    dc = DemoConfig(n_tasks=a.n_tasks, seed=a.seed, difficulties=a.difficulties,
+                    single_agent_fraction=a.single_fraction)
+    tc = default_sft_trainer_config(epochs=a.epochs, lr=a.lr, grad_accum=a.grad_accum,
+                                    gradient_checkpointing=not a.no_checkpointing)
     t0 = time.perf_counter()
     res = run_warm_start("textcraft-synth", model, a.out, demo_config=dc, trainer_config=tc,
                          runtime_config=recommended_runtime_config(),
@@ -74,6 +76,9 @@ def main() -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--difficulties", nargs="+", default=["easy", "medium"])
     s.add_argument("--model", default=None)
+    s.add_argument("--single-fraction", type=float, default=0.0, help="DemoConfig.single_agent_fraction")
+    s.add_argument("--grad-accum", type=int, default=4)
+    s.add_argument("--no-checkpointing", action="store_true", help="no gradient checkpointing (faster, more memory)")
     s.add_argument("--out", required=True)
     e = sub.add_parser("eval")
     e.add_argument("--model", required=True)

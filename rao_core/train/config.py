@@ -74,6 +74,12 @@ class TrainerConfig(BaseModel):
         "weights stay fp32; checkpoints are saved in the input checkpoint's dtype.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    skip_zero_advantage: bool = Field(
+        True, description="Do not run forward/backward on samples whose coefficient w_d * A_n is 0 (their "
+        "policy-gradient term is exactly 0 for every loss type). Applies when loss_type != 'sft' and "
+        "kl_coef == 0. With one optimizer step per epoch (grad_accum None) the token-mean normaliser still "
+        "counts the skipped samples' tokens, so the update is identical; with grad_accum set, steps are "
+        "formed from the kept samples only.")
     shuffle: bool = Field(True, description="Shuffle micro-batch order each epoch (seeded).")
     seed: int = Field(0, description="Seed of shuffling, LoRA init and dropout.")
 

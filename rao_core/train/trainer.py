@@ -177,6 +177,15 @@ def train(
 
     mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
                              micro_batch_size=cfg.micro_batch_size)
+    all_rows = rows
+    skipped_tokens = 0
+    if cfg.skip_zero_advantage and cfg.loss_type != "sft" and cfg.kl_coef == 0:
+        kept = [s for s in rows if s.advantage * s.weight != 0.0]
+        if kept:  # all zero: keep everything (the update is a no-op either way)
+            skipped_tokens = sum(s.num_assistant_tokens for s in rows) - sum(s.num_assistant_tokens for s in kept)
+            rows = kept
+            mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
+                                     micro_batch_size=cfg.micro_batch_size)
     tokens_of = [s.num_assistant_tokens for s in rows]
     max_depth = max(s.depth for s in rows)
     per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
@@ -196,6 +205,8 @@ def train(
             step_mbs = order[start:start + chunk]
             t0 = time.perf_counter()
             step_tokens = sum(tokens_of[i] for j in step_mbs if j >= 0 for i in mbs[j].indices)
+            if per_step is None:  # one step per epoch: the skipped zero-coefficient tokens still count
+                step_tokens += skipped_tokens
             normalizer = max(step_tokens, 1) / world
             local = step_mbs[rank::world]
             acc = torch.zeros(9, device=dev, dtype=torch.float64)
@@ -281,12 +292,13 @@ def train(
         "parent_data_hash": (read_manifest(model_path) or {}).get("data_hash"),
         "base_model": str(base_path),
         "iteration": iteration,
-        "data_hash": data_hash(rows),
+        "data_hash": data_hash(all_rows),
         "config_hash": cfg.config_hash(),
         "config": json.loads(cfg.model_dump_json()),
-        "num_samples": len(rows),
+        "num_samples": len(all_rows),
+        "num_trained_samples": len(rows),
         "num_steps": step,
-        "num_assistant_tokens": sum(tokens_of),
+        "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows),
         "created_at": time.time(),
         "final_metrics": metrics[-1] if metrics else {},
         "versions": _versions(),

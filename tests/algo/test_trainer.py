@@ -153,3 +153,16 @@ def test_checkpoint_keeps_parent_dtype(tiny, tmp_path):
     with safe_open(res.checkpoint / "model.safetensors", "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     assert json.loads((res.checkpoint / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_zero_advantage_samples_are_skipped_without_changing_the_update(tiny, tmp_path):
+    # two extra samples with advantage 0: skipping them must give the same step (same normaliser)
+    samples = _samples(tiny, on_policy=False)
+    zeros = [s.model_copy(update={"tree_id": f"z{k}", "advantage": 0.0}) for k, s in enumerate(samples[:2])]
+    cfg = dict(loss_type="ppo", lr=1e-4, micro_batch_size=2)
+    on = train(samples + zeros, tiny, tmp_path / "on", TrainerConfig(**cfg)).metrics[0]
+    off = train(samples + zeros, tiny, tmp_path / "off", TrainerConfig(skip_zero_advantage=False, **cfg)).metrics[0]
+    assert on["train/samples"] == 4 and off["train/samples"] == 6
+    assert on["train/grad_norm"] == pytest.approx(off["train/grad_norm"], rel=1e-4)
+    assert on["train/pg_loss"] * on["train/tokens"] == pytest.approx(off["train/pg_loss"] * off["train/tokens"],
+                                                                      rel=1e-4, abs=1e-7)

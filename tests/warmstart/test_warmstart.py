@@ -12,7 +12,8 @@ from rao_core.paths import tiny_model_path
 from rao_core.runtime import RuntimeConfig, load_tokenizer, run_tree
 from rao_core.tree import EndReason, ExecutionTree, Node, NodeTimings
 from rao_core.warmstart import (DemoConfig, Demonstrations, build_demonstrations, default_sft_trainer_config,
-                                demo_loss, demo_samples, demo_stats, demo_tasks, expert_for_tree, run_warm_start)
+                                demo_loss, demo_samples, demo_stats, demo_tasks, expert_for_tree, run_warm_start,
+                                single_agent_tree)
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 pytestmark = pytest.mark.skipif(not (tiny_model_path() / "tokenizer_config.json").exists(),
@@ -64,6 +65,23 @@ def test_expert_settings_vary_per_tree():
     assert all(e.max_depth == 2 and e.parallel_prob == cfg.parallel_prob for e in experts)
     again = [expert_for_tree("textcraft-synth", cfg, i, _rc()).delegate_min_depth for i in range(12)]
     assert again == [e.delegate_min_depth for e in experts]  # seeded
+
+
+def test_single_agent_fraction_mixes_single_agent_trees():
+    assert [single_agent_tree(DemoConfig(single_agent_fraction=0.25), i) for i in range(8)] == [
+        False, False, False, True, False, False, False, True]
+    assert not any(single_agent_tree(DemoConfig(), i) for i in range(8))
+    assert all(single_agent_tree(DemoConfig(single_agent_fraction=1.0), i) for i in range(3))
+    env = get_env("textcraft-synth")
+    cfg = DemoConfig(n_tasks=2, difficulties=["medium"], seed=5, delegate_min_depths=[2], single_agent_fraction=0.5)
+    out = asyncio.run(build_demonstrations(env, demo_tasks(env, cfg), cfg, tokenizer=tiny_model_path(),
+                                           runtime_config=_rc()))
+    assert len(out) == 2 and [t.meta["demo_single_agent"] for t in out] == [False, True]
+    tok = load_tokenizer(tiny_model_path())
+    multi, single = (tok.decode(t.root.token_ids) for t in out)
+    assert len(out[1].nodes) == 1 and "launch_subagent" not in single  # no delegation tool in the prompt
+    assert "launch_subagent" in multi and len(out[0].nodes) > 1
+    assert demo_stats(out)["single_agent_trees"] == 1
 
 
 def test_demonstrations_are_verified_trees_with_delegation(demos):
