@@ -56,7 +56,7 @@ def cmd_eval(a: argparse.Namespace) -> None:
     cfg = EvalConfig(env="textcraft-synth", difficulties=a.difficulties, n=a.n, seed=a.seed, modes=modes,
                      runtime=recommended_runtime_config(temperature=a.temperature).model_dump())
     t0 = time.perf_counter()
-    with VLLMServer(a.model, served_model_name="policy", max_model_len=4096) as srv:
+    with VLLMServer(a.model, served_model_name="policy", max_model_len=4096, kv_cache_gib=a.kv_cache_gib) as srv:
         start_s = time.perf_counter() - t0
         report = asyncio.run(evaluate_suite(cfg, base_url=srv.base_url, model="policy", tokenizer=a.model))
     render_report(report)
@@ -84,7 +84,9 @@ def main() -> None:
     e.add_argument("--model", required=True)
     e.add_argument("--n", type=int, default=10)
     e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the experiment's 0.7)")
+    e.add_argument("--kv-cache-gib", type=int, default=6, help="vLLM CPU KV cache; 2 GiB (46K fp32 tokens) "
+                   "cannot hold 30 concurrent trees' contexts")
     e.add_argument("--difficulties", nargs="+", default=["easy", "medium", "hard"])
     e.add_argument("--single", action="store_true")
     e.add_argument("--tag", default="")
