@@ -17,7 +17,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
@@ -31,9 +31,31 @@ class ExperimentParams(BaseModel):
     config: str = Field("configs/experiment-textcraft-cpu.yaml", description="Campaign config of both arms.")
     name: str | None = Field(None, description="Prefix of the two campaign names (default: the config's name).")
     iterations: int | None = Field(None, ge=0, description="RL iterations per arm.")
-    arms: list[str] = Field(default_factory=lambda: ["recursive", "single"], description="Which arms to run.")
+    arms: list[Literal["recursive", "single"]] = Field(default_factory=lambda: ["recursive", "single"],
+                                                       description="Which arms to run (the first builds the warm start).")
     write_docs: bool = Field(True, description="Write docs/results.md and docs/img/learning_curve.png.")
     overrides: list[str] = Field(default_factory=list, description="KEY=VALUE overrides for both arms.")
+
+
+def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_checkpoint: str | None
+                  ) -> list[str]:
+    """Config overrides (``KEY=VALUE``) of one arm, after the user's ``overrides``.
+
+    ``single``: delegation off, single-mode evaluation, its own registered model (``<name>-single``, so its
+    champion alias never moves the recursive agent's). ``recursive``: recursive-mode evaluation. With
+    ``shared_checkpoint`` (the first arm's iteration-0 folder) the arm starts from it instead of building
+    its own warm start. Raises ValueError for another arm name.
+    """
+    extra = list(overrides)
+    if arm == "single":
+        extra += ["runtime.delegation=false", "eval.modes=[single]", f"model.registered_model={registered_model}-single"]
+    elif arm == "recursive":
+        extra += ["eval.modes=[recursive]"]
+    else:
+        raise ValueError(f"unknown arm {arm!r} (expected 'recursive' or 'single')")
+    if shared_checkpoint:
+        extra += ["warm_start.mode=checkpoint", f"warm_start.checkpoint={shared_checkpoint}"]
+    return extra
 
 
 def _rows(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -99,26 +121,21 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     """Run both arms and write the learning-curve table and plot."""
     log = get_run_logger()
     t0 = time.monotonic()
+    # the commit the run STARTED from (files may change on disk while a long run goes on)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     base = CampaignParams(config=params.config, iterations=params.iterations, overrides=params.overrides).resolve()
     prefix = params.name or base.name
     rows: list[dict[str, Any]] = []
     summaries = {}
     shared_ckpt: str | None = None
     for arm in params.arms:
-        extra = list(params.overrides)
-        if arm == "single":
-            extra += ["runtime.delegation=false", "eval.modes=[single]"]
-        else:
-            extra += ["eval.modes=[recursive]"]
-        if shared_ckpt:  # the second arm starts from the first arm's warm start (same iteration-0 weights)
-            extra += ["warm_start.mode=checkpoint", f"warm_start.checkpoint={shared_ckpt}"]
+        extra = arm_overrides(arm, params.overrides, base.model.registered_model, shared_ckpt)
         summaries[arm] = rao_campaign(CampaignParams(config=params.config, name=f"{prefix}-{arm}",
                                                      iterations=params.iterations, overrides=extra))
         rows += _rows(arm, summaries[arm])
         shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
         log.info(f"arm {arm} done")
     wall = time.monotonic() - t0
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"command": f"rao experiment textcraft-cpu --config {params.config}", "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,
             "n_tasks": base.eval.n_tasks}
