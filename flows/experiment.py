@@ -32,7 +32,7 @@ class ExperimentParams(BaseModel):
     name: str | None = Field(None, description="Prefix of the two campaign names (default: the config's name).")
     iterations: int | None = Field(None, ge=0, description="RL iterations per arm.")
     arms: list[Literal["recursive", "single"]] = Field(default_factory=lambda: ["recursive", "single"],
-                                                       description="Which arms to run (the first builds the warm start).")
+                                                       description="Arms to run; the first builds the warm start.")
     write_docs: bool = Field(True, description="Write docs/results.md and docs/img/learning_curve.png.")
     overrides: list[str] = Field(default_factory=list, description="KEY=VALUE overrides for both arms.")
 
@@ -48,7 +48,8 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
     """
     extra = list(overrides)
     if arm == "single":
-        extra += ["runtime.delegation=false", "eval.modes=[single]", f"model.registered_model={registered_model}-single"]
+        extra += ["runtime.delegation=false", "eval.modes=[single]",
+                  f"model.registered_model={registered_model}-single"]
     elif arm == "recursive":
         extra += ["eval.modes=[recursive]"]
     else:
@@ -87,6 +88,9 @@ def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
         err = [[y - lo for y, (lo, _) in zip(ys, lo_hi)], [hi - y for y, (_, hi) in zip(ys, lo_hi)]]
         ax.errorbar([r["iteration"] for r in rs], ys, yerr=err, marker="o", capsize=3,
                     linestyle="-" if arm == "recursive" else "--", label=f"{arm} agent / eval {mode} / {diff}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration (0 = warm start)")
     ax.set_ylabel("validation success")
     ax.set_ylim(-0.02, 1.02)
