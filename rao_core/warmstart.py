@@ -20,6 +20,8 @@ Departures from the paper / project choices:
 - Variety: each tree gets its own expert instance with a seeded draw of settings (parallel vs
   sequential launches, occasional valid-but-longer routes, wording, the crafting depth from which
   ingredients are delegated), so the demonstrations are not one fixed script.
+- ``single_agent_fraction`` mixes in trees grown with delegation disabled, so that one warm start serves
+  both the recursive agent and the single-agent baseline of the experiment (``flows/experiment.py``).
 - By default only nodes that the verifier accepted become samples (a successful root may hold a child
   that failed and was repaired by its parent; imitating the failed child is not wanted).
 """
@@ -45,8 +47,8 @@ from rao_core.tree import ExecutionTree, Node
 
 __all__ = [
     "DemoConfig", "Demonstrations", "WarmStartResult", "build_demonstrations", "demo_loss", "demo_samples",
-    "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start", "single_agent_tree",
-    "recommended_runtime_config",
+    "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start",
+    "recommended_runtime_config", "single_agent_tree",
 ]
 
 

@@ -21,7 +21,8 @@ Per-step metrics (dicts, identical on all processes; ``on_step`` is called on th
 ``train/tokens_per_s`` (meanings in docs/algorithm.md).
 
 Departures: no sequence packing (padding only); learning-rate schedule is constant after optional
-linear warm-up (one update per iteration is the common case).
+linear warm-up (one update per iteration is the common case); samples whose coefficient w_d * A_n is 0
+are not run at all (``skip_zero_advantage``; same update, see docs/algorithm.md).
 """
 
 from __future__ import annotations
@@ -175,8 +176,6 @@ def train(
         ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
     model.train()
 
-    mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
-                             micro_batch_size=cfg.micro_batch_size)
     all_rows = rows
     skipped_tokens = 0
     if cfg.skip_zero_advantage and cfg.loss_type != "sft" and cfg.kl_coef == 0:
@@ -184,8 +183,8 @@ def train(
         if kept:  # all zero: keep everything (the update is a no-op either way)
             skipped_tokens = sum(s.num_assistant_tokens for s in rows) - sum(s.num_assistant_tokens for s in kept)
             rows = kept
-            mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
-                                     micro_batch_size=cfg.micro_batch_size)
+    mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
+                             micro_batch_size=cfg.micro_batch_size)
     tokens_of = [s.num_assistant_tokens for s in rows]
     max_depth = max(s.depth for s in rows)
     per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
