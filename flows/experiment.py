@@ -6,9 +6,9 @@ ONE warm-start checkpoint: the first arm builds it (SFT on a demonstration set t
 single-agent trees, ``warm_start.options.single_agent_fraction``), the second arm starts from that
 checkpoint (``warm_start.mode = checkpoint``), so the arms differ only in whether delegation is
 available during RL and evaluation. Each evaluates after the warm start and after every iteration on
-the same held-out validation tasks. The flow then writes a table (success by difficulty vs iteration, recursive vs
-single, Wilson 95% intervals, mean depth, delegation rate, wall time per iteration) and a learning-curve
-plot to ``docs/results.md`` / ``docs/img/`` and to an MLflow run.
+the same held-out validation tasks. The flow then writes a table (success by difficulty vs iteration,
+recursive vs single, Wilson 95% intervals, mean depth, delegation rate, wall time per iteration) and a
+learning-curve plot to ``docs/results.md`` / ``docs/img/`` and to an MLflow run.
 """
 
 from __future__ import annotations
