@@ -24,7 +24,7 @@ from rao_core.config import CampaignConfig, load_config
 from tasks import tracking
 from tasks.common import RunContext
 from tasks.serve import serve_checkpoint, shutdown_server
-from tasks.stages import (evaluate, generate_trees, judge_trees, primary_metric, register_checkpoint,
+from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, primary_metric, register_checkpoint,
                           train_policy, validate_dataset)
 from tasks.warm_start import warm_start
 
@@ -181,6 +181,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     import mlflow
 
     cfg = params.resolve()
+    check_task_pool(cfg)  # a bad task file stops the campaign here, before anything is served
     log = get_run_logger()
     uri, exp_id = _mlflow_setup(cfg)
     run_id = tracking.find_campaign_run(exp_id, cfg.name)

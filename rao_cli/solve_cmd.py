@@ -52,14 +52,11 @@ def register(app: typer.Typer) -> None:
         from rao_core.tree import write_trees
 
         console = Console()
-        tasks = load_tasks(task_file)
+        environment = get_env(env)
+        tasks = load_tasks(task_file, environment)  # every record checked (env, validate_task) up front
         if not 0 <= task_index < len(tasks):
             raise typer.BadParameter(f"--task-index {task_index} out of range: {task_file} has {len(tasks)} tasks")
         task = tasks[task_index]
-        environment = get_env(env)
-        if task.env not in (env, environment.name):
-            raise typer.BadParameter(f"task {task.task_id} of {task_file} is for environment {task.env!r}, "
-                                     f"not --env {env!r}")
         if policy == "oracle":
             pol = oracle_policy(env)
         elif policy == "scripted":

@@ -44,11 +44,30 @@ def write_jsonl(path: str | os.PathLike[str], lines: Iterable[str]) -> Path:
     return Path(path)
 
 
+def one_line_error(e: BaseException) -> str:
+    """A one-line description of a parse error: pydantic errors name the field, the expectation and the
+    value (``"task_id: Input should be a valid string (got 123)"``, plus ``"; and N more"``)."""
+    errors = getattr(e, "errors", None)
+    if callable(errors) and type(e).__name__ == "ValidationError":
+        errs = e.errors()  # type: ignore[attr-defined]
+        if errs:
+            first = errs[0]
+            loc = ".".join(str(p) for p in first.get("loc", ())) or "(record)"
+            value = repr(first.get("input"))
+            value = value if len(value) <= 60 else value[:57] + "..."
+            more = f"; and {len(errs) - 1} more" if len(errs) > 1 else ""
+            return f"{loc}: {first.get('msg', 'invalid')} (got {value}){more}"
+    if isinstance(e, json.JSONDecodeError):
+        return f"invalid JSON: {e}"
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text
+
+
 def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: str) -> list[T]:
     """Parse every non-empty line of ``path`` with ``parse(json.loads(line))``.
 
     Raises FileNotFoundError if the file is missing, ValueError ``"<path>:<line>: not a valid <what>: ..."``
-    on a malformed line.
+    (one line, naming the field for schema errors) on a malformed line.
     """
     path = Path(path)
     if not path.exists():
@@ -61,5 +80,5 @@ def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: s
             try:
                 out.append(parse(json.loads(line)))
             except Exception as e:
-                raise ValueError(f"{path}:{i}: not a valid {what}: {e}") from e
+                raise ValueError(f"{path}:{i}: not a valid {what}: {one_line_error(e)}") from e
     return out

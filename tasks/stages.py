@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
+from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
 from rao_core.tree import read_trees, write_trees
 from tasks import tracking
@@ -44,7 +45,8 @@ def training_pool(ctx: RunContext) -> list[Task]:
     """The campaign's training RL tasks: from ``tasks.train_file`` or the seeded generator (cached)."""
     cfg = ctx.config.tasks
     if cfg.train_file:
-        return [t for t in load_tasks(cfg.train_file) if t.split == "train"] or load_tasks(cfg.train_file)
+        tasks = load_tasks(cfg.train_file, get_env(cfg.env, **cfg.env_options))
+        return [t for t in tasks if t.split == "train"] or tasks
     path = ctx.local("tasks/train.jsonl")
     if not path.exists():
         env = get_env(cfg.env, **cfg.env_options)
@@ -53,7 +55,20 @@ def training_pool(ctx: RunContext) -> list[Task]:
             pool += env.generate_tasks(n=cfg.pool_size, seed=ctx.config.seed * 1000 + 500 + i, difficulty=d,
                                        split="train", **cfg.generator_options)
         write_tasks(path, pool)
-    return load_tasks(path)
+    return load_tasks(path, get_env(cfg.env, **cfg.env_options))
+
+
+def check_task_pool(config: CampaignConfig) -> int:
+    """Read and check the campaign's task file (``tasks.train_file``) against its environment before
+    anything is served; returns the number of tasks (0 when tasks are generated).
+
+    Raises ValueError ``"<file>:<line>: not a valid task record: <field>: ... (expected ...)"`` on the
+    first bad record, FileNotFoundError for a missing file.
+    """
+    cfg = config.tasks
+    if not cfg.train_file:
+        return 0
+    return len(load_tasks(cfg.train_file, get_env(cfg.env, **cfg.env_options)))
 
 
 def iteration_tasks(ctx: RunContext, iteration: int) -> list[Task]:
@@ -228,7 +243,7 @@ def validation_tasks(ctx: RunContext) -> list[Task]:
             out += env.generate_tasks(n=ev.n_tasks, seed=ev.seed + i, difficulty=d, split="validation",
                                       **cfg.generator_options)
         write_tasks(path, out)
-    return load_tasks(path)
+    return load_tasks(path, get_env(cfg.env, **cfg.env_options))
 
 
 def run_evaluation(ctx: RunContext, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:

@@ -19,6 +19,9 @@ Contract for implementers:
   and must keep the episode state consistent (no awaits inside).
 - ``verify`` is the exact verifier: a success in [0, 1] for a node, or None when this environment cannot
   check that node exactly (the judging stage then uses an LLM judge or the root proxy).
+- ``validate_task`` checks a task record before any rollout (``load_tasks(path, env)`` calls it for
+  every record): unknown items, wrong types and impossible goals raise ``TaskError`` naming the field
+  and what was expected. It must be cheap and must not open services.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rao_core.jsonl import read_jsonl, write_jsonl
 from rao_core.tree import Node
@@ -37,6 +40,59 @@ from rao_core.tree import Node
 
 class ToolError(Exception):
     """An error reported to the agent as a message (never kills the node)."""
+
+
+class TaskError(ValueError):
+    """A task record its environment cannot run: ``field`` (dotted path in the record, e.g.
+    ``data.targets.m3_i1``), what is wrong with it (``problem``) and what was ``expected``.
+
+    ``str()`` is one line: ``"data.targets.zz9_i999: unknown item 'zz9_i999' (expected ...)"``.
+    """
+
+    def __init__(self, field: str, problem: str, expected: str):
+        self.field, self.problem, self.expected = field, problem, expected
+        super().__init__(f"{field}: {problem} (expected {expected})")
+
+
+def require_text(data: dict[str, Any], key: str) -> str:
+    """``data[key]`` as a non-empty string; raises TaskError naming ``data.<key>`` otherwise."""
+    v = data.get(key)
+    if not isinstance(v, str) or not v.strip():
+        raise TaskError(f"data.{key}", "missing" if v is None else f"got {show_value(v)}", "a non-empty string")
+    return v
+
+
+def check_corpus(data: dict[str, Any], params_model: type[BaseModel], generator: str) -> None:
+    """Check ``data.corpus`` = ``{"path": existing file}`` or ``{"generator": generator, "params": {...}}``
+    (``params`` valid for ``params_model``); raises TaskError naming the field."""
+    corpus = data.get("corpus")
+    expected = f"{{'path': existing file}} or {{'generator': {generator!r}, 'params': {{...}}}}"
+    if not isinstance(corpus, dict) or not ({"path", "params"} & set(corpus)):
+        raise TaskError("data.corpus", "missing" if corpus is None else f"got {show_value(corpus)}", expected)
+    if "path" in corpus:
+        if not isinstance(corpus["path"], str) or not Path(corpus["path"]).exists():
+            raise TaskError("data.corpus.path", f"not an existing file: {show_value(corpus['path'])}",
+                            "the path of a corpus database on this machine")
+        return
+    if corpus.get("generator", generator) != generator:
+        raise TaskError("data.corpus.generator", f"got {show_value(corpus.get('generator'))}",
+                        f"{generator!r} (regenerate the tasks)")
+    try:
+        params_model.model_validate(corpus["params"])
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise TaskError("data.corpus.params" + (f".{loc}" if loc else ""),
+                        f"got {show_value(err.get('input'))}: {err.get('msg', 'invalid')}",
+                        f"valid {params_model.__name__} fields") from None
+
+
+def show_value(x: Any, limit: int = 60) -> str:
+    """Short one-line ``repr`` of a bad value with its type, for error messages (``'one' (str)``)."""
+    text = repr(x).replace("\n", " ")
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{text} ({type(x).__name__})"
 
 
 class Task(BaseModel):
@@ -153,10 +209,42 @@ class Environment(ABC):
         """Environment-specific guidance appended to the system prompt (may be empty)."""
         return ""
 
+    def validate_task(self, task: Task) -> None:
+        """Check that ``task`` can be run by this environment (as configured) before any rollout.
 
-def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
-    """Load a JSON-lines task file; raises FileNotFoundError, or ValueError naming the file, line and field."""
-    return read_jsonl(path, Task.model_validate, "task record")
+        Raises ``TaskError(field, problem, expected)`` for unknown items, wrong types, missing fields and
+        impossible goals. Default: accepts every record (the ``Task`` schema is checked on parsing).
+        """
+
+
+def _same_env(task_env: str, env: Environment) -> bool:
+    """True when ``task_env`` names ``env`` (directly or through a registry alias like ``deepdive-synth``)."""
+    if task_env == env.name:
+        return True
+    from rao_core.envs import _REGISTRY
+
+    return task_env in _REGISTRY and _REGISTRY.get(task_env) == _REGISTRY.get(env.name)
+
+
+def check_task(env: Environment, task: Task) -> Task:
+    """Check that ``task`` is for ``env`` and passes ``env.validate_task``; returns it or raises TaskError."""
+    if not _same_env(task.env, env):
+        raise TaskError("env", f"task {task.task_id} is for environment {task.env!r}", f"{env.name!r}")
+    env.validate_task(task)
+    return task
+
+
+def load_tasks(path: str | os.PathLike[str], env: Environment | None = None) -> list[Task]:
+    """Load a JSON-lines task file, checking every record before anything runs.
+
+    Each line must be a ``Task``; with ``env``, each task must also be for that environment and pass
+    ``env.validate_task``. Raises FileNotFoundError, or ValueError with one line naming the file, the
+    line, the field and what was expected (``"t.jsonl:3: not a valid task record: data.targets.x: unknown
+    item 'x' (expected ...)"``).
+    """
+    if env is None:
+        return read_jsonl(path, Task.model_validate, "task record")
+    return read_jsonl(path, lambda d: check_task(env, Task.model_validate(d)), "task record")
 
 
 def write_tasks(path: str | os.PathLike[str], tasks: list[Task]) -> Path:

@@ -38,7 +38,8 @@ from rao_core.envs.arte.reward import (
     ladder_reward,
 )
 from rao_core.envs.arte.synth import GENERATOR_VERSION, InboxParams, generate_corpus
-from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, ToolSpec
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, check_corpus,
+                                require_text, show_value)
 from rao_core.envs.deepdive.env import _bind
 from rao_core.envs.deepdive.scoring import exact_match
 from rao_core.envs.search.fts import cached_db_path, ensure_cached_db
@@ -165,6 +166,25 @@ class ArteEnv(Environment):
         if key not in self._cons:
             self._cons[key] = open_email_db(path)
         return self._cons[key]
+
+    def validate_task(self, task: Task) -> None:
+        """``data.question`` and ``data.inbox``: non-empty strings; ``data.message_ids``: a non-empty list
+        of strings; ``data.answer`` (string) or ``data.answers`` (list of strings); ``data.corpus`` as
+        ``check_corpus`` wants. Raises TaskError naming the field."""
+        d = task.data
+        require_text(d, "question")
+        require_text(d, "inbox")
+        ids = d.get("message_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(m, str) for m in ids):
+            raise TaskError("data.message_ids", f"got {show_value(ids)}", "a non-empty list of message id strings")
+        answers = d.get("answers")
+        if answers:
+            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+                raise TaskError("data.answers", f"got {show_value(answers)}", "a list of strings")
+        elif not isinstance(d.get("answer"), str):
+            raise TaskError("data.answer", "missing" if d.get("answer") is None else f"got {show_value(d['answer'])}",
+                            "the gold answer as a string")
+        check_corpus(d, InboxParams, GENERATOR_VERSION)
 
     def new_episode(self, task: Task) -> ArteEpisode:
         """Open the task's email database; ValueError naming the missing field on a malformed task."""

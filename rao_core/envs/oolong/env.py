@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, ToolSpec
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, require_text,
+                                show_value)
 from rao_core.envs.oolong.scoring import score_answer, score_synth_answer
 from rao_core.envs.oolong.synth import approx_tokens, generate_oolong_tasks
 from rao_core.tree import EndReason, Node
+
+
+_SYNTH_TYPES = {"LABEL", "USER", "DATE", "NUMERIC", "COMPARISON", "MONTH_YEAR"}  # score_synth_answer's
 
 
 class OolongEnv(Environment):
@@ -37,6 +41,23 @@ class OolongEnv(Environment):
                 "your context window): never print it whole. Inspect slices, use code to search and count, or "
                 "give pieces to sub-agents with launch_subagent(goal, context=piece). End with "
                 "finish(answer) where the answer is written inside \\boxed{}.")
+
+    def validate_task(self, task: Task) -> None:
+        """``data.context``: a string; ``data.question``: a non-empty string; ``data.answer``: present (a
+        string, or for Oolong-synth records a list); Oolong-synth records need a known ``answer_type``.
+        Raises TaskError naming the field."""
+        d = task.data
+        if not isinstance(d.get("context"), str):
+            raise TaskError("data.context", "missing" if "context" not in d else f"got {show_value(d['context'])}",
+                            "the document as a string")
+        require_text(d, "question")
+        synth = d.get("source") == "oolong-synth"
+        if not isinstance(d.get("answer"), str) and not (synth and isinstance(d.get("answer"), list)):
+            raise TaskError("data.answer", "missing" if "answer" not in d else f"got {show_value(d['answer'])}",
+                            "the gold answer as a string" + (" or list" if synth else ""))
+        if synth and d.get("answer_type") not in _SYNTH_TYPES:
+            raise TaskError("data.answer_type", f"got {show_value(d.get('answer_type'))}",
+                            f"one of {sorted(_SYNTH_TYPES)}")
 
     def new_episode(self, task: Task) -> Episode:
         """No orchestrator-side state beyond the task; raises ValueError if context/question/answer are missing."""

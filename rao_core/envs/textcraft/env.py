@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import Field
 
-from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, ToolSpec
-from rao_core.envs.textcraft.graph import RecipeGraph
+from rao_core.envs.base import ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, show_value
+from rao_core.envs.textcraft.graph import GRAPH_VERSION, RecipeGraph, recipe_graph
 from rao_core.envs.textcraft.tasks import ENV_NAME, generate_textcraft_tasks, graph_of
 from rao_core.tree import EndReason, Node
 
@@ -40,6 +40,37 @@ def format_targets(targets: dict[str, int]) -> str:
 
 def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def base_shortfall(graph: RecipeGraph, targets: dict[str, int], inventory: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Base materials missing to craft ``targets`` from ``inventory``: {item: (units needed, units held)}.
+
+    Needs are expanded from the highest tier down with one batch of ``ceil(need / result_count)``
+    executions per item (every item has one recipe, so this is the fewest executions); held units of an
+    intermediate are used before crafting more, except for a target's own count (targets must be crafted
+    anew, as the verifier counts the increase). Empty dict: the targets are craftable.
+    """
+    need: dict[str, int] = dict(targets)
+    done: set[str] = set()
+    while True:
+        pending = [i for i in need if i not in done and not graph.is_base(i)]
+        if not pending:
+            break
+        item = max(pending, key=lambda i: (graph.tier[i], i))
+        done.add(item)
+        n = need[item] - min(need[item] - targets.get(item, 0), inventory.get(item, 0))
+        if n <= 0:
+            continue
+        recipe = graph.recipes[item]
+        execs = -(-n // recipe.result_count)
+        for ing, c in recipe.ingredients.items():
+            need[ing] = need.get(ing, 0) + c * execs
+    return {i: (n, inventory.get(i, 0)) for i, n in sorted(need.items())
+            if graph.is_base(i) and n > inventory.get(i, 0)}
 
 
 class TextCraftEnv(Environment):
@@ -91,6 +122,55 @@ class TextCraftEnv(Environment):
         if unknown:
             raise ValueError(f"task {task.task_id}: inventory items not in the recipe graph: {unknown[:5]}")
         return TextCraftEpisode(task=task, inventory={k: v for k, v in inv.items() if v > 0}, graph=graph)
+
+    def validate_task(self, task: Task) -> None:
+        """Check ``data.graph``, ``data.inventory`` and ``data.targets`` before any rollout.
+
+        Raises TaskError for: a missing or malformed graph ({"seed": int, "items_per_tier": int >= 4,
+        "version": GRAPH_VERSION}); an inventory that is not {known item: int >= 0}; targets that are not
+        a non-empty {known craftable item: int > 0}; targets that cannot be crafted from the inventory
+        (base units short after using held intermediates; see ``base_shortfall``).
+        """
+        d = task.data
+        g = d.get("graph")
+        graph_expected = f"{{'seed': int, 'items_per_tier': int >= 4, 'version': {GRAPH_VERSION}}}"
+        if not isinstance(g, dict):
+            raise TaskError("data.graph", f"got {show_value(g)}", graph_expected)
+        for key, default, lo in (("seed", None, None), ("items_per_tier", 25, 4)):
+            v = g.get(key, default)
+            if not _is_int(v) or (lo is not None and not lo <= v <= 1000):
+                raise TaskError(f"data.graph.{key}", f"got {show_value(v)}",
+                                "an int" + (f" in {lo}..1000" if lo is not None else ""))
+        if g.get("version", GRAPH_VERSION) != GRAPH_VERSION:
+            raise TaskError("data.graph.version", f"got {show_value(g.get('version'))}",
+                            f"{GRAPH_VERSION} (regenerate the tasks)")
+        graph = recipe_graph(g["seed"], g.get("items_per_tier", 25))
+        known = f"an item of the recipe graph (seed {g['seed']}), like {min(graph.by_tier[0])}"
+        inv = d.get("inventory")
+        if not isinstance(inv, dict):
+            raise TaskError("data.inventory", f"got {show_value(inv)}", "a dict {item: count >= 0}")
+        for item, count in inv.items():
+            if item not in graph.tier:
+                raise TaskError(f"data.inventory.{item}", f"unknown item {item!r}", known)
+            if not (_is_int(count) and count >= 0):
+                raise TaskError(f"data.inventory.{item}", f"count {show_value(count)}", "an int >= 0")
+        targets = d.get("targets")
+        if not isinstance(targets, dict) or not targets:
+            raise TaskError("data.targets", f"got {show_value(targets)}", "a non-empty dict {item: count > 0}")
+        for item, count in targets.items():
+            if item not in graph.tier:
+                raise TaskError(f"data.targets.{item}", f"unknown item {item!r}",
+                                f"a craftable item of the recipe graph (seed {g['seed']}), like {min(graph.by_tier[1])}")
+            if graph.is_base(item):
+                raise TaskError(f"data.targets.{item}", f"{item} is a base material (cannot be crafted)",
+                                "a craftable item (tier >= 1)")
+            if not _is_count(count):
+                raise TaskError(f"data.targets.{item}", f"count {show_value(count)}", "an int > 0")
+        short = base_shortfall(graph, targets, inv)
+        if short:
+            detail = ", ".join(f"{i} (need {n}, have {h})" for i, (n, h) in list(short.items())[:3])
+            raise TaskError("data.targets", f"cannot be crafted from data.inventory: short of {detail}",
+                            "targets craftable from the starting inventory")
 
     def root_goal(self, task: Task) -> ChildSpec:
         """Goal text listing the task's targets; ``goal_args = {"targets": {...}}``."""
