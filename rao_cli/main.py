@@ -50,24 +50,71 @@ def _one_line(e: BaseException) -> str:
     return lines[0] if len(lines) == 1 else f"{lines[0]} ({len(lines) - 1} more lines; RAO_DEBUG=1 shows all)"
 
 
-def main() -> None:
-    """Console entry point: user errors (bad input, missing files, services that fail) print one line
-    ``error: ...`` and exit 1; ``RAO_DEBUG=1`` shows the full traceback instead."""
+def _usage_line(e: BaseException) -> str:
+    """One line for a click usage error: the message (whitespace collapsed) and the command's --help."""
+    msg = " ".join(e.format_message().split())  # type: ignore[attr-defined]
+    ctx = getattr(e, "ctx", None)
+    return f"{msg} (see `{ctx.command_path} --help`)" if ctx is not None else msg
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point. Every error is ONE line ``error: ...`` on stderr and a non-zero exit:
+
+    - usage errors (bad option values, missing arguments, unknown commands): exit 2;
+    - user errors (bad input, missing files, services that fail: ValueError, FileNotFoundError, OSError,
+      ModelError, ServiceError, pydantic ValidationError, ImportError): exit 1;
+    - anything else (a bug): exit 1, with the exception type named; Ctrl-C: ``error: interrupted``, 130.
+
+    ``RAO_DEBUG=1`` re-raises instead, so the full traceback is shown. ``argv``: the arguments (default
+    ``sys.argv[1:]``). ``rao`` with no arguments prints the help and exits 2.
+    """
     import os
     import sys
 
     from pydantic import ValidationError
+    from typer import _click as click  # typer >= 0.20 vendors click: its exceptions live here
+    from typer.exceptions import Abort
 
     from infra.models import ModelError
     from infra.process import ServiceError
 
+    debug = bool(os.environ.get("RAO_DEBUG"))
+
+    def fail(text: str, code: int) -> None:
+        print(f"error: {text}", file=sys.stderr)
+        sys.exit(code)
+
     try:
-        app()
-    except (ValueError, FileNotFoundError, ModelError, ServiceError, ValidationError, ImportError) as e:
-        if os.environ.get("RAO_DEBUG"):
+        rv = app(args=argv, prog_name="rao", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        print(e.format_message(), file=sys.stderr)
+        sys.exit(2)
+    except Abort:
+        if debug:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(1)
+        fail("aborted", 1)
+    except click.exceptions.ClickException as e:  # usage errors, BadParameter raised inside commands
+        if debug:
+            raise
+        fail(_usage_line(e) if isinstance(e, click.exceptions.UsageError) else _one_line(e), e.exit_code)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        fail("interrupted", 130)
+    except (ValueError, OSError, ModelError, ServiceError, ValidationError, ImportError) as e:
+        if debug:
+            raise
+        if isinstance(e, ValidationError):
+            from rao_core.jsonl import one_line_error
+
+            fail(f"{e.title}: {one_line_error(e)}", 1)
+        fail(_one_line(e), 1)
+    except Exception as e:  # noqa: BLE001 - still one line; RAO_DEBUG=1 shows where
+        if debug:
+            raise
+        fail(f"{type(e).__name__}: {_one_line(e)} (unexpected; RAO_DEBUG=1 shows the traceback)", 1)
+    # standalone_mode=False returns typer.Exit's code (or the command's return value, always None here)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

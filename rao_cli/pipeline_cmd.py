@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
         try:
             summary = rao_campaign(params)
         except ModelError as e:
-            console.print(f"[red]error:[/red] {e}")
+            console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
         console.print(_summary_table(summary))
         console.print(stage_table(summary))

@@ -20,17 +20,16 @@ def run(file: Path = typer.Argument(..., help="Python file to run as one cell (t
 
     from rao_core.runtime.sandbox import SandboxError, SandboxLimits, run_cell_once
 
-    if not file.exists():
-        typer.echo(f"file not found: {file}", err=True)
-        raise typer.Exit(2)
+    if not file.is_file():
+        raise typer.BadParameter(f"file not found: {file}", param_hint="FILE")
     if sandbox not in ("bwrap", "none"):
-        typer.echo(f"--sandbox must be bwrap or none, got {sandbox!r}", err=True)
-        raise typer.Exit(2)
+        raise typer.BadParameter(f"expected bwrap or none, got {sandbox!r}", param_hint="--sandbox")
     limits = SandboxLimits(cell_timeout_s=timeout, memory_mb=memory_mb, mode=sandbox)  # type: ignore[arg-type]
     try:
         res = asyncio.run(run_cell_once(file.read_text(), limits))
     except SandboxError as e:
-        typer.echo(f"sandbox could not run: {e}", err=True)
+        detail = " ".join(str(e).split())[:500]
+        typer.echo(f"error: sandbox could not run: {detail}", err=True)
         raise typer.Exit(1) from e
     typer.echo(json.dumps({"ok": res.status.value == "ok", "stdout": res.output, "error": res.error,
                            "end_reason": res.status.value}))

@@ -38,7 +38,7 @@ def up(
         _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, model=model,
             max_model_len=max_model_len)
     except ServiceError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(1) from None
     console.print(_table())
 
