@@ -45,6 +45,7 @@ Each reply: think briefly, then write exactly ONE code cell in a fenced block:
 ```
 The cell runs right away; what it prints is shown to you in the next message (cut after {obs_chars} characters).
 Variables persist between cells. Top-level `await` works. Only the first code block of a reply is run.
+Only what you print is shown: a bare expression on the last line is not displayed.
 You have at most {max_steps} replies. Call finish(result) when done: it ends your work and returns
 `result` (a JSON-serialisable value: dict, list, str, number) to whoever gave you the goal."""
 
@@ -55,7 +56,7 @@ def sandbox_limits(config: RuntimeConfig) -> SandboxLimits:
         cell_timeout_s=config.cell_timeout_s, memory_mb=config.cell_memory_mb, cpu_s=config.cell_cpu_s,
         cpu_total_s=config.cell_cpu_s * config.max_steps_per_node, nproc=config.max_processes,
         fsize_mb=config.max_file_mb, output_cap=max(8 * config.observation_max_chars, 65536),
-        mode=config.sandbox)
+        mode=config.sandbox, echo=config.echo_last_expression)
 
 
 def system_prompt(env: Environment, config: RuntimeConfig, node: Node) -> str:

@@ -56,6 +56,10 @@ class RuntimeConfig(BaseModel):
     repl_pool_size: int = Field(2, ge=0, description="Pre-started idle REPL processes (hide start-up).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature of endpoint policies.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of endpoint policies.")
+    echo_last_expression: bool = Field(False, description="Notebook echo: print the repr of a cell's bare "
+                                       "last expression. Off by default, as in the paper: a sub-agent's result "
+                                       "stays in its REPL variable and enters the parent's context only if the "
+                                       "parent prints it.")
 
     @model_validator(mode="after")
     def _check(self) -> RuntimeConfig:

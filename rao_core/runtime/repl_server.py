@@ -7,7 +7,7 @@ captured as cell output and can never corrupt the protocol stream.
 
 Orchestrator -> REPL:
   {"type": "init", "uid": int|null, "rlimits": {...}, "tools": [{"name", "finishes"}],
-   "delegation": bool, "variables": {...}, "output_cap": int}
+   "delegation": bool, "variables": {...}, "output_cap": int, "echo": bool}
   {"type": "exec", "code": str, "cpu_s": int}
   {"type": "reply", "call_id": int, "ok": bool, "value": any, "error": str}
 REPL -> orchestrator:
@@ -195,6 +195,7 @@ class _Server:
             os.setgid(uid)
             os.setuid(uid)
         self.cap = int(msg.get("output_cap", 100_000))
+        self.echo = bool(msg.get("echo", False))
         for t in msg.get("tools", []):
             self.ns[t["name"]] = self.make_tool(t["name"], t.get("finishes", False))
         if msg.get("delegation"):
@@ -205,7 +206,10 @@ class _Server:
     # ---- exec ----------------------------------------------------------------------------------
     def _compile(self, code):
         tree = ast.parse(code, "<cell>", "exec")
-        if tree.body and isinstance(tree.body[-1], ast.Expr):  # notebook-style: show last expression
+        # Notebook-style display of a bare last expression, only when the orchestrator asked for it
+        # (RuntimeConfig.echo_last_expression): by default a child's result stays in its variable and
+        # reaches the parent's context only through an explicit print (spec section 1).
+        if getattr(self, "echo", False) and tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body[-1]
             call = ast.Expr(ast.Call(ast.Name("__rao_show__", ast.Load()), [last.value], []))
             tree.body[-1] = ast.copy_location(call, last)

@@ -66,6 +66,7 @@ class SandboxLimits:
     fsize_mb: int = 64
     output_cap: int = 100_000
     mode: Literal["bwrap", "none"] = "bwrap"
+    echo: bool = False  # print the repr of a cell's bare last expression (notebook echo); off by default
 
 
 def _hidden_ancestor(path: Path) -> Path | None:
@@ -165,7 +166,7 @@ class Repl:
               "cpu": lim.cpu_total_s}
         await self._send({"type": "init", "uid": self.uid if lim.mode == "bwrap" else None, "rlimits": rl,
                           "tools": tools, "delegation": delegation, "variables": variables,
-                          "output_cap": lim.output_cap})
+                          "output_cap": lim.output_cap, "echo": lim.echo})
         try:
             msg = await asyncio.wait_for(self._read(), timeout=60)
         except asyncio.TimeoutError:

@@ -69,6 +69,21 @@ async def test_depth3_tree_parallel_children_and_result_types(tok, tmp_path):
     assert read_trees(path) == [tree]
 
 
+async def test_child_result_stays_in_its_variable_unless_printed(tok):
+    """A bare `await launch_subagent(...)` on a cell's last line must not leak the child's result into the
+    parent's observation (spec section 1); with `echo_last_expression` on it would."""
+    pol = ReplayPolicy(by_goal={"secret": [cell("finish('SECRET-VALUE-123')")]},
+                       default=[cell("r = 1\nawait launch_subagent('secret')"), cell("finish('ok')")])
+    tree = await run_tree(FakeEnv(), task(), pol, cfg(), tokenizer=tok)
+    assert tree.root.end_reason == EndReason.FINISHED
+    assert "SECRET-VALUE-123" not in tree.root.turns[0].observation
+    assert "only what you print is shown" in tree.root.messages[0]["content"].lower()
+    pol2 = ReplayPolicy(by_goal={"secret": [cell("finish('SECRET-VALUE-123')")]},
+                        default=[cell("r = 1\nawait launch_subagent('secret')"), cell("finish('ok')")])
+    tree2 = await run_tree(FakeEnv(), task(), pol2, cfg(echo_last_expression=True), tokenizer=tok)
+    assert "SECRET-VALUE-123" in tree2.root.turns[0].observation
+
+
 async def test_child_results_dict_list_str_arrive_as_objects(tok):
     pol = ReplayPolicy(by_goal={
         "give dict": [cell("finish({'a': [1, 2], 'b': None})")],

@@ -33,8 +33,19 @@ async def test_plain_cell_output_and_persistence():
     r = await repl()
     try:
         a = await r.execute("x = 41\nprint('hi')", no_calls)
-        b = await r.execute("x + 1", no_calls)  # last expression is shown, notebook style
+        b = await r.execute("x + 1", no_calls)  # no notebook echo by default: only prints are shown
+        c = await r.execute("print(x + 1)", no_calls)
         assert (a.status, a.output) == (CellStatus.OK, "hi\n")
+        assert (b.status, b.output) == (CellStatus.OK, "")
+        assert (c.status, c.output) == (CellStatus.OK, "42\n")
+    finally:
+        await r.close()
+
+
+async def test_notebook_echo_only_when_switched_on():
+    r = await repl(echo=True)
+    try:
+        b = await r.execute("x = 41\nx + 1", no_calls)
         assert (b.status, b.output) == (CellStatus.OK, "42\n")
     finally:
         await r.close()
