@@ -13,6 +13,7 @@ backoff (tenacity) up to ``max_retries`` times; then ``PolicyError``. Each HTTP 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
@@ -83,7 +84,12 @@ class OpenAIPolicy(Policy):
             raise PolicyError("server did not return token_ids (needs vLLM with return_token_ids)")
         lps = None
         if ch.logprobs is not None and ch.logprobs.token_logprobs is not None:
-            lps = [float(x) if x is not None else 0.0 for x in ch.logprobs.token_logprobs]
+            lps = list(ch.logprobs.token_logprobs)
+            for i, x in enumerate(lps):  # a missing behaviour log-prob is an error, never a silent 0.0
+                if x is None or not isinstance(x, (int, float)) or math.isnan(x):
+                    raise PolicyError(f"server returned no usable log-prob for generated token {i} "
+                                      f"(id {token_ids[i] if i < len(token_ids) else '?'}): {x!r}")
+            lps = [float(x) for x in lps]
         if lps is None or len(lps) != len(token_ids):
             raise PolicyError(f"server returned {len(token_ids)} token ids but "
                               f"{None if lps is None else len(lps)} log-probs")

@@ -1,8 +1,9 @@
 """A tiny OpenAI-compatible completions server (stdlib only) for runtime tests.
 
-Usage: python fake_openai_server.py PORT DIE_AFTER  -- answers POST /v1/completions with a scripted cell
+Usage: python fake_openai_server.py PORT DIE_AFTER [null_logprob]  -- answers POST /v1/completions with a scripted cell
 (first answer: a cell printing 'hello'; later: finish('done')), echoing prompt ids; after DIE_AFTER
-answers the process exits (simulating a server crash mid-rollout).
+answers the process exits (simulating a server crash mid-rollout). With ``null_logprob`` the second
+generated token's log-prob is ``null`` (a malformed answer).
 """
 
 import json
@@ -11,6 +12,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, DIE_AFTER = int(sys.argv[1]), int(sys.argv[2])
+NULL_LOGPROB = len(sys.argv) > 3 and sys.argv[3] == "null_logprob"
 COUNT = {"n": 0}
 CELLS = ["```python\nprint('hello')\n```\n", "```python\nfinish('done')\n```\n"]
 
@@ -31,10 +33,13 @@ class H(BaseHTTPRequestHandler):
         text = CELLS[min(COUNT["n"], len(CELLS) - 1)]
         COUNT["n"] += 1
         ids = [100 + (ord(c) % 200) for c in text]
+        lps = [-0.5] * len(ids)
+        if NULL_LOGPROB:
+            lps[1] = None
         out = {"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
                "choices": [{"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
                             "prompt_token_ids": body["prompt"],
-                            "logprobs": {"tokens": list(text), "token_logprobs": [-0.5] * len(ids),
+                            "logprobs": {"tokens": list(text), "token_logprobs": lps,
                                          "top_logprobs": None, "text_offset": list(range(len(ids)))}}],
                "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids),
                          "total_tokens": len(body["prompt"]) + len(ids)}}

@@ -28,10 +28,10 @@ def _free_port() -> int:
     return port
 
 
-def _start(die_after: int) -> tuple[subprocess.Popen, str]:
+def _start(die_after: int, *flags: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fake_openai_server.py")), str(port),
-                             str(die_after)])
+                             str(die_after), *flags])
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -60,6 +60,23 @@ async def test_endpoint_policy_token_in_token_out(tok):
     assert root.turns[0].observation == "hello\n"
     assert all(lp == -0.5 for t in root.turns for lp in t.completion_logprobs)
     check_tokens(tree, __import__("rao_core.runtime.chat", fromlist=["ChatTokens"]).ChatTokens(tok))
+
+
+async def test_missing_logprob_is_a_node_error_not_zero(tok):
+    """A generated token without a log-prob must end the node with POLICY_ERROR, never be stored as 0.0
+    (a 0.0 behaviour log-prob would give the trainer a ratio of p_theta / 1 on that token)."""
+    proc, url = _start(100, "null_logprob")
+    try:
+        pol = OpenAIPolicy(url, "fake", max_retries=0)
+        tree = await run_tree(FakeEnv(), task(), pol, cfg(), tokenizer=tok)
+        await pol.aclose()
+    finally:
+        proc.kill()
+        proc.wait()
+    root = tree.root
+    assert root.end_reason == EndReason.POLICY_ERROR
+    assert "log-prob" in root.error and "token 1" in root.error
+    assert all(0.0 not in t.completion_logprobs for t in root.turns)
 
 
 async def test_server_killed_mid_rollout_fails_tree_cleanly(tok):
