@@ -119,7 +119,7 @@ class Node(BaseModel):
     timings: NodeTimings = Field(default_factory=NodeTimings)
     # Filled by judging (issue 7) and credit assignment (Eq. 1):
     success: float | None = None
-    success_source: str | None = None  # "verifier" | "judge" | "proxy" | "none"
+    success_source: str | None = None  # "verifier" | "judge" | "rule" | "proxy" | "none"
     reward: float | None = None
     judge: dict[str, Any] | None = None  # verdict, reason, raw text, model, cached
 

@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 from rao_core.judge.config import JudgeConfig
 
-SOURCES = ("verifier", "judge", "proxy", "none")
+SOURCES = ("verifier", "judge", "rule", "proxy", "none")
 
 
 class JudgeStats(BaseModel):
@@ -32,6 +32,7 @@ class JudgeStats(BaseModel):
     budget_exhausted: bool = False
     budget_skipped: int = 0
     sources: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    infra_unscored: dict[str, int] = Field(default_factory=dict)  # root end reason -> trees left unscored
     wall_s: float = 0.0
 
     def as_metrics(self) -> dict[str, float]:
@@ -55,6 +56,9 @@ class JudgeStats(BaseModel):
         }
         for s in SOURCES:
             m[f"judge/source_{s}"] = float(self.sources.get(s, 0))
+        m["judge/infra_unscored_trees"] = float(sum(self.infra_unscored.values()))
+        for reason, k in self.infra_unscored.items():
+            m[f"judge/infra_unscored_{reason}"] = float(k)
         return m
 
 

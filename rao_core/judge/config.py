@@ -77,7 +77,14 @@ class JudgeConfig(BaseModel):
         False, description="Also judge a root that has no verifier value (normally every root has one)."
     )
     unfinished_is_failure: bool = Field(
-        True, description="A node that never called finish gets s = 0 from the judge source without a request."
+        True, description="A sub-agent node that did not finish (step/context limit, crash, cancellation) gets "
+        "s = 0 (source 'rule') before any verifier, judge or proxy, so it never earns its parent a bonus."
+    )
+    infra_failures: Literal["unscored", "failure"] = Field(
+        "unscored", description="Trees whose root ended by policy_error, sandbox_error, token_prefix_break or "
+        "tree_timeout (infrastructure, not the policy): 'unscored' leaves them out of their group and of the "
+        "baselines (counted per end reason as judge/infra_unscored_<reason>); 'failure' scores them like any "
+        "other root (usually 0). Step, budget and context limits are always policy failures."
     )
     max_concurrency: int = Field(8, ge=1, description="Judge requests in flight at once.")
     max_retries: int = Field(

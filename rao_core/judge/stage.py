@@ -2,6 +2,19 @@
 
 Source selection per node (spec section 2, in order):
 
+0. Before any source, two rules ([project choice], docs/algorithm.md "What counts as a failure"):
+   a. ``infra_failures == "unscored"`` (default): a tree whose ROOT ended for a reason outside the
+      policy's control (:data:`INFRA_END_REASONS`: ``policy_error``, ``sandbox_error``,
+      ``token_prefix_break``, ``tree_timeout``) is left unscored, every node s = NaN with
+      ``node.judge["rule"] = "infrastructure"``: it is then dropped from its group and from the other
+      trees' baselines by ``rao_core.samples.build_samples``, and counted per end reason
+      (``JudgeStats.infra_unscored``). With ``"failure"`` such roots are scored like any other.
+      Step, budget and context limits (``max_steps``, ``tree_step_budget``, ``context_overflow``) stay
+      policy failures.
+   b. ``unfinished_is_failure`` (default): a sub-agent node that did not finish (any end reason other
+      than ``finished``, crashes included) gets s = 0 (source ``rule``, ``node.judge["rule"] =
+      "unfinished"``), so a crashed child never earns its parent the delegation bonus through the
+      verifier, the judge or the root proxy.
 1. ``verifier``: the runtime stored an exact value in ``node.env_info["verifier_success"]`` (every
    TextCraft-Synth node; the roots of the other environments). A NaN stored there counts as absent.
 2. ``judge``: the LLM judge, when ``config.enabled``, the environment is in ``config.judge_envs`` (None =
@@ -39,6 +52,9 @@ from rao_core.tree import EndReason, ExecutionTree, Node
 
 VERIFIER_KEY = "verifier_success"
 NAN = float("nan")
+#: Root end reasons that say nothing about the policy: the server, the sandbox or the wall clock failed.
+INFRA_END_REASONS = frozenset({EndReason.POLICY_ERROR, EndReason.SANDBOX_ERROR, EndReason.TOKEN_PREFIX_BREAK,
+                               EndReason.TREE_TIMEOUT})
 
 
 def verifier_value(node: Node) -> float | None:
@@ -110,8 +126,22 @@ async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, conf
                 _set(node, NAN, "none")
         for tree in out:
             env = env_name or tree.env
+            root_end = tree.root.end_reason
+            if config.infra_failures == "unscored" and root_end in INFRA_END_REASONS:
+                stats.infra_unscored[root_end.value] = stats.infra_unscored.get(root_end.value, 0) + 1
+                for node in tree.nodes:
+                    stats.nodes += 1
+                    _set(node, NAN, "none", {"rule": "infrastructure", "verdict": None, "reason":
+                                             f"root ended by {root_end.value}: not the policy's doing"})
+                continue
             for node in tree.walk():
                 stats.nodes += 1
+                if (config.unfinished_is_failure and node.node_id != tree.root_id
+                        and node.end_reason != EndReason.FINISHED):
+                    stats.unfinished_rule += 1
+                    _set(node, 0.0, "rule", {"verdict": "no", "rule": "unfinished", "reason":
+                                             f"node did not finish (end reason: {node.end_reason.value})"})
+                    continue
                 v = verifier_value(node)
                 if v is not None:
                     _set(node, v, "verifier")
@@ -119,13 +149,6 @@ async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, conf
                     if env not in prompts:
                         prompts[env] = load_prompt(env, config.prompt_dir)
                     prompt = prompts[env]
-                    if config.unfinished_is_failure and node.end_reason != EndReason.FINISHED:
-                        stats.unfinished_rule += 1
-                        _set(node, 0.0, "judge", {
-                            "verdict": "no", "reason": f"node did not finish (end reason: {node.end_reason.value})",
-                            "raw": "", "model": config.model, "prompt_version": prompt.version, "cached": False,
-                            "attempts": 0, "parsed_by": None, "status": "ok", "error": None, "rule": "unfinished"})
-                        continue
                     if judger is None:
                         judger = Judger(config, stats, client=client)
                     messages, goal, result, cells = judge_inputs(node, prompt, config)

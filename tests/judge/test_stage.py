@@ -44,7 +44,7 @@ async def test_textcraft_nodes_use_the_verifier_and_send_nothing(config):
     with FakeOpenAI(never) as srv:
         out, stats = await judge_trees([t], "textcraft-synth", config.model_copy(update={"base_url": srv.base_url}))
     assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("verifier", 0.0), "b": ("verifier", 1.0)}
-    assert stats.requests == 0 and stats.sources == {"verifier": 3, "judge": 0, "proxy": 0, "none": 0}
+    assert stats.requests == 0 and stats.sources == {"verifier": 3, "judge": 0, "rule": 0, "proxy": 0, "none": 0}
     assert all(n.judge is None for n in out[0].nodes)
 
 
@@ -52,7 +52,7 @@ async def test_free_form_subtasks_go_to_the_judge(config):
     t = oolong_tree()
     with FakeOpenAI(by_goal) as srv:
         out, stats = await judge_trees([t], "oolong", config.model_copy(update={"base_url": srv.base_url}))
-    assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("judge", 1.0), "b": ("judge", 0.0), "c": ("judge", 0.0)}
+    assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("judge", 1.0), "b": ("judge", 0.0), "c": ("rule", 0.0)}
     # c never called finish: scored 0 by the rule, without a request
     assert stats.requests == 2 and len(srv.requests) == 2 and stats.unfinished_rule == 1
     a, c = out[0].node("a").judge, out[0].node("c").judge
@@ -63,23 +63,85 @@ async def test_free_form_subtasks_go_to_the_judge(config):
     assert sent["model"] == "judge" and sent["temperature"] == 0.0 and sent["max_tokens"] == 256
     assert "good subtask" in sent["messages"][1]["content"]
     assert stats.prompt_tokens == 200 and stats.completion_tokens == 40 and stats.cost_usd == 0.0
-    assert stats.sources == {"verifier": 1, "judge": 3, "proxy": 0, "none": 0}
+    assert stats.sources == {"verifier": 1, "judge": 2, "rule": 1, "proxy": 0, "none": 0}
 
 
 async def test_proxy_when_no_judge(config):
     """The paper's proxy: sub-agent nodes inherit the root's success."""
     cfg = config.model_copy(update={"enabled": False})
     out, stats = await judge_trees([oolong_tree(root_v=0.25)], "oolong", cfg)
+    # c did not finish: the unfinished rule comes before the proxy, so it does not inherit the root's 0.25
     assert src(out[0]) == {"r": ("verifier", 0.25), "a": ("proxy", 0.25), "b": ("proxy", 0.25),
-                           "c": ("proxy", 0.25)}
+                           "c": ("rule", 0.0)}
     assert stats.requests == 0
+
+
+def _ended(n, reason):
+    n.end_reason = reason
+    return n
+
+
+async def test_crashed_child_earns_its_parent_no_bonus(config):
+    """A child that crashed (sandbox_error, no tokens) must get s = 0 whatever the source (proxy here,
+    verifier too), so its parent gets no delegation bonus from it (Eq. 1)."""
+    from rao_core.rewards import assign_rewards
+    from rao_core.tree import EndReason
+
+    cfg = config.model_copy(update={"enabled": False})
+    t = tree("oolong", [node("r", None, verifier=1.0),
+                        _ended(node("a", "r", depth=1, finished=False), EndReason.SANDBOX_ERROR),
+                        _ended(node("b", "r", depth=1, verifier=1.0, finished=False), EndReason.POLICY_ERROR)])
+    out, stats = await judge_trees([t], "oolong", cfg)
+    assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("rule", 0.0), "b": ("rule", 0.0)}
+    assert out[0].node("a").judge["rule"] == "unfinished" and stats.unfinished_rule == 2
+    assign_rewards(out[0], lam=0.5)
+    assert out[0].root.reward == 1.0  # s = 1, children's mean s = 0: no bonus
+
+
+@pytest.mark.parametrize("reason", ["policy_error", "sandbox_error", "token_prefix_break", "tree_timeout"])
+async def test_infrastructure_failures_are_unscored_and_leave_the_baseline(config, reason):
+    from rao_core.samples import build_samples
+    from rao_core.tree import EndReason
+
+    cfg = config.model_copy(update={"enabled": False})
+
+    def group():
+        return [tree("textcraft-synth", [node("r", None, verifier=1.0)], tree_id="t0"),
+                tree("textcraft-synth", [node("r", None, verifier=0.0)], tree_id="t1"),
+                tree("textcraft-synth", [_ended(node("r", None, verifier=0.0, finished=False), EndReason(reason)),
+                                         node("a", "r", depth=1, verifier=1.0)], tree_id="t2")]
+
+    def with_tokens(trees):
+        for t in trees:
+            t.group_id = "g"
+            for n in t.nodes:
+                n.token_ids, n.assistant_mask, n.behaviour_logprobs = [1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5]
+        return trees
+
+    out, stats = await judge_trees(with_tokens(group()), None, cfg)
+    assert all(math.isnan(n.success) and n.judge["rule"] == "infrastructure" for n in out[2].nodes)
+    assert stats.infra_unscored == {reason: 1} and stats.as_metrics()[f"judge/infra_unscored_{reason}"] == 1.0
+    batch = build_samples(out, lam=0.5)
+    assert {s.tree_id: s.baseline for s in batch.samples} == {"t0": 0.0, "t1": 1.0}  # t2 left out of b
+    assert batch.stats.dropped_nan_root_trees == 1
+    # the documented switch scores them as policy failures again
+    out, stats = await judge_trees(with_tokens(group()), None, cfg.model_copy(update={"infra_failures": "failure"}))
+    assert src(out[2])["r"] == ("verifier", 0.0) and stats.infra_unscored == {}
+    # t2 counts again: R(root) = 0 + 0.5 * s(a) = 0.5, so b(t1) = (1 + 0.5) / 2
+    assert {s.tree_id: s.baseline for s in build_samples(out, lam=0.5).samples}["t1"] == 0.75
+
+
+async def test_step_limit_root_stays_a_policy_failure(config):
+    t = tree("textcraft-synth", [node("r", None, verifier=0.0, finished=False)])  # ended by max_steps
+    out, stats = await judge_trees([t], None, config.model_copy(update={"enabled": False}))
+    assert src(out[0]) == {"r": ("verifier", 0.0)} and stats.infra_unscored == {}
 
 
 async def test_judge_envs_selects_environments(config):
     with FakeOpenAI(by_goal) as srv:
         cfg = config.model_copy(update={"base_url": srv.base_url, "judge_envs": ["deepdive"]})
         out, _ = await judge_trees([oolong_tree()], "oolong", cfg)
-        assert {s for s, _ in src(out[0]).values()} == {"verifier", "proxy"} and not srv.requests
+        assert {s for s, _ in src(out[0]).values()} == {"verifier", "proxy", "rule"} and not srv.requests
         out, _ = await judge_trees([oolong_tree()], None, cfg.model_copy(update={"judge_envs": ["oolong"]}))
     assert src(out[0])["a"] == ("judge", 1.0)  # env taken from the tree when env_name is None
 
