@@ -80,8 +80,18 @@ class TrainerConfig(BaseModel):
         "kl_coef == 0. With one optimizer step per epoch (grad_accum None) the token-mean normaliser still "
         "counts the skipped samples' tokens, so the update is identical; with grad_accum set, steps are "
         "formed from the kept samples only.")
-    shuffle: bool = Field(True, description="Shuffle micro-batch order each epoch (seeded).")
-    seed: int = Field(0, description="Seed of shuffling, LoRA init and dropout.")
+    shuffle: bool = Field(True, description="Shuffle micro-batch order each epoch, seeded by (seed, iteration, "
+                          "epoch) so that an epoch cut short by max_steps trains other micro-batches next time.")
+    seed: int = Field(0, description="Seed of shuffling, LoRA init and dropout (combined with the iteration).")
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
+        "token_mean", description="token_mean (the paper's token-level loss): sum over assistant tokens / tokens "
+        "of the step, so a depth level's gradient share grows with its token count; sequence_mean: each node's "
+        "token mean first, times w_d * A_n, averaged over the step's nodes, so Eq. (5) equalises the depth "
+        "levels' gradient mass (docs/algorithm.md).")
+    optimizer_state: Literal["continue", "reset"] = Field(
+        "continue", description="continue: restore the AdamW moments and the scheduler's step from the parent "
+        "checkpoint's `optimizer/` folder when it was written by a run of the same loss_type (else start "
+        "fresh); reset: always start a fresh optimizer. The new state is always saved beside the checkpoint.")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerConfig":

@@ -17,10 +17,19 @@ An optional KL-to-reference penalty adds ``kl_coef * k3_t``, with the k3 estimat
 ``k3 = exp(ref_t - logp_t) - (ref_t - logp_t) - 1`` (Schulman, "Approximating KL divergence", 2020),
 as in GRPO (Shao et al. 2024, arXiv:2402.03300).
 
-Aggregation [project choice, spec section 6]: token-mean over the batch, i.e. the per-token losses are
-SUMMED over all assistant tokens and divided by ``normalizer``: the number of assistant tokens in the
-whole optimizer step (all micro-batches, all processes), so micro-batching and the number of processes
-do not change the update. Without ``normalizer`` the micro-batch's own token count is used.
+Aggregation [project choice, spec section 6; docs/algorithm.md "Loss aggregation"], ``aggregation``:
+
+- ``token_mean`` (default, the paper's token-level loss): the per-token losses are SUMMED over all
+  assistant tokens and divided by ``normalizer``, the number of assistant tokens in the whole optimizer
+  step (all micro-batches, all processes), so micro-batching and the number of processes do not change
+  the update. A depth level's share of the gradient then grows with its TOKEN count: Eq. (5) equalises
+  the levels' trajectory weights, not their token mass.
+- ``sequence_mean``: each node's per-token losses are first averaged over its own assistant tokens, then
+  summed over nodes and divided by ``normalizer``, the number of node trajectories in the step; each node
+  then carries gradient mass proportional to ``w_d * A_n`` whatever its length, so Eq. (5) equalises the
+  depth levels' gradient mass.
+
+Without ``normalizer`` the micro-batch's own token (or trajectory) count is used.
 
 Reported statistics (detached): sums and counts so that the trainer can aggregate over micro-batches,
 processes and depths. ``kl_mismatch`` is the k3 estimate of KL(pi_behaviour || pi_theta) with the
@@ -36,8 +45,9 @@ from typing import Literal
 import torch
 
 LossType = Literal["reinforce", "ppo", "cispo", "sft"]
+Aggregation = Literal["token_mean", "sequence_mean"]
 
-__all__ = ["LossType", "LossStats", "token_logprobs", "policy_loss"]
+__all__ = ["Aggregation", "LossType", "LossStats", "token_logprobs", "policy_loss"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,7 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     normalizer: float | torch.Tensor | None = None,
+    aggregation: Aggregation = "token_mean",
 ) -> tuple[torch.Tensor, LossStats]:
     """Token-level RAO policy loss (module docstring has the formulas and sources).
 
@@ -102,8 +113,10 @@ def policy_loss(
         clip_eps_low, clip_eps_high: ratio bounds [1 - eps_low, 1 + eps_high] (ppo, cispo).
         ref_logprobs: [B, L] reference-policy log-probs, needed when ``kl_coef > 0``.
         kl_coef: weight of the k3 KL-to-reference penalty (0: off).
-        normalizer: divide the token sum by this (tokens of the whole optimizer step); default: the
-            micro-batch's token count.
+        normalizer: ``token_mean``: divide the token sum by this (assistant tokens of the whole optimizer
+            step); ``sequence_mean``: divide the sum of per-node token means by this (node trajectories
+            of the step). Default: the micro-batch's own count.
+        aggregation: ``token_mean`` | ``sequence_mean`` (module docstring).
 
     Returns:
         ``(loss, stats)``: scalar loss with gradient; :class:`LossStats` detached.
@@ -119,6 +132,8 @@ def policy_loss(
         raise ValueError(f"coef must be [B] = {tuple(logprobs.shape[:1])}, got {tuple(coef.shape)}")
     if loss_type not in ("reinforce", "ppo", "cispo", "sft"):
         raise ValueError(f"unknown loss_type {loss_type!r}")
+    if aggregation not in ("token_mean", "sequence_mean"):
+        raise ValueError(f"unknown aggregation {aggregation!r}")
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     m = mask.to(logprobs.dtype)  # [B, L]
@@ -154,8 +169,14 @@ def policy_loss(
         if kl_coef > 0:
             total_tok = total_tok + kl_coef * ref_kl
     tokens = m.sum()
-    norm = tokens.clamp(min=1.0) if normalizer is None else normalizer
-    loss = total_tok.sum() / norm
+    if aggregation == "token_mean":
+        norm = tokens.clamp(min=1.0) if normalizer is None else normalizer
+        loss = total_tok.sum() / norm
+    else:  # sequence_mean: mean over each node's own tokens, then sum over nodes / normalizer
+        per_seq_tokens = m.sum(-1)  # [B]
+        seq_mean = total_tok.sum(-1) / per_seq_tokens.clamp(min=1.0)  # [B]
+        norm = (per_seq_tokens > 0).sum().clamp(min=1).to(m.dtype) if normalizer is None else normalizer
+        loss = seq_mean.sum() / norm
 
     with torch.no_grad():
         lr_d = log_ratio.detach()

@@ -23,6 +23,15 @@ Per-step metrics (dicts, identical on all processes; ``on_step`` is called on th
 Departures: no sequence packing (padding only); learning-rate schedule is constant after optional
 linear warm-up (one update per iteration is the common case); samples whose coefficient w_d * A_n is 0
 are not run at all (``skip_zero_advantage``; same update, see docs/algorithm.md).
+
+Across RL iterations (``TrainerConfig.optimizer_state='continue'``, default) the AdamW moments and the
+scheduler's step count are saved in the checkpoint's ``optimizer/`` sub-folder (never copied into the
+served folder) and restored by the next iteration, so an update is not Adam's first step every time
+(which would make it about ``lr * sign(g)`` whatever the gradient's size). Learning rate, betas and
+weight decay always come from the current config. Under FSDP (sharded optimizer state) the state is
+not saved yet and every iteration starts fresh (a warning says so). The micro-batch order is shuffled
+with a seed derived from (``seed``, ``iteration``, epoch), so an epoch cut short by ``max_steps`` trains
+different micro-batches at each iteration.
 """
 
 from __future__ import annotations
@@ -46,9 +55,45 @@ from rao_core.train.config import TrainerConfig
 from rao_core.train.data import collate, make_micro_batches, validate_samples
 from rao_core.train.loss import policy_loss, token_logprobs
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["OPTIMIZER_DIR", "TrainResult", "epoch_order", "train"]
 
 StepCallback = Callable[[dict[str, float]], None]
+OPTIMIZER_DIR = "optimizer"  # sub-folder of a checkpoint holding the optimizer/scheduler state
+_OPTIMIZER_FILE = "state.pt"
+
+
+def epoch_order(n_micro_batches: int, *, seed: int, iteration: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """Order in which the micro-batches of one epoch are trained.
+
+    A permutation of ``range(n_micro_batches)``, shuffled with a generator seeded by
+    ``(seed, iteration, epoch)`` when ``shuffle`` (identity otherwise): the same call gives the same
+    order, and a new iteration gives a new order, so that ``max_steps`` cutting an epoch short does not
+    train the same micro-batches at every iteration.
+    """
+    order = list(range(n_micro_batches))
+    if shuffle:
+        random.Random(f"rao-shuffle|{seed}|{iteration}|{epoch}").shuffle(order)
+    return order
+
+
+def _load_optimizer_state(model_path: Path, cfg: TrainerConfig, n_params: int) -> tuple[dict[str, Any] | None, str]:
+    """The parent checkpoint's optimizer state if it can continue this run, else (None, why not)."""
+    f = model_path / OPTIMIZER_DIR / _OPTIMIZER_FILE
+    if cfg.optimizer_state == "reset":
+        return None, "reset by config"
+    if not f.exists():
+        return None, "parent checkpoint has no optimizer state"
+    try:
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged state file must not stop training; say so
+        return None, f"unreadable optimizer state {f}: {type(e).__name__}: {e}"
+    if state.get("loss_type") != cfg.loss_type or bool(state.get("lora")) != (cfg.lora is not None):
+        return None, (f"parent state is from loss_type={state.get('loss_type')} lora={state.get('lora')}, "
+                      f"this run is loss_type={cfg.loss_type} lora={cfg.lora is not None}")
+    groups = state["optimizer"].get("param_groups", [])
+    if sum(len(g["params"]) for g in groups) != n_params:
+        return None, "parent state is for a different set of trainable parameters"
+    return state, "continued"
 
 
 @dataclass
@@ -138,7 +183,7 @@ def train(
                      max_length=getattr(hf_cfg, "max_position_embeddings", None))
 
     accelerator = Accelerator(mixed_precision=_compute_dtype(cfg))
-    set_seed(cfg.seed)
+    set_seed(cfg.seed + iteration)
     world, rank = accelerator.num_processes, accelerator.process_index
 
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, attn_implementation="sdpa")
@@ -170,8 +215,26 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     warm = cfg.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    prior = {"steps": 0}  # optimizer steps taken by earlier iterations (restored below)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1 + prior["steps"]) / warm) if warm else 1.0)
     model, optimizer = accelerator.prepare(model, optimizer)
+    from accelerate.utils import DistributedType
+
+    sharded_optim = accelerator.distributed_type == DistributedType.FSDP
+    state, optim_why = (None, "FSDP: sharded optimizer state is not carried over yet") if sharded_optim else \
+        _load_optimizer_state(model_path, cfg, len(params))
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        prior["steps"] = int(state.get("steps", 0))
+        for g in optimizer.param_groups:  # hyper-parameters always come from the current config
+            g.update(lr=cfg.lr * (min(1.0, (1 + prior["steps"]) / warm) if warm else 1.0), initial_lr=cfg.lr,
+                     betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+        scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+    elif cfg.optimizer_state == "continue" and accelerator.is_main_process and (model_path / OPTIMIZER_DIR).exists():
+        import warnings
+
+        warnings.warn(f"optimizer state not continued: {optim_why}", stacklevel=2)
     if ref_model is not None:
         ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
     model.train()
@@ -186,17 +249,16 @@ def train(
     mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
                              micro_batch_size=cfg.micro_batch_size)
     tokens_of = [s.num_assistant_tokens for s in rows]
+    skipped_samples = len(all_rows) - len(rows)
+    seq_mean = cfg.loss_aggregation == "sequence_mean"
     max_depth = max(s.depth for s in rows)
     per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
-    rng = random.Random(cfg.seed)
     dev = accelerator.device
     metrics: list[dict[str, float]] = []
     step = 0
     done = False
     for epoch in range(cfg.epochs):
-        order = list(range(len(mbs)))
-        if cfg.shuffle:
-            rng.shuffle(order)
+        order = epoch_order(len(mbs), seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
         # Pad the global micro-batch list to a multiple of the process count with fillers (-1).
         order += [-1] * (-len(order) % world)
         chunk = per_step or len(order)
@@ -204,9 +266,11 @@ def train(
             step_mbs = order[start:start + chunk]
             t0 = time.perf_counter()
             step_tokens = sum(tokens_of[i] for j in step_mbs if j >= 0 for i in mbs[j].indices)
-            if per_step is None:  # one step per epoch: the skipped zero-coefficient tokens still count
+            step_samples = sum(1 for j in step_mbs if j >= 0 for i in mbs[j].indices if tokens_of[i] > 0)
+            if per_step is None:  # one step per epoch: the skipped zero-coefficient samples still count
                 step_tokens += skipped_tokens
-            normalizer = max(step_tokens, 1) / world
+                step_samples += skipped_samples
+            normalizer = max(step_samples if seq_mean else step_tokens, 1) / world
             local = step_mbs[rank::world]
             acc = torch.zeros(9, device=dev, dtype=torch.float64)
             kl_depth = torch.zeros(2, max_depth + 1, device=dev, dtype=torch.float64)
@@ -237,6 +301,7 @@ def train(
                         lp, batch["behaviour_logprobs"], batch["loss_mask"], batch["coef"],
                         loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
                         ref_logprobs=ref_lp, kl_coef=cfg.kl_coef, normalizer=normalizer,
+                        aggregation=cfg.loss_aggregation,
                     )
                     accelerator.backward(loss)
                 if j >= 0:
@@ -270,6 +335,7 @@ def train(
                 "train/padded_tokens": float(acc[7]), "train/samples": float(acc[8]),
                 "train/kl_mismatch": float(kl_depth[0].sum()) / max(float(kl_depth[1].sum()), 1.0),
                 "train/lr": float(scheduler.get_last_lr()[0]), "train/step_s": dt,
+                "train/optimizer_steps_total": float(prior["steps"] + step),
                 "train/tokens_per_s": float(acc[6]) / dt if dt > 0 else 0.0,
             }
             for d in range(max_depth + 1):
@@ -300,10 +366,16 @@ def train(
         "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows),
         "created_at": time.time(),
         "final_metrics": metrics[-1] if metrics else {},
+        "optimizer_state": {"continued": state is not None, "why": optim_why,
+                            "steps_total": prior["steps"] + step},
         "versions": _versions(),
     }
+    optim_state = None
+    if not sharded_optim:
+        optim_state = {"optimizer": optimizer.state_dict(), "steps": prior["steps"] + step,
+                       "loss_type": cfg.loss_type, "lora": cfg.lora is not None}
     _save(accelerator, model, tokenizer, out_dir, manifest, tied=tied, lora=cfg.lora is not None,
-          save_dtype=save_dtype)
+          save_dtype=save_dtype, optim_state=optim_state)
     accelerator.wait_for_everyone()
     return TrainResult(checkpoint=out_dir, metrics=metrics, manifest=manifest)
 
@@ -318,9 +390,16 @@ def _versions() -> dict[str, str]:
             "accelerate": accelerate.__version__}
 
 
+def _write_optimizer_state(folder: Path, optim_state: dict[str, Any] | None) -> None:
+    if optim_state is not None:
+        (folder / OPTIMIZER_DIR).mkdir()
+        torch.save(optim_state, folder / OPTIMIZER_DIR / _OPTIMIZER_FILE)
+
+
 def _save(accelerator, model, tokenizer, out_dir: Path, manifest: dict[str, Any], *, tied: bool, lora: bool,
-          save_dtype: torch.dtype) -> None:
-    """Gather the weights (collective under FSDP) and write the checkpoint folder on the main process."""
+          save_dtype: torch.dtype, optim_state: dict[str, Any] | None = None) -> None:
+    """Gather the weights (collective under FSDP) and write the checkpoint folder on the main process
+    (with the optimizer state in its ``optimizer/`` sub-folder when given)."""
     state = accelerator.get_state_dict(model)
     unwrapped = accelerator.unwrap_model(model)
     if not accelerator.is_main_process:
@@ -334,6 +413,7 @@ def _save(accelerator, model, tokenizer, out_dir: Path, manifest: dict[str, Any]
             acfg_path.write_text(json.dumps(acfg, indent=2))
             tokenizer.save_pretrained(tmp)
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+            _write_optimizer_state(tmp, optim_state)
         return
     if bool(getattr(unwrapped.config, "tie_word_embeddings", False)) != tied:
         raise ValueError("tie_word_embeddings changed during training; vLLM would load a different model")
@@ -350,3 +430,4 @@ def _save(accelerator, model, tokenizer, out_dir: Path, manifest: dict[str, Any]
         cfg_path.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
         tokenizer.save_pretrained(tmp)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+        _write_optimizer_state(tmp, optim_state)

@@ -103,3 +103,42 @@ def test_token_logprobs_matches_naive():
         assert lp[b, 0] == 0
         for t in range(1, 4):
             assert lp[b, t].item() == pytest.approx(torch.log_softmax(logits[b, t - 1], -1)[ids[b, t]].item(), abs=1e-5)
+
+
+def _level_mass(aggregation: str) -> tuple[float, float]:
+    """Gradient mass |d loss / d logp| of depth 0 (1 root, 4000 tokens) vs depth 1 (4 children, 300 tokens),
+    equal advantages, Eq. (5) weights."""
+    from rao_core.advantages import depth_weights
+
+    lengths, depths = [4000, 300, 300, 300, 300], [0, 1, 1, 1, 1]
+    L = max(lengths)
+    mask = torch.zeros(5, L)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    logp = torch.full((5, L), -1.0, requires_grad=True)
+    coef = torch.tensor(depth_weights(depths)) * 1.0  # A_n = 1 for every node
+    loss, _ = policy_loss(logp, logp.detach(), mask, coef, loss_type="reinforce", aggregation=aggregation)
+    loss.backward()
+    g = logp.grad.abs().sum(-1)
+    return float(g[0]), float(g[1:].sum())
+
+
+def test_sequence_mean_gives_depth_levels_equal_gradient_mass():
+    root, kids = _level_mass("token_mean")
+    assert root / kids == pytest.approx(4000 * 2.5 / (4 * 300 * 0.625))  # 13.3: token count decides
+    root, kids = _level_mass("sequence_mean")
+    assert root == pytest.approx(kids)  # Eq. (5) now equalises the levels' gradient mass
+    assert root + kids == pytest.approx(2.5 * 2 / 5)  # sum of |w_d A_n| over nodes / N nodes
+
+
+def test_sequence_mean_normaliser_counts_nodes():
+    logp = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, 0.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    coef = torch.tensor([1.0, 1.0])
+    loss, _ = policy_loss(logp, logp.detach(), mask, coef, loss_type="reinforce", aggregation="sequence_mean")
+    assert float(loss) == pytest.approx((1.0 + 2.0) / 2)  # per-node means 1 and 2, averaged over 2 nodes
+    loss, _ = policy_loss(logp, logp.detach(), mask, coef, loss_type="reinforce", aggregation="sequence_mean",
+                          normalizer=4.0)
+    assert float(loss) == pytest.approx(3.0 / 4)
+    with pytest.raises(ValueError, match="aggregation"):
+        policy_loss(logp, logp.detach(), mask, coef, aggregation="sum")

@@ -166,3 +166,48 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_update(tiny, tm
     assert on["train/grad_norm"] == pytest.approx(off["train/grad_norm"], rel=1e-4)
     assert on["train/pg_loss"] * on["train/tokens"] == pytest.approx(off["train/pg_loss"] * off["train/tokens"],
                                                                       rel=1e-4, abs=1e-7)
+
+
+def test_shuffle_order_changes_with_the_iteration():
+    from rao_core.train.trainer import epoch_order
+
+    a = epoch_order(20, seed=0, iteration=1, epoch=0)
+    assert sorted(a) == list(range(20)) and a == epoch_order(20, seed=0, iteration=1, epoch=0)
+    assert a != epoch_order(20, seed=0, iteration=2, epoch=0)  # max_steps cuts train other micro-batches
+    assert a != epoch_order(20, seed=0, iteration=1, epoch=1)
+    assert epoch_order(5, seed=0, iteration=3, epoch=0, shuffle=False) == [0, 1, 2, 3, 4]
+
+
+def test_optimizer_state_carries_over_iterations_unless_reset(tiny, tmp_path):
+    """Each iteration continues the parent's AdamW moments and step count (saved in optimizer/), so the
+    second update is not Adam's first step again; 'reset' starts fresh."""
+    from rao_core.train.trainer import OPTIMIZER_DIR
+
+    samples = _samples(tiny)
+    cfg = TrainerConfig(loss_type="reinforce", lr=1e-3)
+    r1 = train(samples, tiny, tmp_path / "it1", cfg, iteration=1)
+    state1 = torch.load(tmp_path / "it1" / OPTIMIZER_DIR / "state.pt", weights_only=True)
+    assert state1["steps"] == 1 and state1["loss_type"] == "reinforce"
+    assert r1.manifest["optimizer_state"]["continued"] is False
+    assert not (tmp_path / "it1" / "optimizer.pt").exists()  # nothing extra at the served top level
+    r2 = train(samples, tmp_path / "it1", tmp_path / "it2", cfg, iteration=2)
+    assert r2.manifest["optimizer_state"] == {"continued": True, "why": "continued", "steps_total": 2}
+    assert r2.metrics[-1]["train/optimizer_steps_total"] == 2.0
+    state2 = torch.load(tmp_path / "it2" / OPTIMIZER_DIR / "state.pt", weights_only=True)
+    assert state2["steps"] == 2
+    assert all(int(s["step"]) == 2 for s in state2["optimizer"]["state"].values())  # Adam's own step count
+    r3 = train(samples, tmp_path / "it1", tmp_path / "it3", cfg.model_copy(update={"optimizer_state": "reset"}),
+               iteration=2)
+    assert r3.manifest["optimizer_state"]["continued"] is False and r3.metrics[-1]["train/optimizer_steps_total"] == 1.0
+    # a state from another loss type (e.g. the SFT warm start) is not continued
+    r4 = train(samples, tmp_path / "it1", tmp_path / "it4", cfg.model_copy(update={"loss_type": "ppo"}), iteration=2)
+    assert r4.manifest["optimizer_state"]["continued"] is False and "loss_type" in r4.manifest["optimizer_state"]["why"]
+
+
+def test_sequence_mean_aggregation_trains(tiny, tmp_path):
+    samples = _samples(tiny)
+    res = train(samples, tiny, tmp_path / "seq", TrainerConfig(loss_type="reinforce", lr=1e-3,
+                                                                 loss_aggregation="sequence_mean"))
+    before, after = _logprobs(tiny, samples), _logprobs(tmp_path / "seq", samples)
+    assert after[0] > before[0] and after[1] < before[1]  # still moves along the advantages
+    assert res.manifest["config"]["loss_aggregation"] == "sequence_mean"
