@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
 
 from rao_core.jsonl import read_jsonl, write_jsonl
 
@@ -199,9 +200,61 @@ def is_nan(x: float | None) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
+def _node_json_error(node: Node) -> str | None:
+    try:
+        node.model_dump_json()
+        return None
+    except Exception as e:  # noqa: BLE001 - pydantic raises PydanticSerializationError / ValueError
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def tree_json_line(tree: ExecutionTree) -> str:
+    """``tree`` as one JSON line; a tree that cannot be serialised is recorded as failed, never dropped.
+
+    A node whose free-form fields (``result``, ``goal_args``, ``env_info``, ``judge``) do not serialise
+    (too deeply nested, not JSON) gets them emptied and an ``error`` saying so, and ``tree.error`` names
+    the node; a tree still unserialisable after that becomes a root-only record with ``tree.error``.
+    ``tree`` itself is never modified. NaN/inf floats in numeric fields are written as null (pydantic).
+    """
+    try:
+        return tree.model_dump_json()
+    except Exception as e:  # noqa: BLE001
+        first = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    nodes, broken = [], []
+    for n in tree.nodes:
+        err = _node_json_error(n)
+        if err is not None:
+            broken.append(n.node_id)
+            n = n.model_copy(update={"result": None, "goal_args": {}, "env_info": {}, "judge": None,
+                                     "error": f"{n.error + '; ' if n.error else ''}record: free-form fields "
+                                              f"dropped, they could not be serialised ({err})"})
+        nodes.append(n)
+    error = f"tree record could not be written whole: node(s) {broken[:5]} ({first})"
+    meta = tree.meta
+    try:
+        to_json(meta)
+    except Exception:  # noqa: BLE001
+        meta = {}
+    fixed = tree.model_copy(update={"nodes": nodes, "meta": meta,
+                                    "error": (tree.error + "; " if tree.error else "") + error})
+    try:
+        return fixed.model_dump_json()
+    except Exception:  # noqa: BLE001 - last resort: a root-only failed record
+        goal = next((n.goal for n in tree.nodes if n.node_id == tree.root_id), "")
+        root = Node(node_id=tree.root_id, goal=str(goal)[:2000],
+                    end_reason=EndReason.SANDBOX_ERROR, error=error)
+        return ExecutionTree(tree_id=tree.tree_id, env=tree.env, task_id=tree.task_id, group_id=tree.group_id,
+                             rollout_index=tree.rollout_index, root_id=tree.root_id, nodes=[root],
+                             wall_s=tree.wall_s, error=error, policy=tree.policy).model_dump_json()
+
+
 def write_trees(path: str | os.PathLike[str], trees: Iterable[ExecutionTree]) -> Path:
-    """Write trees as JSON lines atomically (temp file in the same folder, then rename)."""
-    return write_jsonl(path, (t.model_dump_json() for t in trees))
+    """Write trees as JSON lines atomically (temp file in the same folder, then rename).
+
+    Each tree is serialised on its own (``tree_json_line``): one that cannot be is written as a failed
+    record and never takes the others with it.
+    """
+    return write_jsonl(path, (tree_json_line(t) for t in trees))
 
 
 def _tree_record(d: dict) -> ExecutionTree:

@@ -20,7 +20,7 @@ from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
-from rao_core.tree import read_trees, write_trees
+from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
 from tasks.common import RunContext, fetch, iter_key, resumable
 from tasks.serve import checkpoint_local
@@ -98,8 +98,14 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
     policy = _policy(ctx, served)
     counts = {"done": 0, "crashed": 0, "solved": 0}
     total = len(tasks) * G
+    # Each tree is written on its own as it finishes (a crash mid-generation leaves the finished ones
+    # here for inspection; resume regenerates the iteration); removed once trees.jsonl is complete.
+    journal_path = ctx.local(f"iter-{iteration}/trees.partial.jsonl")
+    journal = open(journal_path, "w", encoding="utf-8")
 
     def progress(done: int, total_: int, tree) -> None:
+        journal.write(tree_json_line(tree) + "\n")
+        journal.flush()
         counts["done"] = done
         counts["crashed"] += int(bool(tree.error))
         counts["solved"] += int((tree.root.env_info or {}).get("verifier_success") == 1.0)
@@ -115,11 +121,15 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
         finally:
             await policy.aclose()
 
-    trees = asyncio.run(go())
+    try:
+        trees = asyncio.run(go())
+    finally:
+        journal.close()
     gen_s = time.monotonic() - t0
     for t in trees:
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
-    path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)
+    path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)  # one bad tree: a failed record
+    journal_path.unlink(missing_ok=True)
     up = ctx.store().put_file(path, iter_key(iteration, "trees/trees.jsonl"))
     log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s")
     return {"trees_uri": up["uri"], "sha256": up["sha256"], "num_trees": len(trees),

@@ -41,6 +41,12 @@ class RuntimeConfig(BaseModel):
     max_processes: int = Field(32, ge=4, description="RLIMIT_NPROC per REPL (each REPL has its own uid).")
     max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a REPL, MiB (largest file it writes).")
     max_children_per_node: int = Field(8, ge=0, description="launch_subagent calls allowed per node.")
+    result_max_bytes: int = Field(262_144, ge=64, description="Largest finish() value, as JSON text "
+                                  "(characters): a larger one is refused with a ToolError in the node's REPL "
+                                  "and again by the orchestrator; NaN and infinity are refused too.")
+    result_max_depth: int = Field(64, ge=1, le=200, description="Deepest nesting of containers in a finish() "
+                                  "value or in tool / launch_subagent arguments (tree records serialise up to "
+                                  "about 250 levels).")
     tree_step_budget: int | None = Field(None, ge=1, description="Optional turns shared by the whole "
                                          "tree; once spent every running node ends with TREE_STEP_BUDGET.")
     tree_timeout_s: float = Field(600.0, gt=0, description="Wall-clock seconds per tree; then all nodes "

@@ -9,6 +9,7 @@ Orchestrator -> REPL:
   {"type": "init", "uid": int|null, "rlimits": {...}, "tools": [{"name", "finishes"}],
    "delegation": bool, "variables": {...}, "output_cap": int, "echo": bool}
   {"type": "exec", "code": str, "cpu_s": int}
+  {"type": "limits", "result_max_bytes": int, "result_max_depth": int}  (before init; see _check_json)
   {"type": "reply", "call_id": int, "ok": bool, "value": any, "error": str}
 REPL -> orchestrator:
   {"type": "started"} once imports are done; {"type": "ready"} after init (limits set, uid dropped)
@@ -60,6 +61,32 @@ class _Finished(BaseException):
 
 class ToolError(Exception):
     """A tool or launch_subagent refused the call; the message says why."""
+
+
+_LIMITS = {"max_bytes": 262_144, "max_depth": 64}  # set by the orchestrator's "limits" message
+
+
+def _check_json(value, what, sized=True):
+    """Return ``value`` as JSON text, or raise ToolError: nested deeper than ``_LIMITS["max_depth"]``
+    containers, NaN or infinity (not JSON), not JSON-serialisable, or (``sized``) longer than
+    ``_LIMITS["max_bytes"]`` characters. The orchestrator checks the same again outside the sandbox."""
+    limit = _LIMITS["max_depth"]
+    stack = [(value, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list, tuple)):
+            if d > limit:
+                raise ToolError(f"{what} is nested more than {limit} levels deep; flatten it")
+            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise ToolError(f"{what} contains {x!r}, which is not valid JSON; use None or a string instead")
+    try:
+        data = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ToolError(f"{what} must be JSON-serialisable (dict, list, str, number, bool, None): {e}") from None
+    if sized and len(data) > _LIMITS["max_bytes"]:
+        raise ToolError(f"{what} is {len(data)} bytes as JSON; the limit is {_LIMITS['max_bytes']} bytes")
+    return data
 
 
 class _CappedWriter(io.TextIOBase):
@@ -138,6 +165,7 @@ class _Server:
     # ---- stubs ---------------------------------------------------------------------------------
     def sync_call(self, name, args, kwargs):
         slot = [threading.Event(), None]
+        _check_json([list(args), kwargs], f"an argument of {name}()", sized=False)
         cid = self._new_call("event", slot)
         _send({"type": "call", "call_id": cid, "name": name, "args": list(args), "kwargs": kwargs})
         slot[0].wait()
@@ -162,6 +190,7 @@ class _Server:
         server = self
 
         async def launch_subagent(*args, **kwargs):
+            _check_json([list(args), kwargs], "an argument of launch_subagent()", sized=False)
             fut = server.loop.create_future()
             cid = server._new_call("future", fut)
             _send({"type": "call", "call_id": cid, "name": "launch_subagent", "args": list(args),
@@ -172,12 +201,8 @@ class _Server:
 
     @staticmethod
     def finish(result=None):
-        """End this agent with ``result`` (a JSON-serialisable object)."""
-        try:
-            json.dumps(result)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"finish() needs a JSON-serialisable value (dict, list, str, number, bool, "
-                            f"None): {e}") from None
+        """End this agent with ``result`` (JSON data within the result limits; else ToolError)."""
+        _check_json(result, "the finish() value")
         _send({"type": "finish", "value": result, "via": "finish"})
         raise _Finished()
 
@@ -261,7 +286,10 @@ class _Server:
     async def main(self):
         while True:
             msg = await self.inbox.get()
-            if msg["type"] == "init":
+            if msg["type"] == "limits":
+                _LIMITS["max_bytes"] = int(msg["result_max_bytes"])
+                _LIMITS["max_depth"] = int(msg["result_max_depth"])
+            elif msg["type"] == "init":
                 self.init(msg)
                 _send({"type": "ready"})
             elif msg["type"] == "exec":

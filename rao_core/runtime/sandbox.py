@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -66,7 +67,31 @@ class SandboxLimits:
     fsize_mb: int = 64
     output_cap: int = 100_000
     mode: Literal["bwrap", "none"] = "bwrap"
+    result_max_bytes: int = 262_144  # a finish() value, as JSON text, characters
+    result_max_depth: int = 64  # nesting of containers in a finish() value or tool / launch_subagent arguments
     echo: bool = False  # print the repr of a cell's bare last expression (notebook echo); off by default
+
+
+def check_json_value(value: Any, what: str, *, max_depth: int, max_bytes: int | None) -> str:
+    """Return ``value`` as JSON text, or raise ValueError naming ``what`` and the broken limit.
+
+    The orchestrator-side twin of the REPL's ``_check_json`` (model code can bypass the one inside the
+    sandbox): at most ``max_depth`` nested containers (checked without recursion), no NaN or infinity,
+    and (when ``max_bytes`` is set) at most ``max_bytes`` characters of JSON.
+    """
+    stack = [(value, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            if d > max_depth:
+                raise ValueError(f"{what} is nested more than {max_depth} levels deep")
+            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise ValueError(f"{what} contains {x!r}, which is not valid JSON")
+    data = json.dumps(value, allow_nan=False)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ValueError(f"{what} is {len(data)} bytes as JSON; the limit is {max_bytes} bytes")
+    return data
 
 
 def _hidden_ancestor(path: Path) -> Path | None:
@@ -162,6 +187,8 @@ class Repl:
     async def init(self, tools: list[dict[str, Any]], delegation: bool, variables: dict[str, Any]) -> None:
         """Set limits, drop the uid, install tool stubs and variables; raises SandboxError."""
         lim = self.limits
+        await self._send({"type": "limits", "result_max_bytes": lim.result_max_bytes,
+                          "result_max_depth": lim.result_max_depth})
         rl = {"as": lim.memory_mb * 2**20, "nproc": lim.nproc, "fsize": lim.fsize_mb * 2**20,
               "cpu": lim.cpu_total_s}
         await self._send({"type": "init", "uid": self.uid if lim.mode == "bwrap" else None, "rlimits": rl,
@@ -181,9 +208,26 @@ class Repl:
         await self.proc.stdin.drain()
 
     async def _read(self) -> dict[str, Any] | None:
+        """The next protocol message, or None at end of stream.
+
+        Raises SandboxError for a line over the stream limit (64 MiB) or one that is not a JSON object
+        (or nests too deep to parse): only model code bypassing the server can cause either.
+        """
         assert self.proc is not None and self.proc.stdout is not None
-        line = await self.proc.stdout.readline()
-        return json.loads(line) if line else None
+        try:
+            line = await self.proc.stdout.readline()
+        except ValueError as e:  # asyncio: "Separator is not found, and chunk exceed the limit"
+            raise SandboxError(f"the REPL sent a message over {_STREAM_LIMIT // 2**20} MiB ({e})") from None
+        if not line:
+            return None
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise SandboxError(f"the REPL sent a malformed message ({type(e).__name__}: "
+                               f"{str(e)[:200]})") from None
+        if not isinstance(msg, dict):
+            raise SandboxError(f"the REPL sent a malformed message (a {type(msg).__name__}, not an object)")
+        return msg
 
     @property
     def alive(self) -> bool:
@@ -201,6 +245,8 @@ class Repl:
 
         t0 = time.perf_counter()
         res = CellResult(status=CellStatus.OK)
+        lim = self.limits
+        refused: list[str] = []  # finish() values the orchestrator refused (over a limit)
         if not self.alive:
             res.status, res.error = CellStatus.KILLED, "the REPL process is not running"
             return res
@@ -257,7 +303,12 @@ class Repl:
                         waiter.cancel()
                     if reader not in done:
                         continue
-                msg = reader.result()
+                try:
+                    msg = reader.result()
+                except SandboxError as e:  # oversized or malformed message: end this REPL
+                    await self.kill()
+                    res.status, res.error = CellStatus.KILLED, f"{e}; the REPL was stopped"
+                    break
                 if msg is None:  # process died
                     await self.kill()
                     rc = self.proc.returncode if self.proc else None
@@ -269,16 +320,38 @@ class Repl:
                     break
                 kind = msg.get("type")
                 if kind == "call":
-                    task = asyncio.ensure_future(serve(msg["call_id"], msg["name"], msg.get("args", []),
-                                                       msg.get("kwargs", {})))
+                    name, args, kwargs = msg.get("name"), msg.get("args", []), msg.get("kwargs", {})
+                    try:
+                        check_json_value([args, kwargs], f"an argument of {name}()",
+                                         max_depth=lim.result_max_depth, max_bytes=None)
+                        if not isinstance(args, list) or not isinstance(kwargs, dict):
+                            raise ValueError(f"malformed call of {name!r}")
+                    except ValueError as e:
+                        args, kwargs, bad = [], {}, str(e)
+                    else:
+                        bad = None
+
+                    task = asyncio.ensure_future(serve(msg.get("call_id"), str(name), args, kwargs)
+                                                 if bad is None else
+                                                 self._refuse(msg.get("call_id"), bad))
                     calls.add(task)
                     task.add_done_callback(on_done)
                 elif kind == "finish":
-                    res.finished, res.finish_value = True, msg.get("value")
+                    try:
+                        check_json_value(msg.get("value"), "the finish() value", max_depth=lim.result_max_depth,
+                                         max_bytes=lim.result_max_bytes)
+                    except ValueError as e:
+                        refused.append(str(e))
+                    else:
+                        res.finished, res.finish_value = True, msg.get("value")
                 elif kind == "done":
                     res.status = CellStatus(msg["status"]) if msg["status"] != "memory" else CellStatus.MEMORY
                     res.output, res.error = msg.get("output", ""), msg.get("error", "")
                     res.truncated_chars = int(msg.get("truncated_chars", 0))
+                    if refused and not res.finished:
+                        res.status = CellStatus.ERROR
+                        res.error = (res.error + "\n" if res.error else "") + \
+                            f"ToolError: finish() was refused: {refused[0]}; the agent has not finished"
                     break
                 reader = asyncio.ensure_future(self._read())
         finally:
@@ -290,6 +363,14 @@ class Repl:
                 await asyncio.gather(*calls, return_exceptions=True)
         res.wall_s = time.perf_counter() - t0
         return res
+
+    async def _refuse(self, call_id: Any, error: str) -> None:
+        """Answer a call the orchestrator will not serve (bad arguments) with ``error`` (a ToolError)."""
+        if self.alive:
+            try:
+                await self._send({"type": "reply", "call_id": call_id, "ok": False, "error": error})
+            except (ConnectionError, RuntimeError):
+                pass
 
     async def kill(self) -> None:
         """Kill the sandbox (outer bwrap and, through --die-with-parent and the pid namespace, all)."""
