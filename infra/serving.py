@@ -8,6 +8,12 @@ Checkpoint switching (``VLLMServer.switch``): with dev-mode routes enabled the s
 place (``POST /collective_rpc {"method": "reload_weights"}``) after the new checkpoint's files have been
 copied over the served folder, which avoids the 2-3 minute CPU start-up; if that route fails, the server
 is restarted on the new folder. LoRA adapters are hot-loaded with ``POST /v1/load_lora_adapter``.
+
+Log-probs: the server is started with ``--logprobs-mode processed_logprobs`` by default, so the
+log-prob returned for each sampled token is taken from the distribution the token was actually drawn
+from (after temperature, top-k and top-p), not from the raw logits. The trainer recomputes the same
+quantity (``trainer.temperature`` = ``runtime.temperature``, enforced at config load), so the importance
+ratio of the policy-gradient loss starts at 1 (docs/algorithm.md, "Behaviour log-probs").
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class VLLMServer(ServiceMixin):
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` on CPU (GiB).
         enable_lora / max_lora_rank: serve LoRA adapters loaded at run time.
         extra_args: more ``api_server`` flags (e.g. ``--tensor-parallel-size 4`` on GPUs).
+        logprobs_mode: ``processed_logprobs`` (default: after temperature/top-k/top-p, what the trainer
+            reproduces) or ``raw_logprobs`` (vLLM's own default: before any sampling processing).
         log_dir: folder of ``vllm.log`` (default ``$RAO_HOME/services``).
     Raises ServiceError (naming the log file) if the server does not become healthy.
     """
@@ -61,6 +69,7 @@ class VLLMServer(ServiceMixin):
     enable_lora: bool = False
     max_lora_rank: int = 16
     extra_args: list[str] = field(default_factory=list)
+    logprobs_mode: str = "processed_logprobs"
     log_dir: Path | None = None
     start_timeout_s: float = 600.0
     python: Path | None = None
@@ -86,6 +95,7 @@ class VLLMServer(ServiceMixin):
             "--model", str(self.model_path), "--served-model-name", self.served_model_name,
             "--max-model-len", str(self.max_model_len), "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32" if not has_cuda_gpu() else "auto", "--disable-log-stats",
+            "--logprobs-mode", self.logprobs_mode,
         ]
         if self.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]

@@ -54,6 +54,12 @@ class ServingSettings(_Strict):
         "reload", description="Checkpoint switch between iterations: 'reload' copies new weights over the served "
         "folder and reloads in place (fast, full fine-tuning); 'restart' restarts the server; 'lora' hot-loads "
         "the adapter (trainer.lora must be set).")
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
+        "processed_logprobs", description="Which log-probs the policy server returns for sampled tokens: "
+        "'processed_logprobs' (after temperature / top-k / top-p: the distribution the tokens were drawn from; "
+        "the server is started with it) or 'raw_logprobs' (vLLM's default, before them). For an external server "
+        "(base_url) say how it was started. With 'raw_logprobs' only runtime.temperature = 1 and top_p = 1 are "
+        "accepted, since otherwise the behaviour log-probs are not those of the sampling distribution.")
     extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, e.g. "
                                   "['--tensor-parallel-size', '4'] or ['--data-parallel-size', '8'] on GPUs.")
     start_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for the server to be healthy.")
@@ -173,7 +179,30 @@ class CampaignConfig(_Strict):
                              f"serving.max_model_len ({self.serving.max_model_len})")
         if self.serving.switch == "lora" and self.trainer.lora is None:
             raise ValueError("serving.switch 'lora' needs trainer.lora")
+        self._one_sampling_temperature()
         return self
+
+    def _one_sampling_temperature(self) -> None:
+        """ONE temperature for sampler and trainer: ``runtime.temperature`` (docs/algorithm.md).
+
+        The trainer's log-probs must be those of the distribution the rollout tokens were drawn from, as
+        recorded by the server. So ``trainer.temperature`` is set from ``runtime.temperature`` (an explicit
+        different value is an error), and combinations whose behaviour log-probs the trainer cannot
+        reproduce are refused: greedy sampling (temperature 0) and, with raw server log-probs, any
+        temperature other than 1 or top_p < 1.
+        """
+        rt, tr = self.runtime, self.trainer
+        if rt.temperature <= 0:
+            raise ValueError("runtime.temperature = 0 (greedy) cannot be trained with a policy gradient: the "
+                             "sampled tokens have no log-prob to reproduce; use a temperature > 0")
+        if "temperature" in tr.model_fields_set and tr.temperature != rt.temperature:
+            raise ValueError(f"trainer.temperature ({tr.temperature}) differs from runtime.temperature "
+                             f"({rt.temperature}): set only runtime.temperature, the trainer follows it")
+        if self.serving.logprobs_mode == "raw_logprobs" and (rt.temperature != 1.0 or rt.top_p != 1.0):
+            raise ValueError(f"serving.logprobs_mode 'raw_logprobs' with runtime.temperature = {rt.temperature}, "
+                             f"top_p = {rt.top_p}: raw log-probs are not those of the sampling distribution; "
+                             "use 'processed_logprobs' (or temperature 1 and top_p 1)")
+        tr.temperature = rt.temperature
 
     def with_env_overrides(self) -> CampaignConfig:
         """Copy with endpoints taken from the environment variables listed in the module docstring."""

@@ -67,7 +67,9 @@ class TrainerConfig(BaseModel):
     lora: LoraSettings | None = Field(None, description="Train a LoRA adapter instead of all weights (None: full).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the initial checkpoint (0: off).")
     temperature: float = Field(
-        1.0, gt=0, description="Logits are divided by this before log-probs (match the behaviour log-probs' mode)."
+        1.0, gt=0, description="Logits are divided by this before log-probs. It must be the temperature the "
+        "rollouts were sampled at, with the server returning processed log-probs (serving.logprobs_mode): in a "
+        "campaign it is set from runtime.temperature, and a different explicit value is rejected."
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute precision: auto = bf16 autocast on a bf16-capable GPU, else fp32. Master "

@@ -65,3 +65,30 @@ def test_cli_missing_model_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1 and "model not found" in lines[0] and "no-model" in lines[0]
+
+
+def test_one_sampling_temperature_for_sampler_and_trainer():
+    """trainer.temperature follows runtime.temperature; conflicting or irreproducible settings are refused."""
+    from rao_core.config import ConfigError, load_config
+
+    cfg = load_config(None, ["runtime.temperature=0.7"])
+    assert cfg.trainer.temperature == 0.7 and cfg.serving.logprobs_mode == "processed_logprobs"
+    assert load_config(None, ["runtime.temperature=0.7", "trainer.temperature=0.7"]).trainer.temperature == 0.7
+    with pytest.raises(ConfigError, match="trainer.temperature .* differs from runtime.temperature"):
+        load_config(None, ["runtime.temperature=0.7", "trainer.temperature=1.0"])
+    with pytest.raises(ConfigError, match="greedy"):
+        load_config(None, ["runtime.temperature=0"])
+    with pytest.raises(ConfigError, match="raw_logprobs"):
+        load_config(None, ["runtime.temperature=0.7", "serving.logprobs_mode=raw_logprobs"])
+    with pytest.raises(ConfigError, match="raw_logprobs"):
+        load_config(None, ["runtime.top_p=0.9", "serving.logprobs_mode=raw_logprobs"])
+    assert load_config(None, ["serving.logprobs_mode=raw_logprobs"]).trainer.temperature == 1.0
+
+
+def test_vllm_is_started_with_processed_logprobs(tmp_path):
+    from infra.serving import VLLMServer
+
+    cmd = VLLMServer(tmp_path)._cmd()
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
+    cmd = VLLMServer(tmp_path, logprobs_mode="raw_logprobs")._cmd()
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "raw_logprobs"
