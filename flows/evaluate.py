@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field
 
+from rao_core.evaluation import EvalConfig, Mode
 from tasks import tracking
 from tasks.common import RunContext
 from tasks.serve import serve_checkpoint, shutdown_server
@@ -26,13 +27,21 @@ class RegressionError(RuntimeError):
     """The evaluated model is worse than the champion beyond the tolerance."""
 
 
-class SuiteEntry(BaseModel):
-    """One benchmark of the suite."""
+class SuiteEntry(EvalConfig):
+    """One benchmark of the suite: an environment and a ``rao_core.evaluation.EvalConfig``.
+
+    ``difficulties``, ``n_tasks`` and ``modes`` always come from the entry (defaults included: easy, 8,
+    both modes); ``seed``, ``split`` and ``graded`` only when set, else from the config's ``eval`` section
+    (so the nightly evaluates the tasks the champion was scored on).
+    """
 
     env: str = "textcraft-synth"
-    difficulties: list[str] = Field(default_factory=lambda: ["easy"])
-    n_tasks: int = Field(8, ge=1)
-    modes: list[str] = Field(default_factory=lambda: ["recursive", "single"])
+    modes: list[Mode] = Field(default_factory=lambda: ["recursive", "single"])
+
+    def eval_update(self) -> dict[str, Any]:
+        """The ``eval`` fields this entry sets (see the class docstring)."""
+        return (self.model_dump(include={"difficulties", "n_tasks", "modes"})
+                | self.model_dump(exclude={"env"}, exclude_unset=True))
 
 
 class EvaluateParams(BaseModel):
@@ -89,8 +98,7 @@ def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
             for entry in params.suite:
                 cfg = base.model_copy(deep=True)
                 cfg.tasks.env = entry.env
-                cfg.eval.difficulties, cfg.eval.n_tasks = entry.difficulties, entry.n_tasks
-                cfg.eval.modes = entry.modes  # type: ignore[assignment]
+                cfg.eval = cfg.eval.model_copy(update=entry.eval_update())
                 ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id)
                 ckpt = checkpoint_from_uri(ctx, ref)
                 served = serve_checkpoint(ctx, ckpt)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rao_core.evaluation import EvalConfig
 from rao_core.judge.config import JudgeConfig
 from rao_core.paths import default_model_path
 from rao_core.runtime.config import RuntimeConfig
@@ -113,14 +114,12 @@ class WarmStartSettings(_Strict):
         return self
 
 
-class EvalSettings(_Strict):
-    """Evaluation after each iteration and for the nightly regression."""
+class EvalSettings(EvalConfig):
+    """Evaluation after each iteration and for the nightly regression: the fields of
+    :class:`rao_core.evaluation.EvalConfig` (difficulties, n_tasks, seed, split, modes, graded), run by
+    ``rao_core.evaluation.evaluate_suite`` with the campaign's ``runtime``, plus the pipeline's own."""
 
     enabled: bool = Field(True, description="Evaluate every new checkpoint.")
-    difficulties: list[str] = Field(default_factory=lambda: ["easy"])
-    n_tasks: int = Field(8, ge=1, description="Validation tasks per difficulty (seeded, held-out split).")
-    modes: list[Literal["recursive", "single"]] = Field(default_factory=lambda: ["recursive"])
-    seed: int = Field(1234, description="Seed of the validation task generator.")
     tolerance: float = Field(0.05, ge=0, description="A drop of success larger than this vs the champion is a "
                              "regression.")
     primary_metric: str | None = Field(None, description="Metric that ranks checkpoints for the champion alias "

@@ -1,15 +1,21 @@
 """Evaluation of a policy on held-out RL tasks: recursive agent vs single-agent baseline.
 
-:func:`evaluate_policy` grows one execution tree per task with the real runtime and summarises the
-trees per (mode, difficulty); :func:`evaluate_suite` generates the validation tasks of several
-difficulties and runs both modes with the same limits (``single`` = the same runtime and context
-window with ``delegation=False``, spec section 1). :func:`compare` flags success rates that dropped
+:func:`evaluate_suite` is the one evaluation of the project: ``rao eval`` (any checkpoint on any task
+file), the campaign's and the experiment's evaluation after each iteration (``tasks/stages.py``) and the
+nightly regression (``flows/evaluate.py``) all call it with an :class:`EvalConfig` (the campaign's
+``eval`` section is that model plus pipeline fields) and the runtime limits of the RL rollouts. It runs
+:func:`evaluate_policy` once per mode with the same limits (``single`` = the same runtime and context
+window with ``delegation=False``, spec section 1), which grows one execution tree per task and
+summarises the trees per (mode, difficulty). :func:`eval_tasks` draws the held-out tasks
+(``rao_core.task_sampling``, stream ``"eval"``). :func:`compare` flags success rates that dropped
 against a champion's metrics (the promotion gate of the pipeline).
 
 Success of a tree = the root node's exact verifier value ``root.env_info["verifier_success"]`` (stored
-by the runtime): ``>= 1.0`` counts as a success for binary environments; for graded environments
-(``graded=True``) the success rate is the mean of the values. Trees whose root could not be verified
-(value None) are not scored: they are counted in ``unscored`` and left out of the rate.
+by the runtime). Graded scoring (``graded=True``, the default): the success rate is the mean of the
+values, so Oolong's partial credit (0.75^|delta|) and ART-E's ladder are kept; for verifiers that return
+0 or 1 (TextCraft, DeepDive, ART-E binary) it equals the fraction solved. ``graded=False``: the fraction
+of roots with value ``>= 1.0`` (exact solves only). Trees whose root could not be verified (value None)
+are not scored: they are counted in ``unscored`` and left out of the rate.
 
 Confidence interval: Wilson score interval at 95% (Wilson 1927, "Probable inference, the law of
 succession, and statistical inference", JASA 22(158)):
@@ -20,6 +26,7 @@ without intervals; this project reports both.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import defaultdict
@@ -35,30 +42,35 @@ from rao_core.runtime import RuntimeConfig, run_trees
 from rao_core.tree import ExecutionTree
 
 __all__ = ["EvalConfig", "EvalRow", "EvalReport", "Mode", "compare", "evaluate_policy", "evaluate_suite",
-           "eval_tasks", "render_report", "summarise", "wilson_interval", "Z95"]
+           "eval_tasks", "mode_runtime", "render_report", "run_evaluation", "summarise", "wilson_interval",
+           "Z95"]
 
 Mode = Literal["recursive", "single"]
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
 class EvalConfig(BaseModel):
-    """Settings of the evaluation stage (one pydantic model; every field documented)."""
+    """What an evaluation measures: which held-out tasks, which modes, how roots are scored.
+
+    The campaign's ``eval`` section (``rao_core.config.EvalSettings``) is this model plus pipeline fields,
+    a nightly suite entry (``flows.evaluate.SuiteEntry``) is this model plus an environment, and
+    ``rao eval`` builds one from its options. How the agent runs (context window, limits, temperature)
+    is the caller's ``RuntimeConfig``, the same as in the RL rollouts.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    env: str = Field("textcraft-synth", description="Environment name (rao_core.envs.get_env).")
-    difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium", "hard"],
+    difficulties: list[str] = Field(default_factory=lambda: ["easy"],
                                     description="Task difficulties evaluated, each reported separately.")
-    n: int = Field(20, ge=1, description="Tasks per difficulty.")
-    seed: int = Field(0, description="Seed of the generated evaluation tasks (difficulty i uses seed + 1000 i).")
+    n_tasks: int = Field(8, ge=1, description="Validation tasks per difficulty (seeded, held-out split).")
+    seed: int = Field(1234, description="Seed of the evaluation tasks (rao_core.task_sampling, stream 'eval').")
     split: str = Field("validation", description="Task split (validation targets are held out of training).")
-    modes: list[Mode] = Field(default_factory=lambda: ["recursive", "single"],
+    modes: list[Mode] = Field(default_factory=lambda: ["recursive"],
                               description="'recursive' (delegation on) and/or 'single' (delegation off, same "
                               "context window).")
-    graded: bool = Field(False, description="True: success rate = mean verifier value (graded envs such as "
-                         "Oolong); False: fraction of roots with value >= 1.")
-    runtime: dict[str, Any] = Field(default_factory=dict, description="RuntimeConfig fields overriding its "
-                                    "defaults (context_window, max_new_tokens, temperature, ...).")
+    graded: bool = Field(True, description="True: success rate = mean root verifier value (keeps graded "
+                         "scores such as Oolong's partial credit; equals the fraction solved for 0/1 "
+                         "verifiers); False: fraction of roots with value >= 1.")
 
     @field_validator("difficulties", "modes")
     @classmethod
@@ -69,15 +81,13 @@ class EvalConfig(BaseModel):
             raise ValueError(f"duplicate entries in {v}")
         return v
 
-    @field_validator("runtime")
-    @classmethod
-    def _runtime_ok(cls, v: dict[str, Any]) -> dict[str, Any]:
-        RuntimeConfig(**v)  # raises a ValidationError naming the bad field
-        return v
 
-    def runtime_config(self, mode: Mode = "recursive") -> RuntimeConfig:
-        """The RuntimeConfig of ``mode``: the overrides, with ``delegation`` on (recursive) or off (single)."""
-        return RuntimeConfig(**{**self.runtime, "delegation": mode == "recursive"})
+def mode_runtime(runtime: RuntimeConfig, mode: Mode) -> RuntimeConfig:
+    """``runtime`` with ``delegation`` on (``mode='recursive'``) or off (``'single'``), everything else kept
+    (context window included); re-validated. Raises ValueError for another mode."""
+    if mode not in ("recursive", "single"):
+        raise ValueError(f"mode must be 'recursive' or 'single', got {mode!r}")
+    return RuntimeConfig.model_validate({**runtime.model_dump(), "delegation": mode == "recursive"})
 
 
 def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
@@ -119,6 +129,28 @@ class EvalRow(BaseModel):
     wall_s: float = 0.0  # wall-clock of the evaluate_policy call that grew these trees
     end_reasons: dict[str, int] = Field(default_factory=dict)  # root end reasons
 
+    @property
+    def scored(self) -> int:
+        """Trees whose root was verified: the denominator of ``success`` and of the interval."""
+        return self.n - self.unscored
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary printed by ``rao eval --json``: ``{"n", "successes", "success", "ci95",
+        "mean_depth", "delegation_rate"}``. ``n`` = scored trees (the denominator), ``successes`` = count
+        (an int when it is whole) or sum of graded values, ``ci95`` = ``[low, high]`` (Wilson 95%)."""
+        succ = int(self.successes) if float(self.successes).is_integer() else round(self.successes, 6)
+        return {"n": self.scored, "successes": succ, "success": round(self.success, 6),
+                "ci95": [round(self.ci_low, 6), round(self.ci_high, 6)], "mean_depth": round(self.mean_depth, 6),
+                "delegation_rate": round(self.delegation_rate, 6)}
+
+    def table_row(self) -> dict[str, Any]:
+        """Rounded row of the pipeline's tables (Prefect artifact, summary, docs/results.md): mode,
+        difficulty, n, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth, delegation_rate, wall_s."""
+        return {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "successes": round(self.successes, 4),
+                "success": round(self.success, 3), "ci95": f"[{self.ci_low:.2f}, {self.ci_high:.2f}]",
+                "mean_depth": round(self.mean_depth, 2), "delegation_rate": round(self.delegation_rate, 2),
+                "wall_s": round(self.wall_s, 1)}
+
 
 class EvalReport(BaseModel):
     """Rows per (mode, difficulty); ``trees`` (not serialised) keeps the execution trees."""
@@ -127,6 +159,7 @@ class EvalReport(BaseModel):
 
     rows: list[EvalRow] = Field(default_factory=list)
     trees: list[ExecutionTree] = Field(default_factory=list, exclude=True)
+    graded: bool = True  # the scoring rule the rows were computed with
 
     def row(self, mode: str, difficulty: str) -> EvalRow:
         """The row of (mode, difficulty); KeyError naming both if absent."""
@@ -147,8 +180,18 @@ class EvalReport(BaseModel):
                         f"{p}/tokens": r.mean_tokens, f"{p}/wall_s": r.wall_s, f"{p}/n": float(r.n)})
         return out
 
+    def pooled(self, mode: str) -> EvalRow:
+        """One row (difficulty ``"all"``) over every tree of ``mode``, scored with the report's rule.
+
+        Raises KeyError when the report has no tree of ``mode``."""
+        trees = [t for t in self.trees if t.meta.get("eval_mode") == mode]
+        if not trees:
+            raise KeyError(f"no evaluation trees for mode {mode!r}")
+        return summarise(trees, mode=mode, difficulty="all", graded=self.graded,
+                         wall_s=max(r.wall_s for r in self.rows if r.mode == mode))
+
     def __add__(self, other: EvalReport) -> EvalReport:
-        return EvalReport(rows=self.rows + other.rows, trees=self.trees + other.trees)
+        return EvalReport(rows=self.rows + other.rows, trees=self.trees + other.trees, graded=self.graded)
 
 
 def _root_value(tree: ExecutionTree) -> float | None:
@@ -158,7 +201,7 @@ def _root_value(tree: ExecutionTree) -> float | None:
     return float(v)
 
 
-def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, graded: bool = False,
+def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, graded: bool = True,
               wall_s: float = 0.0) -> EvalRow:
     """One :class:`EvalRow` from ``trees`` (module docstring: success rule, Wilson interval)."""
     n = len(trees)
@@ -186,7 +229,7 @@ def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, gra
 
 
 async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Policy, runtime_config: RuntimeConfig,
-                          *, tokenizer: Any, mode: Mode, graded: bool = False, progress: Any = None) -> EvalReport:
+                          *, tokenizer: Any, mode: Mode, graded: bool = True, progress: Any = None) -> EvalReport:
     """Grow one execution tree per task with ``policy`` and summarise per difficulty.
 
     Args:
@@ -197,7 +240,7 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
             ``mode='single'`` (everything else, context window included, is kept).
         tokenizer: HF tokenizer or checkpoint folder (chat template of the served model).
         mode: 'recursive' | 'single'.
-        graded: success rate = mean verifier value instead of the fraction >= 1.
+        graded: success rate = mean verifier value (default) instead of the fraction >= 1.
         progress: passed to ``run_trees`` (callback or True for a progress bar).
 
     Returns:
@@ -206,12 +249,9 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
     Raises:
         ValueError: no tasks, or an unknown mode.
     """
-    if mode not in ("recursive", "single"):
-        raise ValueError(f"mode must be 'recursive' or 'single', got {mode!r}")
+    cfg = mode_runtime(runtime_config, mode)
     if not tasks:
         raise ValueError("evaluate_policy needs at least one task")
-    cfg = runtime_config.model_copy(update={"delegation": mode == "recursive"})
-    cfg = RuntimeConfig.model_validate(cfg.model_dump())
     t0 = time.perf_counter()
     trees = await run_trees(env, [(t, 1) for t in tasks], policy, cfg, tokenizer=tokenizer, progress=progress)
     wall = time.perf_counter() - t0
@@ -221,36 +261,46 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
         tree.meta["difficulty"] = task.difficulty or "all"
         by_diff.setdefault(task.difficulty or "all", []).append(tree)
     rows = [summarise(ts, mode=mode, difficulty=d, graded=graded, wall_s=wall) for d, ts in by_diff.items()]
-    return EvalReport(rows=rows, trees=list(trees))
+    return EvalReport(rows=rows, trees=list(trees), graded=graded)
 
 
-def eval_tasks(env: Environment, config: EvalConfig) -> list[Task]:
-    """The evaluation tasks of ``config``: ``n`` per difficulty from ``split``, difficulty i with seed
-    ``seed + 1000 i`` (so adding a difficulty does not change the others' tasks... as long as the order
-    is kept)."""
-    out: list[Task] = []
-    for i, d in enumerate(config.difficulties):
-        tasks = env.generate_tasks(n=config.n, seed=config.seed + 1000 * i, difficulty=d, split=config.split)
-        for t in tasks:
-            if not t.difficulty:
-                t.difficulty = d
-        out += tasks
-    return out
+def eval_tasks(env: Environment, config: EvalConfig, **generator_options: Any) -> list[Task]:
+    """The evaluation tasks of ``config``: ``n_tasks`` per difficulty from ``split``, drawn by
+    :func:`rao_core.task_sampling.sample_tasks` from stream ``"eval"`` with ``config.seed`` (a difficulty's
+    tasks do not depend on the other difficulties listed). ``generator_options`` go to ``generate_tasks``."""
+    from rao_core.task_sampling import sample_tasks
+
+    return sample_tasks(env, seed=config.seed, stream="eval", difficulties=config.difficulties, n=config.n_tasks,
+                        split=config.split, **generator_options)
 
 
-async def evaluate_suite(config: EvalConfig, *, tokenizer: Any, policy: Policy | None = None,
-                         base_url: str | None = None, model: str = "policy", env: Environment | None = None,
-                         tasks: Sequence[Task] | None = None, progress: Any = None) -> EvalReport:
-    """Evaluate every mode of ``config`` on its tasks (all difficulties at once per mode, modes in turn).
+async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime: RuntimeConfig, tokenizer: Any,
+                         tasks: Sequence[Task] | None = None, policy: Policy | None = None,
+                         base_url: str | None = None, model: str = "policy", close_policy: bool = False,
+                         progress: Any = None) -> EvalReport:
+    """Evaluate a policy on held-out tasks in every mode of ``config`` (modes in turn, all tasks at once).
 
-    The policy is ``policy`` if given, else an ``OpenAIPolicy(base_url, model)`` with the runtime's
-    temperature/top_p (closed at the end). ``tasks`` overrides the generated :func:`eval_tasks`.
-    Returns one report with rows for every (mode, difficulty), plus an ``all`` row per mode when more
-    than one difficulty is evaluated. Raises ValueError when neither ``policy`` nor ``base_url`` is given.
+    Args:
+        config: :class:`EvalConfig` (or the campaign's ``eval`` section, a subclass).
+        env: the environment or its name (``rao_core.envs.get_env``).
+        runtime: the agent's limits (the RL rollouts' ``RuntimeConfig``); ``delegation`` is set per mode.
+        tokenizer: HF tokenizer or checkpoint folder (chat template of the evaluated model).
+        tasks: the tasks (e.g. a task file); None = :func:`eval_tasks` of ``config``.
+        policy: the policy; None = an ``OpenAIPolicy(base_url, model)`` with the runtime's temperature,
+            top_p and ``policy_timeout_s`` (closed at the end).
+        close_policy: also close a given ``policy`` at the end (callers that run this in ``asyncio.run``).
+        progress: passed to ``run_trees`` (callback or True for a progress bar).
+
+    Returns:
+        One report with a row per (mode, difficulty), modes in config order; ``report.pooled(mode)``
+        summarises a mode over all difficulties.
+
+    Raises:
+        ValueError: neither ``policy`` nor ``base_url``, no tasks, or an unknown environment.
     """
     from rao_core.envs import get_env
 
-    env = env or get_env(config.env)
+    env = get_env(env) if isinstance(env, str) else env
     tasks = list(tasks) if tasks is not None else eval_tasks(env, config)
     own = policy is None
     if policy is None:
@@ -258,21 +308,24 @@ async def evaluate_suite(config: EvalConfig, *, tokenizer: Any, policy: Policy |
             raise ValueError("evaluate_suite needs a policy or the base_url of a served model")
         from rao_core.policies.openai_policy import OpenAIPolicy
 
-        rc = config.runtime_config()
-        policy = OpenAIPolicy(base_url, model, temperature=rc.temperature, top_p=rc.top_p)
-    report = EvalReport()
+        policy = OpenAIPolicy(base_url, model, temperature=runtime.temperature, top_p=runtime.top_p,
+                              request_timeout_s=runtime.policy_timeout_s)
+    report = EvalReport(graded=config.graded)
     try:
         for mode in config.modes:
-            r = await evaluate_policy(env, tasks, policy, config.runtime_config(mode), tokenizer=tokenizer,
-                                      mode=mode, graded=config.graded, progress=progress)
-            if len(r.rows) > 1:
-                r.rows.append(summarise(r.trees, mode=mode, difficulty="all", graded=config.graded,
-                                        wall_s=r.rows[0].wall_s))
-            report = report + r
+            report = report + await evaluate_policy(env, tasks, policy, runtime, tokenizer=tokenizer, mode=mode,
+                                                    graded=config.graded, progress=progress)
     finally:
-        if own:
+        if own or close_policy:
             await policy.aclose()
     return report
+
+
+def run_evaluation(config: EvalConfig, **kwargs: Any) -> EvalReport:
+    """:func:`evaluate_suite` from synchronous code (its own event loop; a given ``policy`` is closed at
+    the end). Same arguments and errors; call it from a thread without a running event loop."""
+    kwargs.setdefault("close_policy", True)
+    return asyncio.run(evaluate_suite(config, **kwargs))
 
 
 def compare(report: EvalReport | dict[str, float], champion_metrics: dict[str, float], tolerance: float

@@ -43,6 +43,7 @@ from rao_core.envs.base import Environment, Task
 from rao_core.policies.base import Generation, Policy, PolicyRequest
 from rao_core.runtime import RuntimeConfig, load_tokenizer, oracle_policy, run_tree
 from rao_core.samples import Sample, SampleBatch, SampleStats
+from rao_core.task_sampling import sample_tasks, split_evenly
 from rao_core.tree import ExecutionTree, Node
 
 __all__ = [
@@ -120,17 +121,14 @@ def default_sft_trainer_config(**overrides: Any):
 
 
 def demo_tasks(env: Environment, config: DemoConfig) -> list[Task]:
-    """The demonstration tasks: ``config.n_tasks`` split over ``config.difficulties`` (seeded).
+    """The demonstration tasks: ``config.n_tasks`` split over ``config.difficulties`` (the first get the
+    remainder), drawn by :func:`rao_core.task_sampling.sample_tasks` from stream ``"demos"`` of
+    ``config.split`` with ``config.seed``.
 
     Raises NotImplementedError for an environment without a task generator.
     """
-    k = len(config.difficulties)
-    out: list[Task] = []
-    for i, d in enumerate(config.difficulties):
-        n = config.n_tasks // k + (1 if i < config.n_tasks % k else 0)
-        if n:
-            out += env.generate_tasks(n=n, seed=config.seed + 1000 * i, difficulty=d, split=config.split)
-    return out
+    return sample_tasks(env, seed=config.seed, stream="demos", difficulties=config.difficulties,
+                        n=split_evenly(config.n_tasks, len(config.difficulties)), split=config.split)
 
 
 class _EosTerminated(Policy):
@@ -379,16 +377,23 @@ class WarmStartResult(BaseModel):
 def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str | Path, *,
                    demo_config: DemoConfig | None = None, trainer_config: Any = None,
                    runtime_config: RuntimeConfig | None = None, trees_path: str | Path | None = None,
+                   tasks_path: str | Path | None = None, samples_path: str | Path | None = None,
                    on_step: Any = None) -> WarmStartResult:
     """Build demonstrations, then SFT ``model_path`` on them; the checkpoint goes to ``out_dir``.
 
-    Synchronous (runs its own event loop; call it from a worker thread inside async code).
-    ``trainer_config`` defaults to :func:`default_sft_trainer_config`; its ``loss_type`` must be
-    ``'sft'`` (ValueError otherwise). ``runtime_config`` defaults to :func:`recommended_runtime_config`.
-    ``trees_path``: also write the demonstration trees there (JSON lines). Raises ValueError when no
-    demonstration tree succeeded.
+    The one warm start of the project: ``rao sft``, the campaign's ``warm_start`` task and the sizing
+    script all call it. Synchronous (runs its own event loop; call it from a worker thread inside async
+    code). ``trainer_config`` defaults to :func:`default_sft_trainer_config`; its ``loss_type`` must be
+    ``'sft'``. ``runtime_config`` defaults to :func:`recommended_runtime_config`. ``tasks_path``,
+    ``trees_path``, ``samples_path``: also write the demonstration tasks, the kept trees and the SFT
+    samples there (JSON lines).
+
+    Raises:
+        ValueError: ``loss_type`` is not ``'sft'`` (checked before any demonstration is built), or no
+            demonstration tree succeeded (nothing to train on).
     """
-    from rao_core.envs import get_env
+    from rao_core.envs import get_env, write_tasks
+    from rao_core.samples import write_samples
     from rao_core.train import train
     from rao_core.tree import write_trees
 
@@ -399,6 +404,8 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
         raise ValueError(f"the warm start trains with loss_type='sft', got {trainer_config.loss_type!r}")
     runtime_config = runtime_config or recommended_runtime_config()
     tasks = demo_tasks(env, demo_config)
+    if tasks_path is not None:
+        write_tasks(tasks_path, tasks)
     trees = asyncio.run(build_demonstrations(env, tasks, demo_config, tokenizer=str(model_path),
                                              runtime_config=runtime_config))
     if not trees:
@@ -406,8 +413,10 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
     if trees_path is not None:
         write_trees(trees_path, trees)
     batch = demo_samples(trees, only_successful_nodes=demo_config.only_successful_nodes)
+    if samples_path is not None:
+        write_samples(samples_path, batch)
     t0 = time.perf_counter()
-    res = train(batch, model_path, out_dir, trainer_config, on_step=on_step)
+    res = train(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step)
     sft_s = time.perf_counter() - t0
     stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes}
     return WarmStartResult(checkpoint=res.checkpoint, stats=stats, train_metrics=res.metrics,

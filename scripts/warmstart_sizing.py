@@ -53,12 +53,13 @@ def cmd_eval(a: argparse.Namespace) -> None:
     from rao_core.warmstart import recommended_runtime_config
 
     modes = ["recursive", "single"] if a.single else ["recursive"]
-    cfg = EvalConfig(env="textcraft-synth", difficulties=a.difficulties, n=a.n, seed=a.seed, modes=modes,
-                     runtime=recommended_runtime_config(temperature=a.temperature).model_dump())
+    cfg = EvalConfig(difficulties=a.difficulties, n_tasks=a.n, seed=a.seed, modes=modes)
     t0 = time.perf_counter()
     with VLLMServer(a.model, served_model_name="policy", max_model_len=4096, kv_cache_gib=a.kv_cache_gib) as srv:
         start_s = time.perf_counter() - t0
-        report = asyncio.run(evaluate_suite(cfg, base_url=srv.base_url, model="policy", tokenizer=a.model))
+        report = asyncio.run(evaluate_suite(cfg, env="textcraft-synth", base_url=srv.base_url, model="policy",
+                                            runtime=recommended_runtime_config(temperature=a.temperature),
+                                            tokenizer=a.model))
     render_report(report)
     out = {"server_start_s": start_s, "metrics": report.metrics(), "rows": [r.model_dump() for r in report.rows]}
     name = f"sizing-eval-{a.tag or '-'.join(a.difficulties)}.json"

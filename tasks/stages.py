@@ -42,19 +42,20 @@ def _logger():
 
 
 def training_pool(ctx: RunContext) -> list[Task]:
-    """The campaign's training RL tasks: from ``tasks.train_file`` or the seeded generator (cached)."""
+    """The campaign's training RL tasks: from ``tasks.train_file``, or ``pool_size`` per difficulty from
+    ``rao_core.task_sampling.sample_tasks`` (stream ``"rl-pool"``, split ``train``, the master seed),
+    cached in the campaign's local folder."""
     cfg = ctx.config.tasks
     if cfg.train_file:
         tasks = load_tasks(cfg.train_file, get_env(cfg.env, **cfg.env_options))
         return [t for t in tasks if t.split == "train"] or tasks
     path = ctx.local("tasks/train.jsonl")
     if not path.exists():
+        from rao_core.task_sampling import sample_tasks
+
         env = get_env(cfg.env, **cfg.env_options)
-        pool: list[Task] = []
-        for i, d in enumerate(cfg.difficulties):
-            pool += env.generate_tasks(n=cfg.pool_size, seed=ctx.config.seed * 1000 + 500 + i, difficulty=d,
-                                       split="train", **cfg.generator_options)
-        write_tasks(path, pool)
+        write_tasks(path, sample_tasks(env, seed=ctx.config.seed, stream="rl-pool", difficulties=cfg.difficulties,
+                                       n=cfg.pool_size, split="train", **cfg.generator_options))
     return load_tasks(path, get_env(cfg.env, **cfg.env_options))
 
 
@@ -243,46 +244,36 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: dict
 
 
 def validation_tasks(ctx: RunContext) -> list[Task]:
-    """Held-out validation tasks (seeded; cached locally)."""
+    """Held-out validation tasks: ``rao_core.evaluation.eval_tasks`` of the ``eval`` section on the
+    campaign's environment, cached locally under a key of everything that defines them (so the nightly
+    suite's entries and a changed ``eval`` section never read another set's cache)."""
+    import hashlib
+
+    from rao_core.evaluation import eval_tasks
+
     cfg, ev = ctx.config.tasks, ctx.config.eval
-    path = ctx.local("tasks/validation.jsonl")
+    env = get_env(cfg.env, **cfg.env_options)
+    key = json.dumps([cfg.env, cfg.env_options, cfg.generator_options, ev.difficulties, ev.n_tasks, ev.seed,
+                      ev.split], sort_keys=True, default=str)
+    path = ctx.local(f"tasks/validation-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl")
     if not path.exists():
-        env = get_env(cfg.env, **cfg.env_options)
-        out: list[Task] = []
-        for i, d in enumerate(ev.difficulties):
-            out += env.generate_tasks(n=ev.n_tasks, seed=ev.seed + i, difficulty=d, split="validation",
-                                      **cfg.generator_options)
-        write_tasks(path, out)
-    return load_tasks(path, get_env(cfg.env, **cfg.env_options))
+        write_tasks(path, eval_tasks(env, ev, **cfg.generator_options))
+    return load_tasks(path, env)
 
 
 def run_evaluation(ctx: RunContext, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
-    """Evaluate the served policy on the validation tasks in each mode (``rao_core.evaluation``).
+    """Evaluate the served policy on the validation tasks in each mode of ``eval`` with the campaign's
+    runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``).
 
     Returns ``{"metrics": flat eval/<mode>/<difficulty>/... metrics, "rows": table rows}``.
     """
-    from rao_core.evaluation import evaluate_policy
+    from rao_core.evaluation import run_evaluation as evaluate_tasks
     from rao_core.runtime import load_tokenizer
 
     env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
-    tasks = validation_tasks(ctx)
-    tokenizer = load_tokenizer(tokenizer_path)
-    report = None
-    for mode in ctx.config.eval.modes:
-        policy = _policy(ctx, served)
-
-        async def go():
-            try:
-                return await evaluate_policy(env, tasks, policy, ctx.config.runtime, tokenizer=tokenizer, mode=mode)
-            finally:
-                await policy.aclose()
-
-        rep = asyncio.run(go())
-        report = rep if report is None else report + rep
-    rows = [{"mode": r.mode, "difficulty": r.difficulty, "n": r.n, "success": round(r.success, 3),
-             "ci95": f"[{r.ci_low:.2f}, {r.ci_high:.2f}]", "mean_depth": round(r.mean_depth, 2),
-             "delegation_rate": round(r.delegation_rate, 2), "wall_s": round(r.wall_s, 1)} for r in report.rows]
-    return {"metrics": report.metrics(), "rows": rows}
+    report = evaluate_tasks(ctx.config.eval, env=env, tasks=validation_tasks(ctx), runtime=ctx.config.runtime,
+                            tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served))
+    return {"metrics": report.metrics(), "rows": [r.table_row() for r in report.rows]}
 
 
 def primary_metric(ctx: RunContext) -> str:

@@ -1,23 +1,21 @@
 """Prefect task ``warm_start``: the campaign's iteration-0 checkpoint.
 
 Modes (``warm_start.mode``): ``none`` uses ``model.path``; ``checkpoint`` resolves a registered model
-version (``models:/NAME@ALIAS``), an S3 URI or a folder; ``demos`` builds expert demonstrations through
-the real runtime (``rao_core.warmstart``), stores them on S3, fine-tunes with the SFT loss of the same
-trainer, and registers the result as iteration 0.
+version (``models:/NAME@ALIAS``), an S3 URI or a folder; ``demos`` runs the one warm start of the
+project, ``rao_core.warmstart.run_warm_start`` (also behind ``rao sft``: expert demonstrations through the
+real runtime, SFT with the same trainer), stores demonstrations, samples and checkpoint on S3, and the
+flow registers the result as iteration 0.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
-from rao_core.envs import get_env, write_tasks
-from rao_core.tree import write_trees
+from rao_core.envs import get_env
 from tasks import tracking
 from tasks.common import RunContext, resumable
 from tasks.stages import checkpoint_from_uri
@@ -31,42 +29,32 @@ def _warm_start(ctx: RunContext, iteration: str) -> dict[str, Any]:
         return {"checkpoint": checkpoint_from_uri(ctx, str(cfg.model.path)), "mode": "none"}
     if ws.mode == "checkpoint":
         return {"checkpoint": checkpoint_from_uri(ctx, ws.checkpoint or ""), "mode": "checkpoint"}
-    from rao_core.runtime import load_tokenizer
-    from rao_core.samples import write_samples
-    from rao_core.train import train
-    from rao_core.warmstart import DemoConfig, build_demonstrations, demo_samples, demo_stats, demo_tasks
+    from rao_core.warmstart import DemoConfig, run_warm_start
 
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
     demo_cfg = DemoConfig(n_tasks=ws.n_tasks, difficulties=ws.difficulties, seed=cfg.seed, **ws.options)
-    tasks = demo_tasks(env, demo_cfg)
-    write_tasks(ctx.local("iter-0/demo_tasks.jsonl"), tasks)
-    t0 = time.monotonic()
-    trees = asyncio.run(build_demonstrations(env, tasks, demo_cfg, tokenizer=load_tokenizer(cfg.model.path),
-                                             runtime_config=cfg.runtime))
-    demo_s = time.monotonic() - t0
-    store = ctx.store()
-    tpath = write_trees(ctx.local("iter-0/demos.jsonl"), trees)
-    demos = store.put_file(tpath, "iter-0/demos/trees.jsonl")
-    batch = demo_samples(trees, only_successful_nodes=demo_cfg.only_successful_nodes)
-    spath = write_samples(ctx.local("iter-0/demo_samples.jsonl"), batch)
-    store.put_file(spath, "iter-0/demos/samples.jsonl")
-    stats = demo_stats(trees)
     out_dir = ctx.local("checkpoints/iter-0")
-    t1 = time.monotonic()
-    res = train(batch, cfg.model.path, out_dir, ws.trainer, iteration=0)
-    sft_s = time.monotonic() - t1
+    tpath, spath = ctx.local("iter-0/demos.jsonl"), ctx.local("iter-0/demo_samples.jsonl")
+    res = run_warm_start(env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer,
+                         runtime_config=cfg.runtime, tasks_path=ctx.local("iter-0/demo_tasks.jsonl"),
+                         trees_path=tpath, samples_path=spath)
+    demo_s, sft_s, stats = res.demo_wall_s, res.sft_wall_s, res.stats
+    store = ctx.store()
+    demos = store.put_file(tpath, "iter-0/demos/trees.jsonl")
+    store.put_file(spath, "iter-0/demos/samples.jsonl")
     entries = store.put_dir(out_dir, "iter-0/checkpoint")
     store.write_manifest("iter-0/checkpoint.manifest.json", entries)
     (out_dir / ".complete").write_text("ok")
     if ctx.campaign_run_id:
         flat = {f"warm_start/{k}": float(v) for k, v in stats.items() if isinstance(v, (int, float))}
         flat.update({"warm_start/demo_s": demo_s, "warm_start/sft_s": sft_s,
-                     "warm_start/final_loss": float(res.metrics[-1].get("train/loss", float("nan"))) if res.metrics else float("nan")})
+                     "warm_start/final_loss": float(res.train_metrics[-1].get("train/loss", float("nan")))
+                     if res.train_metrics else float("nan")})
         tracking.log_metrics(ctx.campaign_run_id, flat, step=0)
         tracking.log_json(ctx.campaign_run_id, stats, "warm_start/demo_stats.json")
     return {"checkpoint": {"name": "iter-0", "uri": store.uri("iter-0/checkpoint"), "local": str(out_dir)},
             "mode": "demos", "demos_uri": demos["uri"], "stats": json.loads(json.dumps(stats, default=str)),
-            "demo_s": round(demo_s, 2), "sft_s": round(sft_s, 2), "sft_steps": len(res.metrics)}
+            "demo_s": round(demo_s, 2), "sft_s": round(sft_s, 2), "sft_steps": len(res.train_metrics)}
 
 
 @task(name="warm-start", cache_policy=NONE)

@@ -9,8 +9,10 @@ import pytest
 from rich.console import Console
 
 from rao_core.envs import get_env
+from rao_core.envs.base import Task
 from rao_core.evaluation import (EvalConfig, EvalReport, EvalRow, compare, eval_tasks, evaluate_policy,
-                                 evaluate_suite, render_report, summarise, wilson_interval)
+                                 evaluate_suite, mode_runtime, render_report, run_evaluation, summarise,
+                                 wilson_interval)
 from rao_core.paths import tiny_model_path
 from rao_core.policies.scripted import ReplayPolicy, cell
 from rao_core.policies.textcraft_expert import TextCraftExpert
@@ -73,10 +75,30 @@ def test_summarise_counts_successes_depth_delegation_tokens():
 
 def test_summarise_graded_uses_mean_value():
     trees = [_tree(0, 0.5), _tree(1, 0.25), _tree(2, 1.0)]
-    binary = summarise(trees, mode="single", difficulty="all")
-    graded = summarise(trees, mode="single", difficulty="all", graded=True)
-    assert binary.success == pytest.approx(1 / 3)
+    binary = summarise(trees, mode="single", difficulty="all", graded=False)
+    graded = summarise(trees, mode="single", difficulty="all")  # graded is the default
+    assert binary.success == pytest.approx(1 / 3) and binary.successes == 1.0
     assert graded.success == pytest.approx(1.75 / 3) and graded.mean_score == pytest.approx(1.75 / 3)
+    assert graded.successes == pytest.approx(1.75)
+    assert (graded.ci_low, graded.ci_high) == pytest.approx(wilson_interval(1.75, 3))
+
+
+def test_graded_equals_fraction_solved_for_binary_verifiers():
+    trees = [_tree(0, 1.0), _tree(1, 0.0), _tree(2, 1.0), _tree(3, 0.0), _tree(4, 0.0)]
+    assert summarise(trees, mode="recursive", difficulty="x") == summarise(trees, mode="recursive",
+                                                                           difficulty="x", graded=False)
+
+
+def test_row_summary_is_the_eval_json():
+    trees = [_tree(0, 1.0, children=1), _tree(1, 0.0), _tree(2, None), _tree(3, 1.0)]
+    s = summarise(trees, mode="recursive", difficulty="all").summary()
+    assert list(s) == ["n", "successes", "success", "ci95", "mean_depth", "delegation_rate"]
+    lo, hi = wilson_interval(2, 3)
+    assert s == {"n": 3, "successes": 2, "success": round(2 / 3, 6), "ci95": [round(lo, 6), round(hi, 6)],
+                 "mean_depth": 0.25, "delegation_rate": 0.25}
+    assert isinstance(s["successes"], int)  # whole counts print as integers
+    graded = summarise([_tree(0, 0.75), _tree(1, 1.0)], mode="single", difficulty="all").summary()
+    assert graded["successes"] == 1.75 and graded["n"] == 2
 
 
 def _report(**succ: float) -> EvalReport:
@@ -102,31 +124,50 @@ def test_metrics_names_and_compare_regressions():
 
 
 def test_eval_config_validation():
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        EvalConfig(runtime={"context_window": 512, "max_new_tokens": 1024})
     with pytest.raises(ValueError):
         EvalConfig(modes=["recursive", "recursive"])
     with pytest.raises(ValueError):
         EvalConfig(modes=["both"])
-    cfg = EvalConfig(runtime={"context_window": 2048, "max_new_tokens": 256})
-    assert cfg.runtime_config("single").delegation is False
-    assert cfg.runtime_config("single").context_window == 2048 == cfg.runtime_config("recursive").context_window
+    with pytest.raises(ValueError):
+        EvalConfig(n=3)  # the count is n_tasks everywhere; unknown fields are rejected
+    with pytest.raises(ValueError):
+        EvalConfig(n_tasks=0)
+    rc = RuntimeConfig(context_window=2048, max_new_tokens=256, delegation=False)
+    assert mode_runtime(rc, "single").delegation is False and mode_runtime(rc, "recursive").delegation is True
+    assert mode_runtime(rc, "single").context_window == 2048 == mode_runtime(rc, "recursive").context_window
+    with pytest.raises(ValueError, match="mode"):
+        mode_runtime(rc, "both")
+
+
+def test_campaign_eval_section_is_the_eval_config():
+    from rao_core.config import EvalSettings, load_config
+
+    assert issubclass(EvalSettings, EvalConfig)
+    cfg = load_config(None, {"eval.n_tasks": 3, "eval.graded": False})
+    assert cfg.eval.n_tasks == 3 and cfg.eval.graded is False and cfg.eval.split == "validation"
+    assert EvalSettings().model_dump(include=set(EvalConfig.model_fields)) == EvalConfig().model_dump()
 
 
 def test_eval_tasks_are_validation_per_difficulty():
     env = get_env("textcraft-synth")
-    tasks = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n=3, seed=4))
+    tasks = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n_tasks=3, seed=4))
     assert [t.difficulty for t in tasks] == ["easy"] * 3 + ["medium"] * 3
     assert all(t.split == "validation" for t in tasks)
-    again = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n=3, seed=4))
+    again = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n_tasks=3, seed=4))
     assert [t.task_id for t in tasks] == [t.task_id for t in again]
+    # a difficulty's tasks do not depend on which other difficulties are listed, nor on their order
+    medium = eval_tasks(env, EvalConfig(difficulties=["medium"], n_tasks=3, seed=4))
+    swapped = eval_tasks(env, EvalConfig(difficulties=["medium", "easy"], n_tasks=3, seed=4))
+    assert [t.task_id for t in medium] == [t.task_id for t in tasks[3:]] == [t.task_id for t in swapped[:3]]
+    other = eval_tasks(env, EvalConfig(difficulties=["easy"], n_tasks=3, seed=5))
+    assert [t.task_id for t in other] != [t.task_id for t in tasks[:3]]
 
 
 # -- scripted policies through the real runtime -----------------------------------------------------------
 @needs_tok
 async def test_expert_succeeds_and_immediate_finish_fails():
     env = get_env("textcraft-synth")
-    tasks = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n=2, seed=11))
+    tasks = eval_tasks(env, EvalConfig(difficulties=["easy", "medium"], n_tasks=2, seed=11))
     cfg = RuntimeConfig(sandbox=SANDBOX, context_window=4096, max_new_tokens=768)
     good = await evaluate_policy(env, tasks, TextCraftExpert(seed=0), cfg, tokenizer=tiny_model_path(),
                                  mode="recursive")
@@ -147,15 +188,16 @@ async def test_expert_succeeds_and_immediate_finish_fails():
 @needs_tok
 async def test_suite_runs_both_modes_single_has_no_children():
     env = get_env("textcraft-synth")
-    cfg = EvalConfig(difficulties=["easy", "medium"], n=1, seed=3,
-                     runtime={"sandbox": SANDBOX, "context_window": 4096, "max_new_tokens": 768})
-    rep = await evaluate_suite(cfg, tokenizer=tiny_model_path(), policy=TextCraftExpert(seed=0, max_depth=0),
-                               env=env)
-    assert {(r.mode, r.difficulty) for r in rep.rows} == {(m, d) for m in ("recursive", "single")
-                                                          for d in ("easy", "medium", "all")}
+    cfg = EvalConfig(difficulties=["easy", "medium"], n_tasks=1, seed=3, modes=["recursive", "single"])
+    rc = RuntimeConfig(sandbox=SANDBOX, context_window=4096, max_new_tokens=768)
+    rep = await evaluate_suite(cfg, env=env, runtime=rc, tokenizer=tiny_model_path(),
+                               policy=TextCraftExpert(seed=0, max_depth=0))
+    assert [(r.mode, r.difficulty) for r in rep.rows] == [(m, d) for m in ("recursive", "single")
+                                                          for d in ("easy", "medium")]
     single = [t for t in rep.trees if t.meta["eval_mode"] == "single"]
     assert single and all(len(t.nodes) == 1 and t.meta["delegation"] is False for t in single)
-    assert rep.row("single", "all").delegation_rate == 0.0 and rep.row("single", "all").n == 2
+    pooled = rep.pooled("single")
+    assert (pooled.difficulty, pooled.n, pooled.delegation_rate, pooled.success) == ("all", 2, 0.0, 1.0)
     console = Console(record=True, width=160)
     render_report(rep, console=console)
     text = console.export_text()
@@ -164,4 +206,33 @@ async def test_suite_runs_both_modes_single_has_no_children():
 
 async def test_suite_needs_policy_or_url():
     with pytest.raises(ValueError, match="base_url"):
-        await evaluate_suite(EvalConfig(n=1, difficulties=["easy"]), tokenizer=None)
+        await evaluate_suite(EvalConfig(n_tasks=1, difficulties=["easy"]), env="textcraft-synth",
+                             runtime=RuntimeConfig(), tokenizer=None)
+
+
+# -- graded environments: Oolong's partial credit 0.75^|delta| is kept ---------------------------------------
+def oolong_tasks(answers: list[str]) -> list[Task]:
+    """Hand-made Oolong tasks (tiny transcripts) whose gold answers are ``answers``."""
+    return [Task(task_id=f"o{i}", env="oolong", split="validation", difficulty="singledoc_rolls",
+                 data={"context": f"Ada: {10 + i} for perception.", "question": f"Question {i}: how many rolls?",
+                       "answer": a}) for i, a in enumerate(answers)]
+
+
+def answering(replies: dict[str, str]) -> ReplayPolicy:
+    """A policy that finishes at once with ``\\boxed{reply}``, the reply chosen by a substring of the goal."""
+    return ReplayPolicy(by_goal={k: [cell(f"finish({chr(92) + 'boxed{' + v + '}'!r})")] for k, v in replies.items()})
+
+
+@needs_tok
+def test_oolong_partial_credit_is_kept():
+    # gold 4, 10, 7; answers 4, 11, 9 -> 1, 0.75^1, 0.75^2 (Oolong's integer rule)
+    tasks = oolong_tasks(["4", "10", "7"])
+    policy = answering({"Question 0": "4", "Question 1": "11", "Question 2": "9"})
+    rc = RuntimeConfig(sandbox=SANDBOX, context_window=2048, max_new_tokens=128)
+    rep = run_evaluation(EvalConfig(), env="oolong", tasks=tasks, runtime=rc, tokenizer=tiny_model_path(),
+                         policy=policy)
+    row = rep.row("recursive", "singledoc_rolls")
+    assert row.successes == pytest.approx(1 + 0.75 + 0.5625) and row.success == pytest.approx(2.3125 / 3)
+    exact = run_evaluation(EvalConfig(graded=False), env="oolong", tasks=tasks, runtime=rc,
+                           tokenizer=tiny_model_path(), policy=policy)
+    assert exact.row("recursive", "singledoc_rolls").success == pytest.approx(1 / 3)
