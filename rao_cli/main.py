@@ -28,6 +28,7 @@ _COMMANDS = [
     "rao_cli.train_cmd",
     "rao_cli.sft_cmd",
     "rao_cli.pipeline_cmd",
+    "rao_cli.eval_cmd",
 ]
 
 for _mod, _name in _SUBAPPS:

@@ -1,0 +1,113 @@
+"""``rao eval``: evaluate any checkpoint folder on any task file, with the campaign's evaluation code.
+
+The command serves the checkpoint with vLLM (``infra.serving.VLLMServer``, the serving settings of
+``--config``) or uses a running OpenAI-compatible server (``--base-url``), then calls
+``rao_core.evaluation.run_evaluation``, the function behind the campaign's, the experiment's and the
+nightly evaluations, with the runtime limits of ``--config``. It prints the success rate with its Wilson
+95% interval; ``--json`` prints exactly one JSON object on stdout (everything else goes to stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+
+def _load(config: str, overrides: list[str]):
+    """The campaign config of ``config`` (a path, or relative to the repository) with ``--set`` overrides."""
+    from rao_core.config import load_config
+    from rao_core.paths import REPO_ROOT
+
+    path = Path(config)
+    if not path.is_absolute() and not path.exists():
+        path = REPO_ROOT / path
+    return load_config(path, list(overrides))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``rao eval`` to the top-level app."""
+
+    @app.command("eval")
+    def eval_cmd(
+        model: Path = typer.Option(..., "--model", help="Checkpoint folder (config.json, weights, tokenizer)."),
+        task_file: Path = typer.Option(..., "--task-file", help="JSON-lines task file (one environment)."),
+        mode: str = typer.Option("recursive", "--mode", help="recursive (delegation on) | single (off)."),
+        n: int = typer.Option(None, "--n", min=1, help="Evaluate the first N tasks of the file (default: all)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object {n, successes, success, "
+                                     "ci95, mean_depth, delegation_rate} on stdout."),
+        base_url: str = typer.Option(None, "--base-url", help="Use this running OpenAI-compatible server "
+                                     "(serving --model) instead of starting vLLM."),
+        served_name: str = typer.Option(None, "--served-model-name", help="Model name sent to --base-url "
+                                        "(default: serving.served_model_name of the config)."),
+        config: str = typer.Option("configs/cpu-smoke.yaml", "--config", help="Campaign config whose "
+                                   "runtime limits, serving settings and eval.graded are used."),
+        override: list[str] = typer.Option([], "--set", help="KEY=VALUE config override (repeatable), e.g. "
+                                           "runtime.temperature=0.7."),
+    ) -> None:
+        """Evaluate a checkpoint on a task file: success with its Wilson 95% interval (one tree per task)."""
+        from infra.models import ModelError
+        from rao_core.envs import get_env, load_tasks
+        from rao_core.evaluation import EvalConfig, render_report, run_evaluation
+        from rao_core.runtime import load_tokenizer
+
+        if mode not in ("recursive", "single"):
+            raise typer.BadParameter(f"must be 'recursive' or 'single', got {mode!r}", param_hint="'--mode'")
+        cfg = _load(config, override)
+        if not (model / "config.json").exists():
+            raise ModelError(f"model not found: {model} has no config.json (a checkpoint folder is expected)")
+        tasks = load_tasks(task_file)
+        envs = sorted({t.env for t in tasks})
+        if not tasks:
+            raise ValueError(f"{task_file} holds no task")
+        if len(envs) > 1:
+            raise ValueError(f"{task_file} mixes environments {envs}; rao eval takes one environment per file")
+        env = get_env(envs[0], **(cfg.tasks.env_options if cfg.tasks.env == envs[0] else {}))
+        tasks = load_tasks(task_file, env)  # every record checked against its environment
+        if n is not None:
+            if n > len(tasks):
+                raise ValueError(f"--n {n}: {task_file} has only {len(tasks)} tasks")
+            tasks = tasks[:n]
+        ev = EvalConfig(modes=[mode], graded=cfg.eval.graded)  # the tasks are given: only modes/graded matter
+        tokenizer = load_tokenizer(str(model))
+        server = None
+        say = (lambda msg: print(msg, file=sys.stderr)) if as_json else print
+        try:
+            if base_url:
+                from infra.serving import wait_for_server
+
+                wait_for_server(base_url)
+                url, name = base_url, served_name or cfg.serving.served_model_name
+            else:
+                import signal
+
+                from infra.serving import VLLMServer
+
+                # SIGTERM -> SystemExit, so the finally block below stops the server
+                signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+                s = cfg.serving
+                server = VLLMServer(model, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
+                                    kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args),
+                                    start_timeout_s=s.start_timeout_s)
+                say(f"starting vLLM on {model} (2-3 minutes on CPU)...")
+                server.start()
+                url, name = server.base_url, server.model
+            say(f"evaluating {len(tasks)} {env.name} tasks of {task_file}, mode {mode}")
+            report = run_evaluation(ev, env=env, tasks=tasks, runtime=cfg.runtime, tokenizer=tokenizer,
+                                    base_url=url, model=name)
+        finally:
+            if server is not None:
+                server.stop()
+        row = report.pooled(mode)
+        if as_json:
+            print(json.dumps(row.summary()))
+            return
+        from rich.console import Console
+
+        render_report(report, console=Console(), title=f"{model} on {task_file}")
+        extra = f", {row.unscored} unscored" if row.unscored else ""
+        print(f"success {row.success:.3f} (95% CI [{row.ci_low:.3f}, {row.ci_high:.3f}]) = {row.successes:g} / "
+              f"{row.scored} tasks{extra}; mean depth {row.mean_depth:.2f}, delegation rate "
+              f"{row.delegation_rate:.2f}")

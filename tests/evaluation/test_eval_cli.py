@@ -1,0 +1,140 @@
+"""``rao eval``: any checkpoint on any task file, through the campaign's evaluation code.
+
+The fast tests replace the endpoint policy by a scripted one (the command builds its policy inside
+``rao_core.evaluation.evaluate_suite``, the function the campaign uses); the ``vllm`` test lets the
+command start vLLM on the tiny model itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from rao_cli.main import main
+from rao_core.envs.base import write_tasks
+from rao_core.paths import tiny_model_path
+from tests.evaluation.test_evaluation import answering, oolong_tasks
+
+SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+TINY = tiny_model_path()
+needs_tok = pytest.mark.skipif(not (TINY / "tokenizer_config.json").exists(),
+                               reason="tiny model not prepared (make setup)")
+FAST = ["--set", f"runtime.sandbox={SANDBOX}", "--set", "runtime.context_window=2048",
+        "--set", "runtime.max_new_tokens=128"]
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """The endpoint policy becomes a scripted Oolong answerer (gold 4, 10, 7 -> answers 4, 11, 9); the
+    server check passes. Returns the list of (base_url, model) the command asked for."""
+    import infra.serving
+    import rao_core.evaluation as evaluation
+    import rao_core.policies.openai_policy as op
+
+    asked: list[tuple[str, str]] = []
+    policy = answering({"Question 0": "4", "Question 1": "11", "Question 2": "9"})
+
+    def fake(base_url, model, **kw):
+        asked.append((base_url, model))
+        return policy
+
+    monkeypatch.setattr(op, "OpenAIPolicy", fake)
+    monkeypatch.setattr(infra.serving, "wait_for_server", lambda url, timeout_s=30.0: None)
+    calls = []
+    real = evaluation.evaluate_suite
+    monkeypatch.setattr(evaluation, "evaluate_suite", lambda *a, **k: calls.append(k["model"]) or real(*a, **k))
+    return asked, calls
+
+
+@needs_tok
+def test_json_is_one_object_with_graded_wilson_interval(capsys, tmp_path, scripted):
+    f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
+    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--json",
+                          "--base-url", "http://127.0.0.1:9/v1", "--served-model-name", "m", *FAST)
+    assert code == 0, err
+    assert scripted[0] == [("http://127.0.0.1:9/v1", "m")] and scripted[1] == ["m"]  # the library function
+    (line,) = out.strip().splitlines()  # exactly one JSON object on stdout
+    got = json.loads(line)
+    assert list(got) == ["n", "successes", "success", "ci95", "mean_depth", "delegation_rate"]
+    # 1 + 0.75 + 0.75^2 = 2.3125 of 3; Wilson with p = 0.770833, n = 3, z^2 = 3.841459:
+    # centre 1.411076, half 1.959964 * sqrt(0.058883 + 0.106707) = 0.797564, denominator 2.280486
+    assert got["n"] == 3 and got["successes"] == pytest.approx(2.3125)
+    assert got["success"] == pytest.approx(0.770833, abs=1e-6)
+    assert got["ci95"] == pytest.approx([0.269027, 0.968495], abs=1e-6)
+    assert got["mean_depth"] == 0.0 and got["delegation_rate"] == 0.0
+
+
+@needs_tok
+def test_n_mode_and_human_output(capsys, tmp_path, scripted):
+    f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
+    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--n", "2", "--mode",
+                          "single", "--base-url", "http://127.0.0.1:9/v1", *FAST)
+    assert code == 0, err
+    assert "success 0.875 (95% CI [0.264, 0.993]) = 1.75 / 2 tasks" in out  # (1 + 0.75) / 2
+    assert "evaluating 2 oolong tasks of" in out and "mode single" in out
+
+
+@needs_tok
+def test_binary_scoring_from_the_config(capsys, tmp_path, scripted):
+    f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
+    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--json",
+                          "--base-url", "http://127.0.0.1:9/v1", "--set", "eval.graded=false", *FAST)
+    assert code == 0, err
+    got = json.loads(out)
+    assert (got["n"], got["successes"], got["success"]) == (3, 1, pytest.approx(1 / 3, abs=1e-6))
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--mode", "both"], 2, "must be 'recursive' or 'single', got 'both'"),
+    (["--n", "5"], 1, "--n 5: "),
+    (["--n", "0"], 2, "'--n'"),
+])
+def test_bad_input_is_one_error_line(capsys, tmp_path, args, code, needle):
+    f = write_tasks(tmp_path / "t.jsonl", oolong_tasks(["1", "2"]))
+    got, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert got == code and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert out == ""
+
+
+def test_missing_model_and_mixed_file_are_one_error_line(capsys, tmp_path):
+    from rao_core.envs import get_env
+
+    f = write_tasks(tmp_path / "t.jsonl", oolong_tasks(["1"]))
+    code, _, err = _run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task-file", str(f))
+    assert code == 1 and err.strip() == f"error: model not found: {tmp_path / 'nope'} has no config.json " \
+                                        "(a checkpoint folder is expected)"
+    mixed = write_tasks(tmp_path / "m.jsonl", oolong_tasks(["1"]) + get_env("textcraft-synth").generate_tasks(
+        n=1, seed=0, difficulty="easy"))
+    code, _, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(mixed))
+    assert code == 1 and "mixes environments ['oolong', 'textcraft-synth']" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_eval_starts_vllm_on_the_checkpoint(capsys, tmp_path, tiny_model_path):
+    """The command serves the folder itself and prints one JSON object; the random tiny model solves no
+    TextCraft task, and every field follows from the counts."""
+    from rao_core.envs import get_env
+    from rao_core.evaluation import wilson_interval
+
+    f = write_tasks(tmp_path / "t.jsonl", get_env("textcraft-synth").generate_tasks(n=2, seed=0, difficulty="easy",
+                                                                                     split="validation"))
+    code, out, err = _run(capsys, "eval", "--model", str(tiny_model_path), "--task-file", str(f), "--json",
+                          "--set", "serving.max_model_len=2048", "--set", "runtime.max_steps_per_node=2",
+                          "--set", "runtime.max_depth=1", *FAST)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["n"] == 2 and got["successes"] == 0 and got["success"] == 0.0
+    assert got["ci95"] == pytest.approx(list(wilson_interval(0, 2)), abs=1e-6)
+    assert 0.0 <= got["delegation_rate"] <= 1.0 and got["mean_depth"] <= 1.0
+    assert "starting vLLM" in err
