@@ -3,7 +3,9 @@
 Evaluates a registered model version or alias (default ``candidate``) on a benchmark suite (each listed
 environment at its difficulties, recursive and single-agent modes) and compares every metric with the
 ``champion`` alias's recorded scores: a drop larger than the tolerance fails the flow run with a clear
-message and a Prefect table artifact listing each comparison.
+message and a Prefect table artifact listing each comparison. Each entry is evaluated by
+``tasks.stages.run_evaluation``, i.e. ``rao_core.evaluation.evaluate_suite``, the code of the campaign's
+evaluation and of ``rao eval``.
 """
 
 from __future__ import annotations
