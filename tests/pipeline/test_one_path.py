@@ -145,3 +145,19 @@ def test_pipeline_warm_start_refuses_to_train_without_a_successful_demonstration
     with pytest.raises(ValueError, match="none of the 2 demonstration trees succeeded"):
         _warm_start.__wrapped__(ctx, "iter-0")
     assert not (tmp_path / "campaigns/smoke/checkpoints/iter-0").exists()
+
+
+def test_nightly_suite_entry_is_an_eval_config():
+    """A suite entry sets difficulties, n_tasks and modes (its defaults included) and, only when given,
+    seed/split/graded; the rest comes from the config's eval section (the champion's task set)."""
+    from flows.evaluate import SuiteEntry
+    from rao_core.config import EvalSettings
+
+    base = EvalSettings(seed=99, n_tasks=4, tolerance=0.2, graded=False)
+    ev = base.model_copy(update=SuiteEntry(env="oolong", difficulties=["singledoc_rolls"]).eval_update())
+    assert (ev.difficulties, ev.n_tasks, ev.modes) == (["singledoc_rolls"], 8, ["recursive", "single"])
+    assert (ev.seed, ev.graded, ev.tolerance) == (99, False, 0.2)
+    ev = base.model_copy(update=SuiteEntry(seed=5, graded=True, modes=["single"]).eval_update())
+    assert (ev.seed, ev.graded, ev.modes) == (5, True, ["single"])
+    with pytest.raises(ValueError):
+        SuiteEntry(modes=["both"])
