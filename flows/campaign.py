@@ -218,7 +218,8 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
                 out = rao_iteration(ctx, k, ckpt)
                 ckpt = out["checkpoint"]
                 summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
-                                              "register": out["register"], "eval_rows": out["eval_rows"]})
+                                              "register": out["register"], "eval_rows": out["eval_rows"],
+                                              "checkpoint_local": ckpt.get("local")})
         finally:
             shutdown_server()
     summary["wall_s"] = round(time.monotonic() - t0, 1)

@@ -8,7 +8,10 @@ checkpoint (``warm_start.mode = checkpoint``), so the arms differ only in whethe
 available during RL and evaluation. Each evaluates after the warm start and after every iteration on
 the same held-out validation tasks. The flow then writes a table (success by difficulty vs iteration,
 recursive vs single, Wilson 95% intervals, mean depth, delegation rate, wall time per iteration) and a
-learning-curve plot to ``docs/results.md`` / ``docs/img/`` and to an MLflow run.
+learning-curve plot to ``docs/results.md`` / ``docs/img/`` and to an MLflow run, and a machine-readable
+record ``docs/results/<experiment>.json`` (every evaluated point with its checkpoint folder, and the
+claimed comparison: the recursive arm's last iteration vs its warm start, one-sided two-proportion z-test,
+:func:`two_proportion_test`).
 """
 
 from __future__ import annotations
@@ -25,9 +28,65 @@ from pydantic import BaseModel, Field
 from flows.campaign import CampaignParams, rao_campaign
 
 
+def two_proportion_test(s1: float, n1: int, s2: float, n2: int) -> dict[str, float]:
+    """Pooled two-proportion z-test of H1: p2 > p1 (e.g. 1 = warm start, 2 = last iteration).
+
+    Args: successes and trials of each sample (successes may be fractional for graded scores).
+    Returns ``{"z", "p_value"}`` (one-sided, upper tail) and ``"p_value_two_sided"``; z = 0 and p = 1 (0.5
+    one-sided) when the pooled variance is 0 (both rates 0 or both 1). Raises ValueError for n < 1.
+    """
+    if n1 < 1 or n2 < 1:
+        raise ValueError(f"two_proportion_test needs n >= 1, got {n1} and {n2}")
+    import math
+
+    p1, p2 = s1 / n1, s2 / n2
+    pool = (s1 + s2) / (n1 + n2)
+    var = pool * (1 - pool) * (1 / n1 + 1 / n2)
+    if var <= 0:
+        return {"z": 0.0, "p_value": 0.5, "p_value_two_sided": 1.0}
+    z = (p2 - p1) / math.sqrt(var)
+    upper = 0.5 * math.erfc(z / math.sqrt(2))
+    return {"z": z, "p_value": upper, "p_value_two_sided": min(1.0, 2 * min(upper, 1 - upper))}
+
+
+def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[str, Any],
+                      checkpoints: dict[tuple[str, int], str | None], config: dict[str, Any]) -> dict[str, Any]:
+    """The ``docs/results/<experiment>.json`` record: points, and the test of the recursive arm's last
+    iteration vs its warm start on the first evaluated difficulty (recursive mode)."""
+    from rao_core.paths import REPO_ROOT
+
+    def rel(path: str | None) -> str | None:
+        if not path:
+            return None
+        p = Path(path).resolve()
+        return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)
+
+    points = [{"arm": r["arm"], "iteration": r["iteration"], "difficulty": r["difficulty"], "mode": r["mode"],
+               "n": r["n"], "successes": r["successes"], "success": r["success"], "ci95": r.get("ci95"),
+               "mean_depth": r.get("mean_depth"), "delegation_rate": r.get("delegation_rate"),
+               "checkpoint": rel(checkpoints.get((r["arm"], r["iteration"])))} for r in rows]
+    test: dict[str, Any] = {}
+    rec = [p for p in points if p["arm"] == "recursive" and p["mode"] == "recursive"]
+    if rec:
+        diff = rec[0]["difficulty"]
+        rec = [p for p in rec if p["difficulty"] == diff]
+        base = min(rec, key=lambda p: p["iteration"])
+        last = max(rec, key=lambda p: p["iteration"])
+        t = two_proportion_test(base["successes"], base["n"], last["successes"], last["n"])
+        test = {"arm": "recursive", "difficulty": diff, "mode": "recursive", "baseline_iteration": base["iteration"],
+                "final_iteration": last["iteration"], "baseline": [base["successes"], base["n"]],
+                "final": [last["successes"], last["n"]], "difference": last["success"] - base["success"],
+                "test": "pooled two-proportion z-test, one-sided (final > baseline)", **t}
+    return {"experiment": experiment, "command": meta["command"], "config": meta["config"], "seed": meta["seed"],
+            "commit": meta["commit"], "date": meta["date"], "wall_s": round(meta["wall_s"], 1),
+            "config_values": config, "points": points, "test": test}
+
+
 class ExperimentParams(BaseModel):
     """Parameters of the experiment (a Prefect UI form)."""
 
+    experiment: str = Field("textcraft-cpu", pattern=r"^[a-z0-9][a-z0-9-]*$",
+                            description="Experiment name: docs/results/<experiment>.json, docs/img/<experiment>.png.")
     config: str = Field("configs/experiment-textcraft-cpu.yaml", description="Campaign config of both arms.")
     name: str | None = Field(None, description="Prefix of the two campaign names (default: the config's name).")
     iterations: int | None = Field(None, ge=0, description="RL iterations per arm.")
@@ -103,20 +162,33 @@ def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """The results section of docs/results.md."""
+def _section_title(experiment: str) -> str:
+    if experiment == "textcraft-cpu":
+        return "## Learning curve: recursive vs single agent (TextCraft-Synth, CPU)"
+    return f"## Learning curve: {experiment}"
+
+
+def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experiment: str = "textcraft-cpu",
+                     img: str = "learning_curve.png", test: dict[str, Any] | None = None) -> str:
+    """The results section of docs/results.md for ``experiment``."""
     lines = [
-        "## Learning curve: recursive vs single agent (TextCraft-Synth, CPU)", "",
+        _section_title(experiment), "",
         f"Command: `{meta['command']}`  ", f"Config: `{meta['config']}` (seed {meta['seed']}), commit `{meta['commit']}`, "
         f"run on {meta['date']}, total wall time {meta['wall_s'] / 60:.1f} min.  ",
         f"Validation: {meta['n_tasks']} held-out tasks per difficulty (targets never seen in training); success with "
-        "Wilson 95% intervals.", "", "![learning curve](img/learning_curve.png)", "",
+        "Wilson 95% intervals.", "", f"![learning curve](img/{img})", "",
         "| arm | iteration | eval mode | difficulty | n | success | 95% CI | mean depth | delegation rate | iteration wall (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | {r['n']} | {r['success']:.2f} | "
                      f"{r['ci95']} | {r['mean_depth']} | {r.get('delegation_rate', '')} | {r.get('iteration_wall_s', '')} |")
+    if test:
+        lines += ["", f"Test ({test['test']}): recursive arm, {test['difficulty']}, iteration {test['final_iteration']} "
+                  f"({test['final'][0]:g}/{test['final'][1]}) vs iteration {test['baseline_iteration']} "
+                  f"({test['baseline'][0]:g}/{test['baseline'][1]}): difference {test['difference']:+.3f}, "
+                  f"z = {test['z']:.2f}, p = {test['p_value']:.4f} (two-sided {test['p_value_two_sided']:.4f}). "
+                  f"Record: `docs/results/{experiment}.json`."]
     return "\n".join(lines) + "\n"
 
 
@@ -131,28 +203,43 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     prefix = params.name or base.name
     rows: list[dict[str, Any]] = []
     summaries = {}
+    checkpoints: dict[tuple[str, int], str | None] = {}
     shared_ckpt: str | None = None
     for arm in params.arms:
         extra = arm_overrides(arm, params.overrides, base.model.registered_model, shared_ckpt)
         summaries[arm] = rao_campaign(CampaignParams(config=params.config, name=f"{prefix}-{arm}",
                                                      iterations=params.iterations, overrides=extra))
         rows += _rows(arm, summaries[arm])
+        checkpoints[(arm, 0)] = summaries[arm].get("warm_start", {}).get("checkpoint_local")
+        for it in summaries[arm]["iterations"]:
+            checkpoints[(arm, it["iteration"])] = it.get("checkpoint_local")
         shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
         log.info(f"arm {arm} done")
     wall = time.monotonic() - t0
-    meta = {"command": f"rao experiment textcraft-cpu --config {params.config}", "config": params.config,
+    meta = {"command": f"rao experiment {params.experiment} --config {params.config}", "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,
             "n_tasks": base.eval.n_tasks}
     from rao_core.paths import REPO_ROOT
 
-    img = learning_curve_png(rows, (REPO_ROOT if params.write_docs else Path(base.name)) / "docs/img/learning_curve.png")
-    md = results_markdown(rows, meta)
+    out_root = REPO_ROOT if params.write_docs else Path(base.name)
+    img_name = "learning_curve.png" if params.experiment == "textcraft-cpu" else f"{params.experiment}.png"
+    img = learning_curve_png(rows, out_root / "docs/img" / img_name)
+    record = experiment_record(params.experiment, rows, meta, checkpoints, base.model_dump(mode="json"))
+    from rao_core.jsonl import atomic_path
+
+    rec_path = out_root / "docs/results" / f"{params.experiment}.json"
+    rec_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(rec_path) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=2) + "\n")
+    md = results_markdown(rows, meta, experiment=params.experiment, img=img_name, test=record["test"])
     if params.write_docs:
         doc = REPO_ROOT / "docs/results.md"
         old = doc.read_text() if doc.exists() else "# Results\n"
-        marker = "## Learning curve: recursive vs single agent"
-        old = old.split(marker)[0].rstrip() + "\n\n"
-        doc.write_text(old + md)
+        marker = _section_title(params.experiment)
+        head, _, rest = old.partition(marker)
+        nxt = rest.find("\n## ")  # keep any later sections (other experiments)
+        tail = rest[nxt:] if (rest and nxt >= 0) else ""
+        doc.write_text(head.rstrip() + "\n\n" + md + tail)
     import mlflow
 
     from tasks import tracking

@@ -47,3 +47,38 @@ def test_rows_markdown_and_plot(tmp_path):
     assert "commit `abc1234`" in md and "10.0 min" in md
     png = learning_curve_png(rows, tmp_path / "img" / "curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_two_proportion_test_values():
+    from flows.experiment import two_proportion_test
+
+    t = two_proportion_test(10, 50, 20, 50)  # 0.2 -> 0.4, pooled 0.3
+    assert t["z"] == pytest.approx(0.2 / (0.3 * 0.7 * 0.04) ** 0.5)
+    assert t["p_value"] == pytest.approx(0.01455, abs=1e-4) and t["p_value_two_sided"] == pytest.approx(0.0291, abs=1e-4)
+    assert two_proportion_test(20, 50, 10, 50)["p_value"] == pytest.approx(1 - 0.01455, abs=1e-4)  # one-sided
+    assert two_proportion_test(0, 50, 0, 50) == {"z": 0.0, "p_value": 0.5, "p_value_two_sided": 1.0}
+    with pytest.raises(ValueError):
+        two_proportion_test(0, 0, 1, 1)
+
+
+def test_experiment_record_points_and_test(tmp_path):
+    from flows.experiment import experiment_record
+    from rao_core.paths import REPO_ROOT
+
+    def row(arm, it, mode, s):
+        return {"arm": arm, "iteration": it, "mode": mode, "difficulty": "tier1", "n": 50, "successes": s,
+                "success": s / 50, "ci95": "[0, 1]", "mean_depth": 0.1, "delegation_rate": 0.1}
+
+    rows = [row("recursive", 0, "recursive", 10), row("recursive", 1, "recursive", 14),
+            row("recursive", 2, "recursive", 21), row("single", 0, "single", 11)]
+    ck = {("recursive", 0): str(REPO_ROOT / "var/x/iter-0"), ("recursive", 2): "/elsewhere/iter-2"}
+    meta = {"command": "rao experiment textcraft-tier1", "config": "c.yaml", "seed": 0, "commit": "abc",
+            "date": "2026-12-01", "wall_s": 100.0}
+    rec = experiment_record("textcraft-tier1", rows, meta, ck, {"name": "x"})
+    assert {k for k in rec} >= {"experiment", "command", "config", "seed", "commit", "wall_s", "points", "test"}
+    p0 = rec["points"][0]
+    assert {k for k in p0} >= {"arm", "iteration", "difficulty", "mode", "n", "successes", "checkpoint"}
+    assert p0["checkpoint"] == "var/x/iter-0" and rec["points"][2]["checkpoint"] == "/elsewhere/iter-2"
+    t = rec["test"]
+    assert (t["arm"], t["difficulty"], t["baseline_iteration"], t["final_iteration"]) == ("recursive", "tier1", 0, 2)
+    assert t["final"] == [21, 50] and t["difference"] == pytest.approx(0.22) and 0 < t["p_value"] < 0.05

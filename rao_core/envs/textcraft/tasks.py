@@ -15,6 +15,13 @@ This is an upper bound on what any plan uses that never crafts more executions t
 so every sensible decomposition into sub-agents (each crafting its own intermediates, with their own
 rounding to recipe yields) is feasible from the shared inventory, not only the gold plan.
 
+Difficulties: the paper's four levels by target crafting depth (``easy`` 2-3, ``medium`` 4-6, ``hard``
+7-9, ``extreme`` 10-12), plus ``tier1``, a CPU-scale shape that is NOT in the paper (project addition,
+docs/environments.md): one or two targets of tier 1, each crafted straight from base materials by one
+recipe. It exists so that a 135M policy on a 2-core CPU succeeds some of the time after its warm start,
+which the paper's levels do not allow (docs/results.md); ids stay opaque and the verifier exact.
+``"mixed"`` cycles through the paper's four levels only.
+
 Split: per tier, a seeded 20% of the items (``VALIDATION_FRACTION``) are validation-only targets; train
 tasks never target them (they may still appear as intermediates).
 """
@@ -27,17 +34,20 @@ from typing import Any
 from rao_core.envs.base import Task
 from rao_core.envs.textcraft.graph import GRAPH_VERSION, MAX_TIER, RecipeGraph, recipe_graph
 
-DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 6), "hard": (7, 9), "extreme": (10, 12)}
+PAPER_DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 6), "hard": (7, 9),
+                                                  "extreme": (10, 12)}
+#: difficulty -> (lowest, highest) target tier; ``tier1`` is the CPU-scale shape (module docstring).
+DIFFICULTIES: dict[str, tuple[int, int]] = {"tier1": (1, 1), **PAPER_DIFFICULTIES}
 VALIDATION_FRACTION = 0.2
 ENV_NAME = "textcraft-synth"
 
 
 def difficulty_of_depth(depth: int) -> str:
-    """Difficulty name of a crafting depth (2..12); raises ValueError outside 2..12."""
+    """Difficulty name of a crafting depth (1..12; 1 is ``tier1``); raises ValueError outside 1..12."""
     for name, (lo, hi) in DIFFICULTIES.items():
         if lo <= depth <= hi:
             return name
-    raise ValueError(f"crafting depth {depth} has no difficulty (expected 2..12)")
+    raise ValueError(f"crafting depth {depth} has no difficulty (expected 1..12)")
 
 
 def plan_crafts(graph: RecipeGraph, targets: dict[str, int], leaves: frozenset[str] | set[str] = frozenset()
@@ -123,6 +133,8 @@ def split_items(graph: RecipeGraph) -> dict[str, dict[int, list[str]]]:
 
 def _max_targets(difficulty: str) -> tuple[int, int]:
     # (max number of target items, max count per target)
+    if difficulty == "tier1":
+        return (2, 3)  # one target (75%) or two independent ones, each one recipe from base materials
     return (1, 3) if difficulty in ("easy", "medium") else (1, 2)
 
 
@@ -133,7 +145,8 @@ def generate_textcraft_tasks(*, n: int, seed: int, difficulty: str | None = None
     Args:
         n: number of tasks (>= 1).
         seed: task sampling seed.
-        difficulty: "easy" | "medium" | "hard" | "extreme", or None / "mixed" to cycle through all four.
+        difficulty: "easy" | "medium" | "hard" | "extreme", None / "mixed" to cycle through those four, or
+            "tier1" (CPU-scale shape, module docstring).
         split: "train" or "validation" ("test" is treated as "validation": held-out targets).
         graph_seed: seed of the recipe graph (shared by train and validation tasks; keep it fixed).
         items_per_tier: items per domain and tier of the recipe graph.
@@ -144,7 +157,7 @@ def generate_textcraft_tasks(*, n: int, seed: int, difficulty: str | None = None
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if difficulty in (None, "mixed"):
-        levels = list(DIFFICULTIES)
+        levels = list(PAPER_DIFFICULTIES)
     elif difficulty in DIFFICULTIES:
         levels = [difficulty]
     else:
