@@ -129,7 +129,7 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict
         served2 = serve_checkpoint(ctx, new_ckpt)
         times["serve_new"] = time.monotonic() - t
         ev = evaluate(ctx, iteration, served2, tok)
-    reg = register_checkpoint(ctx, iteration, new_ckpt, ev["metrics"], it_run)
+    reg = register_checkpoint(ctx, iteration, new_ckpt, ev["metrics"], it_run, updated=tr.get("steps", 0) > 0)
     for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
                       ("register", reg)]:
         if "_stage_s" in out:

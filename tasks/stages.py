@@ -301,21 +301,24 @@ def evaluate(ctx: RunContext, iteration: int | str, served: dict[str, Any], toke
 
 @resumable("register")
 def _register(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
-              run_id: str) -> dict[str, Any]:
+              run_id: str, updated: bool = True) -> dict[str, Any]:
     name = ctx.config.model.registered_model
     metric = primary_metric(ctx)
-    tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, **{k: round(v, 4) for k, v in eval_metrics.items()}}
+    tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, "rao.updated": str(updated).lower(),
+            **{k: round(v, 4) for k, v in eval_metrics.items()}}
     version = tracking.register_version(name, ckpt["uri"], run_id, tags)
-    promoted = tracking.promote(name, version, eval_metrics.get(metric), metric)
+    promoted = tracking.promote(name, version, eval_metrics.get(metric), metric,
+                                tolerance=ctx.config.eval.tolerance, updated=updated)
     return {"model": name, "version": version, "champion": promoted, "metric": metric,
-            "score": eval_metrics.get(metric)}
+            "score": eval_metrics.get(metric), "updated": updated}
 
 
 @task(name="register-checkpoint", cache_policy=NONE, **IO_RETRIES)
 def register_checkpoint(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
-                        run_id: str) -> dict[str, Any]:
-    """Register the checkpoint as a model version (alias candidate); move champion if not worse."""
-    return _register(ctx, iteration, ckpt, eval_metrics, run_id)
+                        run_id: str, updated: bool = True) -> dict[str, Any]:
+    """Register the checkpoint as a model version; move champion only for a real update (``updated``) not
+    worse than the champion beyond ``eval.tolerance``."""
+    return _register(ctx, iteration, ckpt, eval_metrics, run_id, updated)
 
 
 def checkpoint_from_uri(ctx: RunContext, ref: str) -> dict[str, Any]:

@@ -5,8 +5,8 @@
   tokens, end reason), nested like the tree, linked to the iteration run.
 - Registry: every checkpoint is a model version of ``model.registered_model`` whose source is the
   checkpoint's S3 URI, tagged with campaign, iteration and evaluation scores; alias ``candidate`` is the
-  latest version, ``champion`` is moved only by :func:`promote` (primary metric not worse than the
-  current champion's).
+  latest version, ``champion`` is moved only by :func:`promote` (a real update whose primary metric is
+  not worse than the current champion's beyond the eval tolerance).
 """
 
 from __future__ import annotations
@@ -176,19 +176,24 @@ def alias_version(name: str, alias: str) -> Any | None:
         return None
 
 
-def promote(name: str, version: str, score: float | None, metric: str, tolerance: float = 0.0) -> bool:
-    """Move ``champion`` to ``version`` if there is none or ``score >= champion score - 0`` (not worse).
+def promote(name: str, version: str, score: float | None, metric: str, tolerance: float = 0.0, *,
+            updated: bool = True) -> bool:
+    """Move ``champion`` to ``version`` when it is a real update and not worse beyond ``tolerance``.
 
-    The champion's score is read from its tag ``<metric>``. ``tolerance`` is not used to promote (a
-    candidate must not be worse); it is used by the regression check. Returns True if moved.
+    Rules: a version whose weights equal its parent's (``updated`` False: the iteration made no optimizer
+    step) never moves the alias; with no champion yet, any scored version becomes champion; otherwise
+    the version must have a score and ``score >= champion score - tolerance`` (the champion's score is
+    read from its tag ``<metric>``). Returns True if moved.
     """
+    if not updated:
+        return False
     champ = alias_version(name, "champion")
     if champ is not None and score is not None:
         try:
             best = float(champ.tags.get(metric, "nan"))
         except ValueError:
             best = float("nan")
-        if math.isfinite(best) and score < best:
+        if math.isfinite(best) and score < best - tolerance:
             return False
     if champ is not None and score is None:
         return False

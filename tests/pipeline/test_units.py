@@ -43,6 +43,16 @@ def test_promotion_moves_champion_only_when_not_worse(tmp_path, monkeypatch):
     c = mlflow.MlflowClient()
     assert str(c.get_model_version_by_alias("p", "champion").version) == str(v3)
     assert str(c.get_model_version_by_alias("p", "candidate").version) == str(v3)
+    # an iteration that made no optimizer step (weights = parent's) never moves the champion, even if it
+    # scores better by chance
+    v4 = tracking.register_version("p", "s3://b/c/iter-4/checkpoint", run, {m: 0.9})
+    assert tracking.promote("p", v4, 0.9, m, updated=False) is False
+    # worse, but within the evaluation tolerance: a real update moves it; beyond the tolerance it does not
+    v5 = tracking.register_version("p", "s3://b/c/iter-5/checkpoint", run, {m: 0.45})
+    assert tracking.promote("p", v5, 0.45, m, tolerance=0.1) is True
+    v6 = tracking.register_version("p", "s3://b/c/iter-6/checkpoint", run, {m: 0.2})
+    assert tracking.promote("p", v6, 0.2, m, tolerance=0.1) is False
+    assert str(c.get_model_version_by_alias("p", "champion").version) == str(v5)
 
 
 def _node(nid, parent, depth, success, reward, children=(), end=EndReason.FINISHED, toks=4, gen=2):
