@@ -34,7 +34,8 @@ def _prefect_env() -> None:
 
 def _summary_table(summary: dict) -> Table:
     t = Table(title=f"campaign {summary['campaign']}: validation success by iteration")
-    for c in ("iter", "train success", "eval (mode/difficulty: success [95% CI])", "version", "champion"):
+    for c in ("iter", "train success", "signal (samples / groups)", "eval (mode/difficulty: success [95% CI])",
+              "version", "champion"):
         t.add_column(c)
 
     def ev(rows: list[dict]) -> str:
@@ -42,10 +43,14 @@ def _summary_table(summary: dict) -> Table:
 
     if summary.get("base_eval"):
         reg = (summary.get("warm_start") or {}).get("register") or {}
-        t.add_row("0", "", ev(summary["base_eval"]), str(reg.get("version", "")), "yes" if reg.get("champion") else "")
+        t.add_row("0", "", "", ev(summary["base_eval"]), str(reg.get("version", "")),
+                  "yes" if reg.get("champion") else "")
     for it in summary["iterations"]:
         m = it["metrics"]
-        t.add_row(str(it["iteration"]), f"{m.get('success/root', float('nan')):.2f}", ev(it["eval_rows"]),
+        signal = (f"{int(m.get('samples/num_signal_samples', 0))}/{int(m.get('samples/num_samples', 0))} / "
+                  f"{int(m.get('samples/num_signal_groups', 0))}/{int(m.get('samples/num_groups', 0))}"
+                  + ("" if it["register"].get("updated", True) else "\n(no update)"))
+        t.add_row(str(it["iteration"]), f"{m.get('success/root', float('nan')):.2f}", signal, ev(it["eval_rows"]),
                   str(it["register"]["version"]), "yes" if it["register"]["champion"] else "")
     return t
 

@@ -86,6 +86,8 @@ class SampleStats(BaseModel):
     samples_per_depth: dict[int, int] = Field(default_factory=dict)
     mean_abs_advantage: float = 0.0
     num_assistant_tokens: int = 0
+    num_signal_samples: int = 0  # samples whose coefficient w_d * A_n is not 0 (the ones that move the policy)
+    num_signal_groups: int = 0  # kept groups whose scored root rewards are not all equal
 
 
 class SampleBatch(BaseModel):
@@ -167,6 +169,9 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None) -> S
             stats.dropped_small_groups += 1
             stats.dropped_nodes_of_dropped_trees += sum(len(trees[i].nodes) for i in idx)
             continue
+        valid_roots = {r for r in roots if not math.isnan(r)}
+        if len(valid_roots) > 1:
+            stats.num_signal_groups += 1
         for i, b in zip(idx, bs):
             if math.isnan(b):
                 stats.dropped_nodes_of_dropped_trees += len(trees[i].nodes)
@@ -203,6 +208,7 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None) -> S
     stats.samples_per_depth = dict(sorted(Counter(s.depth for s in samples).items()))
     stats.mean_abs_advantage = sum(abs(s.advantage) for s in samples) / len(samples) if samples else 0.0
     stats.num_assistant_tokens = sum(s.num_assistant_tokens for s in samples)
+    stats.num_signal_samples = sum(1 for s in samples if s.advantage * s.weight != 0.0)
     return SampleBatch(samples=samples, stats=stats)
 
 

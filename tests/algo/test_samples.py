@@ -36,6 +36,14 @@ def test_one_group_of_two_trees():
     assert s["A", "c"].assistant_mask == [0, 0, 1, 1] and s["A", "c"].behaviour_logprobs == [0, 0, -0.5, -0.5]
     assert batch.stats.num_samples == 3 and batch.stats.dropped_nan_nodes == 0
     assert ta.node("r").reward is None  # input not modified
+    assert batch.stats.num_signal_samples == 3 and batch.stats.num_signal_groups == 1
+
+
+def test_signal_counts_groups_whose_roots_differ():
+    same = [tree("A", "g1", [node("r", None, 0, 1.0)]), tree("B", "g1", [node("r", None, 0, 1.0)])]
+    mixed = [tree("C", "g2", [node("r", None, 0, 1.0)]), tree("D", "g2", [node("r", None, 0, 0.0)])]
+    st = build_samples(same + mixed, lam=0.5).stats
+    assert (st.num_samples, st.num_signal_samples, st.num_groups, st.num_signal_groups) == (4, 2, 2, 1)
 
 
 def test_group_with_nan_root():
