@@ -55,12 +55,18 @@ def scripted(monkeypatch):
     return asked, calls
 
 
+def _scripted_eval(capsys, tmp_path, *args: str) -> str:
+    """``rao eval`` of the tiny checkpoint on three Oolong tasks (gold 4, 10, 7) at a fake URL; its stdout."""
+    f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
+    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--base-url",
+                          "http://127.0.0.1:9/v1", *args, *FAST)
+    assert code == 0, err
+    return out
+
+
 @needs_tok
 def test_json_is_one_object_with_graded_wilson_interval(capsys, tmp_path, scripted):
-    f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
-    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--json",
-                          "--base-url", "http://127.0.0.1:9/v1", "--served-model-name", "m", *FAST)
-    assert code == 0, err
+    out = _scripted_eval(capsys, tmp_path, "--json", "--served-model-name", "m")
     assert scripted[0] == [("http://127.0.0.1:9/v1", "m")] and scripted[1] == ["m"]  # the library function
     (line,) = out.strip().splitlines()  # exactly one JSON object on stdout
     got = json.loads(line)
@@ -75,21 +81,14 @@ def test_json_is_one_object_with_graded_wilson_interval(capsys, tmp_path, script
 
 @needs_tok
 def test_n_mode_and_human_output(capsys, tmp_path, scripted):
-    f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
-    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--n", "2", "--mode",
-                          "single", "--base-url", "http://127.0.0.1:9/v1", *FAST)
-    assert code == 0, err
+    out = _scripted_eval(capsys, tmp_path, "--n", "2", "--mode", "single")
     assert "success 0.875 (95% CI [0.264, 0.993]) = 1.75 / 2 tasks" in out  # (1 + 0.75) / 2
     assert "evaluating 2 oolong tasks of" in out and "mode single" in out
 
 
 @needs_tok
 def test_binary_scoring_from_the_config(capsys, tmp_path, scripted):
-    f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
-    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--json",
-                          "--base-url", "http://127.0.0.1:9/v1", "--set", "eval.graded=false", *FAST)
-    assert code == 0, err
-    got = json.loads(out)
+    got = json.loads(_scripted_eval(capsys, tmp_path, "--json", "--set", "eval.graded=false"))
     assert (got["n"], got["successes"], got["success"]) == (3, 1, pytest.approx(1 / 3, abs=1e-6))
 
 
