@@ -31,7 +31,6 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -367,12 +366,3 @@ def render_report(report: EvalReport, console: Any = None, title: str = "Evaluat
     (console or Console()).print(table)
     return table
 
-
-def write_report(path: str | Path, report: EvalReport) -> Path:
-    """Write the rows (and flat metrics) as JSON; returns the path."""
-    import json
-
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"metrics": report.metrics(), "rows": [r.model_dump() for r in report.rows]}, indent=2))
-    return p
