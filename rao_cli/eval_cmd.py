@@ -90,7 +90,8 @@ def register(app: typer.Typer) -> None:
                 s = cfg.serving
                 server = VLLMServer(model, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
                                     kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args),
-                                    start_timeout_s=s.start_timeout_s)
+                                    logprobs_mode=s.logprobs_mode, dtype=s.dtype,
+                                    start_timeout_s=s.start_timeout_s)  # as the campaign serves (tasks/serve.py)
                 say(f"starting vLLM on {model} (2-3 minutes on CPU)...")
                 server.start()
                 url, name = server.base_url, server.model
