@@ -76,6 +76,12 @@ class TrainerConfig(BaseModel):
         "weights stay fp32; checkpoints are saved in the input checkpoint's dtype.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    logprob_chunk_tokens: int | None = Field(
+        1024, ge=1, description="Compute the sampled tokens' log-probs from the last hidden states, the LM head "
+        "and log-softmax applied to this many tokens (rows x positions) at a time under activation "
+        "checkpointing, so the full [B, L, V] fp32 logits never exist (rao_core.train.loss."
+        "chunked_token_logprobs; same values). None: the full-logits path. Models whose logits are not "
+        "exactly lm_head(hidden) (see PLAIN_LM_HEAD_MODEL_TYPES) always use the full-logits path.")
     skip_zero_advantage: bool = Field(
         True, description="Do not run forward/backward on samples whose coefficient w_d * A_n is 0 (their "
         "policy-gradient term is exactly 0 for every loss type). Applies when loss_type != 'sft' and "

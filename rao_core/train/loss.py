@@ -35,19 +35,36 @@ Reported statistics (detached): sums and counts so that the trainer can aggregat
 processes and depths. ``kl_mismatch`` is the k3 estimate of KL(pi_behaviour || pi_theta) with the
 samples drawn from the behaviour policy: ``k3 = rho - 1 - log rho``, which measures how far the trainer's
 log-probs are from the ones the inference server reported (0 when they agree).
+
+Log-probs without the full logits [project choice, issue 14]: :func:`token_logprobs` takes the [B, L, V]
+logits the model returns (fp32: 4 bytes x V per token, plus as much again for the softmax and its
+gradient). :func:`model_hidden_states` runs the model to its last hidden states [B, L, H] (the LM head
+sees an empty slice) and :func:`chunked_token_logprobs` applies the LM head, temperature and log-softmax
+to ``chunk_tokens`` tokens at a time, each chunk under activation checkpointing: only one chunk's
+[B, c, V] logits exist at a time, in forward and in backward (where the chunk's logits are recomputed:
+one extra LM-head matmul per token). The result equals :func:`token_logprobs` on the full logits up to
+float rounding (the same operations on row subsets). It applies only to models whose logits are
+exactly ``lm_head(last hidden state)`` (:data:`PLAIN_LM_HEAD_MODEL_TYPES`); others (logit soft-capping
+or scaling) keep the full-logits path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 LossType = Literal["reinforce", "ppo", "cispo", "sft"]
 Aggregation = Literal["token_mean", "sequence_mean"]
 
-__all__ = ["Aggregation", "LossType", "LossStats", "token_logprobs", "policy_loss"]
+__all__ = ["Aggregation", "LossType", "LossStats", "PLAIN_LM_HEAD_MODEL_TYPES", "chunked_token_logprobs",
+           "model_hidden_states", "policy_loss", "token_logprobs"]
+
+# transformers model types whose causal-LM logits are exactly ``lm_head(last_hidden_state)`` (no soft-capping,
+# no logit scaling; checked in transformers 5.24's modeling files), so the chunked path equals the full one.
+PLAIN_LM_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,101 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     targets = input_ids[:, 1:]  # [B, L-1]
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)  # [B, L-1]
     lp = picked - torch.logsumexp(logits, dim=-1)  # [B, L-1]
+    return torch.nn.functional.pad(lp, (1, 0), value=0.0)  # [B, L]
+
+
+def model_hidden_states(model: Any, lm_head: torch.nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
+    """Run ``model(**inputs)`` (through any DDP/FSDP wrapper) to the last hidden states, skipping the LM head.
+
+    A forward pre-hook on ``lm_head`` records its input and hands it an empty slice of positions, so the
+    model returns [B, 0, V] logits. That empty output is folded into the result (``+ logits.sum()``, exactly
+    0) so that backward hooks a wrapper put on the model's outputs still fire.
+
+    Args:
+        model: a causal LM (or a wrapper/PEFT model around one) whose forward calls ``lm_head`` once on
+            the [B, L, H] last hidden states.
+        lm_head: the model's output-embedding module (``get_output_embeddings()`` of the unwrapped model).
+        inputs: ``input_ids`` [B, L] and ``attention_mask`` [B, L], passed on to ``model``.
+
+    Returns:
+        [B, L, H] hidden states in the model's compute dtype (with gradient when grad is enabled).
+
+    Raises:
+        RuntimeError: the LM head was not called exactly once on a [B, L, H] input.
+    """
+    seen: list[torch.Tensor] = []
+
+    def _skip_head(_mod: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if not args:  # called with keywords only: leave it alone (the check below then fails)
+            return None
+        seen.append(args[0])
+        return (args[0][..., :0, :], *args[1:])
+
+    handle = lm_head.register_forward_pre_hook(_skip_head)
+    try:
+        logits = model(**inputs).logits  # [B, 0, V]
+    finally:
+        handle.remove()
+    shape = tuple(inputs["input_ids"].shape)
+    if len(seen) != 1 or tuple(seen[0].shape[:-1]) != shape:
+        raise RuntimeError(f"expected one LM-head call on [B, L, H] with [B, L] = {shape}, got "
+                           f"{[tuple(h.shape) for h in seen]}")
+    return seen[0] + logits.sum().to(seen[0].dtype)
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
+                    temperature: float) -> torch.Tensor:
+    """log softmax(lm_head(hidden) / T) at ``targets``: hidden [B, c, H], targets [B, c] -> [B, c] float32.
+
+    The same operations as :func:`token_logprobs` on a slice of positions.
+    """
+    logits = lm_head(hidden).float()  # [B, c, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)  # [B, c]
+    return picked - torch.logsumexp(logits, dim=-1)  # [B, c]
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
+                           input_ids: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = 1024,
+                           ) -> torch.Tensor:
+    """:func:`token_logprobs` from the last hidden states, the LM head applied to a chunk of positions at a time.
+
+    Positions are cut into chunks of ``max(1, chunk_tokens // B)`` positions, so a chunk holds at most
+    ``max(chunk_tokens, B)`` tokens and its logits are [B, c, V] float32. With gradient enabled each chunk
+    runs under ``torch.utils.checkpoint`` (non-reentrant): backward recomputes the chunk's logits instead of
+    keeping them, so only one chunk's logits (and their gradient) exist at a time.
+
+    Args:
+        hidden: [B, L, H] last hidden states (:func:`model_hidden_states`); position t predicts token t + 1.
+        lm_head: the LM head module, [..., H] -> [..., V]; call it under the same autocast as the model.
+        input_ids: [B, L].
+        temperature: logits are divided by it (as in :func:`token_logprobs`).
+        chunk_tokens: tokens (rows x positions) per chunk, >= 1.
+
+    Returns:
+        [B, L] float32; position 0 (no prefix) is 0.
+
+    Raises:
+        ValueError: ``chunk_tokens < 1`` or ``hidden``/``input_ids`` of different [B, L].
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if tuple(hidden.shape[:2]) != tuple(input_ids.shape):
+        raise ValueError(f"hidden {tuple(hidden.shape)} does not match input_ids {tuple(input_ids.shape)}")
+    from torch.utils.checkpoint import checkpoint
+
+    B, L = input_ids.shape
+    h, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
+    step = max(1, chunk_tokens // max(B, 1))
+    parts = []
+    for s in range(0, L - 1, step):
+        hc, tc = h[:, s:s + step], targets[:, s:s + step]
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logprobs, hc, tc, lm_head, temperature, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(hc, tc, lm_head, temperature))
+    lp = torch.cat(parts, dim=1) if parts else hidden.new_zeros((B, 0), dtype=torch.float32)  # [B, L-1]
     return torch.nn.functional.pad(lp, (1, 0), value=0.0)  # [B, L]
 
 

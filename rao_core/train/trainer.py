@@ -20,6 +20,14 @@ Per-step metrics (dicts, identical on all processes; ``on_step`` is called on th
 ``train/kl_mismatch_depth_<d>``, ``train/lr``, ``train/step``, ``train/epoch``, ``train/step_s``,
 ``train/tokens_per_s`` (meanings in docs/algorithm.md).
 
+Log-probs come from the last hidden states with the LM head applied a chunk of tokens at a time under
+activation checkpointing (``TrainerConfig.logprob_chunk_tokens``, :func:`rao_core.train.loss.chunked_token_logprobs`),
+for the policy and the KL reference alike, so the full [B, L, V] fp32 logits are never materialised;
+``logprob_chunk_tokens=None`` (or a model type outside ``PLAIN_LM_HEAD_MODEL_TYPES``) keeps the full-logits
+path. The manifest's ``logprob_path`` says which ran. The chunked path is tested on one CPU process; under
+FSDP it relies on the LM head's (root) parameters staying gathered between forward and backward, which
+FSDP does for the root unit, but it has not been run on GPUs yet.
+
 Departures: no sequence packing (padding only); learning-rate schedule is constant after optional
 linear warm-up (one update per iteration is the common case); samples whose coefficient w_d * A_n is 0
 are not run at all (``skip_zero_advantage``; same update, see docs/algorithm.md).
@@ -53,7 +61,13 @@ from rao_core.samples import Sample, SampleBatch, read_samples
 from rao_core.train.checkpoint import MANIFEST_NAME, atomic_folder, data_hash, is_lora_checkpoint, read_manifest
 from rao_core.train.config import TrainerConfig
 from rao_core.train.data import collate, make_micro_batches, validate_samples
-from rao_core.train.loss import policy_loss, token_logprobs
+from rao_core.train.loss import (
+    PLAIN_LM_HEAD_MODEL_TYPES,
+    chunked_token_logprobs,
+    model_hidden_states,
+    policy_loss,
+    token_logprobs,
+)
 
 __all__ = ["OPTIMIZER_DIR", "TrainResult", "epoch_order", "train"]
 
@@ -239,6 +253,19 @@ def train(
         ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
     model.train()
 
+    lm_chunk = cfg.logprob_chunk_tokens if getattr(hf_cfg, "model_type", None) in PLAIN_LM_HEAD_MODEL_TYPES else None
+
+    def logprobs_of(m: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, L] float32 log-probs of the batch's tokens under model ``m`` (chunked LM head when possible)."""
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        with accelerator.autocast():
+            if lm_chunk is not None:
+                head = accelerator.unwrap_model(m).get_output_embeddings()
+                hidden = model_hidden_states(m, head, **inputs)  # [B, L, H]
+                return chunked_token_logprobs(hidden, head, batch["input_ids"], cfg.temperature, lm_chunk)
+            logits = m(**inputs).logits  # [B, L, V]
+        return token_logprobs(logits, batch["input_ids"], cfg.temperature)
+
     all_rows = rows
     skipped_tokens = 0
     if cfg.skip_zero_advantage and cfg.loss_type != "sft" and cfg.kl_coef == 0:
@@ -281,22 +308,15 @@ def train(
                 sync = k == len(local) - 1
                 ctx = contextlib.nullcontext() if sync else accelerator.no_sync(model)
                 with ctx:
-                    with accelerator.autocast():
-                        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                    lp = token_logprobs(logits, batch["input_ids"], cfg.temperature)  # [B, L]
-                    del logits
+                    lp = logprobs_of(model, batch)  # [B, L]
                     ref_lp = None
                     if cfg.kl_coef > 0:
-                        with torch.no_grad(), accelerator.autocast():
+                        with torch.no_grad():
                             if ref_model is not None:
-                                ref_logits = ref_model(input_ids=batch["input_ids"],
-                                                       attention_mask=batch["attention_mask"]).logits
+                                ref_lp = logprobs_of(ref_model, batch)
                             else:  # LoRA: the reference is the base model, adapter off
                                 with accelerator.unwrap_model(model).disable_adapter():
-                                    ref_logits = model(input_ids=batch["input_ids"],
-                                                       attention_mask=batch["attention_mask"]).logits
-                            ref_lp = token_logprobs(ref_logits, batch["input_ids"], cfg.temperature)
-                            del ref_logits
+                                    ref_lp = logprobs_of(model, batch)
                     loss, st = policy_loss(
                         lp, batch["behaviour_logprobs"], batch["loss_mask"], batch["coef"],
                         loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
@@ -366,6 +386,7 @@ def train(
         "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows),
         "created_at": time.time(),
         "final_metrics": metrics[-1] if metrics else {},
+        "logprob_path": f"chunked ({lm_chunk} tokens)" if lm_chunk is not None else "full logits",
         "optimizer_state": {"continued": state is not None, "why": optim_why,
                             "steps_total": prior["steps"] + step},
         "versions": _versions(),
