@@ -148,6 +148,8 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict
     m.update({f"time/{k}_s": v for k, v in times.items()})
     if "generate" in times and gen.get("generation_s") is not None:
         m["time/generation_model_s"] = gen["generation_s"]
+    if tr.get("peak_rss_mb") is not None:  # the training child's peak (trainer.process 'subprocess')
+        m["time/train_peak_rss_mb"] = tr["peak_rss_mb"]
     tracking.log_metrics(it_run, m, step=iteration)
     tracking.log_metrics(ctx.campaign_run_id, m, step=iteration)
     for i, step_m in enumerate(tr.get("metrics") or []):

@@ -101,11 +101,16 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
 
+        from rao_core.train.launch import TrainingProcessError
+
         try:
             summary = rao_campaign(params)
         except ModelError as e:
             console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
+        except TrainingProcessError as e:  # one line: the training child's own error and its last stderr lines
+            console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+            raise typer.Exit(1) from None
         console.print(_summary_table(summary))
         console.print(stage_table(summary))
         from rao_core.paths import rao_home

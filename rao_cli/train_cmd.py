@@ -17,9 +17,15 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (replaced atomically)."),
         config: Path | None = typer.Option(None, "--config", help="YAML/JSON file of TrainerConfig fields."),
         iteration: int = typer.Option(0, "--iteration", help="RL iteration recorded in the manifest."),
+        metrics_out: Path | None = typer.Option(
+            None, "--metrics-out", help="Also append each step's metrics to this file as JSON lines "
+            '{"step": {...}}, then {"end": {"peak_rss_mb": ...}} (main process; used by the campaign\'s '
+            "subprocess train stage)."),
     ) -> None:
         """Train the policy on SAMPLES from MODEL and save the checkpoint at OUT (works under accelerate launch)."""
         import json
+        import os
+        import resource
 
         import yaml
 
@@ -30,8 +36,24 @@ def register(app: typer.Typer) -> None:
             raw = yaml.safe_load(config.read_text()) or {}
             cfg = TrainerConfig.model_validate(raw.get("train", raw) if isinstance(raw, dict) else raw)
 
+        main_process = os.environ.get("RANK", "0") == "0"  # set by accelerate launch; absent in one process
+        sink = metrics_out.open("a") if metrics_out is not None and main_process else None
+
+        def record(obj: dict) -> None:
+            if sink is not None:
+                sink.write(json.dumps(obj) + "\n")
+                sink.flush()
+
         def show(m: dict[str, float]) -> None:
             typer.echo(json.dumps({k: round(v, 6) for k, v in m.items()}))
+            record({"step": m})
 
-        res = train(samples, model, out, cfg, iteration=iteration, on_step=show)
+        try:
+            res = train(samples, model, out, cfg, iteration=iteration, on_step=show)
+            # ru_maxrss is in KiB on Linux
+            record({"end": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                            "steps": len(res.metrics)}})
+        finally:
+            if sink is not None:
+                sink.close()
         typer.echo(f"checkpoint: {res.checkpoint}")

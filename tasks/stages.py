@@ -208,10 +208,12 @@ def _train(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, 
     from rao_core.train import train
 
     log = _logger()
-    batch = read_samples(fetch(ctx, samples_uri, f"iter-{iteration}/samples.jsonl"))
+    samples_path = fetch(ctx, samples_uri, f"iter-{iteration}/samples.jsonl")
+    batch = read_samples(samples_path)
     name = f"iter-{iteration}"
     out_dir = ctx.local(f"checkpoints/{name}")
     steps: list[dict[str, float]] = []
+    peak_rss_mb: float | None = None  # the training child's own peak RSS (subprocess mode only)
     if len(batch) == 0 or all(s.advantage == 0.0 for s in batch.samples):
         # Every advantage is 0 (e.g. all rollouts of every group scored alike): the update is a no-op.
         log.warning(f"iteration {iteration}: no non-zero advantage; checkpoint unchanged")
@@ -224,17 +226,26 @@ def _train(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, 
         train_s = 0.0
     else:
         t0 = time.monotonic()
-        res = train(batch, checkpoint_local(ctx, parent), out_dir, ctx.config.trainer, iteration=iteration,
-                    on_step=steps.append)
+        tcfg = ctx.config.trainer
+        if tcfg.process == "subprocess":  # own process: its memory is returned before vLLM serves again
+            from rao_core.train.launch import train_in_subprocess
+
+            sub = train_in_subprocess(samples_path, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
+                                      on_step=steps.append)
+            peak_rss_mb = sub.peak_rss_mb
+        else:
+            train(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration, on_step=steps.append)
         train_s = time.monotonic() - t0
-        log.info(f"trained {len(res.metrics)} steps in {train_s:.1f} s")
+        log.info(f"trained {len(steps)} steps in {train_s:.1f} s ({tcfg.process}"
+                 + (f", peak RSS {peak_rss_mb:.0f} MB)" if peak_rss_mb is not None else ")"))
     entries = ctx.store().put_dir(out_dir, iter_key(iteration, "checkpoint"))
     ctx.store().write_manifest(iter_key(iteration, "checkpoint.manifest.json"), entries)
     (out_dir / ".complete").write_text("ok")
     last = steps[-1] if steps else {}
     return {"checkpoint": {"name": name, "uri": ctx.store().uri(iter_key(iteration, "checkpoint")),
                            "local": str(out_dir)},
-            "steps": len(steps), "train_s": round(train_s, 3), "last_step": last, "metrics": steps}
+            "steps": len(steps), "train_s": round(train_s, 3), "last_step": last, "metrics": steps,
+            "peak_rss_mb": round(peak_rss_mb, 1) if peak_rss_mb is not None else None}
 
 
 @task(name="train-policy", cache_policy=NONE)

@@ -101,6 +101,15 @@ class TrainerConfig(BaseModel):
         "checkpoint's `optimizer/` folder when it was written by a run of the same loss_type (else start "
         "fresh); reset: always start a fresh optimizer. The new state is always saved beside the checkpoint.")
 
+    process: Literal["subprocess", "inline"] = Field(
+        "subprocess", description="How the campaign's train stage runs: 'subprocess' = `accelerate launch -m "
+        "rao_cli.main train` in a child process (rao_core.train.launch), so that its memory goes back to the OS "
+        "before vLLM serves the next checkpoint; 'inline' = train() in the flow process (tests). rao train and "
+        "train() themselves ignore it.")
+    accelerate_config: str | None = Field(
+        None, description="accelerate config file for the subprocess launch (e.g. configs/accelerate/fsdp.yaml on "
+        "GPUs); None: one process, no mixed-precision override, torch threads = the CPUs this process may use.")
+
     @model_validator(mode="after")
     def _check(self) -> "TrainerConfig":
         if self.micro_batch_tokens is None and self.micro_batch_size is None:

@@ -1,0 +1,195 @@
+"""Run :func:`rao_core.train.train` in its own process, through ``accelerate launch`` (issue 14, item 4).
+
+``train_in_subprocess`` writes the trainer config to JSON and runs::
+
+    python -m accelerate.commands.launch [--config_file F | --num_processes 1 ...] --quiet \\
+        -m rao_cli.main train --samples S --model M --out O --config C --iteration I --metrics-out J
+
+the same command that runs FSDP on GPUs (``--config_file configs/accelerate/fsdp.yaml``). When the child
+exits, all its memory is returned to the OS, so the flow process does not keep the trainer's peak before
+vLLM serves the next checkpoint. The child writes one JSON line per optimizer step to ``J``
+(``{"step": {...}}``, read back while it runs and handed to ``on_step``) and a last line
+``{"end": {"peak_rss_mb": ...}}`` with its own peak resident memory (``ru_maxrss`` of the main training
+process; under multi-process launches, rank 0's). Its stdout/stderr go to a log file next to the output
+folder. A failure raises :class:`TrainingProcessError` whose one-line message carries the child's own
+``error: ...`` line (``rao``'s CLI prints exactly one) and the last lines of its stderr.
+
+Without ``accelerate_config``, ``--num_cpu_threads_per_process`` is set to the CPUs this process may use:
+``accelerate launch`` would otherwise set ``OMP_NUM_THREADS=1`` on most CPU machines, and the child would
+train on one core where the in-process trainer uses all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rao_core.train.config import TrainerConfig
+
+__all__ = ["SubprocessTrainResult", "TrainingProcessError", "launch_command", "train_in_subprocess"]
+
+STDERR_TAIL_LINES = 8
+
+
+class TrainingProcessError(RuntimeError):
+    """The training child process failed; the message is one line with its error and last stderr lines."""
+
+    def __init__(self, message: str, *, returncode: int, log_path: Path, tail: list[str]):
+        super().__init__(message)
+        self.returncode = returncode
+        self.log_path = log_path
+        self.tail = tail
+
+
+@dataclass
+class SubprocessTrainResult:
+    """What a training child produced: checkpoint folder, per-step metrics, its peak RSS and wall time."""
+
+    checkpoint: Path
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    peak_rss_mb: float | None = None  # the child's own max RSS (MiB); None if it did not report it
+    wall_s: float = 0.0  # launch to exit, seconds (process start and imports included)
+    log_path: Path | None = None
+
+
+def _cpu_threads() -> int:
+    """Torch threads the child should use: ``OMP_NUM_THREADS`` if set, else the CPUs this process may use."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def launch_command(samples: Path, model_path: Path, out_dir: Path, config_path: Path, metrics_path: Path, *,
+                   iteration: int, accelerate_config: str | os.PathLike[str] | None = None) -> list[str]:
+    """The ``accelerate launch ... rao train ...`` argv (module docstring)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if accelerate_config is not None:
+        cmd += ["--config_file", str(accelerate_config)]
+    else:
+        cmd += ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--num_cpu_threads_per_process", str(_cpu_threads())]
+    cmd += ["--quiet", "-m", "rao_cli.main", "train", "--samples", str(samples), "--model", str(model_path),
+            "--out", str(out_dir), "--config", str(config_path), "--iteration", str(iteration),
+            "--metrics-out", str(metrics_path)]
+    return cmd
+
+
+def _read_new(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON lines of ``path`` from byte ``pos``; returns them and the new position."""
+    if not path.exists():
+        return [], pos
+    with path.open("rb") as f:
+        f.seek(pos)
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # a line still being written is read next time
+    return [json.loads(x) for x in data[:end].splitlines() if x.strip()], pos + end
+
+
+def _failure_message(rc: int, log_path: Path) -> tuple[str, list[str]]:
+    lines = [x.rstrip() for x in log_path.read_text(errors="replace").splitlines() if x.strip()] \
+        if log_path.exists() else []
+    tail = lines[-STDERR_TAIL_LINES:]
+    errors = [x for x in lines if x.startswith("error: ")]
+    head = errors[-1].removeprefix("error: ") if errors else (tail[-1] if tail else "no output")
+    rest = [x for x in tail if x != errors[-1]] if errors else tail[:-1]
+    msg = f"training process exited with status {rc}: {head}"
+    if rest:
+        msg += f" (last stderr lines: {' | '.join(rest)})"
+    return msg + f"; full log {log_path}", tail
+
+
+def train_in_subprocess(
+    samples: str | os.PathLike[str],
+    model_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    config: TrainerConfig,
+    *,
+    iteration: int = 0,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+    accelerate_config: str | os.PathLike[str] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
+    poll_s: float = 0.5,
+    env: dict[str, str] | None = None,
+) -> SubprocessTrainResult:
+    """Train in a child process (module docstring); same inputs and checkpoint as :func:`rao_core.train.train`.
+
+    Args:
+        samples: a samples file (``.jsonl``/``.parquet``) the child reads.
+        model_path, out_dir, config, iteration: as for :func:`rao_core.train.train`.
+        on_step: called in this process with each step's metrics dict, as the child reports them.
+        accelerate_config: ``accelerate launch --config_file`` (default: ``config.accelerate_config``).
+        log_path: the child's stdout+stderr (default ``<out_dir>.train.log``, replaced each run).
+        poll_s: how often the metrics file is read while the child runs, seconds.
+        env: environment of the child (default: this process's).
+
+    Returns:
+        :class:`SubprocessTrainResult`.
+
+    Raises:
+        TrainingProcessError: the child exited non-zero (its ``error:`` line and last stderr lines in the
+            message), or exited 0 without writing the checkpoint.
+    """
+    out_dir = Path(out_dir).resolve()
+    log = Path(log_path) if log_path is not None else out_dir.with_name(out_dir.name + ".train.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    work = out_dir.with_name(out_dir.name + ".train-io")
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_path, metrics_path = work / "trainer.json", work / "metrics.jsonl"
+    cfg_path.write_text(config.model_dump_json())
+    metrics_path.unlink(missing_ok=True)
+    acc_cfg = accelerate_config if accelerate_config is not None else config.accelerate_config
+    cmd = launch_command(Path(samples).resolve(), Path(model_path).resolve(), out_dir, cfg_path, metrics_path,
+                         iteration=iteration, accelerate_config=Path(acc_cfg).resolve() if acc_cfg else None)
+    steps: list[dict[str, float]] = []
+    end: dict[str, Any] = {}
+    pos = 0
+
+    def drain() -> None:
+        nonlocal pos
+        records, pos = _read_new(metrics_path, pos)
+        for r in records:
+            if "step" in r:
+                steps.append(r["step"])
+                if on_step is not None:
+                    on_step(r["step"])
+            elif "end" in r:
+                end.update(r["end"])
+
+    t0 = time.monotonic()
+    with log.open("w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        try:
+            while proc.poll() is None:
+                drain()
+                time.sleep(poll_s)
+        except BaseException:  # interrupted (Ctrl-C, task cancelled): do not leave the child training
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    drain()
+    wall = time.monotonic() - t0
+    rc = proc.returncode
+    if rc != 0:
+        msg, tail = _failure_message(rc, log)
+        raise TrainingProcessError(msg, returncode=rc, log_path=log, tail=tail)
+    if not (out_dir / "config.json").exists() and not (out_dir / "adapter_config.json").exists():
+        msg, tail = _failure_message(rc, log)
+        raise TrainingProcessError(msg.replace(f"exited with status {rc}", "exited 0 without a checkpoint", 1),
+                                   returncode=rc, log_path=log, tail=tail)
+    peak = end.get("peak_rss_mb")
+    return SubprocessTrainResult(checkpoint=out_dir, metrics=steps, peak_rss_mb=float(peak) if peak else None,
+                                 wall_s=wall, log_path=log)

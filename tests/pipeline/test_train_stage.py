@@ -1,0 +1,113 @@
+"""The campaign's train stage in its own process (``trainer.process: subprocess``, rao_core.train.launch).
+
+On the tiny model, without S3 (a fake store) and without Prefect (the stage function itself): the child
+trains the same update as the in-process trainer, its per-step metrics and peak RSS come back, and a
+failure in it surfaces as one line with the child's own error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rao_core.paths import tiny_model_path
+from rao_core.samples import Sample, write_samples
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    p = tiny_model_path()
+    if not (p / "config.json").exists():
+        pytest.skip(f"{p} missing (run `make setup`)")
+    return p
+
+
+class _FakeStore:
+    """What ``_train`` needs of the artifact store: nothing is uploaded."""
+
+    def put_dir(self, path, key):
+        return [{"key": key, "path": str(path)}]
+
+    def write_manifest(self, key, entries):
+        pass
+
+    def uri(self, key):
+        return f"s3://fake/{key}"
+
+
+def _samples(bad: bool = False) -> list[Sample]:
+    out = []
+    for i in (0, 1):
+        ids = [1, 5, 9, 700 + i, 701, 702 + i]
+        if bad and i == 1:
+            ids[-1] = 10**6  # outside the vocabulary: the child's validation rejects it
+        out.append(Sample(tree_id=f"t{i}", node_id="r", group_id="g", depth=0, token_ids=ids,
+                          assistant_mask=[0, 0, 0, 1, 1, 1], behaviour_logprobs=[0, 0, 0, -10.0, -10.0, -10.0],
+                          success=float(i), reward=float(i), baseline=1.0 - i, advantage=2.0 * i - 1.0))
+    return out
+
+
+def _run_stage(tmp_path: Path, monkeypatch, tiny: Path, process: str, bad: bool = False) -> dict:
+    from rao_core.config import CampaignConfig
+    from rao_core.train import TrainerConfig
+    from tasks import stages
+    from tasks.common import RunContext
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / f"home-{process}"))
+    monkeypatch.setattr(RunContext, "store", lambda self: _FakeStore())
+    cfg = CampaignConfig(name="stage", trainer=TrainerConfig(loss_type="reinforce", lr=1e-3, micro_batch_size=1,
+                                                             process=process))
+    ctx = RunContext(config=cfg, s3={}, mlflow_uri="")
+    write_samples(ctx.local("iter-1/samples.jsonl"), _samples(bad))
+    parent = {"name": "iter-0", "local": str(tiny), "uri": None}
+    return stages._train.__wrapped__(ctx, 1, "s3://fake/iter-1/samples/samples.jsonl", parent)
+
+
+def test_subprocess_train_stage_matches_inline(tmp_path, monkeypatch, tiny):
+    sub = _run_stage(tmp_path, monkeypatch, tiny, "subprocess")
+    inline = _run_stage(tmp_path, monkeypatch, tiny, "inline")
+    ck = Path(sub["checkpoint"]["local"])
+    assert (ck / "model.safetensors").exists() and (ck / "optimizer" / "state.pt").exists()
+    man = json.loads((ck / "rao-checkpoint.json").read_text())
+    assert man["iteration"] == 1 and man["config"]["process"] == "subprocess"
+    # the child's per-step metrics came back and equal the in-process run's (same update)
+    assert sub["steps"] == inline["steps"] == 1 and len(sub["metrics"]) == 1
+    a, b = sub["last_step"], inline["last_step"]
+    assert a["train/tokens"] == 6 and a["train/samples"] == 2
+    for k in ("train/loss", "train/pg_loss", "train/kl_mismatch"):
+        assert a[k] == pytest.approx(b[k], abs=1e-6), k
+    assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
+    # the child's own peak RSS: a torch + transformers process holds > 100 MB; inline has none to report
+    assert sub["peak_rss_mb"] > 100 and inline["peak_rss_mb"] is None
+    log = ck.with_name(ck.name + ".train.log").read_text()
+    assert '"train/loss"' in log and "checkpoint:" in log
+
+
+def test_subprocess_failure_reports_the_child_error(tmp_path, monkeypatch, tiny):
+    from rao_core.train.launch import TrainingProcessError
+
+    with pytest.raises(TrainingProcessError) as ei:
+        _run_stage(tmp_path, monkeypatch, tiny, "subprocess", bad=True)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("training process exited with status 1: ")
+    assert "bad training sample" in msg and "out of vocabulary" in msg  # the child's `error:` line
+    assert ei.value.returncode == 1 and ei.value.log_path.exists()
+    assert not (tmp_path / "home-subprocess/campaigns/stage/checkpoints/iter-1").exists()
+
+
+def test_launch_command(tmp_path, monkeypatch):
+    from rao_core.train.launch import launch_command
+
+    p = tmp_path
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    cmd = launch_command(p / "s", p / "m", p / "o", p / "c.json", p / "m.jsonl", iteration=4)
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"]
+    # accelerate launch would set OMP_NUM_THREADS=1 on CPU: the thread count is passed explicitly
+    assert cmd[cmd.index("--num_cpu_threads_per_process") + 1] == "3"
+    tail = cmd[cmd.index("-m", 3):]
+    assert tail[:3] == ["-m", "rao_cli.main", "train"] and tail[tail.index("--iteration") + 1] == "4"
+    fsdp = launch_command(p / "s", p / "m", p / "o", p / "c.json", p / "m.jsonl", iteration=0,
+                          accelerate_config="configs/accelerate/fsdp.yaml")
+    assert "--config_file" in fsdp and "--num_processes" not in fsdp and "--num_cpu_threads_per_process" not in fsdp
