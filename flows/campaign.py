@@ -148,6 +148,7 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict
     m.update({f"time/{k}_s": v for k, v in times.items()})
     if "generate" in times and gen.get("generation_s") is not None:
         m["time/generation_model_s"] = gen["generation_s"]
+    m.update({f"serving/{k}": v for k, v in (gen.get("serving") or {}).items()})  # vLLM /metrics over generation
     if tr.get("peak_rss_mb") is not None:  # the training child's peak (trainer.process 'subprocess')
         m["time/train_peak_rss_mb"] = tr["peak_rss_mb"]
     tracking.log_metrics(it_run, m, step=iteration)

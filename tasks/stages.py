@@ -113,6 +113,9 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
         if done == total_ or done % max(1, total_ // 10) == 0:
             log.info(f"rollouts {done}/{total_}  solved {counts['solved']}  crashed {counts['crashed']}")
 
+    from infra.vllm_metrics import scrape, serving_delta
+
+    served_before = scrape(served["base_url"])  # vLLM's /metrics counters (None if unreadable)
     t0 = time.monotonic()
 
     async def go():
@@ -127,14 +130,18 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
     finally:
         journal.close()
     gen_s = time.monotonic() - t0
+    serving = serving_delta(served_before, scrape(served["base_url"]), gen_s)
     for t in trees:
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
     path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)  # one bad tree: a failed record
     journal_path.unlink(missing_ok=True)
     up = ctx.store().put_file(path, iter_key(iteration, "trees/trees.jsonl"))
-    log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s")
+    log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s"
+             + (f"; vLLM {serving['generation_tokens_per_s']:.0f} generated tok/s, prefix-cache hit rate "
+                f"{serving.get('prefix_cache_hit_rate', float('nan')):.2f}, {serving.get('preemptions', 0):.0f} "
+                f"preemptions" if "generation_tokens_per_s" in serving else ""))
     return {"trees_uri": up["uri"], "sha256": up["sha256"], "num_trees": len(trees),
-            "crashed": counts["crashed"], "generation_s": round(gen_s, 3)}
+            "crashed": counts["crashed"], "generation_s": round(gen_s, 3), "serving": serving}
 
 
 @task(name="generate-trees", cache_policy=NONE)

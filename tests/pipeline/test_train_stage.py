@@ -2,7 +2,8 @@
 
 On the tiny model, without S3 (a fake store) and without Prefect (the stage function itself): the child
 trains the same update as the in-process trainer, its per-step metrics and peak RSS come back, and a
-failure in it surfaces as one line with the child's own error.
+failure in it surfaces as one line with the child's own error. Also: the generate stage's serving metrics
+(vLLM /metrics read before and after, differenced).
 """
 
 from __future__ import annotations
@@ -111,3 +112,44 @@ def test_launch_command(tmp_path, monkeypatch):
     fsdp = launch_command(p / "s", p / "m", p / "o", p / "c.json", p / "m.jsonl", iteration=0,
                           accelerate_config="configs/accelerate/fsdp.yaml")
     assert "--config_file" in fsdp and "--num_processes" not in fsdp and "--num_cpu_threads_per_process" not in fsdp
+
+
+def test_generate_stage_reports_serving_metrics(tmp_path, monkeypatch, tiny):
+    """The generate stage reads /metrics before and after the rollouts and returns the difference
+    (rollouts and /metrics faked: the two recorded snapshots of tests/infra/fixtures)."""
+    import asyncio
+
+    import infra.vllm_metrics as vm
+    import rao_core.runtime as rt
+    from rao_core.config import CampaignConfig
+    from tasks import stages
+    from tasks.common import RunContext
+
+    fix = Path(__file__).parents[1] / "infra" / "fixtures"
+    texts = iter([(fix / "vllm_metrics_before.txt").read_text(), (fix / "vllm_metrics_after.txt").read_text()])
+    urls = []
+
+    def fake_scrape(base_url, timeout_s=5.0):
+        urls.append(base_url)
+        return vm.parse_metrics(next(texts))
+
+    async def no_trees(env, items, policy, config, *, tokenizer, progress=None):
+        await asyncio.sleep(0.05)
+        return []
+
+    class Store(_FakeStore):
+        def put_file(self, path, key):
+            return {"uri": f"s3://fake/{key}", "sha256": "0"}
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(RunContext, "store", lambda self: Store())
+    monkeypatch.setattr(vm, "scrape", fake_scrape)
+    monkeypatch.setattr(rt, "run_trees", no_trees)
+    ctx = RunContext(config=CampaignConfig(name="gen"), s3={}, mlflow_uri="")
+    served = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    out = stages._generate.__wrapped__(ctx, 1, served, str(tiny))
+    s = out["serving"]
+    assert urls == [served["base_url"]] * 2
+    assert s["generation_tokens"] == 12000 and s["prefix_cache_hit_rate"] == pytest.approx(0.75)
+    assert s["preemptions"] == 5 and s["queue_time_mean_s"] == pytest.approx(0.5)
+    assert s["generation_tokens_per_s"] == pytest.approx(12000 / out["generation_s"], rel=0.05)
