@@ -55,6 +55,10 @@ class ServingSettings(_Strict):
         "reload", description="Checkpoint switch between iterations: 'reload' copies new weights over the served "
         "folder and reloads in place (fast, full fine-tuning); 'restart' restarts the server; 'lora' hot-loads "
         "the adapter (trainer.lora must be set).")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="vLLM --dtype: 'auto' = the checkpoint's on GPUs, bfloat16 on a CPU with native bf16 "
+        "(2x the fp32 throughput there), else float32. The trainer computes in fp32 on CPU; the mismatch is "
+        "logged as train/kl_mismatch.")
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
         "processed_logprobs", description="Which log-probs the policy server returns for sampled tokens: "
         "'processed_logprobs' (after temperature / top-k / top-p: the distribution the tokens were drawn from; "

@@ -70,7 +70,7 @@ def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
             _copy_weights(src, served_dir)
             server = VLLMServer(served_dir, served_model_name=cfg.served_model_name, max_model_len=cfg.max_model_len,
                                 kv_cache_gib=cfg.kv_cache_gib, extra_args=list(cfg.extra_args),
-                                logprobs_mode=cfg.logprobs_mode,
+                                logprobs_mode=cfg.logprobs_mode, dtype=cfg.dtype,
                                 enable_lora=cfg.switch == "lora", start_timeout_s=cfg.start_timeout_s,
                                 log_dir=ctx.local("logs"))
             server.start()

@@ -54,8 +54,8 @@ def vllm_tiny(tmp_path_factory, tiny_model_path):
 
     served = tmp_path_factory.mktemp("served") / "tiny"
     shutil.copytree(tiny_model_path, served)
-    server = VLLMServer(served, served_model_name="policy", max_model_len=4096,
-                        log_dir=tmp_path_factory.mktemp("vllm-logs"))
+    server = VLLMServer(served, served_model_name="policy", max_model_len=4096, dtype="float32",
+                        log_dir=tmp_path_factory.mktemp("vllm-logs"))  # fp32: exact log-prob checks
     server.start()
     try:
         yield ServedModel(server.base_url, server.model, served, server)

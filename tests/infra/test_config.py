@@ -14,7 +14,10 @@ from rao_core.config import ConfigError, load_config
 def test_shipped_configs_load():
     cpu = load_config("configs/cpu-smoke.yaml")
     gpu = load_config("configs/gpu-qwen3-4b.yaml")
-    assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 3072, "textcraft-synth")
+    assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 2048, "textcraft-synth")
+    assert cpu.tasks.difficulties == ["tier1"] and cpu.trainer.temperature == cpu.runtime.temperature == 0.7
+    tier1 = load_config("configs/experiment-textcraft-tier1.yaml")
+    assert tier1.eval.n_tasks >= 50 and tier1.algo.G == 8 and tier1.tasks.difficulties == ["tier1"]
     assert gpu.runtime.context_window == 8192 and gpu.trainer.lora is not None and gpu.serving.switch == "lora"
 
 
@@ -90,5 +93,17 @@ def test_vllm_is_started_with_processed_logprobs(tmp_path):
 
     cmd = VLLMServer(tmp_path)._cmd()
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
-    cmd = VLLMServer(tmp_path, logprobs_mode="raw_logprobs")._cmd()
-    assert cmd[cmd.index("--logprobs-mode") + 1] == "raw_logprobs"
+    cmd = VLLMServer(tmp_path, logprobs_mode="raw_logprobs", dtype="float32")._cmd()
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "raw_logprobs" and cmd[cmd.index("--dtype") + 1] == "float32"
+
+
+def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch):
+    from infra import serving
+
+    monkeypatch.setattr(serving, "has_cuda_gpu", lambda: False)
+    monkeypatch.setattr(serving, "cpu_has_bf16", lambda: True)
+    assert serving.resolve_dtype("auto") == "bfloat16" and serving.resolve_dtype("float32") == "float32"
+    monkeypatch.setattr(serving, "cpu_has_bf16", lambda: False)
+    assert serving.resolve_dtype("auto") == "float32"
+    monkeypatch.setattr(serving, "has_cuda_gpu", lambda: True)
+    assert serving.resolve_dtype("auto") == "auto"
