@@ -137,9 +137,15 @@ def _tool_dicts(env: Environment) -> list[dict[str, Any]]:
 
 
 async def _new_repl(ctx: _TreeCtx, node: Node) -> Repl:
+    """A started and initialised REPL for ``node``; closed again (to the end) if the initialisation
+    fails or is cancelled, so no process or work folder outlives a node cancelled at this point."""
     repl = await ctx.shared.pool.acquire()
-    await repl.init(_tool_dicts(ctx.env), ctx.config.delegation,
-                    ctx.env.repl_variables(ctx.episode, node))
+    try:
+        await repl.init(_tool_dicts(ctx.env), ctx.config.delegation,
+                        ctx.env.repl_variables(ctx.episode, node))
+    except BaseException:
+        await _close_repl(repl)
+        raise
     return repl
 
 

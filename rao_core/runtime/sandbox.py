@@ -156,7 +156,18 @@ class Repl:
         self.start_s = 0.0
 
     async def start(self) -> Repl:
-        """Spawn the process and wait for its 'started' line; raises SandboxError on failure."""
+        """Spawn the process and wait for its 'started' line; raises SandboxError on failure.
+
+        Whatever ends the start early (an error, a timeout, a cancellation at any await) closes the
+        process and removes the work folder before the exception propagates.
+        """
+        try:
+            return await self._start()
+        except BaseException:
+            await close_fully(self)
+            raise
+
+    async def _start(self) -> Repl:
         t0 = time.perf_counter()
         self.workdir = Path(tempfile.mkdtemp(prefix="rao-repl-"))
         argv = [sys.executable, "-I", "-u", str(SERVER_PATH)]
@@ -169,17 +180,18 @@ class Repl:
             cmd, cwd = argv, str(self.workdir)
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.workdir), "LANG": "C.UTF-8"}
         try:
-            self.proc = await asyncio.create_subprocess_exec(
+            # Not cancellable while it runs: asyncio (3.11) hangs forever in create_subprocess_exec when
+            # cancelled before the pipes are connected; a cancellation is re-raised once self.proc is set.
+            self.proc = await _uncancellable(asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
-                limit=_STREAM_LIMIT)
+                limit=_STREAM_LIMIT), on_result=lambda p: setattr(self, "proc", p))
             msg = await asyncio.wait_for(self._read(), timeout=60)
         except (OSError, asyncio.TimeoutError) as e:
-            await self.close()
             raise SandboxError(f"REPL failed to start: {e!r}") from e
         if msg is None or msg.get("type") != "started":
+            await self.kill()
             err = (await self.proc.stderr.read()).decode(errors="replace")[-2000:] if self.proc else ""
-            await self.close()
             raise SandboxError(f"REPL failed to start: {msg!r}; stderr: {err}")
         self.start_s = time.perf_counter() - t0
         return self
@@ -373,7 +385,10 @@ class Repl:
                 pass
 
     async def kill(self) -> None:
-        """Kill the sandbox (outer bwrap and, through --die-with-parent and the pid namespace, all)."""
+        """Kill the sandbox: the outer bwrap's process group and, through --die-with-parent and the pid
+        namespace, everything under it. bwrap arms --die-with-parent only after it forked, so a kill in
+        the first milliseconds can orphan its inner process: every process whose command line holds
+        this REPL's work folder (the ``--bind`` argument) is killed too, and waited for (at most 2 s)."""
         if self.proc is not None and self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -383,15 +398,108 @@ class Repl:
                 await asyncio.wait_for(self.proc.wait(), timeout=10)
             except asyncio.TimeoutError:
                 pass
+        if self.proc is not None and self.workdir is not None and self.limits.mode == "bwrap":
+            await _kill_marked(f"\0{self.workdir}\0".encode())
 
     async def close(self) -> None:
-        """Kill the process and remove its work folder."""
+        """Kill the process and remove its work folder (idempotent; see ``close_fully`` to finish it
+        even when cancelled)."""
         await self.kill()
         if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+        if self.proc is not None:  # close the pipes now, not when collected after the loop ended
+            transport = getattr(self.proc, "_transport", None)
+            if transport is not None:
+                transport.close()
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            _remove_tree(self.workdir)
             self.workdir = None
+
+
+def _pids_with_marker(marker: bytes) -> list[int]:
+    """Live (non-zombie) processes whose NUL-separated command line contains ``marker``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if marker not in b"\0" + f.read():
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
+                    continue
+        except (OSError, IndexError):
+            continue
+        out.append(int(name))
+    return out
+
+
+async def _kill_marked(marker: bytes, timeout_s: float = 2.0) -> None:
+    """SIGKILL every process whose command line contains ``marker``; wait until they are gone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = _pids_with_marker(marker)
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        await asyncio.sleep(0.01)
+
+
+def _remove_tree(path: Path) -> None:
+    """``rm -rf path``, also through folders that model code made unreadable (chmod 000)."""
+    def unlock(func: Any, p: str, exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=unlock)
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def _uncancellable(aw: Awaitable[Any], on_result: Callable[[Any], None] | None = None) -> Any:
+    """Await ``aw`` to its end even if the caller is cancelled meanwhile; then return its result (after
+    ``on_result(result)``) or, if the caller was cancelled, raise CancelledError (after ``on_result``)."""
+    fut = asyncio.ensure_future(aw)
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            cancelled = True
+    result = fut.result()
+    if on_result is not None:
+        on_result(result)
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+async def close_fully(repl: Repl) -> None:
+    """``repl.close()`` run to the end even when the caller is cancelled meanwhile; the cancellation is
+    re-raised afterwards. ``close`` is bounded (SIGKILL, then at most 10 s waiting), so this cannot hang.
+    An exception of ``close`` itself is dropped (a failed teardown must not hide the caller's end)."""
+    async def quiet() -> None:
+        try:
+            await repl.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    await _uncancellable(quiet())
 
 
 @dataclass
@@ -402,6 +510,7 @@ class ReplPool:
     size: int = 2
     _idle: list[Repl] = field(default_factory=list)
     _filling: set[asyncio.Task] = field(default_factory=set)
+    _closed: bool = False
 
     async def acquire(self) -> Repl:
         """A started REPL (from the pool if one is ready); refills the pool in the background."""
@@ -411,13 +520,15 @@ class ReplPool:
             if cand.alive:
                 repl = cand
                 break
-            await cand.close()
+            await close_fully(cand)
         self._refill()
         if repl is None:
             repl = await Repl(self.limits).start()
         return repl
 
     def _refill(self) -> None:
+        if self._closed:
+            return
         missing = self.size - len(self._idle) - len(self._filling)
         for _ in range(max(0, missing)):
             task = asyncio.ensure_future(self._add())
@@ -426,18 +537,33 @@ class ReplPool:
 
     async def _add(self) -> None:
         try:
-            repl = await Repl(self.limits).start()
+            repl = await Repl(self.limits).start()  # cleans up after itself if cancelled or failing
         except SandboxError:
             return
-        self._idle.append(repl)
+        if self._closed:
+            await close_fully(repl)
+        else:
+            self._idle.append(repl)
 
     async def close(self) -> None:
-        """Stop the background starts and kill idle REPLs."""
+        """Stop the background starts (each cleans up its half-started REPL) and close idle REPLs.
+
+        Runs to the end even if the caller is cancelled meanwhile (then re-raises the cancellation);
+        afterwards the pool starts nothing more. A REPL acquired earlier is its holder's to close.
+        """
+        self._closed = True
         for t in list(self._filling):
             t.cancel()
-        await asyncio.gather(*self._filling, return_exceptions=True)
-        while self._idle:
-            await self._idle.pop().close()
+        idle, self._idle = self._idle, []
+        everything = asyncio.gather(*self._filling, *(close_fully(r) for r in idle), return_exceptions=True)
+        cancelled = False
+        while not everything.done():
+            try:
+                await asyncio.shield(everything)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
 
 
 async def run_cell_once(code: str, limits: SandboxLimits) -> CellResult:

@@ -1,0 +1,123 @@
+"""The REPL pool leaves no process and no work folder behind, whatever is cancelled when (issue 16, item 4).
+
+Each test points ``tempfile`` at its own folder, so a leftover ``rao-repl-*`` folder or a process whose
+command line or working directory mentions that folder can only come from the test itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+
+import psutil
+import pytest
+
+from rao_core.policies.scripted import ReplayPolicy, cell
+from rao_core.runtime import RuntimeConfig, run_tree, run_trees
+from rao_core.runtime.sandbox import ReplPool, SandboxLimits
+from tests.runtime.fakes import FakeEnv, task
+
+SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+
+
+@pytest.fixture
+def tmpdir_for_repls(tmp_path, monkeypatch):
+    d = tmp_path / "repls"
+    d.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    return d
+
+
+def _leftovers(d) -> tuple[list[str], list[str]]:
+    """(rao-repl-* folders under ``d``, live processes of this test: our children or ones naming ``d``)."""
+    folders = sorted(p.name for p in d.glob("rao-repl-*"))
+    me = psutil.Process()
+    procs = {p.pid: p for p in me.children(recursive=True)}
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            text = " ".join(p.info["cmdline"] or []) + " " + (p.info["cwd"] or "")
+        except (psutil.Error, TypeError):
+            continue
+        if str(d) in text:
+            procs[p.pid] = p
+    alive = []
+    for p in procs.values():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{p.pid} ppid={p.ppid()} {p.status()} {' '.join(p.cmdline())[-160:]}")
+        except psutil.Error:
+            pass
+    return folders, alive
+
+
+def cfg(**kw) -> RuntimeConfig:
+    base = dict(max_depth=2, context_window=4096, max_new_tokens=128, sandbox=SANDBOX, repl_pool_size=3,
+                tree_timeout_s=60, max_steps_per_node=3)
+    base.update(kw)
+    return RuntimeConfig(**base)
+
+
+async def test_roots_that_finish_at_once_leave_nothing(tok, tmpdir_for_repls):
+    """The issue's case: the pool is still pre-starting REPLs when run_tree returns."""
+    for _ in range(3):
+        await run_tree(FakeEnv(), task(), ReplayPolicy(default=[cell("finish(1)")]), cfg(), tokenizer=tok)
+    assert _leftovers(tmpdir_for_repls) == ([], [])
+
+
+async def test_run_trees_with_cancellations_and_timeouts_leaves_nothing(tok, tmpdir_for_repls):
+    pol = ReplayPolicy(by_goal={
+        "deadline": [cell("r = await asyncio.gather(launch_subagent('sleeper a'), launch_subagent('sleeper b'))")],
+        "orphans": [cell("t = asyncio.ensure_future(launch_subagent('sleeper c'))\nawait asyncio.sleep(0.5)\n"
+                         "finish('left them')")],
+        "cell-timeout": [cell("import time\ntime.sleep(30)"), cell("finish('after restart')")],
+        "sleeper": [cell("import time, subprocess\np = subprocess.Popen(['sleep', '60'])\ntime.sleep(0.2)\n"
+                         "await asyncio.sleep(60)")],
+        "quick": [cell("finish(2)")],
+    })
+    tasks = [(task(goal), 2) for goal in ("deadline", "orphans", "cell-timeout", "quick")]
+    trees = await run_trees(FakeEnv(), tasks, pol, cfg(tree_timeout_s=4, cell_timeout_s=1.5), tokenizer=tok)
+    by_goal = {t.root.goal: t for t in trees}
+    assert by_goal["deadline"].root.end_reason.value == "tree_timeout"
+    assert by_goal["orphans"].root.result == "left them"
+    assert by_goal["cell-timeout"].root.result == "after restart"
+    assert _leftovers(tmpdir_for_repls) == ([], [])
+
+
+async def test_run_trees_cancelled_from_outside_leaves_nothing(tok, tmpdir_for_repls):
+    pol = ReplayPolicy(by_goal={
+        "root": [cell("r = await asyncio.gather(launch_subagent('sleeper a'), launch_subagent('sleeper b'))")],
+        "sleeper": [cell("await asyncio.sleep(60)")],
+    })
+    for delay in (0.05, 0.4, 1.5):  # while REPLs start, while the roots run, while the children run
+        job = asyncio.ensure_future(run_trees(FakeEnv(), [(task("root"), 3)], pol, cfg(), tokenizer=tok))
+        await asyncio.sleep(delay)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert _leftovers(tmpdir_for_repls) == ([], []), delay
+
+
+async def test_pool_closed_while_starting_leaves_nothing(tmpdir_for_repls):
+    for delay in (0.0, 0.02, 0.1, 0.3):
+        pool = ReplPool(SandboxLimits(mode=SANDBOX), size=4)
+        pool._refill()
+        await asyncio.sleep(delay)
+        await pool.close()
+        assert _leftovers(tmpdir_for_repls) == ([], []), delay
+        pool._refill()  # a closed pool starts nothing
+        assert not pool._filling
+
+
+def test_no_pid_leak_helper_sees_a_real_child(tmp_path):
+    """The leak check itself can fail: a process started in the folder is reported."""
+    import subprocess
+
+    p = subprocess.Popen(["sleep", "5"], cwd=tmp_path)
+    try:
+        assert _leftovers(tmp_path)[1]
+    finally:
+        p.kill()
+        p.wait()
+    assert os.path.isdir(tmp_path)
