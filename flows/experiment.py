@@ -216,7 +216,10 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
         shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
         log.info(f"arm {arm} done")
     wall = time.monotonic() - t0
-    meta = {"command": f"rao experiment {params.experiment} --config {params.config}", "config": params.config,
+    sets = "".join(f" --set {o}" for o in params.overrides)
+    iters = f" --iterations {params.iterations}" if params.iterations is not None else ""
+    meta = {"command": f"rao experiment {params.experiment} --config {params.config}{iters}{sets}",
+            "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,
             "n_tasks": base.eval.n_tasks}
     from rao_core.paths import REPO_ROOT

@@ -20,6 +20,11 @@ from rao_core.runtime.sandbox import ReplPool, SandboxLimits
 from tests.runtime.fakes import FakeEnv, task
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+# A leak here can also show up as a task that never ends and hangs the event loop's teardown: bound it.
+pytestmark = pytest.mark.timeout(300)
+
+
+_PREEXISTING: set[int] = set()  # children of the test process that a test did not start (set per test)
 
 
 @pytest.fixture
@@ -27,6 +32,9 @@ def tmpdir_for_repls(tmp_path, monkeypatch):
     d = tmp_path / "repls"
     d.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(d))
+    # servers started by other tests of the session (e.g. a Prefect test server) are not this test's
+    _PREEXISTING.clear()
+    _PREEXISTING.update(p.pid for p in psutil.Process().children(recursive=True))
     return d
 
 
@@ -34,7 +42,7 @@ def _leftovers(d) -> tuple[list[str], list[str]]:
     """(rao-repl-* folders under ``d``, live processes of this test: our children or ones naming ``d``)."""
     folders = sorted(p.name for p in d.glob("rao-repl-*"))
     me = psutil.Process()
-    procs = {p.pid: p for p in me.children(recursive=True)}
+    procs = {p.pid: p for p in me.children(recursive=True) if p.pid not in _PREEXISTING}
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
             text = " ".join(p.info["cmdline"] or []) + " " + (p.info["cwd"] or "")
