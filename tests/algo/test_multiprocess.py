@@ -38,4 +38,10 @@ def test_two_processes_match_one(tmp_path):
         assert m2[k] == pytest.approx(m1[k], rel=1e-4), k
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     assert sorted(a) == sorted(b)
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4  # lr 1e-3: the update itself is ~1e-3
+    # lr 1e-3: the update itself is ~1e-3 per element. Adam's first step is ~lr * g / (|g| + eps), so an
+    # element whose gradient is ~eps (1e-8) turns float summation-order noise (chunked log-probs, DDP's
+    # all-reduce) into an update difference of a sizeable fraction of lr. Require agreement to 1e-4 on all
+    # but a negligible fraction of the elements (a real DDP bug, e.g. a wrong normaliser, moves them all).
+    n_bad = sum(int(((a[k] - b[k]).abs() > 1e-4).sum()) for k in a)
+    n_all = sum(a[k].numel() for k in a)
+    assert n_bad <= 1e-5 * n_all, (n_bad, n_all)
