@@ -14,7 +14,7 @@ from rao_core.config import ConfigError, load_config
 def test_shipped_configs_load():
     cpu = load_config("configs/cpu-smoke.yaml")
     gpu = load_config("configs/gpu-qwen3-4b.yaml")
-    assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 2048, "textcraft-synth")
+    assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 3072, "textcraft-synth")
     assert cpu.tasks.difficulties == ["tier1"] and cpu.trainer.temperature == cpu.runtime.temperature == 0.7
     tier1 = load_config("configs/experiment-textcraft-tier1.yaml")
     assert tier1.eval.n_tasks >= 50 and tier1.algo.G == 8 and tier1.tasks.difficulties == ["tier1"]
