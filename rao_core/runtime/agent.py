@@ -33,7 +33,7 @@ from rao_core.envs.base import Environment, Episode, Task, ToolError
 from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
 from rao_core.runtime.chat import ChatTokens, extract_code, load_tokenizer
 from rao_core.runtime.config import RuntimeConfig
-from rao_core.runtime.sandbox import CellResult, Repl, ReplPool, SandboxError, SandboxLimits
+from rao_core.runtime.sandbox import CellResult, Repl, ReplPool, SandboxError, SandboxLimits, close_fully
 from rao_core.tree import CellStatus, EndReason, ExecutionTree, Node, NodeTimings, Turn
 
 TreeCallback = Callable[[ExecutionTree], None]
@@ -144,7 +144,7 @@ async def _new_repl(ctx: _TreeCtx, node: Node) -> Repl:
         await repl.init(_tool_dicts(ctx.env), ctx.config.delegation,
                         ctx.env.repl_variables(ctx.episode, node))
     except BaseException:
-        await _close_repl(repl)
+        await close_fully(repl)
         raise
     return repl
 
@@ -212,26 +212,6 @@ def _end_node(ctx: _TreeCtx, node: Node, wall_s: float | None) -> None:
         node.env_info["verifier_success"] = None
         node.env_info["verifier_error"] = f"{type(e).__name__}: {e}"
     ctx.notify()
-
-
-async def _close_repl(repl: Repl) -> None:
-    """Close ``repl`` to the end even when cancelled meanwhile; re-raise the cancellation afterwards.
-
-    ``Repl.close`` is bounded (SIGKILL, then at most 10 s waiting for the process), so deferring a
-    cancellation until it is done cannot hang the caller; it keeps REPL processes from leaking when a
-    node is cancelled twice (its own cell's end, then an outer gather's cancel).
-    """
-    closing = asyncio.ensure_future(repl.close())
-    cancelled = False
-    while not closing.done():
-        try:
-            await asyncio.shield(closing)
-        except asyncio.CancelledError:
-            cancelled = True
-    if not closing.cancelled():
-        closing.exception()  # retrieved and dropped: a failed teardown must not hide the node's end
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 async def _run_node(ctx: _TreeCtx, node: Node) -> None:
@@ -363,7 +343,7 @@ async def _run_node(ctx: _TreeCtx, node: Node) -> None:
             node.error = node.error or "the node was interrupted"
         _end_node(ctx, node, time.perf_counter() - t_start)
         if repl is not None:
-            await _close_repl(repl)
+            await close_fully(repl)
 
 
 async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> Any:

@@ -555,15 +555,7 @@ class ReplPool:
         for t in list(self._filling):
             t.cancel()
         idle, self._idle = self._idle, []
-        everything = asyncio.gather(*self._filling, *(close_fully(r) for r in idle), return_exceptions=True)
-        cancelled = False
-        while not everything.done():
-            try:
-                await asyncio.shield(everything)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
+        await _uncancellable(asyncio.gather(*self._filling, *(close_fully(r) for r in idle), return_exceptions=True))
 
 
 async def run_cell_once(code: str, limits: SandboxLimits) -> CellResult:
