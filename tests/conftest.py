@@ -41,6 +41,17 @@ def tiny_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny() -> Path:
+    """The tiny random Llama checkpoint for trainer tests; skips (instead of failing) when it is missing."""
+    from rao_core.paths import tiny_model_path as p
+
+    path = p()
+    if not (path / "config.json").exists():
+        pytest.skip(f"{path} missing (run `make setup`)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def vllm_tiny(tmp_path_factory, tiny_model_path):
     url = os.environ.get("RAO_TEST_VLLM_URL")
     if url:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from rao_core.paths import tiny_model_path
 from rao_core.samples import Sample
 from rao_core.train import LoraSettings, TrainerConfig, train
 from rao_core.train.loss import chunked_token_logprobs, model_hidden_states, policy_loss, token_logprobs
@@ -18,12 +17,6 @@ from rao_core.train.loss import chunked_token_logprobs, model_hidden_states, pol
 B, L = 3, 13
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    p = tiny_model_path()
-    if not (p / "config.json").exists():
-        pytest.skip(f"{p} missing (run `make setup`)")
-    return p
 
 
 def _model(tiny: Path, lora: bool):

@@ -7,19 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rao_core.paths import tiny_model_path
 from rao_core.samples import Sample
 from rao_core.train import LoraSettings, TrainerConfig, train
 from rao_core.train.checkpoint import MANIFEST_NAME
 from rao_core.train.loss import token_logprobs
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    p = tiny_model_path()
-    if not (p / "config.json").exists():
-        pytest.skip(f"{p} missing (run `make setup`)")
-    return p
 
 
 def _logprobs(model_path: Path, samples: list[Sample]) -> list[float]:

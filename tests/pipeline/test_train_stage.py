@@ -13,16 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rao_core.paths import tiny_model_path
 from rao_core.samples import Sample, write_samples
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    p = tiny_model_path()
-    if not (p / "config.json").exists():
-        pytest.skip(f"{p} missing (run `make setup`)")
-    return p
 
 
 class _FakeStore:
