@@ -62,6 +62,18 @@ def require_text(data: dict[str, Any], key: str) -> str:
     return v
 
 
+def require_answers(data: dict[str, Any], expected: str) -> None:
+    """``data.answers`` (a non-empty list of strings) or else ``data.answer`` (a string); raises TaskError
+    naming the field, with ``expected`` as the expectation of ``data.answer``."""
+    answers = data.get("answers")
+    if answers:
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise TaskError("data.answers", f"got {show_value(answers)}", "a list of strings")
+    elif not isinstance(data.get("answer"), str):
+        raise TaskError("data.answer", "missing" if data.get("answer") is None else
+                        f"got {show_value(data['answer'])}", expected)
+
+
 def check_corpus(data: dict[str, Any], params_model: type[BaseModel], generator: str) -> None:
     """Check ``data.corpus`` = ``{"path": existing file}`` or ``{"generator": generator, "params": {...}}``
     (``params`` valid for ``params_model``); raises TaskError naming the field."""

@@ -39,7 +39,7 @@ from rao_core.envs.arte.reward import (
 )
 from rao_core.envs.arte.synth import GENERATOR_VERSION, InboxParams, generate_corpus
 from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, check_corpus,
-                                require_text, show_value)
+                                require_answers, require_text, show_value)
 from rao_core.envs.deepdive.env import _bind
 from rao_core.envs.deepdive.scoring import exact_match
 from rao_core.envs.search.fts import cached_db_path, ensure_cached_db
@@ -177,13 +177,7 @@ class ArteEnv(Environment):
         ids = d.get("message_ids")
         if not isinstance(ids, list) or not ids or not all(isinstance(m, str) for m in ids):
             raise TaskError("data.message_ids", f"got {show_value(ids)}", "a non-empty list of message id strings")
-        answers = d.get("answers")
-        if answers:
-            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-                raise TaskError("data.answers", f"got {show_value(answers)}", "a list of strings")
-        elif not isinstance(d.get("answer"), str):
-            raise TaskError("data.answer", "missing" if d.get("answer") is None else f"got {show_value(d['answer'])}",
-                            "the gold answer as a string")
+        require_answers(d, "the gold answer as a string")
         check_corpus(d, InboxParams, GENERATOR_VERSION)
 
     def new_episode(self, task: Task) -> ArteEpisode:

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, check_corpus,
-                                require_text, show_value)
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, ToolError, ToolSpec, check_corpus,
+                                require_answers, require_text)
 from rao_core.envs.deepdive.backends import HttpSearchBackend, LocalFTSBackend, SearchBackend, build_pages_db
 from rao_core.envs.deepdive.kg import (
     GENERATOR_VERSION,
@@ -193,13 +193,7 @@ class DeepDiveEnv(Environment):
         Raises TaskError naming the field."""
         d = task.data
         require_text(d, "question")
-        answers = d.get("answers")
-        if answers:
-            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-                raise TaskError("data.answers", f"got {show_value(answers)}", "a list of strings")
-        elif not isinstance(d.get("answer"), str):
-            raise TaskError("data.answer", "missing" if d.get("answer") is None else f"got {show_value(d['answer'])}",
-                            "the gold answer as a string (or data.answers, a list of strings)")
+        require_answers(d, "the gold answer as a string (or data.answers, a list of strings)")
         if self._custom is None and self.config.backend == "local":
             check_corpus(d, CorpusParams, GENERATOR_VERSION)
 
