@@ -41,20 +41,28 @@ def _start(die_after: int, *flags: str) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}/v1"
 
 
+async def _tree_from_fake_server(tok, die_after: int, *flags: str, **policy_kw):
+    """One tree grown by ``OpenAIPolicy`` against the fake server; returns (tree, seconds run_tree took)."""
+    proc, url = _start(die_after, *flags)
+    try:
+        pol = OpenAIPolicy(url, "fake", **policy_kw)
+        t0 = time.perf_counter()
+        tree = await run_tree(FakeEnv(), task(), pol, cfg(), tokenizer=tok)
+        elapsed = time.perf_counter() - t0
+        await pol.aclose()
+    finally:
+        proc.kill()
+        proc.wait()
+    return tree, elapsed
+
+
 def cfg(**kw):
     return RuntimeConfig(max_depth=1, context_window=4096, max_new_tokens=64, sandbox=SANDBOX, repl_pool_size=0,
                          policy_timeout_s=20, **kw)
 
 
 async def test_endpoint_policy_token_in_token_out(tok):
-    proc, url = _start(die_after=100)
-    try:
-        pol = OpenAIPolicy(url, "fake", max_retries=0)
-        tree = await run_tree(FakeEnv(), task(), pol, cfg(), tokenizer=tok)
-        await pol.aclose()
-    finally:
-        proc.kill()
-        proc.wait()
+    tree, _ = await _tree_from_fake_server(tok, 100, max_retries=0)
     root = tree.root
     assert root.end_reason == EndReason.FINISHED and root.result == "done"
     assert root.turns[0].observation == "hello\n"
@@ -65,14 +73,7 @@ async def test_endpoint_policy_token_in_token_out(tok):
 async def test_missing_logprob_is_a_node_error_not_zero(tok):
     """A generated token without a log-prob must end the node with POLICY_ERROR, never be stored as 0.0
     (a 0.0 behaviour log-prob would give the trainer a ratio of p_theta / 1 on that token)."""
-    proc, url = _start(100, "null_logprob")
-    try:
-        pol = OpenAIPolicy(url, "fake", max_retries=0)
-        tree = await run_tree(FakeEnv(), task(), pol, cfg(), tokenizer=tok)
-        await pol.aclose()
-    finally:
-        proc.kill()
-        proc.wait()
+    tree, _ = await _tree_from_fake_server(tok, 100, "null_logprob", max_retries=0)
     root = tree.root
     assert root.end_reason == EndReason.POLICY_ERROR
     assert "log-prob" in root.error and "token 1" in root.error
@@ -80,16 +81,8 @@ async def test_missing_logprob_is_a_node_error_not_zero(tok):
 
 
 async def test_server_killed_mid_rollout_fails_tree_cleanly(tok):
-    proc, url = _start(die_after=1)  # answers the first turn, then the process exits
-    try:
-        pol = OpenAIPolicy(url, "fake", max_retries=2, request_timeout_s=5)
-        t0 = time.perf_counter()
-        tree = await run_tree(FakeEnv(), task(), pol, cfg(), tokenizer=tok)
-        elapsed = time.perf_counter() - t0
-        await pol.aclose()
-    finally:
-        proc.kill()
-        proc.wait()
+    # the server answers the first turn, then the process exits
+    tree, elapsed = await _tree_from_fake_server(tok, 1, max_retries=2, request_timeout_s=5)
     root = tree.root
     assert len(root.turns) == 1 and root.turns[0].observation == "hello\n"
     assert root.end_reason == EndReason.POLICY_ERROR and "APIConnectionError" in root.error
