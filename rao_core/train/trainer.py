@@ -230,8 +230,11 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     warm = cfg.warmup_steps
     prior = {"steps": 0}  # optimizer steps taken by earlier iterations (restored below)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1 + prior["steps"]) / warm) if warm else 1.0)
+
+    def lr_factor(s: int) -> float:  # linear warm-up over the steps of ALL iterations, then constant
+        return min(1.0, (s + 1 + prior["steps"]) / warm) if warm else 1.0
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     model, optimizer = accelerator.prepare(model, optimizer)
     from accelerate.utils import DistributedType
 
@@ -242,7 +245,7 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         prior["steps"] = int(state.get("steps", 0))
         for g in optimizer.param_groups:  # hyper-parameters always come from the current config
-            g.update(lr=cfg.lr * (min(1.0, (1 + prior["steps"]) / warm) if warm else 1.0), initial_lr=cfg.lr,
+            g.update(lr=cfg.lr * lr_factor(0), initial_lr=cfg.lr,
                      betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
         scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
     elif cfg.optimizer_state == "continue" and accelerator.is_main_process and (model_path / OPTIMIZER_DIR).exists():
