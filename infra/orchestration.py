@@ -2,20 +2,23 @@
 
 - Embedded default: no ``PREFECT_API_URL``; each process runs Prefect's ephemeral API (about 20 s to
   start) with its state in ``$RAO_HOME/prefect`` (``PREFECT_HOME``).
-- ``PrefectServer``: ``prefect server start`` on 127.0.0.1 (free port) for the UI and deployments;
-  processes pointed at it with ``PREFECT_API_URL``.
+- ``PrefectServer``: ``prefect server start`` on 127.0.0.1 (free port, or a fixed one) for the UI and
+  deployments; processes pointed at it with ``PREFECT_API_URL``; :func:`worker_command` is what to run.
+- :func:`deploy`: ``prefect deploy --all`` in the repository root, so each deployment's pull step holds
+  the repository's absolute path (``prefect.yaml``) and a worker can run it.
 - Real mode: set ``PREFECT_API_URL`` (and ``PREFECT_API_KEY`` for Prefect Cloud).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.process import ServiceMixin, ManagedProcess, free_port
-from rao_core.paths import rao_home
+from infra.process import ManagedProcess, ServiceError, ServiceMixin, free_port
+from rao_core.paths import REPO_ROOT, rao_home
 
 
 def prefect_env() -> dict[str, str]:
@@ -53,9 +56,11 @@ class PrefectServer(ServiceMixin):
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "PrefectServer":
+        if self.port and not port_free(self.port):
+            raise ServiceError(f"Prefect server: port {self.port} on 127.0.0.1 is in use "
+                               "(choose another --prefect-port)")
         self.port = self.port or free_port()
-        cmd = [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-               "--port", str(self.port)]
+        cmd = [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)]
         log_dir = Path(self.log_dir or rao_home() / "services")
         env = {k: v for k, v in prefect_env().items()}
         env["PREFECT_API_URL"] = self.api_url
@@ -64,3 +69,37 @@ class PrefectServer(ServiceMixin):
         return self
 
 
+def port_free(port: int) -> bool:
+    """True if nothing listens on 127.0.0.1:``port`` (so a server can bind it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def prefect_bin() -> str:
+    """The ``prefect`` executable of this environment."""
+    return str(Path(sys.executable).parent / "prefect")
+
+
+def worker_command(api_url: str, pool: str = "rao-pool") -> str:
+    """A ready-to-paste shell command that starts a process worker on ``pool`` against ``api_url``."""
+    return f"PREFECT_API_URL={api_url} {prefect_bin()} worker start --pool {pool}"
+
+
+def deploy(pool: str = "rao-pool", repo: Path | None = None) -> int:
+    """Create work pool ``pool`` and the deployments of ``prefect.yaml`` on the server at
+    ``PREFECT_API_URL``; returns ``prefect deploy``'s exit status.
+
+    ``prefect deploy`` runs in the repository root, whose absolute path (or ``repo``, given to the build
+    step as ``RAO_REPO``) becomes the deployments' working directory on the worker.
+    """
+    env = {**os.environ, **({"RAO_REPO": str(Path(repo).resolve())} if repo else {})}
+    subprocess.run([prefect_bin(), "work-pool", "create", pool, "--type", "process", "--overwrite"], check=False,
+                   cwd=REPO_ROOT, env=env)
+    return subprocess.run([prefect_bin(), "--no-prompt", "deploy", "--all"], check=False, cwd=REPO_ROOT,
+                          env=env).returncode

@@ -61,9 +61,10 @@ def apply_service_env() -> dict[str, str]:
     return env
 
 
-def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = False,
+def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = False, prefect_port: int = 0,
        model: str | None = None, max_model_len: int = 4096) -> dict[str, dict[str, Any]]:
-    """Start the requested services that are not already running; returns the state."""
+    """Start the requested services that are not already running (the Prefect server on ``prefect_port``,
+    0 = a free port); returns the state."""
     state = load_state()
 
     def running(name: str) -> bool:
@@ -85,8 +86,8 @@ def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = F
     if prefect_server and not running("prefect"):
         from infra.orchestration import PrefectServer
 
-        srv = PrefectServer().start()
-        record("prefect", pid=srv.pid, url=srv.ui_url, log=str(srv.process.log_path),
+        srv = PrefectServer(port=prefect_port).start()
+        record("prefect", pid=srv.pid, url=srv.ui_url, log=str(srv.process.log_path), api_url=srv.api_url,
                start_s=round(srv.process.start_seconds, 2), env={"PREFECT_API_URL": srv.api_url})
     if model and not running("vllm"):
         from infra.serving import VLLMServer
@@ -96,6 +97,20 @@ def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = F
                start_s=round(srv.process.start_seconds, 2),
                env={"RAO_POLICY_BASE_URL": srv.base_url, "RAO_POLICY_MODEL": srv.model})
     return load_state()
+
+
+def prefect_instructions(pool: str = "rao-pool") -> list[str]:
+    """How to use the running Prefect server of ``up``: UI, ``PREFECT_API_URL`` and the worker command
+    (empty when none runs)."""
+    from infra.orchestration import worker_command
+
+    info = load_state().get("prefect") or {}
+    if not (info.get("pid") and pid_alive(info["pid"])):
+        return []
+    api = info.get("api_url") or info.get("env", {}).get("PREFECT_API_URL", "")
+    return [f"Prefect UI:       {info.get('url', '')}", f"PREFECT_API_URL:  {api}",
+            "deployments:      .venv/bin/rao deploy   (rao commands find the server by themselves)",
+            f"worker:           {worker_command(api, pool)}"]
 
 
 def down() -> list[str]:

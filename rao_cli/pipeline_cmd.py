@@ -153,15 +153,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create the Prefect deployments of prefect.yaml (campaign on demand, nightly evaluation on cron)."""
         _prefect_env()
-        import subprocess
+        from infra.orchestration import deploy as _deploy, worker_command
 
         if not os.environ.get("PREFECT_API_URL"):
             console.print("[red]error:[/red] no Prefect server: run `rao services up --prefect-server` first "
                           "(or set PREFECT_API_URL)")
             raise typer.Exit(2)
-        prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
-        subprocess.run([prefect, "work-pool", "create", pool, "--type", "process", "--overwrite"], check=False)
-        r = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], check=False)
-        if r.returncode:
-            raise typer.Exit(r.returncode)
-        console.print(f"deployments created; start a worker: {prefect} worker start --pool {pool}")
+        rc = _deploy(pool)
+        if rc:
+            raise typer.Exit(rc)
+        console.print(f"deployments created; start a worker: {worker_command(os.environ['PREFECT_API_URL'], pool)}",
+                      soft_wrap=True)

@@ -1,0 +1,101 @@
+"""The Prefect workflow of the README (issue 17, items 1 and 3): ``rao services up --prefect-server`` prints
+the API URL and the worker command, ``rao deploy`` makes deployments whose pull step is the repository's
+absolute path, and the printed worker runs a deployment from there (not from its own folder)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.process import free_port, kill_group
+from rao_core.paths import REPO_ROOT
+
+pytestmark = pytest.mark.services
+RAO = [sys.executable, "-m", "rao_cli.main"]
+
+
+@pytest.fixture(scope="module")
+def prefect_up(tmp_path_factory):
+    """``rao services up --prefect-server --prefect-port P`` in a fresh RAO_HOME; yields (env, stdout, port)."""
+    home = tmp_path_factory.mktemp("rao-home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAO_S3"))}
+    env.update(RAO_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_WORKER_QUERY_SECONDS="2")
+    port = free_port()
+    r = subprocess.run(RAO + ["services", "up", "--no-s3", "--prefect-server", "--prefect-port", str(port)],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=home)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield env, r.stdout, port
+    finally:
+        subprocess.run(RAO + ["services", "down"], env=env, capture_output=True, timeout=120, cwd=home)
+
+
+def test_services_up_prints_the_api_url_and_a_worker_command(prefect_up):
+    _, out, port = prefect_up
+    api = f"http://127.0.0.1:{port}/api"
+    assert f"PREFECT_API_URL:  {api}" in out
+    worker = f"PREFECT_API_URL={api} {Path(sys.executable).parent / 'prefect'} worker start --pool rao-pool"
+    assert f"worker:           {worker}" in out
+    assert httpx.get(f"{api}/health", timeout=10).json() is True
+
+
+def test_a_fixed_port_in_use_is_one_clear_error(tmp_path):
+    from infra.orchestration import PrefectServer
+    from infra.process import ServiceError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServiceError, match=f"port {port} on 127.0.0.1 is in use"):
+            PrefectServer(port=port, log_dir=tmp_path).start()
+
+
+def _deployments(api: str) -> dict[str, dict]:
+    r = httpx.post(f"{api}/deployments/filter", json={}, timeout=30)
+    r.raise_for_status()
+    return {d["name"]: d for d in r.json()}
+
+
+def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up, tmp_path):
+    env, _, port = prefect_up
+    api = f"http://127.0.0.1:{port}/api"
+    r = subprocess.run(RAO + ["deploy"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"start a worker: PREFECT_API_URL={api} " in r.stdout
+    deps = _deployments(api)
+    assert set(deps) == {"campaign", "nightly-evaluation"}
+    for d in deps.values():  # the absolute path, filled in at deploy time: no template left for the worker
+        assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
+    assert deps["nightly-evaluation"]["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+
+    # The printed worker, started in another folder, runs the campaign deployment from the repository:
+    # a missing config file makes the flow itself fail (FAILED with its message), where a worker that
+    # cannot find the code crashes (CRASHED) before the flow starts.
+    fr = httpx.post(f"{api}/deployments/{deps['campaign']['id']}/create_flow_run", timeout=30,
+                    json={"parameters": {"params": {"config": "configs/no-such-config.yaml"}}}).json()
+    cmd = re.search(r"start a worker: (.*)", r.stdout).group(1).split()
+    worker = subprocess.Popen(cmd[1:], env={**env, "PREFECT_API_URL": api}, cwd=tmp_path, start_new_session=True,
+                              stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            run = httpx.get(f"{api}/flow_runs/{fr['id']}", timeout=30).json()
+            if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            time.sleep(2)
+    finally:
+        kill_group(worker.pid)
+        worker.wait(timeout=30)
+    log = (tmp_path / "worker.log").read_text()[-3000:]
+    assert run["state"]["type"] == "FAILED", log
+    assert "no-such-config.yaml" in run["state"]["message"], run["state"]["message"]
+    assert run["name"] == "campaign"  # the form's config could not be read: the fallback name
