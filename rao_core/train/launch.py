@@ -101,8 +101,17 @@ def _failure_message(rc: int, log_path: Path) -> tuple[str, list[str]]:
         if log_path.exists() else []
     tail = lines[-STDERR_TAIL_LINES:]
     errors = [x for x in lines if x.startswith("error: ")]
-    head = errors[-1].removeprefix("error: ") if errors else (tail[-1] if tail else "no output")
-    rest = [x for x in tail if x != errors[-1]] if errors else tail[:-1]
+    tracebacks = [x for x in lines if not x.startswith("{")]  # metric lines are not the failure
+    if errors:
+        head, rest = errors[-1].removeprefix("error: "), [x for x in tail if x != errors[-1]]
+    elif not any(x.startswith("Traceback") for x in lines):
+        # No error line and no traceback: the child was killed from outside, usually by the kernel's
+        # out-of-memory killer (accelerate launch then exits 1 without a word).
+        head = ("the child printed no error: it was killed from outside, most likely out of memory "
+                "(see `dmesg`; lower trainer.micro_batch_tokens or free memory held by other processes)")
+        rest = tail[-2:]
+    else:
+        head, rest = (tracebacks[-1] if tracebacks else tail[-1]), tail[:-1]
     msg = f"training process exited with status {rc}: {head}"
     if rest:
         msg += f" (last stderr lines: {' | '.join(rest)})"

@@ -146,3 +146,17 @@ def test_generate_stage_reports_serving_metrics(tmp_path, monkeypatch, tiny):
     assert s["generation_tokens"] == 12000 and s["prefix_cache_hit_rate"] == pytest.approx(0.75)
     assert s["preemptions"] == 5 and s["queue_time_mean_s"] == pytest.approx(0.5)
     assert s["generation_tokens_per_s"] == pytest.approx(12000 / out["generation_s"], rel=0.05)
+
+
+def test_killed_child_is_reported_as_killed_not_as_its_last_metric_line(tmp_path):
+    """An OOM-killed child leaves only metric lines: the message must not present one as the error."""
+    from rao_core.train.launch import _failure_message
+
+    log = tmp_path / "train.log"
+    log.write_text('Loading weights: 100%\n{"train/step": 1.0, "train/loss": 0.66}\n')
+    msg, _ = _failure_message(1, log)
+    assert "killed from outside" in msg and "out of memory" in msg
+    assert not msg.split(": ", 1)[1].startswith("{")
+    log.write_text('{"train/step": 1.0}\nTraceback (most recent call last):\nValueError: boom\n')
+    msg, _ = _failure_message(1, log)
+    assert "ValueError: boom" in msg and "killed from outside" not in msg
