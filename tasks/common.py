@@ -100,13 +100,17 @@ def fetch(ctx: RunContext, uri: str, rel: str) -> Path:
 
 
 def fetch_dir(ctx: RunContext, uri_prefix: str, rel: str) -> Path:
-    """Local copy of a folder stored under ``uri_prefix`` (an s3:// prefix); cached when complete."""
+    """Local copy of the folder at ``uri_prefix`` (``s3://BUCKET/KEY``, made by any campaign), cached when
+    complete; raises FileNotFoundError when no object lies under it."""
     p = ctx.local(rel)
     marker = p / ".complete"
     if marker.exists():
         return p
-    store = ctx.store()
-    key = store._key(uri_prefix)[len(store.prefix) + 1:]
-    store.get_dir(key, p)
+    bucket, _, key = uri_prefix.removeprefix("s3://").strip("/").partition("/")
+    parent, _, leaf = key.rpartition("/")
+    store = ArtifactStore(S3Settings(**{**ctx.s3, "bucket": bucket}), parent)
+    if not uri_prefix.startswith("s3://") or not parent or not store.list(leaf + "/"):
+        raise FileNotFoundError(f"no objects under {uri_prefix} (expected s3://BUCKET/CAMPAIGN/.../FOLDER)")
+    store.get_dir(leaf, p)
     marker.write_text("ok")
     return p

@@ -351,8 +351,8 @@ def checkpoint_from_uri(ctx: RunContext, ref: str) -> dict[str, Any]:
             return {"name": f"{mv.name}-v{mv.version}", "uri": mv.source, "local": None}
         ref = mv.source.removeprefix("file://")  # a version registered from a local folder
     if ref.startswith("s3://"):
-        parts = ref.rstrip("/").split("/")
-        return {"name": f"{parts[-2]}-{parts[-1]}", "uri": ref, "local": None}
+        parts = ref.rstrip("/").split("/")  # the name keys the local cache: campaign-iter-K-checkpoint
+        return {"name": "-".join(parts[-3:]), "uri": ref, "local": None}
     p = Path(ref)
     if not (p / "config.json").exists() and not (p / "adapter_config.json").exists():
         from infra.models import ModelError
