@@ -7,7 +7,15 @@ and everything else talks to it over HTTP with the ``openai`` client.
 Checkpoint switching (``VLLMServer.switch``): with dev-mode routes enabled the server reloads weights in
 place (``POST /collective_rpc {"method": "reload_weights"}``) after the new checkpoint's files have been
 copied over the served folder, which avoids the 2-3 minute CPU start-up; if that route fails, the server
-is restarted on the new folder. LoRA adapters are hot-loaded with ``POST /v1/load_lora_adapter``.
+is restarted on the new folder. LoRA adapters are hot-loaded with ``POST /v1/load_lora_adapter``, on
+this server or on an external one (:func:`load_lora_adapter`); an external server cannot be given full
+weights, and the config refuses that combination (``rao_core.config.external_switch_problem``).
+
+GPU settings come from the campaign config (:func:`server_from_config`): ``--max-lora-rank`` is the
+smallest rank vLLM accepts that holds ``trainer.lora.r``; ``gpus.serve`` becomes CUDA_VISIBLE_DEVICES,
+with ``--tensor-parallel-size`` / ``--data-parallel-size`` / ``--gpu-memory-utilization`` from
+``serving``; ``gpus.sleep_while_training`` adds ``--enable-sleep-mode`` (:meth:`VLLMServer.sleep`,
+:meth:`VLLMServer.wake_up`: dev-mode routes ``POST /sleep?level=1``, ``POST /wake_up``).
 
 Log-probs: the server is started with ``--logprobs-mode processed_logprobs`` by default, so the
 log-prob returned for each sampled token is taken from the distribution the token was actually drawn
@@ -29,6 +37,18 @@ import httpx
 from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
 from rao_core.paths import rao_home, vllm_python
 
+# vLLM's LoRAConfig.max_lora_rank accepts only these values (vllm/config/lora.py, MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(r: int) -> int:
+    """The ``--max-lora-rank`` that serves adapters of rank ``r``: the smallest value vLLM accepts >= r.
+    Raises ValueError above vLLM's largest (512)."""
+    for v in VLLM_LORA_RANKS:
+        if v >= r:
+            return v
+    raise ValueError(f"trainer.lora.r = {r}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+
 
 def cpu_has_bf16() -> bool:
     """True when this CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo)."""
@@ -39,12 +59,13 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(dtype: str) -> str:
+def resolve_dtype(dtype: str, on_gpu: bool | None = None) -> str:
     """The ``--dtype`` vLLM is started with: ``auto`` means the checkpoint's dtype on a GPU, bfloat16 on a
-    CPU with native bf16 (measured 2x faster than fp32 there, see docs/benchmarks.md), else float32."""
+    CPU with native bf16 (measured 2x faster than fp32 there, see docs/benchmarks.md), else float32.
+    ``on_gpu``: None = whether an NVIDIA GPU is visible here."""
     if dtype != "auto":
         return dtype
-    if has_cuda_gpu():
+    if has_cuda_gpu() if on_gpu is None else on_gpu:
         return "auto"
     return "bfloat16" if cpu_has_bf16() else "float32"
 
@@ -72,8 +93,13 @@ class VLLMServer(ServiceMixin):
         max_model_len: context length in tokens.
         port: TCP port (0 = pick a free one).
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` on CPU (GiB).
-        enable_lora / max_lora_rank: serve LoRA adapters loaded at run time.
-        extra_args: more ``api_server`` flags (e.g. ``--tensor-parallel-size 4`` on GPUs).
+        enable_lora / max_lora_rank: serve LoRA adapters loaded at run time (rank: :func:`vllm_max_lora_rank`).
+        gpus: CUDA devices (CUDA_VISIBLE_DEVICES; empty: the caller's environment decides).
+        tensor_parallel_size / data_parallel_size / gpu_memory_utilization: vLLM's flags of the same names
+            (the last only when set: it means nothing to the CPU engine).
+        enable_sleep_mode: ``--enable-sleep-mode``, so that :meth:`sleep` frees the GPUs during training.
+        on_gpu: whether the server runs on GPUs (None: an NVIDIA GPU is visible here); decides ``--dtype auto``.
+        extra_args: more ``api_server`` flags (e.g. ``--max-num-seqs 256``).
         dtype: ``auto`` (see :func:`resolve_dtype`), ``bfloat16`` or ``float32``. bf16 serving with an fp32
             trainer adds a small sampler/trainer mismatch, logged every step as ``train/kl_mismatch``.
         logprobs_mode: ``processed_logprobs`` (default: after temperature/top-k/top-p, what the trainer
@@ -89,6 +115,12 @@ class VLLMServer(ServiceMixin):
     kv_cache_gib: int = 2
     enable_lora: bool = False
     max_lora_rank: int = 16
+    gpus: list[int] = field(default_factory=list)
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    enable_sleep_mode: bool = False
+    on_gpu: bool | None = None
     extra_args: list[str] = field(default_factory=list)
     logprobs_mode: str = "processed_logprobs"
     dtype: str = "auto"
@@ -116,12 +148,45 @@ class VLLMServer(ServiceMixin):
             str(self.python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path), "--served-model-name", self.served_model_name,
             "--max-model-len", str(self.max_model_len), "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", resolve_dtype(self.dtype), "--disable-log-stats",
+            "--dtype", resolve_dtype(self.dtype, self.on_gpu), "--disable-log-stats",
             "--logprobs-mode", self.logprobs_mode,
         ]
         if self.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+        if self.tensor_parallel_size > 1:
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.data_parallel_size > 1:
+            cmd += ["--data-parallel-size", str(self.data_parallel_size)]
+        if self.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.enable_sleep_mode:
+            cmd += ["--enable-sleep-mode"]
         return cmd + list(self.extra_args)
+
+    def _env(self) -> dict[str, str]:
+        """Environment variables the server is started with (on top of this process's)."""
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": str(int(self.kv_cache_gib)),
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        elif not (has_cuda_gpu() if self.on_gpu is None else self.on_gpu):
+            # vLLM's CPU engine by default reserves one core for the API process and binds the model to the
+            # rest: on 2 cores that halves generation (measured 185 vs 298 tok/s fp32, docs/benchmarks.md).
+            # Bind every core unless the caller's environment says otherwise.
+            n = os.cpu_count() or 1
+            if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{n - 1}"
+            if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
+                env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        return env
 
     def start(self) -> "VLLMServer":
         """Start and wait for ``/health``; typically 2-3.5 minutes on 2 CPU cores."""
@@ -133,28 +198,9 @@ class VLLMServer(ServiceMixin):
         if not self.port:
             self.port = free_port()
         log_dir = Path(self.log_dir or rao_home() / "services")
-        env = {
-            "VLLM_CPU_KVCACHE_SPACE": str(int(self.kv_cache_gib)),
-            "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        if not has_cuda_gpu():
-            # vLLM's CPU engine by default reserves one core for the API process and binds the model to the
-            # rest: on 2 cores that halves generation (measured 185 vs 298 tok/s fp32, docs/benchmarks.md).
-            # Bind every core unless the caller's environment says otherwise.
-            n = os.cpu_count() or 1
-            if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{n - 1}"
-            if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
-                env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         self.process = ManagedProcess(
             name="vllm", cmd=self._cmd(), log_path=log_dir / f"vllm-{self.port}.log",
-            health_url=f"{self.url}/health", env=env, start_timeout_s=self.start_timeout_s,
+            health_url=f"{self.url}/health", env=self._env(), start_timeout_s=self.start_timeout_s,
         ).start()
         # /health answers before the model is fully ready on some versions: wait for /v1/models too.
         deadline = time.monotonic() + 60
@@ -186,10 +232,63 @@ class VLLMServer(ServiceMixin):
 
     def load_lora(self, name: str, path: str | Path) -> None:
         """Hot-load (or replace) LoRA adapter ``name`` from ``path``; needs ``enable_lora``."""
-        r = httpx.post(f"{self.base_url}/load_lora_adapter",
-                       json={"lora_name": name, "lora_path": str(path), "load_inplace": True}, timeout=120)
+        load_lora_adapter(self.base_url, name, path)
+
+    def sleep(self, level: int = 1, timeout_s: float = 300.0) -> None:
+        """Free the GPUs (needs ``enable_sleep_mode``): level 1 moves the weights to CPU memory and drops the
+        KV cache; level 2 drops the weights too. Raises ServiceError."""
+        self._dev_post(f"/sleep?level={level}", timeout_s)
+
+    def wake_up(self, timeout_s: float = 300.0) -> None:
+        """Bring a sleeping server back (weights to the GPUs, KV cache re-allocated). Raises ServiceError."""
+        self._dev_post("/wake_up", timeout_s)
+        try:  # the KV cache was dropped: nothing cached may be reused
+            httpx.post(f"{self.url}/reset_prefix_cache", timeout=30)
+        except httpx.HTTPError:
+            pass
+
+    def _dev_post(self, route: str, timeout_s: float) -> None:
+        try:
+            r = httpx.post(f"{self.url}{route}", timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise ServiceError(f"vLLM {route} failed: {e}") from e
         if r.status_code != 200:
-            raise ServiceError(f"vLLM load_lora_adapter({name}) answered {r.status_code}: {r.text[:300]}")
+            raise ServiceError(f"vLLM {route} answered {r.status_code}: {r.text[:300]}")
+
+
+def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: float = 120.0) -> None:
+    """``POST {base_url}/load_lora_adapter`` (``base_url`` ends in ``/v1``): load or replace adapter ``name``
+    from ``path``, a folder the server can read. Requests then name the adapter as their model. The server
+    must run with ``--enable-lora`` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. Raises ServiceError."""
+    try:
+        r = httpx.post(f"{base_url.rstrip('/')}/load_lora_adapter", timeout=timeout_s,
+                       json={"lora_name": name, "lora_path": str(path), "load_inplace": True},
+                       headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"})
+    except httpx.HTTPError as e:
+        raise ServiceError(f"load_lora_adapter({name}) at {base_url} failed: {e}") from e
+    if r.status_code != 200:
+        raise ServiceError(f"load_lora_adapter({name}) at {base_url} answered {r.status_code}: {r.text[:300]}")
+
+
+def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = None,
+                       on_gpu: bool | None = None) -> VLLMServer:
+    """The :class:`VLLMServer` a campaign config (``rao_core.config.CampaignConfig``) asks for, not started.
+
+    ``on_gpu``: whether it will run on GPUs (None: an NVIDIA GPU is visible here); only then is
+    ``--gpu-memory-utilization`` passed. LoRA serving (``serving.switch: lora``) gets
+    ``--max-lora-rank`` = :func:`vllm_max_lora_rank` of ``trainer.lora.r``.
+    """
+    s, lora = cfg.serving, cfg.trainer.lora
+    gpu = has_cuda_gpu() if on_gpu is None else on_gpu
+    return VLLMServer(
+        model_path, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
+        kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args), logprobs_mode=s.logprobs_mode, dtype=s.dtype,
+        enable_lora=s.switch == "lora", max_lora_rank=vllm_max_lora_rank(lora.r) if lora is not None else 16,
+        gpus=list(cfg.gpus.serve), tensor_parallel_size=s.tensor_parallel_size,
+        data_parallel_size=s.data_parallel_size,
+        gpu_memory_utilization=s.gpu_memory_utilization if gpu or cfg.gpus.serve else None,
+        enable_sleep_mode=cfg.gpus.sleep_while_training, on_gpu=on_gpu, start_timeout_s=s.start_timeout_s,
+        log_dir=log_dir)
 
 
 def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:

@@ -51,10 +51,17 @@ class ServingSettings(_Strict):
     served_model_name: str = Field("policy", description="Model name sent in requests.")
     max_model_len: int = Field(8192, ge=256, description="vLLM context length, tokens (>= runtime.context_window).")
     kv_cache_gib: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU, GiB.")
-    switch: Literal["reload", "restart", "lora"] = Field(
+    switch: Literal["reload", "restart", "lora", "none"] = Field(
         "reload", description="Checkpoint switch between iterations: 'reload' copies new weights over the served "
         "folder and reloads in place (fast, full fine-tuning); 'restart' restarts the server; 'lora' hot-loads "
-        "the adapter (trainer.lora must be set).")
+        "the adapter (trainer.lora must be set; also on an external base_url server, which must then read the "
+        "adapter folder); 'none' (external base_url only): the server keeps its own weights, so rollouts do not "
+        "follow training (tests, fixed-policy runs). An external server with 'reload'/'restart' is refused.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size (GPUs per model replica).")
+    data_parallel_size: int = Field(1, ge=1, description="vLLM --data-parallel-size (model replicas); "
+                                    "tensor x data parallel = the GPUs of gpus.serve when it is set.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization: the "
+                                          "fraction of each serving GPU vLLM takes (weights + KV cache).")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="vLLM --dtype: 'auto' = the checkpoint's on GPUs, bfloat16 on a CPU with native bf16 "
         "(2x the fp32 throughput there), else float32. The trainer computes in fp32 on CPU; the mismatch is "
@@ -65,9 +72,39 @@ class ServingSettings(_Strict):
         "the server is started with it) or 'raw_logprobs' (vLLM's default, before them). For an external server "
         "(base_url) say how it was started. With 'raw_logprobs' only runtime.temperature = 1 and top_p = 1 are "
         "accepted, since otherwise the behaviour log-probs are not those of the sampling distribution.")
-    extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, e.g. "
-                                  "['--tensor-parallel-size', '4'] or ['--data-parallel-size', '8'] on GPUs.")
+    extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, e.g. ['--max-num-seqs', "
+                                  "'256'] (parallelism, memory, LoRA and sleep flags come from the fields above).")
     start_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for the server to be healthy.")
+
+
+class GpuPlacement(_Strict):
+    """Which GPUs each process gets (``rao run --plan`` prints the placement and checks that it fits).
+    Empty lists: no placement (CPU machines; on GPUs, whatever CUDA_VISIBLE_DEVICES says)."""
+
+    serve: list[int] = Field(default_factory=list, description="CUDA devices of the vLLM server "
+                             "(CUDA_VISIBLE_DEVICES): serving.tensor_parallel_size x data_parallel_size of them.")
+    train: list[int] = Field(default_factory=list, description="CUDA devices of the training processes, one "
+                             "`accelerate launch` process each: the gpu_ids and num_processes of "
+                             "trainer.accelerate_config (checked by the plan).")
+    sleep_while_training: bool = Field(False, description="Start vLLM with --enable-sleep-mode and put it to "
+                                       "sleep (level 1: weights to CPU memory, KV cache freed) while the trainer "
+                                       "runs; for serve and train sharing GPUs.")
+
+    @model_validator(mode="after")
+    def _check(self) -> GpuPlacement:
+        for name, ids in (("serve", self.serve), ("train", self.train)):
+            if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+                raise ValueError(f"gpus.{name} = {ids}: GPU indices must be distinct and >= 0")
+        return self
+
+
+class CheckpointSettings(_Strict):
+    """Retention of iteration checkpoints (infra.retention.prune_checkpoints, after every iteration)."""
+
+    keep_last: int | None = Field(None, ge=1, description="Keep the newest N iteration checkpoints (S3 and the "
+                                  "local cache); older ones are deleted, except iteration 0 (the base of LoRA "
+                                  "adapters) and every version a registry alias (champion, candidate) points at. "
+                                  "None: keep all.")
 
 
 class TaskSettings(_Strict):
@@ -165,6 +202,8 @@ class CampaignConfig(_Strict):
     eval: EvalSettings = Field(default_factory=EvalSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    gpus: GpuPlacement = Field(default_factory=GpuPlacement)
+    checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
 
     @field_validator("tasks")
     @classmethod
@@ -182,6 +221,7 @@ class CampaignConfig(_Strict):
                              f"serving.max_model_len ({self.serving.max_model_len})")
         if self.serving.switch == "lora" and self.trainer.lora is None:
             raise ValueError("serving.switch 'lora' needs trainer.lora")
+        self._serving_placement()
         self._one_sampling_temperature()
         return self
 
@@ -207,6 +247,25 @@ class CampaignConfig(_Strict):
                              "use 'processed_logprobs' (or temperature 1 and top_p 1)")
         tr.temperature = rt.temperature
 
+    def _serving_placement(self) -> None:
+        """vLLM's parallelism, memory, LoRA and sleep flags have one source; gpus.serve matches TP x DP.
+        (An external server's switch is checked by :func:`load_config`: :func:`external_switch_problem`.)"""
+        s = self.serving
+        if s.switch == "none" and not s.base_url:
+            raise ValueError("serving.switch 'none' needs serving.base_url (an embedded server always follows "
+                             "the trained checkpoint)")
+        owned = {"--tensor-parallel-size", "--data-parallel-size", "--gpu-memory-utilization", "--max-lora-rank",
+                 "--enable-lora", "--enable-sleep-mode"}
+        for a in s.extra_args:
+            if a.split("=")[0] in owned:
+                raise ValueError(f"serving.extra_args has {a}: it is set from the config (serving."
+                                 "tensor_parallel_size / data_parallel_size / gpu_memory_utilization, trainer.lora, "
+                                 "gpus.sleep_while_training)")
+        n = s.tensor_parallel_size * s.data_parallel_size
+        if self.gpus.serve and len(self.gpus.serve) != n:
+            raise ValueError(f"gpus.serve has {len(self.gpus.serve)} GPUs but serving.tensor_parallel_size x "
+                             f"data_parallel_size = {s.tensor_parallel_size} x {s.data_parallel_size} = {n}")
+
     def with_env_overrides(self) -> CampaignConfig:
         """Copy with endpoints taken from the environment variables listed in the module docstring."""
         upd = self.model_copy(deep=True)
@@ -219,6 +278,27 @@ class CampaignConfig(_Strict):
         if os.environ.get("MLFLOW_TRACKING_URI"):
             upd.tracking.tracking_uri = os.environ["MLFLOW_TRACKING_URI"]
         return upd
+
+
+def external_switch_problem(cfg: CampaignConfig) -> str | None:
+    """Why the external policy server (``serving.base_url``) of a campaign that trains cannot follow training,
+    or None when it can: weights reach it only as LoRA adapters (``POST /v1/load_lora_adapter``) of the
+    weights it serves, or never (switch 'none'). Checked by :func:`load_config`, not by the model validator:
+    an evaluation-only use of a campaign config (``RAO_POLICY_BASE_URL`` for the nightly evaluation) is fine;
+    ``tasks.serve`` refuses the first full-weight switch to an external server at run time."""
+    s = cfg.serving
+    if not s.base_url or cfg.iterations == 0:
+        return None
+    if s.switch in ("reload", "restart"):
+        return (f"serving.base_url is set with serving.switch {s.switch!r}: new full weights cannot be sent to an "
+                "external server, so rollouts would come from its initial policy; use switch 'lora' (the server "
+                "started with --enable-lora, --max-lora-rank >= trainer.lora.r, VLLM_ALLOW_RUNTIME_LORA_UPDATING="
+                "True, and able to read the adapter folders) or switch 'none' (fixed policy, not on-policy RL)")
+    if s.switch == "lora" and cfg.warm_start.mode == "demos":
+        return ("serving.base_url with warm_start.mode 'demos': the external server does not serve the "
+                "warm-started weights the adapters are trained on; warm-start first, serve that checkpoint and "
+                "use warm_start.mode 'none'")
+    return None
 
 
 def _fmt_error(source: str, err: ValidationError) -> str:
@@ -278,6 +358,10 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
         for k, v in items:
             _deep_set(data, k, v)
     try:
-        return CampaignConfig.model_validate(data)
+        cfg = CampaignConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_fmt_error(source, e)) from None
+    problem = external_switch_problem(cfg)
+    if problem:
+        raise ConfigError(f"{source}: {problem}")
+    return cfg

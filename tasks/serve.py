@@ -3,11 +3,14 @@
 The server is process-wide (one per flow run) and stopped by :func:`shutdown_server` when the flow ends.
 Switching (``serving.switch``): ``reload`` copies the new weight files over the served folder and
 reloads them in place (dev-mode ``reload_weights``, no restart); ``restart`` restarts the server;
-``lora`` hot-loads the adapter under a new name. An external ``serving.base_url`` is used as is.
+``lora`` hot-loads the adapter under a new name. An external ``serving.base_url`` gets each LoRA adapter
+through its ``/v1/load_lora_adapter`` route; with ``none`` it keeps its weights; it cannot be given full
+weights (refused at config load, and here when the base URL came from RAO_POLICY_BASE_URL).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
@@ -33,6 +36,16 @@ def checkpoint_local(ctx: RunContext, ckpt: dict[str, Any]) -> Path:
     return fetch_dir(ctx, ckpt["uri"], f"checkpoints/{ckpt['name']}")
 
 
+def _lora_base(adapter: Path) -> Path:
+    """The base model folder of a LoRA checkpoint (``base_model_name_or_path`` of its adapter_config.json)."""
+    import json
+
+    base = Path(json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or "")
+    if not (base / "config.json").exists():
+        raise FileNotFoundError(f"LoRA checkpoint {adapter}: its base model {base} has no config.json")
+    return base
+
+
 def _copy_weights(src: Path, dst: Path) -> None:
     """Copy checkpoint files into the served folder, each file replaced atomically."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -47,8 +60,8 @@ def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
     """Make the policy server serve ``ckpt``; returns ``{"base_url", "model", "switch_s", "how"}``."""
     cfg = ctx.config.serving
     if cfg.base_url:
-        return {"base_url": cfg.base_url, "model": cfg.served_model_name, "switch_s": 0.0, "how": "external"}
-    from infra.serving import VLLMServer
+        return _serve_external(ctx, ckpt)
+    from infra.serving import VLLMServer, server_from_config
 
     with _LOCK:
         t0 = time.monotonic()
@@ -62,19 +75,17 @@ def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
         served_dir = ctx.local("served")
         lora = (src / "adapter_config.json").exists()
         how = "start"
-        if server is None:
-            if lora:
-                raise NotImplementedError("serving a LoRA checkpoint needs the base model served first")
+        if server is None:  # a LoRA checkpoint (a resumed campaign): start on its base model, then load it
+            base = _lora_base(src) if lora else src
             if served_dir.exists():
                 shutil.rmtree(served_dir)
-            _copy_weights(src, served_dir)
-            server = VLLMServer(served_dir, served_model_name=cfg.served_model_name, max_model_len=cfg.max_model_len,
-                                kv_cache_gib=cfg.kv_cache_gib, extra_args=list(cfg.extra_args),
-                                logprobs_mode=cfg.logprobs_mode, dtype=cfg.dtype,
-                                enable_lora=cfg.switch == "lora", start_timeout_s=cfg.start_timeout_s,
-                                log_dir=ctx.local("logs"))
+            _copy_weights(base, served_dir)
+            server = server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"))
             server.start()
             _STATE["server"] = server
+            if lora:
+                server.load_lora(ckpt["name"], src)
+                _STATE["lora"], how = ckpt["name"], "start+lora"
         elif cfg.switch == "lora" and lora:
             server.load_lora(ckpt["name"], src)
             _STATE["lora"] = ckpt["name"]
@@ -89,8 +100,45 @@ def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
             server.start()
             how = "restart"
         _STATE["served"] = ckpt["name"]
-        model = _STATE["lora"] if how == "lora" else server.model
+        model = _STATE["lora"] if how in ("lora", "start+lora") else server.model
         return {"base_url": server.base_url, "model": model, "switch_s": round(time.monotonic() - t0, 3), "how": how}
+
+
+def _serve_external(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """An external server (``serving.base_url``): LoRA checkpoints are loaded through its API; full weights
+    only for the first checkpoint it is asked for (the one it already serves)."""
+    from infra.serving import load_lora_adapter
+    from infra.process import ServiceError
+    from rao_core.config import external_switch_problem
+
+    cfg = ctx.config.serving
+    t0 = time.monotonic()
+    with _LOCK:
+        _STATE["served"] = _STATE["served"] or ckpt["name"]  # the checkpoint the server already serves
+        model, how = cfg.served_model_name, "external"
+        if cfg.switch == "lora":
+            src = checkpoint_local(ctx, ckpt)
+            if (src / "adapter_config.json").exists():
+                load_lora_adapter(cfg.base_url, ckpt["name"], src.resolve())
+                model, how = ckpt["name"], "external-lora"
+        elif cfg.switch != "none" and ckpt["name"] != _STATE["served"]:
+            raise ServiceError(external_switch_problem(ctx.config.model_copy(update={"iterations": 1})))
+    return {"base_url": cfg.base_url, "model": model, "switch_s": round(time.monotonic() - t0, 3), "how": how}
+
+
+@contextlib.contextmanager
+def gpus_released(ctx: RunContext):
+    """While the body runs (the trainer), the flow's vLLM server sleeps when ``gpus.sleep_while_training``
+    (level 1: weights to CPU memory, KV cache freed); it wakes afterwards, also on failure."""
+    server = _STATE["server"]
+    if not ctx.config.gpus.sleep_while_training or server is None or not server.alive():
+        yield
+        return
+    server.sleep(level=1)
+    try:
+        yield
+    finally:
+        server.wake_up()
 
 
 def shutdown_server() -> None:

@@ -143,7 +143,8 @@ def test_corrupted_node_table_stops_before_training(campaign_env, tiny_model_pat
     up = store.put_file(bad, "iter-1/trees/scored.jsonl")
     store.put_bytes(json.dumps({"trees_uri": up["uri"], "num_trees": 2}).encode(), "iter-1/_done/generate.json")
     store.put_bytes(json.dumps({"scored_uri": up["uri"], "judge": {}}).encode(), "iter-1/_done/judge.json")
-    params = _params("corrupt", tiny_model_path, **{"serving.base_url": vllm_tiny.base_url, "eval.enabled": False})
+    params = _params("corrupt", tiny_model_path, **{"serving.base_url": vllm_tiny.base_url, "serving.switch": "none",
+                                                    "eval.enabled": False})
     with pytest.raises(Exception, match="failed validation"):
         rao_campaign(params)
     keys = set(store.list())
@@ -160,7 +161,9 @@ def test_killed_campaign_resumes_without_redoing_work(campaign_env, tiny_model_p
     from infra.storage import ArtifactStore, S3Settings
 
     store = ArtifactStore(s3_server.settings(), "resume")
-    extra = {"serving.base_url": vllm_tiny.base_url, "eval.enabled": False, "trainer.loss_type": "reinforce"}
+    # the tiny server keeps its weights ("none"): this test is about resuming, not about on-policy rollouts
+    extra = {"serving.base_url": vllm_tiny.base_url, "serving.switch": "none", "eval.enabled": False,
+             "trainer.loss_type": "reinforce"}
     ov = [f"--set={k}={json.dumps(v)}" for k, v in {**TINY_OVERRIDES, **extra}.items()]
     cmd = [sys.executable, "-m", "rao_cli.main", "run", "--name", "resume", "--iterations", "1",
            f"--set=model.path={json.dumps(str(tiny_model_path))}", *ov]
