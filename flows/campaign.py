@@ -115,9 +115,11 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict
         it_run = run.info.run_id
     times: dict[str, float] = {}
     t = time.monotonic()
-    served = serve_checkpoint(ctx, ckpt)
+    # A completed iteration replayed on resume needs no server: its parent checkpoint may have been pruned.
+    done = ctx.store().exists(f"iter-{iteration}/_done/register.json")
+    served = {} if done else serve_checkpoint(ctx, ckpt)
     times["serve"] = time.monotonic() - t
-    tok = _tokenizer_path(ctx, ckpt)
+    tok = "" if done else _tokenizer_path(ctx, ckpt)
     gen = generate_trees(ctx, iteration, served, tok)
     judged = judge_trees(ctx, iteration, gen["trees_uri"])
     val = validate_dataset(ctx, iteration, judged["scored_uri"])
@@ -126,7 +128,7 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict
     ev: dict[str, Any] = {"metrics": {}, "rows": []}
     if ctx.config.eval.enabled:
         t = time.monotonic()
-        served2 = serve_checkpoint(ctx, new_ckpt)
+        served2 = {} if done else serve_checkpoint(ctx, new_ckpt)
         times["serve_new"] = time.monotonic() - t
         ev = evaluate(ctx, iteration, served2, tok)
     reg = register_checkpoint(ctx, iteration, new_ckpt, ev["metrics"], it_run, updated=tr.get("steps", 0) > 0)
@@ -220,6 +222,11 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
             for k in range(1, cfg.iterations + 1):
                 out = rao_iteration(ctx, k, ckpt)
                 ckpt = out["checkpoint"]
+                if cfg.checkpoints.keep_last:  # old checkpoints go; resume and the registry keep theirs
+                    from infra.retention import prune_campaign
+
+                    prune_campaign(ctx.store(), cfg.checkpoints.keep_last, out["register"]["model"],
+                                   ctx.local("checkpoints"))
                 summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
                                               "register": out["register"], "eval_rows": out["eval_rows"],
                                               "checkpoint_local": ckpt.get("local")})

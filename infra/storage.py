@@ -249,6 +249,10 @@ class ArtifactStore:
                 return out
             token = r["NextContinuationToken"]
 
+    def delete(self, key: str) -> None:
+        """Delete one object (no error if it is absent)."""
+        self.client.delete_object(Bucket=self.settings.bucket, Key=self._key(key))
+
     def get_dir(self, key: str, local: str | Path) -> Path:
         local = Path(local)
         for k in self.list(key.rstrip("/") + "/"):
