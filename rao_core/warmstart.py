@@ -416,7 +416,15 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
     if samples_path is not None:
         write_samples(samples_path, batch)
     t0 = time.perf_counter()
-    res = train(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step)
+    if trainer_config.process == "subprocess":  # the campaign's train-stage path: memory goes back to the OS
+        from rao_core.train.launch import train_in_subprocess
+
+        if samples_path is None:
+            samples_path = Path(out_dir).with_name(Path(out_dir).name + ".demo-samples.jsonl")
+            write_samples(samples_path, batch)
+        res = train_in_subprocess(samples_path, model_path, out_dir, trainer_config, iteration=0, on_step=on_step)
+    else:
+        res = train(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step)
     sft_s = time.perf_counter() - t0
     stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes}
     return WarmStartResult(checkpoint=res.checkpoint, stats=stats, train_metrics=res.metrics,

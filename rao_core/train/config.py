@@ -72,8 +72,10 @@ class TrainerConfig(BaseModel):
         "campaign it is set from runtime.temperature, and a different explicit value is rejected."
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="Compute precision: auto = bf16 autocast on a bf16-capable GPU, else fp32. Master "
-        "weights stay fp32; checkpoints are saved in the input checkpoint's dtype.",
+        "auto", description="Compute precision: auto = bf16 autocast on a bf16-capable GPU, else fp32; "
+        "bfloat16 = bf16 autocast on such a GPU or on a CPU with native bf16 (avx512_bf16/amx_bf16; forward + "
+        "backward of SmolLM2-135M 1.57x faster than fp32 on this 2-core EPYC). Master weights stay fp32; "
+        "checkpoints are saved in the input checkpoint's dtype.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
     logprob_chunk_tokens: int | None = Field(
@@ -102,10 +104,10 @@ class TrainerConfig(BaseModel):
         "fresh); reset: always start a fresh optimizer. The new state is always saved beside the checkpoint.")
 
     process: Literal["subprocess", "inline"] = Field(
-        "subprocess", description="How the campaign's train stage runs: 'subprocess' = `accelerate launch -m "
-        "rao_cli.main train` in a child process (rao_core.train.launch), so that its memory goes back to the OS "
-        "before vLLM serves the next checkpoint; 'inline' = train() in the flow process (tests). rao train and "
-        "train() themselves ignore it.")
+        "subprocess", description="How the campaign's train stage and the warm start (run_warm_start) run: "
+        "'subprocess' = `accelerate launch -m rao_cli.main train` in a child process (rao_core.train.launch), so "
+        "that its memory goes back to the OS before vLLM serves the next checkpoint; 'inline' = train() in the "
+        "calling process (tests). rao train and train() themselves ignore it.")
     accelerate_config: str | None = Field(
         None, description="accelerate config file for the subprocess launch (e.g. configs/accelerate/fsdp.yaml on "
         "GPUs); None: one process, no mixed-precision override, torch threads = the CPUs this process may use.")

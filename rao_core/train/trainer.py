@@ -140,13 +140,31 @@ def _resolve_base(model_path: Path) -> tuple[Path, Path | None]:
     return model_path, None
 
 
+def cpu_has_bf16() -> bool:
+    """True when this CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def _compute_dtype(cfg: TrainerConfig) -> str:
+    """accelerate's ``mixed_precision`` for ``cfg.dtype``: 'auto' is bf16 on a bf16-capable GPU, else fp32;
+    'bfloat16' is bf16 autocast on such a GPU or on a CPU with native bf16 (fp32 master weights either way).
+
+    Raises:
+        ValueError: 'bfloat16' on a machine with neither.
+    """
     if cfg.dtype == "float32":
         return "no"
-    bf16_ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if cfg.dtype == "bfloat16" and not bf16_ok:
-        raise ValueError("dtype='bfloat16' needs a bf16-capable GPU; use 'auto' or 'float32' on CPU")
-    return "bf16" if bf16_ok else "no"
+    gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if cfg.dtype == "bfloat16":
+        if not (gpu_bf16 or (not torch.cuda.is_available() and cpu_has_bf16())):
+            raise ValueError("dtype='bfloat16' needs a bf16-capable GPU or CPU (avx512_bf16/amx_bf16); "
+                             "use 'auto' or 'float32'")
+        return "bf16"
+    return "bf16" if gpu_bf16 else "no"
 
 
 def train(
