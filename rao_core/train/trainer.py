@@ -151,7 +151,8 @@ def cpu_has_bf16() -> bool:
 
 def _compute_dtype(cfg: TrainerConfig) -> str:
     """accelerate's ``mixed_precision`` for ``cfg.dtype``: 'auto' is bf16 on a bf16-capable GPU, else fp32;
-    'bfloat16' is bf16 autocast on such a GPU or on a CPU with native bf16 (fp32 master weights either way).
+    'bfloat16' is bf16 autocast on such a GPU or on a CPU with native bf16 (fp32 master weights either way);
+    'bfloat16_if_native' is bf16 where that holds, else fp32 (never an error).
 
     Raises:
         ValueError: 'bfloat16' on a machine with neither.
@@ -159,6 +160,8 @@ def _compute_dtype(cfg: TrainerConfig) -> str:
     if cfg.dtype == "float32":
         return "no"
     gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if cfg.dtype == "bfloat16_if_native":
+        return "bf16" if gpu_bf16 or (not torch.cuda.is_available() and cpu_has_bf16()) else "no"
     if cfg.dtype == "bfloat16":
         if not (gpu_bf16 or (not torch.cuda.is_available() and cpu_has_bf16())):
             raise ValueError("dtype='bfloat16' needs a bf16-capable GPU or CPU (avx512_bf16/amx_bf16); "
