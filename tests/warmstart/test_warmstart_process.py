@@ -20,10 +20,12 @@ def test_bfloat16_on_a_cpu_with_native_bf16_is_autocast_and_refused_without(monk
     monkeypatch.setattr(trainer.torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(trainer, "cpu_has_bf16", lambda: True)
     assert trainer._compute_dtype(TrainerConfig(dtype="bfloat16")) == "bf16"
+    assert trainer._compute_dtype(TrainerConfig(dtype="bfloat16_if_native")) == "bf16"
     assert trainer._compute_dtype(TrainerConfig(dtype="auto")) == "no"  # auto stays fp32 on CPU
     monkeypatch.setattr(trainer, "cpu_has_bf16", lambda: False)
     with pytest.raises(ValueError, match="bf16-capable GPU or CPU"):
         trainer._compute_dtype(TrainerConfig(dtype="bfloat16"))
+    assert trainer._compute_dtype(TrainerConfig(dtype="bfloat16_if_native")) == "no"
 
 
 @pytest.mark.skipif(not (tiny_model_path() / "tokenizer_config.json").exists(), reason="tiny model not prepared")
