@@ -84,8 +84,18 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option(None, help="Campaign name (resume key); default from the config."),
         iterations: int = typer.Option(None, help="RL iterations."),
         override: list[str] = typer.Option([], "--set", help="KEY=VALUE config override (repeatable)."),
+        plan: bool = typer.Option(False, "--plan", help="Print the GPU plan (placement, vLLM and trainer commands, "
+                                  "memory per GPU, switch time) and start nothing; exit 1 if it cannot fit."),
+        gpus: int = typer.Option(None, "--gpus", min=1, help="With --plan: GPUs of the target machine "
+                                 "(default: those nvidia-smi sees)."),
+        gpu_mem_gib: float = typer.Option(None, "--gpu-mem-gib", min=1, help="With --plan: memory per GPU, GiB."),
     ) -> None:
         """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth easy."""
+        if plan:  # nothing is started: no Prefect, S3, MLflow or vLLM
+            from infra.plan import run_plan
+
+            run_plan(config, list(override), name=name, iterations=iterations, gpus=gpus, gpu_mem_gib=gpu_mem_gib)
+            return
         _prefect_env()
         from infra.models import ModelError, require_model
         from rao_core.config import ConfigError

@@ -237,8 +237,11 @@ def _train(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, 
         if tcfg.process == "subprocess":  # own process: its memory is returned before vLLM serves again
             from rao_core.train.launch import train_in_subprocess
 
-            sub = train_in_subprocess(samples_path, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
-                                      on_step=steps.append)
+            from tasks.serve import gpus_released
+
+            with gpus_released(ctx):  # vLLM asleep while the trainer shares its GPUs (gpus.sleep_while_training)
+                sub = train_in_subprocess(samples_path, checkpoint_local(ctx, parent), out_dir, tcfg,
+                                          iteration=iteration, on_step=steps.append)
             peak_rss_mb = sub.peak_rss_mb
         else:
             train(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration, on_step=steps.append)
