@@ -18,12 +18,11 @@ the pipeline stores on S3 and attaches to MLflow and Prefect. great-expectations
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any, Sequence
 
 from rao_core.samples import SampleBatch
-from rao_core.tree import ExecutionTree
+from rao_core.tree import ExecutionTree, unscored
 
 
 def node_table(trees: Sequence[ExecutionTree]):
@@ -102,7 +101,7 @@ def validate_training_data(trees: Sequence[ExecutionTree], batch: SampleBatch, *
     frames = {"nodes": node_table(trees), "samples": sample_table(batch)}
     # NaN is not null for pandas' isnull? It is; but make the advantage check explicit anyway.
     frames["samples"]["advantage"] = frames["samples"]["advantage"].map(
-        lambda x: None if x is None or (isinstance(x, float) and math.isnan(x)) else x)
+        lambda x: None if unscored(x) else x)
     report: dict[str, Any] = {"success": True, "tables": {}, "failures": []}
     for name, expectations in _suites(max_depth, lam, context_window).items():
         df = frames[name]

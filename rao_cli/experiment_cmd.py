@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
+from rao_cli.pipeline_cmd import _key_values
+
 app = typer.Typer(help="Documented experiments (results go to docs/results.md and MLflow).", no_args_is_help=True)
 console = Console()
 
@@ -14,18 +16,13 @@ def _run(experiment: str, config: str, iterations: int | None, arm: list[str], w
     from rao_cli.pipeline_cmd import _prefect_env
 
     _prefect_env()
+    from flows.campaign import CampaignParams
     from flows.experiment import ExperimentParams, rao_experiment
-    from rao_core.config import ConfigError
 
-    try:
-        params = ExperimentParams(experiment=experiment, config=config, iterations=iterations, arms=list(arm),
-                                  write_docs=write_docs, overrides=list(override))
-        from flows.campaign import CampaignParams
-
-        CampaignParams(config=config, iterations=iterations, overrides=list(override)).resolve()
-    except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        raise typer.Exit(2) from None
+    params = ExperimentParams(experiment=experiment, config=config, iterations=iterations, arms=list(arm),
+                              write_docs=write_docs, overrides=list(override))
+    # a config mistake is one ConfigError line (printed by rao_cli.main) before any service starts
+    CampaignParams(config=config, iterations=iterations, overrides=list(override)).resolve()
     out = rao_experiment(params)
     console.print(out["markdown"])
 
@@ -37,7 +34,8 @@ def textcraft_tier1(
     arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1.json and "
                                     "docs/img/textcraft-tier1.png."),
-    override: list[str] = typer.Option([], "--set", help="KEY=VALUE override for both arms (repeatable)."),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override for both arms (repeatable)."),
 ) -> None:
     """The CPU-scale learning curve: warm-start SmolLM2-135M on TextCraft-Synth tier1 tasks, run RAO
     iterations, evaluate 50 held-out tasks after each (recursive arm, then the single-agent arm)."""
@@ -50,7 +48,8 @@ def textcraft_cpu(
     iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
     arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
     write_docs: bool = typer.Option(True, help="Write docs/results.md and docs/img/learning_curve.png."),
-    override: list[str] = typer.Option([], "--set", help="KEY=VALUE override for both arms (repeatable)."),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override for both arms (repeatable)."),
 ) -> None:
     """Warm-start SmolLM2-135M, run RAO iterations, evaluate after each; same for a single agent (the paper's
     easy/medium/hard levels, which the 135M model does not learn on CPU: docs/results.md)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -77,39 +78,130 @@ def stage_table(summary: dict) -> Table:
     return t
 
 
+def _key_values(values: list[str]) -> list[str]:
+    """typer callback of ``--set``: every value is KEY=VALUE."""
+    for v in values:
+        if "=" not in v or not v.partition("=")[0].strip():
+            raise typer.BadParameter(f"expected KEY=VALUE (e.g. algo.G=8), got {v!r}")
+    return values
+
+
+def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) -> list:
+    """The nightly suite of ``rao evaluate``: one ``SuiteEntry`` per environment (default: the config's).
+
+    The config's environment gets the config's ``eval`` difficulties, task count and modes unless given,
+    so its metrics are the ones the campaign recorded on the champion. Another environment needs
+    ``--difficulty``. Every difficulty is checked against its environment here, before any service starts.
+    """
+    from flows.evaluate import SuiteEntry
+    from rao_core.envs import get_env
+
+    entries = []
+    for e in envs or [base.tasks.env]:
+        own = e == base.tasks.env
+        if not difficulties and not own:
+            raise typer.BadParameter(f"environment {e!r} is not the config's ({base.tasks.env!r}): name its "
+                                     "difficulties", param_hint="'--difficulty'")
+        ds = list(difficulties) or list(base.eval.difficulties)
+        for d in ds:
+            try:
+                get_env(e).check_difficulty(d)
+            except ValueError as err:
+                hint = "'--difficulty'" if difficulties else "eval.difficulties"
+                raise typer.BadParameter(str(err), param_hint=hint) from None
+        extra = {"modes": list(base.eval.modes)} if own else {}
+        entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.n_tasks, **extra))
+    return entries
+
+
+def _registered_model(base, model: str) -> str:
+    """``models:/`` URI of ``--model`` (alias, version number or URI, as ``rao-evaluate`` reads it), checked
+    in the MLflow registry before any service starts. ``s3://`` and folder references pass as they are."""
+    if model.startswith(("s3://", "/", ".")):
+        return model
+    import logging
+
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from infra.tracking import configure_mlflow
+
+    name = base.model.registered_model
+    ref = model if model.startswith("models:/") else (f"models:/{name}/{model}" if model.isdigit()
+                                                       else f"models:/{name}@{model}")
+    uri = configure_mlflow(base.tracking.tracking_uri)
+    body = ref.removeprefix("models:/")
+    quiet = [logging.getLogger(n) for n in ("mlflow", "alembic")]  # "Creating initial MLflow database tables..."
+    levels = [lg.level for lg in quiet]
+    try:
+        for lg in quiet:
+            lg.setLevel(logging.WARNING)
+        if "@" in body:
+            MlflowClient().get_model_version_by_alias(*body.split("@", 1))
+        else:
+            MlflowClient().get_model_version(*body.split("/", 1))
+    except MlflowException as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"--model {model}: {ref} is not in the MLflow registry at {uri} ({first}); run a "
+                         "campaign first (`rao run`) or pass a registered version") from None
+    finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
+    return ref
+
+
+@contextlib.contextmanager
+def _prefect_failures_quiet():
+    """Drop Prefect's console report of a failed run (the exception with its traceback, "Finished in state
+    Failed"): ``rao_cli.main`` prints the error as one line. ``RAO_DEBUG=1`` keeps them."""
+    import logging
+
+    if os.environ.get("RAO_DEBUG"):
+        yield
+        return
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("prefect") and (record.exc_info or record.levelno >= logging.ERROR))
+
+    handlers = [h for h in logging.getLogger().handlers if type(h).__name__ == "PrefectConsoleHandler"]
+    for h in handlers:
+        h.addFilter(keep)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(keep)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
         config: str = typer.Option("configs/cpu-smoke.yaml", help="Campaign config (YAML)."),
         name: str = typer.Option(None, help="Campaign name (resume key); default from the config."),
         iterations: int = typer.Option(None, help="RL iterations."),
-        override: list[str] = typer.Option([], "--set", help="KEY=VALUE config override (repeatable)."),
+        override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                           help="KEY=VALUE config override (repeatable), e.g. algo.G=8."),
         plan: bool = typer.Option(False, "--plan", help="Print the GPU plan (placement, vLLM and trainer commands, "
                                   "memory per GPU, switch time) and start nothing; exit 1 if it cannot fit."),
         gpus: int = typer.Option(None, "--gpus", min=1, help="With --plan: GPUs of the target machine "
                                  "(default: those nvidia-smi sees)."),
         gpu_mem_gib: float = typer.Option(None, "--gpu-mem-gib", min=1, help="With --plan: memory per GPU, GiB."),
     ) -> None:
-        """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth easy."""
+        """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth tier1."""
         if plan:  # nothing is started: no Prefect, S3, MLflow or vLLM
             from infra.plan import run_plan
 
             run_plan(config, list(override), name=name, iterations=iterations, gpus=gpus, gpu_mem_gib=gpu_mem_gib)
             return
         _prefect_env()
+        from flows.campaign import CampaignParams, rao_campaign
         from infra.models import ModelError, require_model
-        from rao_core.config import ConfigError
 
-        try:
-            from flows.campaign import CampaignParams, rao_campaign
-
-            params = CampaignParams(config=config, name=name, iterations=iterations, overrides=list(override))
-            cfg = params.resolve()  # fail fast with a one-line error before Prefect starts
-            if cfg.warm_start.mode != "checkpoint":
-                require_model(cfg.model.path)
-        except (ConfigError, FileNotFoundError, ModelError) as e:
-            console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-            raise typer.Exit(2) from None
+        params = CampaignParams(config=config, name=name, iterations=iterations, overrides=list(override))
+        # every config mistake is one ConfigError line here (rao_cli.main prints it), before any service starts
+        cfg = params.resolve()
+        if cfg.warm_start.mode != "checkpoint":
+            require_model(cfg.model.path)  # the default checkpoint (a set model.path is checked by resolve)
 
         from rao_core.train.launch import TrainingProcessError
 
@@ -134,21 +226,34 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def evaluate(
         model: str = typer.Option("candidate", help="Alias, version, or models:/ URI of the registered model."),
-        config: str = typer.Option("configs/cpu-smoke.yaml", help="Config (serving, runtime, storage)."),
-        env: list[str] = typer.Option(["textcraft-synth"], help="Environments of the suite (repeatable)."),
-        difficulty: list[str] = typer.Option(["easy"], help="Difficulties (repeatable)."),
-        n_tasks: int = typer.Option(8, help="Tasks per difficulty."),
-        tolerance: float = typer.Option(None, help="Allowed drop vs champion."),
+        config: str = typer.Option("configs/cpu-smoke.yaml", help="Config (serving, runtime, storage, eval)."),
+        env: list[str] = typer.Option([], help="Environments of the suite (repeatable); default: the config's "
+                                      "tasks.env."),
+        difficulty: list[str] = typer.Option([], help="Difficulties (repeatable); default: the config's "
+                                             "eval.difficulties (those the champion was scored on); required "
+                                             "for an environment other than the config's."),
+        n_tasks: int = typer.Option(None, min=1, help="Tasks per difficulty; default: the config's eval.n_tasks."),
+        tolerance: float = typer.Option(None, min=0, help="Allowed drop vs champion; default: eval.tolerance."),
     ) -> None:
-        """Evaluate a registered checkpoint and compare with the champion (the nightly regression)."""
-        _prefect_env()
-        from flows.evaluate import EvaluateParams, RegressionError, SuiteEntry, rao_evaluate
+        """Evaluate a registered checkpoint and compare with the champion (the nightly regression).
 
-        suite = [SuiteEntry(env=e, difficulties=list(difficulty), n_tasks=n_tasks) for e in env]
+        The suite defaults to the config's own evaluation (environment, difficulties, task count, modes), so
+        every metric has a champion score to compare with. Config, suite and model reference are checked
+        before any service starts; a failure is one ``error:`` line (``RAO_DEBUG=1``: Prefect's log and the
+        traceback).
+        """
+        _prefect_env()
+        from flows.campaign import CampaignParams
+        from flows.evaluate import EvaluateParams, RegressionError, rao_evaluate
+
+        base = CampaignParams(config=config).resolve()
+        suite = _suite(base, env, difficulty, n_tasks)
+        ref = _registered_model(base, model)
         try:
-            out = rao_evaluate(EvaluateParams(config=config, model=model, suite=suite, tolerance=tolerance))
+            with _prefect_failures_quiet():
+                out = rao_evaluate(EvaluateParams(config=config, model=ref, suite=suite, tolerance=tolerance))
         except RegressionError as e:
-            console.print(f"[red]regression:[/red] {e}")
+            console.print(f"[red]regression:[/red] {e}", soft_wrap=True)
             raise typer.Exit(1) from None
         t = Table(title=f"{out['model']} vs champion (v{out['champion']})")
         for c in ("metric", "champion", "value", "delta", "status"):

@@ -24,9 +24,13 @@ def run(file: Path = typer.Argument(..., help="Python file to run as one cell (t
         raise typer.BadParameter(f"file not found: {file}", param_hint="FILE")
     if sandbox not in ("bwrap", "none"):
         raise typer.BadParameter(f"expected bwrap or none, got {sandbox!r}", param_hint="--sandbox")
+    try:
+        code = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise typer.BadParameter(f"{file}: not UTF-8 text ({e.reason} at byte {e.start})", param_hint="FILE") from None
     limits = SandboxLimits(cell_timeout_s=timeout, memory_mb=memory_mb, mode=sandbox)  # type: ignore[arg-type]
     try:
-        res = asyncio.run(run_cell_once(file.read_text(), limits))
+        res = asyncio.run(run_cell_once(code, limits))
     except SandboxError as e:
         detail = " ".join(str(e).split())[:500]
         typer.echo(f"error: sandbox could not run: {detail}", err=True)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
+from pydantic import Field
+
+#: ``--script``: the assistant messages a scripted policy replays (turn k gets message k, the last repeats).
+Script = Annotated[list[str], Field(min_length=1)]
 
 
 def _render(tree):  # -> rich.tree.Tree
@@ -24,6 +29,29 @@ def _render(tree):  # -> rich.tree.Tree
     return root
 
 
+def _line(text: object, limit: int = 300) -> str:
+    """``text`` on one line (whitespace collapsed), cut to ``limit`` characters, escaped for rich markup."""
+    from rich.markup import escape
+
+    one = " ".join(str(text).split())
+    return escape(one if len(one) <= limit else one[:limit - 3] + "...")
+
+
+def _read_script(path: Path) -> list[str]:
+    """The ``--script`` file: a JSON list of assistant messages (strings); one-line ValueError naming the file."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from rao_core.jsonl import one_line_error
+
+    if not path.is_file():
+        raise FileNotFoundError(f"--script file not found: {path}")
+    try:
+        return TypeAdapter(Script).validate_json(path.read_bytes())
+    except ValidationError as e:
+        raise ValueError(f"--script {path}: expected a non-empty JSON list of assistant messages (strings): "
+                         f"{one_line_error(e)}") from None
+
+
 def register(app: typer.Typer) -> None:
     """Add ``rao solve`` to ``app``."""
 
@@ -41,7 +69,6 @@ def register(app: typer.Typer) -> None:
               out: Path = typer.Option(None, "--out", help="Write the tree here (JSON lines, one line).")) -> None:
         """Solve one task with a policy, showing the execution tree as it grows."""
         import asyncio
-        import json
 
         from rich.console import Console
         from rich.live import Live
@@ -64,7 +91,7 @@ def register(app: typer.Typer) -> None:
 
             if script is None:
                 raise typer.BadParameter("--policy scripted needs --script FILE (a JSON list of messages)")
-            pol = ReplayPolicy(default=json.loads(script.read_text()))
+            pol = ReplayPolicy(default=_read_script(script))
         elif policy == "endpoint":
             from rao_core.policies.openai_policy import OpenAIPolicy
 
@@ -81,21 +108,25 @@ def register(app: typer.Typer) -> None:
                                context_window=16384, max_new_tokens=2048)
 
         async def go():
-            with Live(console=console, refresh_per_second=8) as live:
+            if not console.is_terminal:  # piped: no live view (rich would print it again when it stops)
+                return await run_tree(environment, task, pol, config, tokenizer=tok)
+            with Live(console=console, refresh_per_second=8, transient=True) as live:
                 return await run_tree(environment, task, pol, config, tokenizer=tok,
                                       on_update=lambda t: live.update(_render(t)))
 
         tree = asyncio.run(go())
-        console.print(_render(tree))
+        console.print(_render(tree))  # the final tree, once
         root = tree.root
         tokens = sum(len(n.token_ids) for n in tree.nodes)
         console.print(f"task {task.task_id}: success={root.env_info.get('verifier_success')} "
                       f"end={root.end_reason.value} depth={tree.depth} nodes={len(tree.nodes)} tokens={tokens} "
-                      f"wall={tree.wall_s:.2f}s" + (f" error={tree.error}" if tree.error else ""))
+                      f"wall={tree.wall_s:.2f}s" + (f" error={_line(tree.error)}" if tree.error else ""),
+                      soft_wrap=True)
         failed = [n for n in tree.nodes if n.end_reason.value in ("sandbox_error", "policy_error",
                                                                   "token_prefix_break")]
         for n in failed[:3]:
-            console.print(f"[red]node {n.node_id} ended with {n.end_reason.value}:[/red] {n.error}", soft_wrap=True)
+            console.print(f"[red]node {n.node_id} ended with {n.end_reason.value}:[/red] {_line(n.error)}",
+                          soft_wrap=True)
         if out is not None:
             write_trees(out, [tree])
             console.print(f"tree written to {out}")

@@ -13,6 +13,13 @@ app = typer.Typer(help="Generate and inspect RL task files (JSON lines, one task
                   no_args_is_help=True)
 
 
+#: ``--difficulty`` help: each environment's ``difficulties`` (tests/test_cli_help.py keeps it in step).
+DIFFICULTY_HELP = ("Environment-specific difficulty. TextCraft: tier1 (CPU-scale shape), easy, medium, hard, "
+                   "extreme, or mixed (the four paper levels in turn; the default). Oolong: singledoc_rolls, "
+                   "singledoc_spells, multidoc_rolls, multidoc_spells, or mixed (the default). DeepDive: easy, "
+                   "medium (default), hard, or k<N> (exactly N hops). ART-E: easy, medium (default), hard.")
+
+
 def _parse_options(options: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for opt in options:
@@ -31,22 +38,28 @@ def generate(
     env: str = typer.Option(..., "--env", help="Environment name (textcraft-synth, oolong, deepdive, arte)."),
     n: int = typer.Option(..., "--n", min=1, help="Number of tasks."),
     seed: int = typer.Option(0, "--seed", help="Generation seed: the same seed gives a byte-identical file."),
-    difficulty: str | None = typer.Option(None, "--difficulty", help="Environment-specific difficulty "
-                                          "(TextCraft: easy/medium/hard/extreme; Oolong: a question type)."),
+    difficulty: str | None = typer.Option(None, "--difficulty", help=DIFFICULTY_HELP),
     split: str = typer.Option("train", "--split", help="train | validation | test."),
-    out: Path = typer.Option(..., "--out", help="Output .jsonl file (written atomically)."),
+    out: Path = typer.Option(..., "--out", dir_okay=False, help="Output .jsonl file (written atomically)."),
     option: list[str] = typer.Option([], "--option", "-o", help="Generator option KEY=VALUE (JSON value), "
                                      "e.g. -o target_tokens=64000 (Oolong) or -o graph_seed=1 (TextCraft)."),
 ) -> None:
-    """Generate ``n`` seeded tasks with ``get_env(env).generate_tasks(...)`` and write them to ``out``."""
+    """Generate ``n`` seeded tasks with ``get_env(env).generate_tasks(...)`` and write them to ``out``.
+
+    Options are checked (names, types, bounds) by the generator before anything is written.
+    """
+    from pydantic import ValidationError
+
     from rao_core.envs import get_env, write_tasks
+    from rao_core.jsonl import one_line_error
 
     try:
         environment = get_env(env)
         tasks = environment.generate_tasks(n=n, seed=seed, difficulty=difficulty, split=split,
                                            **_parse_options(option))
     except (ValueError, NotImplementedError) as e:
-        typer.echo(f"error: {e}", err=True)
+        where = "generator option " if isinstance(e, ValidationError) else ""
+        typer.echo(f"error: {where}{one_line_error(e)}", err=True)
         raise typer.Exit(2) from None
     path = write_tasks(out, tasks)
     typer.echo(f"wrote {len(tasks)} {env} tasks to {path}")

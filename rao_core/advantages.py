@@ -1,61 +1,99 @@
-"""Leave-one-out baseline (Eq. 3), advantage (Eq. 4) and depth-level weights (Eq. 5).
+"""Baselines and advantages (Eqs. 3-4) with a registry of estimators, and depth-level weights (Eq. 5).
 
-Equations from ``shared/spec/rao-algorithm.md``, sections 4 and 5:
+Equations as numbered in docs/algorithm.md (arXiv:2605.06639, sections 4 and 5):
 
     b_g = (1/(G-1)) * sum_{h != g} r_h                                                            (3)
     A_n = R(n) - b_g                  (every node n of tree g shares its tree's baseline)        (4)
     w_d = alpha / |B_d|,   alpha = N / K                                                          (5)
 
+An *advantage estimator* maps the scored root rewards r_1..r_V of one group to a (baseline b_g, scale
+sigma_g) per tree; every node n of tree g then gets ``A_n = (R(n) - b_g) / sigma_g``.
+:data:`ADVANTAGE_ESTIMATORS` holds them by the name chosen in config (``algo.advantage``; the table is in
+docs/algorithm.md): ``leave_one_out`` (default, Eq. 3), ``group_mean``, ``grpo``, ``none``.
+
 Pure functions over plain sequences, no I/O. Batching over trees is done by
 :func:`rao_core.samples.build_samples`.
 
-Failure handling ([project choice], spec section 4): a root reward that is NaN (the root could not be
-scored) is left out of the other trees' baselines and gets a NaN baseline itself; a group with fewer than
-2 valid roots has no baseline at all (:class:`ValueError`), and the caller drops the group.
+Failure handling ([project choice], docs/algorithm.md): a root reward that is unscored (None/NaN) is
+left out of the other trees' baselines and gets a NaN baseline itself; a group with fewer than 2 scored
+roots has no baseline (:class:`ValueError`, whatever the estimator), and the caller drops the group.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-__all__ = ["leave_one_out_baselines", "node_advantage", "depth_weights"]
+from rao_core.tree import unscored
+
+__all__ = ["ADVANTAGE_ESTIMATORS", "depth_weights", "group_baselines", "node_advantage"]
+
+#: Scored root rewards of one group (V >= 2) -> (b_g, sigma_g) per tree, same order.
+Estimator = Callable[[list[float]], list[tuple[float, float]]]
 
 
-def _nan(x: float | None) -> bool:
-    return x is None or math.isnan(x)
+def leave_one_out(r: list[float]) -> list[tuple[float, float]]:
+    """Eq. (3): ``b_g = (S - r_g) / (V - 1)`` with S the sum of the V scored roots; sigma = 1."""
+    total, v = sum(r), len(r)
+    return [((total - x) / (v - 1), 1.0) for x in r]
 
 
-def leave_one_out_baselines(root_rewards: Sequence[float | None]) -> list[float]:
-    """Eq. (3) for one group: the baseline of each tree is the mean root reward of the OTHER trees.
+def group_mean(r: list[float]) -> list[tuple[float, float]]:
+    """``b_g = S / V``: the group mean, the tree's own root included (the authors' public code); sigma = 1."""
+    return [(sum(r) / len(r), 1.0)] * len(r)
+
+
+def grpo(r: list[float]) -> list[tuple[float, float]]:
+    """GRPO (Shao et al. 2024, arXiv:2402.03300): ``b_g = S / V``, sigma = sqrt(sum (r - mean)^2 / (V - 1)) as
+    ``torch.std`` in TRL, or 1 when that is 0 [project choice: inner nodes' R(n) - b_g need not be 0]."""
+    mean = sum(r) / len(r)
+    std = math.sqrt(sum((x - mean) ** 2 for x in r) / (len(r) - 1))
+    return [(mean, std if std > 0 else 1.0)] * len(r)
+
+
+def no_baseline(r: list[float]) -> list[tuple[float, float]]:
+    """No baseline: b_g = 0, sigma = 1, so A_n = R(n)."""
+    return [(0.0, 1.0)] * len(r)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
+    "leave_one_out": leave_one_out, "group_mean": group_mean, "grpo": grpo, "none": no_baseline,
+}
+
+
+def group_baselines(root_rewards: Sequence[float | None], estimator: str = "leave_one_out",
+                    ) -> list[tuple[float, float]]:
+    """(b_g, sigma_g) of each tree of one group by ``estimator`` (Eq. 3 for the default).
 
     Args:
-        root_rewards: r_g = R(root_g), one per tree of the group (length G); NaN/None when the root
+        root_rewards: r_g = R(root_g), one per tree of the group (length G); None/NaN when the root
             could not be scored.
+        estimator: a key of :data:`ADVANTAGE_ESTIMATORS`.
 
     Returns:
-        b_g per tree, same order and length. Over the V valid roots, ``b_g = (S - r_g) / (V - 1)``
-        with ``S`` their sum; NaN for a tree whose own root reward is NaN.
+        (b_g, sigma_g) per tree, same order and length, computed over the scored roots only; (NaN, NaN)
+        for a tree whose own root is unscored.
 
     Raises:
-        ValueError: fewer than 2 valid (non-NaN) root rewards, since a leave-one-out baseline needs at
-            least one other tree (G = 1 is a configuration error; a group reduced below 2 by failed
-            judgements contributes no samples).
+        ValueError: an unknown estimator, or fewer than 2 scored root rewards (G = 1 is a configuration
+            error; a group reduced below 2 by failed judgements contributes no samples).
     """
-    valid = [float(r) for r in root_rewards if not _nan(r)]
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
+    valid = [float(r) for r in root_rewards if not unscored(r)]  # type: ignore[arg-type]
     if len(valid) < 2:
         raise ValueError(
-            f"the leave-one-out baseline (Eq. 3) needs at least 2 scored roots in a group, got "
+            f"a baseline (Eq. 3) needs at least 2 scored roots in a group, got "
             f"{len(valid)} valid of {len(root_rewards)} (NaN roots are left out)"
         )
-    total, v = sum(valid), len(valid)
-    return [math.nan if _nan(r) else (total - float(r)) / (v - 1) for r in root_rewards]  # type: ignore[arg-type]
+    out = iter(ADVANTAGE_ESTIMATORS[estimator](valid))
+    return [(math.nan, math.nan) if unscored(r) else next(out) for r in root_rewards]
 
 
-def node_advantage(node_reward: float, baseline: float) -> float:
-    """Eq. (4): ``A_n = R(n) - b_g`` (NaN in, NaN out)."""
-    return float(node_reward) - float(baseline)
+def node_advantage(node_reward: float, baseline: float, scale: float = 1.0) -> float:
+    """Eq. (4): ``A_n = (R(n) - b_g) / sigma_g`` (sigma = 1 but for ``grpo``; NaN in, NaN out)."""
+    return (float(node_reward) - float(baseline)) / scale
 
 
 def depth_weights(depths: Sequence[int]) -> list[float]:

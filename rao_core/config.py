@@ -2,7 +2,11 @@
 
 YAML files under ``configs/`` load into :class:`CampaignConfig` with :func:`load_config`. A bad value
 raises :class:`ConfigError` whose one-line message names the file, the field path, the value and what
-was expected, e.g. ``configs/x.yaml: algo.G = 1: Input should be greater than or equal to 2``.
+was expected, e.g. ``configs/x.yaml: algo.G = 1: Input should be greater than or equal to 2``. Loading
+also checks what a campaign would otherwise find out only after its services started: every listed
+difficulty is one the environment's generator knows (``tasks``, ``eval`` and ``warm_start``), the
+environment accepts ``tasks.env_options``, and the folders and files the config names exist
+(:meth:`CampaignConfig.check_paths`).
 Environment variables override endpoints and secrets (never stored in YAML): ``RAO_POLICY_BASE_URL``,
 ``RAO_S3_ENDPOINT``, ``RAO_S3_BUCKET``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``; the judge reads its
 own (see ``rao_core.judge.config``).
@@ -14,6 +18,7 @@ Stage configs: ``runtime`` -> :class:`rao_core.runtime.RuntimeConfig`, ``trainer
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rao_core.evaluation import EvalConfig
+from rao_core.jsonl import one_line_error
 from rao_core.judge.config import JudgeConfig
 from rao_core.paths import default_model_path
 from rao_core.runtime.config import RuntimeConfig
@@ -113,7 +119,8 @@ class TaskSettings(_Strict):
     env: str = Field("textcraft-synth", description="Environment name (see rao_core.envs.ENV_NAMES).")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the environment.")
     train_file: Path | None = Field(None, description="JSONL task file; None = generate with the seeded generator.")
-    difficulties: list[str] = Field(default_factory=lambda: ["easy"], description="Training difficulties.")
+    difficulties: list[str] = Field(default_factory=lambda: ["easy"], min_length=1, description="Training "
+                                    "difficulties (names of the environment's ``difficulties``).")
     pool_size: int = Field(64, ge=1, description="Generated training tasks per difficulty.")
     tasks_per_iteration: int = Field(4, ge=1, description="RL tasks sampled per iteration (each gets G rollouts).")
     generator_options: dict[str, Any] = Field(default_factory=dict, description="Extra generate_tasks options.")
@@ -142,11 +149,21 @@ class WarmStartSettings(_Strict):
     checkpoint: str | None = Field(None, description="For mode 'checkpoint': 'models:/NAME@ALIAS', "
                                    "'models:/NAME/VERSION', an s3:// URI or a local folder.")
     n_tasks: int = Field(16, ge=1, description="Demonstration tasks (mode 'demos'), split over difficulties.")
-    difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium"])
+    difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium"], min_length=1,
+                                    description="Difficulties of the demonstration tasks (mode 'demos').")
     options: dict[str, Any] = Field(default_factory=dict, description="Extra rao_core.warmstart.DemoConfig fields.")
     trainer: TrainerConfig = Field(default_factory=lambda: _default_sft(),
                                    description="Trainer settings of the SFT step (loss_type 'sft'); default "
                                    "rao_core.warmstart.default_sft_trainer_config().")
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_ref(cls, v: str | None) -> str | None:
+        if v and v.startswith("models:/") and not re.fullmatch(r"models:/[^/@]+(@[^/@]+|/\d+)", v):
+            raise ValueError(f"{v!r} is not 'models:/NAME@ALIAS' or 'models:/NAME/VERSION'")
+        if v and v.startswith("s3://") and not re.fullmatch(r"s3://[^/]+/.+", v):
+            raise ValueError(f"{v!r} is not 's3://BUCKET/KEY'")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> WarmStartSettings:
@@ -211,7 +228,7 @@ class CampaignConfig(_Strict):
         from rao_core.envs import ENV_NAMES
 
         if v.env not in ENV_NAMES:
-            raise ValueError(f"unknown environment {v.env!r}; expected one of {ENV_NAMES}")
+            raise ValueError(f"tasks.env = {v.env!r}: unknown environment {v.env!r}; expected one of {ENV_NAMES}")
         return v
 
     @model_validator(mode="after")
@@ -223,6 +240,49 @@ class CampaignConfig(_Strict):
             raise ValueError("serving.switch 'lora' needs trainer.lora")
         self._serving_placement()
         self._one_sampling_temperature()
+        self._difficulties_fit_env()
+        return self
+
+    def _difficulties_fit_env(self) -> None:
+        """Every difficulty the campaign generates tasks for is one its environment's generator knows
+        (``Environment.check_difficulty``), and the environment accepts ``tasks.env_options``. Lists that
+        are not used are not checked: ``tasks`` with a ``train_file``, ``eval`` when disabled,
+        ``warm_start`` outside mode 'demos'."""
+        from rao_core.envs import get_env
+
+        try:
+            env = get_env(self.tasks.env, **self.tasks.env_options)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"tasks.env_options = {self.tasks.env_options!r}: not accepted by {self.tasks.env}: "
+                             f"{one_line_error(e)}") from None
+        used = [("tasks.difficulties", self.tasks.difficulties, self.tasks.train_file is None),
+                ("eval.difficulties", self.eval.difficulties, self.eval.enabled),
+                ("warm_start.difficulties", self.warm_start.difficulties, self.warm_start.mode == "demos")]
+        for key, names, active in used:
+            for d in names if active else []:
+                try:
+                    env.check_difficulty(d)
+                except ValueError as e:
+                    raise ValueError(f"{key} = {names!r}: {e} (tasks.env = {self.tasks.env!r})") from None
+
+    def check_paths(self) -> CampaignConfig:
+        """Raise ConfigError (one line naming the key) when a folder or file the config names is missing:
+        ``model.path`` when set (the default is checked by ``rao run``, which says how to build it),
+        ``tasks.train_file`` when set, a local ``warm_start.checkpoint`` in mode 'checkpoint'. Registry
+        (``models:/``) and ``s3://`` references are resolved when the campaign runs."""
+        ckpt = self.warm_start.checkpoint
+        problems = []
+        if "path" in self.model.model_fields_set and not (self.model.path / "config.json").is_file():
+            problems.append(f"model.path = '{self.model.path}': model not found (no config.json there)")
+        if self.tasks.train_file is not None and not self.tasks.train_file.is_file():
+            problems.append(f"tasks.train_file = '{self.tasks.train_file}': file not found")
+        if (self.warm_start.mode == "checkpoint" and ckpt and not ckpt.startswith(("models:/", "s3://"))
+                and not any((Path(ckpt) / f).is_file() for f in ("config.json", "adapter_config.json"))):
+            problems.append(f"warm_start.checkpoint = '{ckpt}': no checkpoint folder there (config.json or "
+                            "adapter_config.json); expected a folder, models:/NAME@ALIAS, models:/NAME/VERSION "
+                            "or s3://BUCKET/KEY")
+        if problems:
+            raise ConfigError("; ".join(problems))
         return self
 
     def _one_sampling_temperature(self) -> None:
@@ -312,6 +372,11 @@ def _fmt_error(source: str, err: ValidationError) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
+        if e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            if isinstance(val, dict):  # a check across fields names its own keys
+                parts.append(msg)
+                continue
         parts.append(f"{loc} = {val_s}: {msg}")
     return f"{source}: " + "; ".join(parts)
 
@@ -325,12 +390,14 @@ def _deep_set(d: dict[str, Any], dotted: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
-def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | list[str] | None = None
-                ) -> CampaignConfig:
+def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | list[str] | None = None,
+                *, check_paths: bool = True) -> CampaignConfig:
     """Load a YAML config (or defaults if ``path`` is None), apply overrides, validate.
 
     ``overrides``: ``{"algo.G": 8}`` or ``["algo.G=8", ...]`` (values parsed as YAML scalars).
-    Raises ConfigError (one line: file, field path, value, expectation) or FileNotFoundError.
+    ``check_paths``: also check that the folders and files the config names exist
+    (:meth:`CampaignConfig.check_paths`); False for a config prepared for another machine.
+    Raises ConfigError (one line: file, field path, value, expectation).
     """
     source = str(path) if path else "<defaults>"
     data: dict[str, Any] = {}
@@ -339,7 +406,11 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
         if not p.exists():
             raise ConfigError(f"config file not found: {p}")
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{p}: is a folder, not a config file") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(loaded, dict):
@@ -364,4 +435,9 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
     problem = external_switch_problem(cfg)
     if problem:
         raise ConfigError(f"{source}: {problem}")
+    if check_paths:
+        try:
+            cfg.check_paths()
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
     return cfg

@@ -10,11 +10,11 @@ summarises the trees per (mode, difficulty). :func:`eval_tasks` draws the held-o
 (``rao_core.task_sampling``, stream ``"eval"``). :func:`compare` flags success rates that dropped
 against a champion's metrics (the promotion gate of the pipeline).
 
-Success of a tree = the root node's exact verifier value ``root.env_info["verifier_success"]`` (stored
-by the runtime). Graded scoring (``graded=True``, the default): the success rate is the mean of the
-values, so Oolong's partial credit (0.75^|delta|) and ART-E's ladder are kept; for verifiers that return
-0 or 1 (TextCraft, DeepDive, ART-E binary) it equals the fraction solved. ``graded=False``: the fraction
-of roots with value ``>= 1.0`` (exact solves only). Trees whose root could not be verified (value None)
+Success of a tree = the root node's exact verifier value ``root.verifier`` (stored by the runtime).
+Graded scoring (``graded=True``, the default): the success rate is the mean of the values, so Oolong's
+partial credit (0.75^|delta|) and ART-E's ladder are kept; for verifiers that return 0 or 1 (TextCraft,
+DeepDive, ART-E binary) it equals the fraction solved. ``graded=False``: the fraction of roots with value
+``>= 1.0`` (exact solves only). Trees whose root could not be verified (value None)
 are not scored: they are counted in ``unscored`` and left out of the rate.
 
 Confidence interval: Wilson score interval at 95% (Wilson 1927, "Probable inference, the law of
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rao_core.envs.base import Environment, Task
 from rao_core.policies.base import Policy
 from rao_core.runtime import RuntimeConfig, run_trees
-from rao_core.tree import ExecutionTree
+from rao_core.tree import ExecutionTree, verifier_value
 
 __all__ = ["EvalConfig", "EvalRow", "EvalReport", "Mode", "compare", "evaluate_policy", "evaluate_suite",
            "eval_tasks", "mode_runtime", "render_report", "run_evaluation", "summarise", "wilson_interval",
@@ -193,18 +193,11 @@ class EvalReport(BaseModel):
         return EvalReport(rows=self.rows + other.rows, trees=self.trees + other.trees, graded=self.graded)
 
 
-def _root_value(tree: ExecutionTree) -> float | None:
-    v = tree.root.env_info.get("verifier_success")
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    return float(v)
-
-
 def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, graded: bool = True,
               wall_s: float = 0.0) -> EvalRow:
     """One :class:`EvalRow` from ``trees`` (module docstring: success rule, Wilson interval)."""
     n = len(trees)
-    vals = [_root_value(t) for t in trees]
+    vals = [verifier_value(t.root) for t in trees]
     scored = [v for v in vals if v is not None]
     succ = sum(scored) if graded else float(sum(1 for v in scored if v >= 1.0))
     lo, hi = wilson_interval(min(succ, len(scored)), len(scored))

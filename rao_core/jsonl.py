@@ -67,14 +67,20 @@ def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: s
     """Parse every non-empty line of ``path`` with ``parse(json.loads(line))``.
 
     Raises FileNotFoundError if the file is missing, ValueError ``"<path>:<line>: not a valid <what>: ..."``
-    (one line, naming the field for schema errors) on a malformed line.
+    (one line, naming the field for schema errors) on a malformed line, ``"<path>:<line>: not UTF-8 text"``.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{what} file not found: {path}")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, not a {what} file")
     out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             if not line.strip():
                 continue
             try:

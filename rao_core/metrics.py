@@ -12,11 +12,10 @@ Names (also listed in ``docs/pipeline.md``):
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from rao_core.tree import ExecutionTree, is_nan
+from rao_core.tree import ExecutionTree, unscored
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -37,9 +36,9 @@ def tree_metrics(trees: Sequence[ExecutionTree]) -> dict[str, float]:
         for n in t.nodes:
             n_nodes += 1
             ends[str(n.end_reason)] += 1
-            if not is_nan(n.success):
+            if not unscored(n.success):
                 succ[n.depth].append(float(n.success))  # type: ignore[arg-type]
-            if not is_nan(n.reward):
+            if not unscored(n.reward):
                 rew[n.depth].append(float(n.reward))  # type: ignore[arg-type]
             prompt.append(n.num_prompt_tokens)
             completion.append(n.num_completion_tokens)
@@ -65,7 +64,7 @@ def tree_metrics(trees: Sequence[ExecutionTree]) -> dict[str, float]:
     out["tokens/completion_mean_per_node"] = _mean(completion)
     for reason, c in ends.items():
         out[f"end/{reason}"] = c / n_nodes
-    return {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
+    return {k: v for k, v in out.items() if not unscored(v)}
 
 
 def depth_histogram(trees: Sequence[ExecutionTree]) -> dict[int, int]:

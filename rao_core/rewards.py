@@ -1,11 +1,11 @@
-"""Local node reward R(X, tau_X) of Eq. (1) (``shared/spec/rao-algorithm.md``, section 2).
+"""Local node reward R(X, tau_X) of Eq. (1) (docs/algorithm.md; arXiv:2605.06639, section 2).
 
     R(X, tau_X) = s(X, tau_X) + lambda * (1/|C(X)|) * sum_{c in C(X)} s(c, tau_c)            (1)
 
 Pure functions, no I/O. The delegation bonus is the MEAN of the direct children's base successes ``s``
 (never their rewards ``R``, so bonuses do not compound up the tree).
 
-Departures from / additions to the paper ([project choice], spec section 2):
+Departures from / additions to the paper ([project choice], docs/algorithm.md):
 
 - an unscored success (``None`` or NaN, a failed judgement) is left out of its parent's mean; when no
   child has a valid success the bonus is 0, exactly as for a node without children;
@@ -18,14 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rao_core.tree import ExecutionTree, is_nan
+from rao_core.tree import ExecutionTree, unit_score
 
-__all__ = ["local_node_reward", "assign_rewards"]
-
-
-def _check_success(value: float, what: str) -> None:
-    if not (0.0 <= value <= 1.0):
-        raise ValueError(f"{what} must be in [0, 1] (or NaN when unscored), got {value!r}")
+__all__ = ["assign_rewards", "local_node_reward", "node_rewards"]
 
 
 def local_node_reward(own_success: float | None, children_success: Sequence[float | None], lam: float) -> float:
@@ -46,41 +41,41 @@ def local_node_reward(own_success: float | None, children_success: Sequence[floa
     """
     if not math.isfinite(lam):
         raise ValueError(f"lambda (Eq. 1) must be finite, got {lam!r}")
-    valid = []
-    for i, c in enumerate(children_success):
-        if is_nan(c):
-            continue
-        _check_success(float(c), f"children_success[{i}]")
-        valid.append(float(c))
-    if is_nan(own_success):
+    kids = [unit_score(c, f"children_success[{i}]") for i, c in enumerate(children_success)]
+    valid = [c for c in kids if c is not None]
+    s = unit_score(own_success, "own_success")
+    if s is None:
         return math.nan
-    s = float(own_success)  # type: ignore[arg-type]
-    _check_success(s, "own_success")
-    if not valid:
-        return s
-    return s + lam * (sum(valid) / len(valid))
+    return s + lam * (sum(valid) / len(valid)) if valid else s
 
 
-def assign_rewards(tree: ExecutionTree, lam: float) -> ExecutionTree:
-    """Fill ``node.reward`` of every node of ``tree`` from ``node.success`` by Eq. (1).
+def node_rewards(tree: ExecutionTree, lam: float) -> dict[str, float]:
+    """R of every node of ``tree`` (node id -> Eq. 1 reward, NaN when unscored); the tree is not modified.
 
-    Children are the nodes whose ``parent_id`` is the node's id (``tree.children_of``); their base
-    successes ``s`` (not their rewards) enter the bonus. Unscored nodes (``success`` None/NaN) get
-    ``reward = NaN``.
-
-    The tree is updated IN PLACE and returned, so both ``assign_rewards(t, lam)`` and
-    ``t = assign_rewards(t, lam)`` work. Use ``tree.model_copy(deep=True)`` first to keep the input.
-
-    Raises:
-        ValueError: as :func:`local_node_reward`, with the tree and node id in the message.
+    Children are the nodes whose ``parent_id`` is the node's id; their base successes ``s`` (not their
+    rewards) enter the bonus. Raises ValueError as :func:`local_node_reward`, naming the tree and node.
     """
     children: dict[str, list[float | None]] = {}
     for n in tree.nodes:
         if n.parent_id is not None:
             children.setdefault(n.parent_id, []).append(n.success)
+    out = {}
     for n in tree.nodes:
         try:
-            n.reward = local_node_reward(n.success, children.get(n.node_id, []), lam)
+            out[n.node_id] = local_node_reward(n.success, children.get(n.node_id, []), lam)
         except ValueError as e:
             raise ValueError(f"tree {tree.tree_id}, node {n.node_id}: {e}") from e
+    return out
+
+
+def assign_rewards(tree: ExecutionTree, lam: float) -> ExecutionTree:
+    """Fill ``node.reward`` of every node of ``tree`` by Eq. (1) (:func:`node_rewards`); NaN when unscored.
+
+    The tree is updated IN PLACE and returned, so both ``assign_rewards(t, lam)`` and
+    ``t = assign_rewards(t, lam)`` work. Use ``tree.model_copy(deep=True)`` first to keep the input.
+    Raises ValueError as :func:`node_rewards`.
+    """
+    rewards = node_rewards(tree, lam)
+    for n in tree.nodes:
+        n.reward = rewards[n.node_id]
     return tree

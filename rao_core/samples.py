@@ -2,11 +2,12 @@
 
 :func:`build_samples` turns a batch of scored execution trees (``node.success`` filled by judging,
 trees grouped by ``tree.group_id``) into one :class:`Sample` per scored node: the node's trajectory
-(token ids exactly as generated, spec section 6), its assistant mask, behaviour log-probs, its reward
-R (Eq. 1), its tree's leave-one-out baseline (Eq. 3), advantage A = R - b (Eq. 4) and depth weight w_d
-(Eq. 5, computed over the samples KEPT in the batch).
+(token ids exactly as generated), its assistant mask, behaviour log-probs, its reward R (Eq. 1), its
+tree's baseline (Eq. 3's leave-one-out, or the estimator chosen in :class:`AlgoSettings`), advantage
+A = R - b (Eq. 4) and depth weight w_d (Eq. 5, computed over the samples KEPT in the batch). Equations
+as numbered in docs/algorithm.md (arXiv:2605.06639).
 
-What is dropped, and counted in :class:`SampleStats` ([project choice], spec sections 2 and 4):
+What is dropped, and counted in :class:`SampleStats` ([project choice], docs/algorithm.md):
 
 - ``dropped_nan_nodes``: nodes whose success is None/NaN (failed judgement) in otherwise kept trees;
 - ``dropped_nan_root_trees``: trees whose root is unscored; all their nodes go, and their root is left
@@ -24,25 +25,25 @@ written atomically: temporary file + rename).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rao_core.advantages import depth_weights, leave_one_out_baselines, node_advantage
+from rao_core.advantages import ADVANTAGE_ESTIMATORS, depth_weights, group_baselines, node_advantage
 from rao_core.jsonl import atomic_path, read_jsonl, write_jsonl
-from rao_core.rewards import local_node_reward
-from rao_core.tree import ExecutionTree, is_nan
+from rao_core.rewards import node_rewards
+from rao_core.tree import ExecutionTree, Node, unscored
 
-__all__ = ["Sample", "SampleStats", "SampleBatch", "build_samples", "write_samples", "read_samples"]
+__all__ = ["AlgoSettings", "Sample", "SampleBatch", "SampleStats", "build_samples", "node_sample", "read_samples",
+           "summarise", "write_samples"]
 
 
 class Sample(BaseModel):
-    """One node trajectory, ready for the policy-gradient loss (spec section 6).
+    """One node trajectory, ready for the policy-gradient loss (docs/algorithm.md, "Loss").
 
     ``token_ids``, ``assistant_mask`` and ``behaviour_logprobs`` all have length T (the node's
     trajectory). The loss weight of every assistant token is ``weight * advantage`` (w_d * A_n).
@@ -61,8 +62,8 @@ class Sample(BaseModel):
     behaviour_logprobs: list[float]  # [T], log pi_old of each token; 0.0 where the mask is 0
     success: float  # s(X, tau_X), Eq. (1)
     reward: float  # R(X, tau_X), Eq. (1)
-    baseline: float  # b_g of the node's tree, Eq. (3)
-    advantage: float  # A_n = R - b_g, Eq. (4)
+    baseline: float  # b_g of the node's tree, Eq. (3) (or the configured estimator's)
+    advantage: float  # A_n = R - b_g, Eq. (4) (divided by the group's std for the grpo estimator)
     weight: float = 1.0  # w_d, Eq. (5), over the kept samples of the batch
 
     @property
@@ -100,32 +101,100 @@ class SampleBatch(BaseModel):
         return len(self.samples)
 
 
+class AlgoSettings(BaseModel):
+    """RAO credit assignment (docs/algorithm.md, "Credit assignment"); the paper's ablations are values here.
+
+    lambda = 0: ``lam: 0``; no depth weights: ``depth_weights: false``; root proxy for every child:
+    ``judge.child_source: root_proxy`` (rao_core.judge.config).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    G: int = Field(4, ge=2, description="Rollout trees per RL task: the group of the baseline, Eq. (3). G = 1 is "
+                   "rejected (no baseline).")
+    lam: float = Field(0.5, ge=0, description="lambda of Eq. (1): weight of the delegation bonus (0: no bonus).")
+    advantage: str = Field("leave_one_out", description="Advantage estimator, a key of rao_core.advantages."
+                           "ADVANTAGE_ESTIMATORS: leave_one_out (Eq. 3) | group_mean | grpo | none.")
+    depth_weights: bool = Field(True, description="Weight samples by Eq. (5); false: every w_d = 1 (ablation).")
+
+    @field_validator("advantage")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown advantage estimator {v!r}; known: {', '.join(ADVANTAGE_ESTIMATORS)}")
+        return v
+
+
 def _node_rewards(tree: ExecutionTree, lam: float | None) -> dict[str, float]:
     """R of every node: Eq. (1) with ``lam``, or the stored ``node.reward`` when ``lam`` is None."""
-    if lam is None:
-        out = {}
-        for n in tree.nodes:
-            if not is_nan(n.success) and n.reward is None:
-                raise ValueError(
-                    f"tree {tree.tree_id}, node {n.node_id}: scored node has no reward; pass lam= to "
-                    "build_samples or call rao_core.rewards.assign_rewards first"
-                )
-            out[n.node_id] = math.nan if is_nan(n.success) else float(n.reward)  # type: ignore[arg-type]
-        return out
-    kids: dict[str, list[float | None]] = defaultdict(list)
+    if lam is not None:
+        return node_rewards(tree, lam)
     for n in tree.nodes:
-        if n.parent_id is not None:
-            kids[n.parent_id].append(n.success)
-    out = {}
-    for n in tree.nodes:
-        try:
-            out[n.node_id] = local_node_reward(n.success, kids.get(n.node_id, []), lam)
-        except ValueError as e:
-            raise ValueError(f"tree {tree.tree_id}, node {n.node_id}: {e}") from e
-    return out
+        if not unscored(n.success) and n.reward is None:
+            raise ValueError(f"tree {tree.tree_id}, node {n.node_id}: scored node has no reward; pass lam= to "
+                             "build_samples or call rao_core.rewards.assign_rewards first")
+    return {n.node_id: math.nan if unscored(n.success) else float(n.reward)  # type: ignore[arg-type]
+            for n in tree.nodes}
 
 
-def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None) -> SampleBatch:
+def node_sample(tree: ExecutionTree, node: Node, **scores: float) -> Sample:
+    """The :class:`Sample` of ``node`` (its token data as recorded) with ``scores`` (success, reward, ...).
+
+    Raises ValueError naming the node when its token ids, mask and behaviour log-probs differ in length.
+    """
+    ids, mask, lps = node.token_ids, node.assistant_mask, node.behaviour_logprobs
+    if not (len(ids) == len(mask) == len(lps)):
+        raise ValueError(f"tree {tree.tree_id}, node {node.node_id}: token_ids ({len(ids)}), assistant_mask "
+                         f"({len(mask)}) and behaviour_logprobs ({len(lps)}) differ in length")
+    return Sample(tree_id=tree.tree_id, node_id=node.node_id, group_id=tree.group_id or tree.tree_id,
+                  depth=node.depth, env=tree.env, task_id=tree.task_id, token_ids=list(ids), assistant_mask=list(mask),
+                  behaviour_logprobs=list(lps), **scores)
+
+
+def summarise(samples: Sequence[Sample], stats: SampleStats | None = None) -> SampleStats:
+    """``stats`` (a fresh one if None) with the fields computed from ``samples`` filled in, and returned."""
+    stats = stats or SampleStats()
+    stats.num_samples = len(samples)
+    stats.samples_per_depth = dict(sorted(Counter(s.depth for s in samples).items()))
+    stats.mean_abs_advantage = sum(abs(s.advantage) for s in samples) / len(samples) if samples else 0.0
+    stats.num_assistant_tokens = sum(s.num_assistant_tokens for s in samples)
+    stats.num_signal_samples = sum(1 for s in samples if s.advantage * s.weight != 0.0)
+    return stats
+
+
+def _group_baselines(trees: Sequence[ExecutionTree], lam: float | None, estimator: str, stats: SampleStats,
+                     ) -> tuple[dict[int, tuple[float, float]], dict[int, dict[str, float]]]:
+    """Per kept tree index: (b_g, sigma_g) by ``estimator``, and the node rewards; counts drops in ``stats``."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trees):
+        if not t.group_id:
+            raise ValueError(f"tree {t.tree_id} has an empty group_id; Eq. (3) needs the G trees of a task grouped")
+        groups[t.group_id].append(i)
+    stats.num_groups = len(groups)
+    baseline_of: dict[int, tuple[float, float]] = {}
+    rewards_of = {i: _node_rewards(t, lam) for i, t in enumerate(trees)}
+    for gid, idx in groups.items():
+        ids = [trees[i].tree_id for i in idx]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"group {gid}: tree id {next(x for x in ids if ids.count(x) > 1)} appears twice")
+        roots = [rewards_of[i][trees[i].root_id] for i in idx]
+        scored = [r for r in roots if not math.isnan(r)]
+        stats.dropped_nan_root_trees += len(roots) - len(scored)
+        if len(scored) < 2:  # no baseline (Eq. 3) whatever the estimator: the group is dropped
+            stats.dropped_small_groups += 1
+            stats.dropped_nodes_of_dropped_trees += sum(len(trees[i].nodes) for i in idx)
+            continue
+        stats.num_signal_groups += len(set(scored)) > 1
+        for i, b in zip(idx, group_baselines(roots, estimator)):
+            if math.isnan(b[0]):
+                stats.dropped_nodes_of_dropped_trees += len(trees[i].nodes)
+            else:
+                baseline_of[i] = b
+    return baseline_of, rewards_of
+
+
+def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, estimator: str = "leave_one_out",
+                  depth_weighting: bool = True) -> SampleBatch:
     """One training sample per scored node of a batch of execution trees (Eqs. 1, 3, 4, 5).
 
     Args:
@@ -133,6 +202,9 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None) -> S
             (the G rollouts of one RL task). The input is not modified.
         lam: lambda of Eq. (1). When given, rewards are computed here from the successes; when None,
             each scored node's stored ``node.reward`` is used (``assign_rewards`` must have run).
+        estimator: the advantage estimator, a key of ``rao_core.advantages.ADVANTAGE_ESTIMATORS``
+            (``AlgoSettings.advantage``; default Eq. 3's leave-one-out).
+        depth_weighting: Eq. (5) weights; False gives every sample weight 1 (``AlgoSettings.depth_weights``).
 
     Returns:
         A :class:`SampleBatch`: samples in input tree order, nodes of a tree in depth-first pre-order;
@@ -141,75 +213,29 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None) -> S
     Raises:
         ValueError: a tree without ``group_id``; a tree id twice in one group; a node whose token
             ids, mask and behaviour log-probs differ in length; a scored node without reward when
-            ``lam`` is None; a success outside [0, 1].
+            ``lam`` is None; a success outside [0, 1]; an unknown estimator.
     """
     stats = SampleStats(num_trees=len(trees), num_nodes=sum(len(t.nodes) for t in trees))
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(trees):
-        if not t.group_id:
-            raise ValueError(f"tree {t.tree_id} has an empty group_id; Eq. (3) needs the G trees of a task grouped")
-        groups[t.group_id].append(i)
-    stats.num_groups = len(groups)
-
-    baseline_of: dict[int, float] = {}  # tree index -> b_g
-    rewards_of: dict[int, dict[str, float]] = {}
-    for gid, idx in groups.items():
-        ids = [trees[i].tree_id for i in idx]
-        if len(set(ids)) != len(ids):
-            dup = next(x for x in ids if ids.count(x) > 1)
-            raise ValueError(f"group {gid}: tree id {dup} appears twice")
-        for i in idx:
-            rewards_of[i] = _node_rewards(trees[i], lam)
-        roots = [rewards_of[i][trees[i].root_id] for i in idx]
-        n_nan = sum(1 for r in roots if math.isnan(r))
-        stats.dropped_nan_root_trees += n_nan
-        try:
-            bs = leave_one_out_baselines(roots)
-        except ValueError:
-            stats.dropped_small_groups += 1
-            stats.dropped_nodes_of_dropped_trees += sum(len(trees[i].nodes) for i in idx)
-            continue
-        valid_roots = {r for r in roots if not math.isnan(r)}
-        if len(valid_roots) > 1:
-            stats.num_signal_groups += 1
-        for i, b in zip(idx, bs):
-            if math.isnan(b):
-                stats.dropped_nodes_of_dropped_trees += len(trees[i].nodes)
-            else:
-                baseline_of[i] = b
-
+    baseline_of, rewards_of = _group_baselines(trees, lam, estimator, stats)
     samples: list[Sample] = []
     for i, t in enumerate(trees):
         if i not in baseline_of:
             continue
-        b = baseline_of[i]
+        b, scale = baseline_of[i]
         for n in t.walk():
-            if not (len(n.token_ids) == len(n.assistant_mask) == len(n.behaviour_logprobs)):
-                raise ValueError(
-                    f"tree {t.tree_id}, node {n.node_id}: token_ids ({len(n.token_ids)}), assistant_mask "
-                    f"({len(n.assistant_mask)}) and behaviour_logprobs ({len(n.behaviour_logprobs)}) differ in length"
-                )
-            if is_nan(n.success):
-                stats.dropped_nan_nodes += 1
-                continue
-            if sum(n.assistant_mask) == 0:
-                stats.dropped_empty_nodes += 1
-                continue
             r = rewards_of[i][n.node_id]
-            samples.append(Sample(
-                tree_id=t.tree_id, node_id=n.node_id, group_id=t.group_id, depth=n.depth, env=t.env,
-                task_id=t.task_id, token_ids=list(n.token_ids), assistant_mask=list(n.assistant_mask),
-                behaviour_logprobs=list(n.behaviour_logprobs), success=float(n.success),  # type: ignore[arg-type]
-                reward=r, baseline=b, advantage=node_advantage(r, b),
-            ))
-    for s, w in zip(samples, depth_weights([s.depth for s in samples])):
-        s.weight = w
-    stats.num_samples = len(samples)
-    stats.samples_per_depth = dict(sorted(Counter(s.depth for s in samples).items()))
-    stats.mean_abs_advantage = sum(abs(s.advantage) for s in samples) / len(samples) if samples else 0.0
-    stats.num_assistant_tokens = sum(s.num_assistant_tokens for s in samples)
-    stats.num_signal_samples = sum(1 for s in samples if s.advantage * s.weight != 0.0)
-    return SampleBatch(samples=samples, stats=stats)
+            sample = node_sample(t, n, success=0.0 if unscored(n.success) else n.success, reward=r, baseline=b,
+                                 advantage=node_advantage(r, b, scale))
+            if unscored(n.success):
+                stats.dropped_nan_nodes += 1
+            elif sample.num_assistant_tokens == 0:
+                stats.dropped_empty_nodes += 1
+            else:
+                samples.append(sample)
+    if depth_weighting:
+        for s, w in zip(samples, depth_weights([s.depth for s in samples])):
+            s.weight = w
+    return SampleBatch(samples=samples, stats=summarise(samples, stats))
 
 
 def write_samples(path: str | os.PathLike[str], samples: SampleBatch | Iterable[Sample]) -> Path:
@@ -242,8 +268,8 @@ def write_samples(path: str | os.PathLike[str], samples: SampleBatch | Iterable[
 def read_samples(path: str | os.PathLike[str]) -> SampleBatch:
     """Read samples written by :func:`write_samples`.
 
-    Stats come back from Parquet metadata when present; otherwise (JSONL) only ``num_samples``,
-    ``samples_per_depth``, ``mean_abs_advantage`` and ``num_assistant_tokens`` are recomputed.
+    Stats come back from Parquet metadata when present; otherwise (JSONL) only the fields of
+    :func:`summarise` are recomputed.
     Raises ValueError naming the file (and line for JSONL) on a bad record.
     """
     path = Path(path)
@@ -261,11 +287,4 @@ def read_samples(path: str | os.PathLike[str]) -> SampleBatch:
             raise ValueError(f"{path}: not a valid samples file: {e}") from e
     else:
         samples = read_jsonl(path, Sample.model_validate, "sample record")
-    if stats is None:
-        stats = SampleStats(
-            num_samples=len(samples),
-            samples_per_depth=dict(sorted(Counter(s.depth for s in samples).items())),
-            mean_abs_advantage=sum(abs(s.advantage) for s in samples) / len(samples) if samples else 0.0,
-            num_assistant_tokens=sum(s.num_assistant_tokens for s in samples),
-        )
-    return SampleBatch(samples=samples, stats=stats)
+    return SampleBatch(samples=samples, stats=stats or summarise(samples))

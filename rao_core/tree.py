@@ -1,17 +1,18 @@
 """Typed, serialisable execution-tree records (the record passed between every pipeline stage).
 
 An *execution tree* is the set of agent *nodes* grown while one policy solves one RL task
-(`shared/spec/rao-algorithm.md`, section 1). Nodes point to their parent by id, so depth, children
+(docs/algorithm.md; arXiv:2605.06639, section 1). Nodes point to their parent by id, so depth, children
 and training samples all come from walking the flat node list.
 
 Serialisation: one tree per JSON line (``ExecutionTree.model_dump_json()``), versioned by
-``schema_version``; ``read_trees``/``write_trees`` round-trip to an equal object. ``write_trees`` is
-atomic (temporary file + rename), so a file is complete or absent.
+``schema_version``; ``read_trees``/``write_trees`` round-trip to an equal object. Version 1 records (the
+verifier's value in ``env_info["verifier_success"]``) are migrated on load to version 2
+(``Node.verifier``). ``write_trees`` is atomic (temporary file + rename), so a file is complete or absent.
 
-Token bookkeeping (spec section 6, "token in, token out"): every turn records the exact prompt ids the
-server saw and the ids it generated with their log-probs. A node's trajectory is the last turn's prompt
-ids followed by its completion ids; ``assistant_mask`` is 1 exactly on the ids that this node's own
-generations produced, and ``behaviour_logprobs`` holds their log-probs (0.0 where the mask is 0).
+Token bookkeeping ("token in, token out", arXiv:2605.06639 section 6): every turn records the exact
+prompt ids the server saw and the ids it generated with their log-probs. A node's trajectory is the last
+turn's prompt ids followed by its completion ids; ``assistant_mask`` is 1 exactly on the ids that this
+node's own generations produced, and ``behaviour_logprobs`` holds their log-probs (0.0 where the mask is 0).
 
 Departures from the paper: none in the record itself; end reasons and timings are project additions.
 """
@@ -25,12 +26,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import to_json
 
 from rao_core.jsonl import read_jsonl, write_jsonl
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the verifier's value is Node.verifier (was env_info["verifier_success"])
 
 
 class EndReason(StrEnum):
@@ -92,10 +93,11 @@ class NodeTimings(BaseModel):
 
 
 class Node(BaseModel):
-    """One agent instance solving one (sub-)task: a trajectory tau_X of spec section 1.
+    """One agent instance solving one (sub-)task: a trajectory tau_X (arXiv:2605.06639, section 1).
 
-    Scoring fields (``success``, ``success_source``, ``reward``, ``judge``) are empty after rollout and
-    filled by the judging stage: ``success`` is s(X, tau_X) of Eq. (1) in [0, 1] or NaN when the judgement
+    ``verifier`` is the environment's exact value of s(X, tau_X) (None: not checkable). Scoring fields
+    (``success``, ``success_source``, ``reward``, ``judge``) are empty after rollout and filled by the
+    judging stage: ``success`` is s(X, tau_X) of Eq. (1) in [0, 1] or NaN when the judgement
     failed; ``reward`` is R(X, tau_X) of Eq. (1).
     """
 
@@ -118,11 +120,19 @@ class Node(BaseModel):
     error: str | None = None  # human-readable detail for non-"finished" ends
     env_info: dict[str, Any] = Field(default_factory=dict)  # env bookkeeping (e.g. inventory at start)
     timings: NodeTimings = Field(default_factory=NodeTimings)
+    # The environment's exact check of this node (``env.verify``, set by the runtime when the node ends):
+    # s(X, tau_X) in [0, 1], or None when the environment cannot check it (read it with verifier_value).
+    verifier: float | None = None
     # Filled by judging (issue 7) and credit assignment (Eq. 1):
     success: float | None = None
     success_source: str | None = None  # "verifier" | "judge" | "rule" | "proxy" | "none"
     reward: float | None = None
     judge: dict[str, Any] | None = None  # verdict, reason, raw text, model, cached
+
+    @field_validator("verifier", mode="before")
+    @classmethod
+    def _check_verifier(cls, v: Any) -> float | None:
+        return unit_score(v, "verifier")
 
     @property
     def finished(self) -> bool:
@@ -162,6 +172,16 @@ class ExecutionTree(BaseModel):
     policy: str = ""  # model name / checkpoint / scripted policy name
     meta: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        """Version 1 -> 2: the verifier's value moves from ``env_info["verifier_success"]`` to ``verifier``."""
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            nodes = [dict(n, env_info={k: v for k, v in n.get("env_info", {}).items() if k != "verifier_success"},
+                          verifier=n.get("env_info", {}).get("verifier_success")) for n in data.get("nodes", [])]
+            data = {**data, "nodes": nodes, "schema_version": SCHEMA_VERSION}
+        return data
+
     def node(self, node_id: str) -> Node:
         """Return the node with ``node_id``; raises KeyError naming the id if absent."""
         for n in self.nodes:
@@ -195,9 +215,28 @@ class ExecutionTree(BaseModel):
             stack.extend(reversed(by_parent.get(n.node_id, [])))
 
 
-def is_nan(x: float | None) -> bool:
-    """True for None or NaN (an unscored value)."""
+def unscored(x: Any) -> bool:
+    """True for None or NaN: a success, reward or verifier value that could not be computed (the one test
+    of "unscored", docs/algorithm.md: such values are left out of parents' means, baselines and the loss)."""
     return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def unit_score(v: Any, what: str) -> float | None:
+    """``v`` as a score in [0, 1] (a bool counts as 0/1), None when unscored; ValueError naming ``what``
+    when ``v`` is not a number in [0, 1]."""
+    if unscored(v):
+        return None
+    if not isinstance(v, (bool, int, float)):
+        raise ValueError(f"{what} = {v!r} is not a number")
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"{what} = {v} is outside [0, 1]")
+    return float(v)
+
+
+def verifier_value(node: Node) -> float | None:
+    """The verifier's value of ``node`` in [0, 1], None when not checkable; ValueError naming the node
+    when the value (possibly set in memory, unvalidated) is not a number in [0, 1]."""
+    return unit_score(node.verifier, f"node {node.node_id}: verifier")
 
 
 def _node_json_error(node: Node) -> str | None:
@@ -260,7 +299,7 @@ def write_trees(path: str | os.PathLike[str], trees: Iterable[ExecutionTree]) ->
 def _tree_record(d: dict) -> ExecutionTree:
     t = ExecutionTree.model_validate(d)
     if t.schema_version != SCHEMA_VERSION:
-        raise ValueError(f"schema_version {t.schema_version}, expected {SCHEMA_VERSION}")
+        raise ValueError(f"schema_version {t.schema_version}, expected {SCHEMA_VERSION} (or 1, migrated)")
     return t
 
 

@@ -29,7 +29,6 @@ Departures from the paper / project choices:
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections import Counter
@@ -42,9 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rao_core.envs.base import Environment, Task
 from rao_core.policies.base import Generation, Policy, PolicyRequest
 from rao_core.runtime import RuntimeConfig, load_tokenizer, oracle_policy, run_tree
-from rao_core.samples import Sample, SampleBatch, SampleStats
+from rao_core.samples import Sample, SampleBatch, SampleStats, node_sample, summarise
 from rao_core.task_sampling import sample_tasks, split_evenly
-from rao_core.tree import ExecutionTree, Node
+from rao_core.tree import ExecutionTree, Node, verifier_value
 
 __all__ = [
     "DemoConfig", "Demonstrations", "WarmStartResult", "build_demonstrations", "demo_loss", "demo_samples",
@@ -76,7 +75,7 @@ class DemoConfig(BaseModel):
                                            "each tree draws the smallest crafting depth of an ingredient "
                                            "that the expert hands to a sub-agent from this list.")
     only_successful_nodes: bool = Field(True, description="Train only on nodes the verifier accepted "
-                                        "(verifier_success >= 1); False keeps every node of a kept tree.")
+                                        "(verifier >= 1); False keeps every node of a kept tree.")
     max_concurrent_trees: int = Field(8, ge=1, description="Demonstration trees grown at once.")
     single_agent_fraction: float = Field(0.0, ge=0, le=1, description="Fraction of the demonstration trees "
                                          "grown with delegation disabled (single-agent system prompt, no "
@@ -193,11 +192,6 @@ class Demonstrations(list):
     wall_s: float = 0.0
 
 
-def _root_success(tree: ExecutionTree) -> float:
-    v = tree.root.env_info.get("verifier_success")
-    return float(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else 0.0
-
-
 async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: DemoConfig, *, tokenizer: Any,
                                runtime_config: RuntimeConfig) -> Demonstrations:
     """Grow ``config.rollouts_per_task`` expert trees per task through the real runtime; keep verified ones.
@@ -212,7 +206,7 @@ async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: 
 
     Returns:
         :class:`Demonstrations` (a list of trees, task order, rollout index order) holding only trees
-        whose root has ``env_info["verifier_success"] >= 1``; ``rejected`` counts the others.
+        whose root has ``verifier >= 1``; ``rejected`` counts the others.
         Each kept tree has ``meta["demo_expert"]`` with the expert's settings.
 
     Raises:
@@ -238,14 +232,9 @@ async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: 
 
     jobs = [(t, g) for t in tasks for g in range(config.rollouts_per_task)]
     trees = await asyncio.gather(*(one(t, g, i, single_agent_tree(config, i)) for i, (t, g) in enumerate(jobs)))
-    out = Demonstrations(t for t in trees if _root_success(t) >= 1.0)
+    out = Demonstrations(t for t in trees if (verifier_value(t.root) or 0.0) >= 1.0)
     out.attempted, out.rejected, out.wall_s = len(trees), len(trees) - len(out), time.perf_counter() - t0
     return out
-
-
-def _node_ok(n: Node) -> bool:
-    v = n.env_info.get("verifier_success")
-    return v is not None and float(v) >= 1.0
 
 
 def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool = True) -> SampleBatch:
@@ -265,27 +254,15 @@ def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool 
     out: list[Sample] = []
     for t in trees:
         for n in t.walk():
-            if not (len(n.token_ids) == len(n.assistant_mask) == len(n.behaviour_logprobs)):
-                raise ValueError(f"tree {t.tree_id}, node {n.node_id}: token_ids ({len(n.token_ids)}), "
-                                 f"assistant_mask ({len(n.assistant_mask)}) and behaviour_logprobs "
-                                 f"({len(n.behaviour_logprobs)}) differ in length")
-            if sum(n.assistant_mask) == 0:
+            s = verifier_value(n) or 0.0
+            sample = node_sample(t, n, success=s, reward=s, baseline=0.0, advantage=1.0, weight=1.0)
+            if sample.num_assistant_tokens == 0:
                 stats.dropped_empty_nodes += 1
-                continue
-            if only_successful_nodes and not _node_ok(n):
+            elif only_successful_nodes and s < 1.0:
                 stats.dropped_nan_nodes += 1
-                continue
-            s = float(n.env_info.get("verifier_success") or 0.0)
-            out.append(Sample(tree_id=t.tree_id, node_id=n.node_id, group_id=t.group_id or t.tree_id,
-                              depth=n.depth, env=t.env, task_id=t.task_id, token_ids=list(n.token_ids),
-                              assistant_mask=list(n.assistant_mask),
-                              behaviour_logprobs=list(n.behaviour_logprobs), success=s, reward=s,
-                              baseline=0.0, advantage=1.0, weight=1.0))
-    stats.num_samples = len(out)
-    stats.samples_per_depth = dict(sorted(Counter(s.depth for s in out).items()))
-    stats.mean_abs_advantage = 1.0 if out else 0.0
-    stats.num_assistant_tokens = sum(s.num_assistant_tokens for s in out)
-    return SampleBatch(samples=out, stats=stats)
+            else:
+                out.append(sample)
+    return SampleBatch(samples=out, stats=summarise(out, stats))
 
 
 def _launch_kind(tree: ExecutionTree, node: Node) -> str | None:

@@ -72,7 +72,7 @@ async def bench_textcraft(delay_s: float, n_tasks: int) -> None:
         for t in tasks:
             tree = await run_tree(env, t, pol, cfg, tokenizer=tok)
             ws.append(tree.wall_s)
-            ok += tree.root.env_info.get("verifier_success") == 1.0
+            ok += tree.root.verifier == 1.0
             nodes += len(tree.nodes)
         walls[label] = sum(ws)
         print(f"(c) {label}: {len(tasks)} hard tasks, total wall {sum(ws):.2f} s, solved {ok}/{len(tasks)}, "

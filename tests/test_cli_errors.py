@@ -74,3 +74,175 @@ def test_unexpected_exception_is_one_line_and_debug_keeps_traceback(capsys, monk
         main(["tasks", "stats", str(f)])
     with pytest.raises(Exception, match="file not found"):
         main(["sandbox", "run", str(tmp_path / "missing.py")])
+
+
+# --- input checked before anything is written or started (issue 16, fresh-user findings) ---------------------
+
+def _generate(capsys, out, *opts: str) -> tuple[int, str]:
+    return _run(capsys, "tasks", "generate", "--env", "textcraft-synth", "--n", "2", *opts, "--out", str(out))
+
+
+@pytest.mark.parametrize("option, expected", [
+    ("graph_seed=abc", "graph_seed: Input should be a valid integer (got 'abc')"),
+    ("graph_seed=1.5", "graph_seed: Input should be a valid integer (got 1.5)"),
+    ("items_per_tier=1000000", "items_per_tier: Input should be less than or equal to 400 (got 1000000)"),
+    ("items_per_tier=2", "items_per_tier: Input should be greater than or equal to 4 (got 2)"),
+])
+def test_generator_options_are_checked_before_writing(capsys, tmp_path, option, expected):
+    out = tmp_path / "t.jsonl"
+    code, err = _generate(capsys, out, "-o", option)
+    assert code == 2 and _one_error_line(err) == f"error: generator option {expected}"
+    assert not out.exists()
+
+
+def test_generate_out_folder_names_the_given_path(capsys, tmp_path):
+    code, err = _generate(capsys, tmp_path)
+    line = _one_error_line(err)
+    assert code == 2 and "'--out'" in line and f"'{tmp_path}' is a directory" in line
+    assert list(tmp_path.iterdir()) == []  # no temporary file left either
+
+
+def test_generate_help_lists_every_difficulty(capsys):
+    from rao_core.envs import get_env
+
+    with pytest.raises(SystemExit) as e:
+        main(["tasks", "generate", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for name in ("textcraft-synth", "oolong", "deepdive", "arte"):
+        missing = [d for d in get_env(name).difficulties if d not in out]
+        assert not missing, (name, missing)
+    assert "tier1" in out and "mixed" in out
+
+
+def test_non_utf8_task_file_names_file_and_line(capsys, tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_bytes(b'{"task_id": "a", "env": "textcraft-synth"}\n{"task_id": "caf\xe9"}\n')
+    code, err = _run(capsys, "tasks", "stats", str(f))
+    assert code == 1 and _one_error_line(err) == f"error: {f}:2: not UTF-8 text (invalid continuation byte at byte 16)"
+
+
+# --- rao solve ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def one_task(tmp_path):
+    from rao_core.envs import get_env, write_tasks
+
+    return write_tasks(tmp_path / "t.jsonl", get_env("textcraft-synth").generate_tasks(n=1, seed=0, difficulty="tier1"))
+
+
+@pytest.mark.parametrize("script, expected", [
+    ('"finish(1)"', "(record): Input should be a valid array (got 'finish(1)')"),
+    ("[1, 2]", "0: Input should be a valid string (got 1)"),
+    ("[]", "(record): List should have at least 1 item after validation, not 0 (got [])"),
+    ("[unclosed", "(record): Invalid JSON"),
+])
+def test_bad_script_is_one_line_naming_the_file(capsys, tmp_path, one_task, script, expected):
+    s = tmp_path / "s.json"
+    s.write_text(script)
+    code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
+                     "--script", str(s))
+    line = _one_error_line(err)
+    assert code == 1 and line.startswith(f"error: --script {s}: expected a non-empty JSON list of assistant "
+                                         f"messages (strings): {expected}"), line
+    code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
+                     "--script", str(tmp_path / "missing.json"))
+    assert code == 1 and _one_error_line(err) == f"error: --script file not found: {tmp_path / 'missing.json'}"
+
+
+def test_solve_piped_prints_the_tree_once(capsys, tmp_path, one_task):
+    """stdout is not a terminal here (captured): no live view, the final tree once, errors on one line."""
+    import shutil
+
+    s = tmp_path / "s.json"
+    s.write_text(json.dumps(["```python\nraise ValueError('first line\\nsecond line')\n```"]))
+    with pytest.raises(SystemExit) as e:
+        main(["solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted", "--script",
+              str(s), "--max-depth", "0", "--sandbox", "bwrap" if shutil.which("bwrap") else "none"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.count("0 d0 max_steps turns=") == 1, out  # was 2: live view + final tree
+    summary = [ln for ln in out.splitlines() if ln.startswith("task ")]
+    assert len(summary) == 1 and "end=max_steps" in summary[0] and "wall=" in summary[0]  # one line, not wrapped
+
+
+# --- rao evaluate ------------------------------------------------------------------------------------------
+
+def test_evaluate_suite_defaults_to_the_configs_own_evaluation():
+    """The champion's scores are keyed by the config's eval difficulties and modes: the suite uses them."""
+    import typer
+
+    from rao_cli.pipeline_cmd import _suite
+    from rao_core.config import load_config
+
+    base = load_config("configs/cpu-smoke.yaml")
+    (entry,) = _suite(base, [], [], None)
+    assert (entry.env, entry.difficulties, entry.n_tasks, entry.modes) == ("textcraft-synth", ["tier1"], 8, ["recursive"])
+    (entry,) = _suite(base, [], ["easy", "medium"], 3)
+    assert (entry.difficulties, entry.n_tasks) == (["easy", "medium"], 3)
+    with pytest.raises(typer.BadParameter, match="environment 'oolong' is not the config's"):
+        _suite(base, ["oolong"], [], None)
+    (entry,) = _suite(base, ["oolong"], ["mixed"], None)
+    assert entry.env == "oolong" and entry.modes == ["recursive", "single"]
+    with pytest.raises(typer.BadParameter, match="unknown textcraft-synth difficulty 'nope'"):
+        _suite(base, [], ["nope"], None)
+
+
+def test_prefect_failure_report_is_dropped_unless_debugging(monkeypatch):
+    import logging
+
+    import prefect  # noqa: F401 - configures Prefect's console handler
+
+    from rao_cli.pipeline_cmd import _prefect_failures_quiet
+
+    (handler,) = [h for h in logging.getLogger().handlers if type(h).__name__ == "PrefectConsoleHandler"]
+
+    def record(name: str, level: int, exc: bool = False) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, "m", None, (ValueError, ValueError("x"), None) if exc else None)
+
+    failed = record("prefect.flow_runs", logging.ERROR, exc=True)
+    info = record("prefect.flow_runs", logging.INFO)
+    other = record("mlflow", logging.ERROR)
+    monkeypatch.delenv("RAO_DEBUG", raising=False)
+    with _prefect_failures_quiet():
+        assert [bool(handler.filter(r)) for r in (failed, info, other)] == [False, True, True]
+    assert handler.filter(failed)
+    monkeypatch.setenv("RAO_DEBUG", "1")
+    with _prefect_failures_quiet():
+        assert handler.filter(failed)
+
+
+def _rao(tmp_path, *args: str, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RAO_HOME": str(tmp_path / "home"), **env}
+    env.pop("RAO_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "rao_cli.main", *args], capture_output=True, text=True, timeout=180,
+                          env=env)
+
+
+def test_evaluate_unknown_difficulty_is_one_line_before_services(tmp_path):
+    r = _rao(tmp_path, "evaluate", "--difficulty", "nope", PREFECT_API_URL="http://127.0.0.1:9/api",
+             RAO_S3_ENDPOINT="http://127.0.0.1:9", MLFLOW_TRACKING_URI="http://127.0.0.1:9")
+    assert r.returncode == 2 and r.stdout == ""
+    line = _one_error_line(r.stderr)
+    assert "Invalid value for '--difficulty': unknown textcraft-synth difficulty 'nope'" in line
+
+
+def test_evaluate_unregistered_model_is_one_line(tmp_path):
+    """A fresh machine has no 'candidate': one line, no Prefect log, no traceback, no service started."""
+    db = tmp_path / "mlflow.db"
+    r = _rao(tmp_path, "evaluate", PREFECT_API_URL="http://127.0.0.1:9/api", RAO_S3_ENDPOINT="http://127.0.0.1:9",
+             MLFLOW_TRACKING_URI=f"sqlite:///{db}")
+    line = _one_error_line(r.stderr)
+    assert r.returncode == 1 and r.stdout == ""
+    assert line.startswith("error: --model candidate: models:/rao-policy-smoke@candidate is not in the MLflow "
+                           f"registry at sqlite:///{db} (")
+
+
+def test_non_utf8_sandbox_file_names_the_file(capsys, tmp_path):
+    f = tmp_path / "c.py"
+    f.write_bytes(b"print('caf\xe9')\n")
+    code, err = _run(capsys, "sandbox", "run", str(f))
+    assert code == 2 and f"{f}: not UTF-8 text (invalid continuation byte at byte 10)" in _one_error_line(err)

@@ -16,7 +16,8 @@ from rao_core.judge.client import JudgeEndpointError, JudgeOutcome
 from rao_core.judge.config import JudgeConfig
 from rao_core.judge.parsing import ParsedVerdict, parse_verdict
 from rao_core.judge.prompting import JudgePrompt, PromptError, load_prompt
-from rao_core.judge.stage import judge_trees, judge_trees_sync, verifier_value
+from rao_core.judge.stage import judge_trees, judge_trees_sync
+from rao_core.tree import verifier_value
 
 __all__ = [
     "CalibrationReport", "Confusion", "JudgeConfig", "JudgeEndpointError", "JudgeOutcome", "JudgePrompt",

@@ -38,22 +38,8 @@ class JudgeStats(BaseModel):
     def as_metrics(self) -> dict[str, float]:
         """Flat, namespaced metrics (``judge/...``) for the metrics logger; meanings in docs/judging.md."""
         judged = self.sources.get("judge", 0)
-        m = {
-            "judge/nodes": float(self.nodes),
-            "judge/requests": float(self.requests),
-            "judge/cache_hits": float(self.cache_hits),
-            "judge/failures": float(self.failures),
-            "judge/fail_rate": self.failures / judged if judged else 0.0,
-            "judge/parse_retries": float(self.parse_retries),
-            "judge/transport_errors": float(self.transport_errors),
-            "judge/unfinished_rule": float(self.unfinished_rule),
-            "judge/prompt_tokens": float(self.prompt_tokens),
-            "judge/completion_tokens": float(self.completion_tokens),
-            "judge/cost_usd": float(self.cost_usd),
-            "judge/budget_exhausted": float(self.budget_exhausted),
-            "judge/budget_skipped": float(self.budget_skipped),
-            "judge/wall_s": float(self.wall_s),
-        }
+        m = {f"judge/{k}": float(v) for k, v in self.model_dump(exclude={"sources", "infra_unscored"}).items()}
+        m["judge/fail_rate"] = self.failures / judged if judged else 0.0
         for s in SOURCES:
             m[f"judge/source_{s}"] = float(self.sources.get(s, 0))
         m["judge/infra_unscored_trees"] = float(sum(self.infra_unscored.values()))

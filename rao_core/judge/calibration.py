@@ -1,9 +1,9 @@
 """Calibration: measure the LLM judge against an exact verifier.
 
 TextCraft-Synth sub-tasks are exactly checkable, so on TextCraft trees every node has a verifier value
-(``node.env_info["verifier_success"]``). ``calibrate`` sends each such node to the judge as if no
-verifier existed (same prompt rendering, cache, budget and retries as ``judge_trees``) and compares:
-truth = verifier value >= 0.5 ("positive" = the sub-task was accomplished), prediction = verdict "yes".
+(``node.verifier``). ``calibrate`` sends each such node to the judge as if no verifier existed (same
+prompt rendering, cache, budget and retries as ``judge_trees``) and compares: truth = verifier value
+>= 0.5 ("positive" = the sub-task was accomplished), prediction = verdict "yes".
 
 Reported: n (nodes with both a truth and a parsed verdict), accuracy = (TP + TN) / n,
 false-positive rate = FP / (FP + TN) (judge says yes, verifier says no), false-negative rate =
@@ -26,8 +26,8 @@ from rao_core.judge.budget import JudgeStats
 from rao_core.judge.client import Judger
 from rao_core.judge.config import JudgeConfig
 from rao_core.judge.prompting import load_prompt
-from rao_core.judge.stage import judge_inputs, verifier_value
-from rao_core.tree import EndReason, ExecutionTree
+from rao_core.judge.stage import judge_inputs
+from rao_core.tree import EndReason, ExecutionTree, verifier_value
 
 
 class Confusion(BaseModel):
@@ -108,7 +108,7 @@ async def calibrate(trees: Sequence[ExecutionTree], config: JudgeConfig, *, env_
                 continue
             items.append((node, v >= 0.5))
     if report.nodes_with_truth == 0:
-        raise ValueError("no node in the given trees has env_info['verifier_success']: nothing to calibrate on "
+        raise ValueError("no node in the given trees has a verifier value: nothing to calibrate on "
                          "(calibration needs trees from an environment with exact sub-task verification)")
     judger = Judger(config, stats, client=client)
     try:

@@ -1,7 +1,7 @@
 """Configuration of the judging stage (one pydantic model, every field documented).
 
 The stage gives every node of an execution tree its success signal s(X, tau_X) of Eq. (1)
-(``shared/spec/rao-algorithm.md`` section 2) from one of three sources: the exact verifier, an LLM judge,
+(docs/algorithm.md; arXiv:2605.06639, section 2) from one of three sources: the exact verifier, an LLM judge,
 or the root proxy. This model configures the judge (endpoint, prompts, cache, budget, prices) and the
 fallbacks. It is self-contained so the campaign config can embed it as ``judge: JudgeConfig``.
 """
@@ -40,7 +40,7 @@ class JudgeConfig(BaseModel):
     """Settings of the judging stage: which source scores a node, and how the LLM judge is called.
 
     Source selection per node (see ``rao_core.judge.stage``): ``verifier`` when the runtime stored an
-    exact value in ``node.env_info["verifier_success"]``; else ``judge`` when ``enabled`` and the
+    exact value in ``node.verifier``; else ``judge`` when ``enabled`` and the
     environment is in ``judge_envs``; else ``proxy`` (the node inherits its root's success, the paper's
     fallback) when ``use_proxy``; else ``none`` (NaN).
 
@@ -75,6 +75,12 @@ class JudgeConfig(BaseModel):
     )
     judge_roots: bool = Field(
         False, description="Also judge a root that has no verifier value (normally every root has one)."
+    )
+    child_source: Literal["auto", "root_proxy"] = Field(
+        "auto", description="'auto': a sub-agent node is scored by the rules, its verifier, the judge or the root "
+        "proxy, in that order; 'root_proxy' (the paper's ablation, docs/algorithm.md): every sub-agent node "
+        "inherits its root's success (source 'proxy'), whatever its verifier, the judge or the unfinished rule "
+        "would say."
     )
     unfinished_is_failure: bool = Field(
         True, description="A sub-agent node that did not finish (step/context limit, crash, cancellation) gets "

@@ -1,29 +1,21 @@
 """The judging stage: give every node of every execution tree its success signal s (Eq. 1).
 
-Source selection per node (spec section 2, in order):
+Source selection per node, in order (the table, with the reasons, is in docs/judging.md; arXiv:2605.06639,
+section 2):
 
-0. Before any source, two rules ([project choice], docs/algorithm.md "What counts as a failure"):
-   a. ``infra_failures == "unscored"`` (default): a tree whose ROOT ended for a reason outside the
-      policy's control (:data:`INFRA_END_REASONS`: ``policy_error``, ``sandbox_error``,
-      ``token_prefix_break``, ``tree_timeout``) is left unscored, every node s = NaN with
-      ``node.judge["rule"] = "infrastructure"``: it is then dropped from its group and from the other
-      trees' baselines by ``rao_core.samples.build_samples``, and counted per end reason
-      (``JudgeStats.infra_unscored``). With ``"failure"`` such roots are scored like any other.
-      Step, budget and context limits (``max_steps``, ``tree_step_budget``, ``context_overflow``) stay
-      policy failures.
-   b. ``unfinished_is_failure`` (default): a sub-agent node that did not finish (any end reason other
-      than ``finished``, crashes included) gets s = 0 (source ``rule``, ``node.judge["rule"] =
-      "unfinished"``), so a crashed child never earns its parent the delegation bonus through the
-      verifier, the judge or the root proxy.
-1. ``verifier``: the runtime stored an exact value in ``node.env_info["verifier_success"]`` (every
-   TextCraft-Synth node; the roots of the other environments). A NaN stored there counts as absent.
+0. Rules ([project choice], docs/algorithm.md "What counts as a failure"): a. ``infra_failures ==
+   "unscored"``: a tree whose ROOT ended by :data:`INFRA_END_REASONS` (not the policy's doing) is left
+   unscored, every node s = NaN, ``node.judge["rule"] = "infrastructure"``, counted per end reason
+   (``JudgeStats.infra_unscored``); b. ``unfinished_is_failure``: a sub-agent node that did not finish
+   gets s = 0 (source ``rule``, ``node.judge["rule"] = "unfinished"``), so a crashed child never earns
+   its parent the delegation bonus.
+1. ``verifier``: the exact value the runtime stored in ``node.verifier`` (None/NaN counts as absent).
 2. ``judge``: the LLM judge, when ``config.enabled``, the environment is in ``config.judge_envs`` (None =
-   all) and the node is not a root (unless ``config.judge_roots``). A node that never called finish gets
-   s = 0 without a request when ``config.unfinished_is_failure`` (``node.judge["rule"] = "unfinished"``).
-   An answer that cannot be parsed after ``parse_retries`` retries, or a transport error after retries,
-   gives s = NaN with the raw text kept (spec: NaN nodes are left out of their parent's mean and the loss).
-3. ``proxy``: the paper's fallback: a sub-agent node inherits its root's success (when ``use_proxy``).
-   Also used for nodes left un-judged when the budget runs out and ``on_budget_exhausted == "proxy"``.
+   all) and the node is not a root (unless ``config.judge_roots``); an answer unparseable after
+   ``parse_retries`` retries, or a transport error after retries, gives s = NaN with the raw text kept.
+3. ``proxy``: the paper's fallback, a sub-agent node inherits its root's success (``use_proxy``; also for
+   nodes left un-judged by the budget when ``on_budget_exhausted == "proxy"``, and for EVERY sub-agent
+   node, before rule 0b, with ``child_source == "root_proxy"``, an ablation).
 4. ``none``: s = NaN (no source, or the root itself could not be scored).
 
 Departure from the paper: the paper uses gpt-5-mini as judge; here any OpenAI-compatible endpoint
@@ -37,7 +29,6 @@ Input trees are never mutated: ``judge_trees`` returns deep copies with ``succes
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -48,33 +39,12 @@ from rao_core.judge.budget import JudgeStats
 from rao_core.judge.client import JudgeOutcome, Judger
 from rao_core.judge.config import JudgeConfig
 from rao_core.judge.prompting import NO_CELLS, JudgePrompt, clip, load_prompt, render_result, summarize_cells
-from rao_core.tree import EndReason, ExecutionTree, Node
+from rao_core.tree import EndReason, ExecutionTree, Node, unscored, verifier_value
 
-VERIFIER_KEY = "verifier_success"
 NAN = float("nan")
 #: Root end reasons that say nothing about the policy: the server, the sandbox or the wall clock failed.
 INFRA_END_REASONS = frozenset({EndReason.POLICY_ERROR, EndReason.SANDBOX_ERROR, EndReason.TOKEN_PREFIX_BREAK,
                                EndReason.TREE_TIMEOUT})
-
-
-def verifier_value(node: Node) -> float | None:
-    """The exact verifier value stored by the runtime, as a float in [0, 1], or None when absent/NaN.
-
-    Raises ValueError naming the node when the stored value is not a number in [0, 1].
-    """
-    v = node.env_info.get(VERIFIER_KEY)
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        return float(v)
-    if not isinstance(v, (int, float)):
-        raise ValueError(f"node {node.node_id}: env_info[{VERIFIER_KEY!r}] = {v!r} is not a number")
-    v = float(v)
-    if math.isnan(v):
-        return None
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(f"node {node.node_id}: env_info[{VERIFIER_KEY!r}] = {v} is outside [0, 1]")
-    return v
 
 
 def judge_inputs(node: Node, prompt: JudgePrompt, config: JudgeConfig) -> tuple[list[dict[str, str]], str, str, str]:
@@ -136,6 +106,9 @@ async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, conf
                 continue
             for node in tree.walk():
                 stats.nodes += 1
+                if config.child_source == "root_proxy" and node.node_id != tree.root_id:
+                    pending_proxy.append((tree, node, "root_proxy"))
+                    continue
                 if (config.unfinished_is_failure and node.node_id != tree.root_id
                         and node.end_reason != EndReason.FINISHED):
                     stats.unfinished_rule += 1
@@ -172,9 +145,9 @@ async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, conf
         for tree, node, why in pending_proxy:
             rec = node.judge if why == "budget" else None
             root = tree.root
-            proxy_ok = (node.node_id != tree.root_id and config.use_proxy
-                        and (why != "budget" or config.on_budget_exhausted == "proxy"))
-            if proxy_ok and root.success is not None and not math.isnan(root.success):
+            proxy_ok = why == "root_proxy" or (node.node_id != tree.root_id and config.use_proxy
+                                               and (why != "budget" or config.on_budget_exhausted == "proxy"))
+            if proxy_ok and not unscored(root.success):
                 _set(node, root.success, "proxy", rec)
             else:
                 _set(node, NAN, "none", rec)

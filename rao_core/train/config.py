@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rao_core.train.objectives import LOSSES
 
 __all__ = ["LoraSettings", "TrainerConfig"]
 
@@ -40,8 +42,9 @@ class TrainerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    loss_type: Literal["reinforce", "ppo", "cispo", "sft"] = Field(
-        "ppo", description="reinforce | ppo (clipped ratio) | cispo (clipped IS weight) | sft (cross-entropy)."
+    loss_type: str = Field(
+        "ppo", description="Per-token objective, a key of rao_core.train.objectives.LOSSES: reinforce | ppo "
+        "(clipped ratio) | cispo (clipped IS weight) | sft (cross-entropy)."
     )
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="Lower ratio bound is 1 - clip_eps_low (ppo, cispo).")
     clip_eps_high: float = Field(0.2, ge=0, description="Upper ratio bound is 1 + clip_eps_high (ppo, cispo).")
@@ -88,9 +91,9 @@ class TrainerConfig(BaseModel):
         "exactly lm_head(hidden) (see PLAIN_LM_HEAD_MODEL_TYPES) always use the full-logits path.")
     skip_zero_advantage: bool = Field(
         True, description="Do not run forward/backward on samples whose coefficient w_d * A_n is 0 (their "
-        "policy-gradient term is exactly 0 for every loss type). Applies when loss_type != 'sft' and "
-        "kl_coef == 0. With one optimizer step per epoch (grad_accum None) the token-mean normaliser still "
-        "counts the skipped samples' tokens, so the update is identical; with grad_accum set, steps are "
+        "policy-gradient term is exactly 0 for every loss type). Applies when the loss uses advantages (not "
+        "'sft') and kl_coef == 0. With one optimizer step per epoch (grad_accum None) the token-mean normaliser "
+        "still counts the skipped samples' tokens, so the update is identical; with grad_accum set, steps are "
         "formed from the kept samples only.")
     shuffle: bool = Field(True, description="Shuffle micro-batch order each epoch, seeded by (seed, iteration, "
                           "epoch) so that an epoch cut short by max_steps trains other micro-batches next time.")
@@ -113,6 +116,13 @@ class TrainerConfig(BaseModel):
     accelerate_config: str | None = Field(
         None, description="accelerate config file for the subprocess launch (e.g. configs/accelerate/fsdp.yaml on "
         "GPUs); None: one process, no mixed-precision override, torch threads = the CPUs this process may use.")
+
+    @field_validator("loss_type")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        if v not in LOSSES:
+            raise ValueError(f"unknown loss_type {v!r}; known: {', '.join(LOSSES)}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerConfig":

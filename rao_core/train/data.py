@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rao_core.samples import Sample
+from rao_core.train.objectives import LOSSES
 
 __all__ = ["MicroBatch", "validate_samples", "make_micro_batches", "collate"]
 
@@ -48,7 +49,7 @@ def validate_samples(samples: Sequence[Sample], vocab_size: int, loss_type: str,
         bad_ids = [t for t in s.token_ids if not 0 <= t < vocab_size]
         if bad_ids:
             problems.append(f"{where}: token ids out of vocabulary [0, {vocab_size}): {bad_ids[:3]}")
-        if loss_type != "sft":
+        if LOSSES[loss_type].uses_advantage:
             if not (math.isfinite(s.advantage) and math.isfinite(s.weight)):
                 problems.append(f"{where}: non-finite advantage {s.advantage} or weight {s.weight}")
             if any(m and not math.isfinite(lp) for m, lp in zip(s.assistant_mask, s.behaviour_logprobs)):

@@ -1,51 +1,31 @@
-"""Token-level policy-gradient loss of the RAO update (``shared/spec/rao-algorithm.md``, section 6).
+"""Token-level policy-gradient loss of the RAO update (docs/algorithm.md, "Loss"; the paper's section 6).
 
 Every assistant token t of node trajectory n carries the weight ``c_n = w_d * A_n`` (Eq. 5 times Eq. 4).
-With ``logp_t = log pi_theta(y_t | ...)``, ``old_t`` the behaviour log-prob recorded at generation time
-and ``rho_t = exp(logp_t - old_t)`` the importance ratio, the per-token loss is
-
-- ``reinforce``: ``-c_n * logp_t``  (REINFORCE, Williams 1992; exact when on-policy, rho = 1);
-- ``ppo``:       ``-min(rho_t * c_n, clip(rho_t, 1 - eps_low, 1 + eps_high) * c_n)``
-                 (PPO-clip, Schulman et al. 2017, arXiv:1707.06347; asymmetric bounds as in DAPO,
-                 Yu et al. 2025, arXiv:2503.14476);
-- ``cispo``:     ``-sg[clip(rho_t, 1 - eps_low, 1 + eps_high)] * c_n * logp_t``
-                 (CISPO, MiniMax-M1, arXiv:2506.13585: clip the importance weight, never drop the
-                 token's gradient; sg = stop-gradient);
-- ``sft``:       ``-logp_t`` (cross-entropy on assistant tokens; weights and advantages ignored).
+The per-token objective is chosen by name from :data:`rao_core.train.objectives.LOSSES` (``reinforce``,
+``ppo``, ``cispo``, ``sft``; formulas and sources there); :func:`policy_loss` masks it to the node's own
+assistant tokens, adds the KL penalty and aggregates.
 
 An optional KL-to-reference penalty adds ``kl_coef * k3_t``, with the k3 estimator
 ``k3 = exp(ref_t - logp_t) - (ref_t - logp_t) - 1`` (Schulman, "Approximating KL divergence", 2020),
 as in GRPO (Shao et al. 2024, arXiv:2402.03300).
 
-Aggregation [project choice, spec section 6; docs/algorithm.md "Loss aggregation"], ``aggregation``:
-
-- ``token_mean`` (default, the paper's token-level loss): the per-token losses are SUMMED over all
-  assistant tokens and divided by ``normalizer``, the number of assistant tokens in the whole optimizer
-  step (all micro-batches, all processes), so micro-batching and the number of processes do not change
-  the update. A depth level's share of the gradient then grows with its TOKEN count: Eq. (5) equalises
-  the levels' trajectory weights, not their token mass.
-- ``sequence_mean``: each node's per-token losses are first averaged over its own assistant tokens, then
-  summed over nodes and divided by ``normalizer``, the number of node trajectories in the step; each node
-  then carries gradient mass proportional to ``w_d * A_n`` whatever its length, so Eq. (5) equalises the
-  depth levels' gradient mass.
-
-Without ``normalizer`` the micro-batch's own token (or trajectory) count is used.
+Aggregation [project choice; why, in docs/algorithm.md "Loss aggregation"], ``aggregation``:
+``token_mean`` (default): the per-token losses SUMMED over all assistant tokens, divided by ``normalizer``
+= the assistant tokens of the whole optimizer step (all micro-batches, all processes), so micro-batching
+and the process count do not change the update; ``sequence_mean``: each node's token mean, summed over
+nodes, divided by ``normalizer`` = the node trajectories of the step. Without ``normalizer`` the
+micro-batch's own token (or trajectory) count is used.
 
 Reported statistics (detached): sums and counts so that the trainer can aggregate over micro-batches,
 processes and depths. ``kl_mismatch`` is the k3 estimate of KL(pi_behaviour || pi_theta) with the
-samples drawn from the behaviour policy: ``k3 = rho - 1 - log rho``, which measures how far the trainer's
-log-probs are from the ones the inference server reported (0 when they agree).
+samples drawn from the behaviour policy: ``k3 = rho - 1 - log rho`` (0 when the trainer's log-probs
+agree with the ones the inference server reported).
 
-Log-probs without the full logits [project choice, issue 14]: :func:`token_logprobs` takes the [B, L, V]
-logits the model returns (fp32: 4 bytes x V per token, plus as much again for the softmax and its
-gradient). :func:`model_hidden_states` runs the model to its last hidden states [B, L, H] (the LM head
-sees an empty slice) and :func:`chunked_token_logprobs` applies the LM head, temperature and log-softmax
-to ``chunk_tokens`` tokens at a time, each chunk under activation checkpointing: only one chunk's
-[B, c, V] logits exist at a time, in forward and in backward (where the chunk's logits are recomputed:
-one extra LM-head matmul per token). The result equals :func:`token_logprobs` on the full logits up to
-float rounding (the same operations on row subsets). It applies only to models whose logits are
-exactly ``lm_head(last hidden state)`` (:data:`PLAIN_LM_HEAD_MODEL_TYPES`); others (logit soft-capping
-or scaling) keep the full-logits path.
+Log-probs without the full logits [project choice, issue 14; docs/algorithm.md]: :func:`token_logprobs`
+takes the [B, L, V] logits; :func:`model_hidden_states` runs the model to its last hidden states [B, L, H]
+(the LM head sees an empty slice) and :func:`chunked_token_logprobs` applies the LM head, temperature and
+log-softmax to ``chunk_tokens`` tokens at a time under activation checkpointing, with the same values.
+Only for models whose logits are exactly ``lm_head(last hidden state)`` (:data:`PLAIN_LM_HEAD_MODEL_TYPES`).
 """
 
 from __future__ import annotations
@@ -56,10 +36,11 @@ from typing import Any, Literal
 
 import torch
 
-LossType = Literal["reinforce", "ppo", "cispo", "sft"]
+from rao_core.train.objectives import LOSSES
+
 Aggregation = Literal["token_mean", "sequence_mean"]
 
-__all__ = ["Aggregation", "LossType", "LossStats", "PLAIN_LM_HEAD_MODEL_TYPES", "chunked_token_logprobs",
+__all__ = ["Aggregation", "LossStats", "PLAIN_LM_HEAD_MODEL_TYPES", "chunked_token_logprobs",
            "model_hidden_states", "policy_loss", "token_logprobs"]
 
 # transformers model types whose causal-LM logits are exactly ``lm_head(last_hidden_state)`` (no soft-capping,
@@ -206,7 +187,7 @@ def policy_loss(
     mask: torch.Tensor,
     coef: torch.Tensor,
     *,
-    loss_type: LossType = "ppo",
+    loss_type: str = "ppo",
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
     ref_logprobs: torch.Tensor | None = None,
@@ -221,7 +202,8 @@ def policy_loss(
         behaviour_logprobs: [B, L] log pi_old recorded at generation time.
         mask: [B, L] 1 on assistant tokens (only they count), 0 elsewhere (prompt, padding).
         coef: [B] per-sample weight ``w_d * A_n`` (ignored for ``sft``).
-        loss_type: ``reinforce`` | ``ppo`` | ``cispo`` | ``sft``.
+        loss_type: a key of :data:`rao_core.train.objectives.LOSSES` (``reinforce`` | ``ppo`` | ``cispo`` |
+            ``sft``).
         clip_eps_low, clip_eps_high: ratio bounds [1 - eps_low, 1 + eps_high] (ppo, cispo).
         ref_logprobs: [B, L] reference-policy log-probs, needed when ``kl_coef > 0``.
         kl_coef: weight of the k3 KL-to-reference penalty (0: off).
@@ -242,8 +224,8 @@ def policy_loss(
                          f"{tuple(behaviour_logprobs.shape)}, mask {tuple(mask.shape)}")
     if coef.shape != logprobs.shape[:1]:
         raise ValueError(f"coef must be [B] = {tuple(logprobs.shape[:1])}, got {tuple(coef.shape)}")
-    if loss_type not in ("reinforce", "ppo", "cispo", "sft"):
-        raise ValueError(f"unknown loss_type {loss_type!r}")
+    if loss_type not in LOSSES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; known: {', '.join(LOSSES)}")
     if aggregation not in ("token_mean", "sequence_mean"):
         raise ValueError(f"unknown aggregation {aggregation!r}")
     if kl_coef > 0 and ref_logprobs is None:
@@ -258,20 +240,9 @@ def policy_loss(
     c = coef.to(logprobs.dtype).unsqueeze(-1)  # [B, 1]
     log_ratio = (logprobs - old) * m  # [B, L]
     ratio = torch.exp(log_ratio)  # [B, L], 1 off the mask
-    lo, hi = 1.0 - clip_eps_low, 1.0 + clip_eps_high
-    clipped = torch.zeros_like(m, dtype=torch.bool)  # [B, L]
-    if loss_type == "reinforce":
-        per_tok = -c * logprobs  # [B, L]
-    elif loss_type == "ppo":
-        unclipped_obj = ratio * c  # [B, L]
-        clipped_obj = ratio.clamp(lo, hi) * c  # [B, L]
-        per_tok = -torch.minimum(unclipped_obj, clipped_obj)
-        clipped = clipped_obj < unclipped_obj
-    elif loss_type == "cispo":
-        per_tok = -ratio.detach().clamp(lo, hi) * c * logprobs  # [B, L]
-        clipped = (ratio < lo) | (ratio > hi)
-    else:  # sft
-        per_tok = -logprobs
+    per_tok, clipped = LOSSES[loss_type].fn(logprobs, ratio, c, 1.0 - clip_eps_low, 1.0 + clip_eps_high)  # [B, L]
+    if clipped is None:
+        clipped = torch.zeros_like(m, dtype=torch.bool)
     pg_tok = per_tok * m  # [B, L]
     total_tok = pg_tok
     ref_kl = torch.zeros_like(m)

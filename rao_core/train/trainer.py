@@ -2,44 +2,22 @@
 
 ``train(samples, model_path, out_dir, config)`` loads an HF checkpoint (full weights, or a LoRA adapter
 to continue), checks every sample before any step, builds length-sorted padded micro-batches, applies
-the token-level loss of :mod:`rao_core.train.loss` (weighted by w_d * A_n, spec section 6) with gradient
+the token-level loss of :mod:`rao_core.train.loss` (weighted by w_d * A_n, Eqs. 4-5) with gradient
 accumulation and clipping, and saves the result atomically as a folder vLLM loads as is
-(:mod:`rao_core.train.checkpoint`).
+(:mod:`rao_core.train.checkpoint`). Its named steps, the loss, the log-probs without full logits, the
+optimizer state carried across iterations and the per-step metrics are described in docs/algorithm.md.
 
 Everything device- and process-related goes through ``accelerate.Accelerator``: the same code runs on
 this CPU in one process and under ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` on
 GPUs. Each process takes every ``num_processes``-th micro-batch; a process short of one gets a filler
-micro-batch with an all-zero loss mask so that all processes run the same number of forwards. The loss
-is the token-mean over the whole optimizer step across processes (the normaliser is the global count
-of assistant tokens of the step, times ``num_processes`` to undo the gradient averaging of DDP/FSDP).
-
-Per-step metrics (dicts, identical on all processes; ``on_step`` is called on the main process only):
-``train/loss``, ``train/pg_loss``, ``train/kl_ref``, ``train/clip_frac``, ``train/ratio_mean``,
-``train/grad_norm``, ``train/adv_abs_mean``, ``train/coef_abs_mean``, ``train/tokens``,
-``train/seq_tokens``, ``train/padded_tokens``, ``train/samples``, ``train/kl_mismatch``,
-``train/kl_mismatch_depth_<d>``, ``train/lr``, ``train/step``, ``train/epoch``, ``train/step_s``,
-``train/tokens_per_s`` (meanings in docs/algorithm.md).
-
-Log-probs come from the last hidden states with the LM head applied a chunk of tokens at a time under
-activation checkpointing (``TrainerConfig.logprob_chunk_tokens``, :func:`rao_core.train.loss.chunked_token_logprobs`),
-for the policy and the KL reference alike, so the full [B, L, V] fp32 logits are never materialised;
-``logprob_chunk_tokens=None`` (or a model type outside ``PLAIN_LM_HEAD_MODEL_TYPES``) keeps the full-logits
-path. The manifest's ``logprob_path`` says which ran. The chunked path is tested on one CPU process; under
-FSDP it relies on the LM head's (root) parameters staying gathered between forward and backward, which
-FSDP does for the root unit, but it has not been run on GPUs yet.
+micro-batch with an all-zero loss mask so that all processes run the same number of forwards. The
+chunked log-prob path is tested on one CPU process; under FSDP it relies on the LM head's (root)
+parameters staying gathered between forward and backward, which FSDP does for the root unit, but it has
+not been run on GPUs yet; under FSDP the (sharded) optimizer state is not saved yet.
 
 Departures: no sequence packing (padding only); learning-rate schedule is constant after optional
 linear warm-up (one update per iteration is the common case); samples whose coefficient w_d * A_n is 0
-are not run at all (``skip_zero_advantage``; same update, see docs/algorithm.md).
-
-Across RL iterations (``TrainerConfig.optimizer_state='continue'``, default) the AdamW moments and the
-scheduler's step count are saved in the checkpoint's ``optimizer/`` sub-folder (never copied into the
-served folder) and restored by the next iteration, so an update is not Adam's first step every time
-(which would make it about ``lr * sign(g)`` whatever the gradient's size). Learning rate, betas and
-weight decay always come from the current config. Under FSDP (sharded optimizer state) the state is
-not saved yet and every iteration starts fresh (a warning says so). The micro-batch order is shuffled
-with a seed derived from (``seed``, ``iteration``, epoch), so an epoch cut short by ``max_steps`` trains
-different micro-batches at each iteration.
+are not run at all (``skip_zero_advantage``; same update).
 """
 
 from __future__ import annotations
@@ -68,6 +46,7 @@ from rao_core.train.loss import (
     policy_loss,
     token_logprobs,
 )
+from rao_core.train.objectives import LOSSES
 
 __all__ = ["OPTIMIZER_DIR", "TrainResult", "epoch_order", "train"]
 
@@ -170,6 +149,49 @@ def _compute_dtype(cfg: TrainerConfig) -> str:
     return "bf16" if gpu_bf16 else "no"
 
 
+@dataclass
+class _Warmup:
+    """The learning-rate factor of optimizer step ``s`` of this call: linear warm-up over the steps of ALL
+    iterations (``steps_before``: restored from the parent checkpoint), then constant."""
+
+    warmup_steps: int
+    steps_before: int = 0
+
+    def __call__(self, s: int) -> float:
+        return min(1.0, (s + 1 + self.steps_before) / self.warmup_steps) if self.warmup_steps else 1.0
+
+
+@dataclass
+class _Session:
+    """What the steps of one :func:`train` call share (built by :func:`_start`)."""
+
+    cfg: TrainerConfig
+    accelerator: Any
+    model: Any
+    ref_model: Any | None  # full-weight KL reference (kl_coef > 0 without LoRA), else None
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    warmup: _Warmup
+    lm_chunk: int | None  # tokens per chunk of the LM head, None: the full-logits path
+    pad_id: int
+    tied: bool  # tie_word_embeddings of the loaded model (checked again at save time)
+    optim_why: str = ""  # "continued" when the parent checkpoint's optimizer state was restored, else why not
+    sharded: bool = False  # FSDP: the optimizer state is sharded, not saved
+    steps: int = 0  # optimizer steps taken by this call
+
+    def logprobs(self, m: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, L] float32 log-probs of the batch's tokens under model ``m`` (chunked LM head when possible)."""
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        with self.accelerator.autocast():
+            if self.lm_chunk is not None:
+                head = self.accelerator.unwrap_model(m).get_output_embeddings()
+                hidden = model_hidden_states(m, head, **inputs)  # [B, L, H]
+                return chunked_token_logprobs(hidden, head, batch["input_ids"], self.cfg.temperature, self.lm_chunk)
+            logits = m(**inputs).logits  # [B, L, V]
+        return token_logprobs(logits, batch["input_ids"], self.cfg.temperature)
+
+
 def train(
     samples: SampleBatch | Sequence[Sample] | str | os.PathLike[str],
     model_path: str | os.PathLike[str],
@@ -180,6 +202,12 @@ def train(
     on_step: StepCallback | None = None,
 ) -> TrainResult:
     """Train the policy on ``samples`` starting from ``model_path``; save the new checkpoint at ``out_dir``.
+
+    Steps (docs/algorithm.md, "Loss" and "What the trainer learns from"): check every sample
+    (:func:`rao_core.train.data.validate_samples`); :func:`_start` the accelerator, policy, reference and
+    optimizer (continuing the parent's AdamW state); :func:`_skip_zero_coefficient` (samples whose
+    w_d * A_n of Eqs. (4)-(5) is 0); :func:`_train_epochs` of :func:`_optimizer_step` (the token-level
+    loss of ``rao_core.train.loss``); :func:`_manifest` and :func:`_save`.
 
     Args:
         samples: a :class:`SampleBatch`, a list of :class:`Sample`, or a ``.jsonl``/``.parquet`` path.
@@ -198,15 +226,11 @@ def train(
             ``model_path`` without ``config.lora``, untied embeddings at save time; all before any step
             except the last.
     """
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig
 
     cfg = config or TrainerConfig()
-    model_path = Path(model_path).resolve()
-    out_dir = Path(out_dir).resolve()
-    rows = _as_samples(samples)
-
+    model_path, out_dir = Path(model_path).resolve(), Path(out_dir).resolve()
+    all_rows = _as_samples(samples)
     base_path, adapter_path = _resolve_base(model_path)
     if adapter_path is not None and cfg.lora is None:
         raise ValueError(f"{model_path} is a LoRA adapter: set config.lora to continue training it")
@@ -214,14 +238,30 @@ def train(
     save_dtype = getattr(hf_cfg, "dtype", None) or torch.float32  # checkpoints keep the parent's dtype
     if isinstance(save_dtype, str):
         save_dtype = getattr(torch, save_dtype)
-    validate_samples(rows, vocab_size=int(hf_cfg.vocab_size), loss_type=cfg.loss_type,
+    validate_samples(all_rows, vocab_size=int(hf_cfg.vocab_size), loss_type=cfg.loss_type,
                      max_length=getattr(hf_cfg, "max_position_embeddings", None))
 
-    accelerator = Accelerator(mixed_precision=_compute_dtype(cfg))
-    set_seed(cfg.seed + iteration)
-    world, rank = accelerator.num_processes, accelerator.process_index
+    run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
+    rows, skipped = _skip_zero_coefficient(all_rows, cfg)
+    metrics = _train_epochs(run, rows, skipped, iteration, on_step)
+    manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration)
+    optim_state = None if run.sharded else {
+        "optimizer": run.optimizer.state_dict(), "steps": run.warmup.steps_before + run.steps,
+        "loss_type": cfg.loss_type, "lora": cfg.lora is not None}
+    _save(run.accelerator, run.model, run.tokenizer, out_dir, manifest, tied=run.tied, lora=cfg.lora is not None,
+          save_dtype=save_dtype, optim_state=optim_state)
+    run.accelerator.wait_for_everyone()
+    return TrainResult(checkpoint=out_dir, metrics=metrics, manifest=manifest)
 
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, attn_implementation="sdpa")
+
+def _load_policy(cfg: TrainerConfig, base_path: Path, adapter_path: Path | None) -> tuple[Any, Any | None, bool]:
+    """(policy, full-weight KL reference or None, tie_word_embeddings): fp32 master weights, LoRA via peft."""
+    from transformers import AutoModelForCausalLM
+
+    def load() -> Any:
+        return AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, attn_implementation="sdpa")
+
+    model = load()
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -238,167 +278,194 @@ def train(
             lc = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                             target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
             model = get_peft_model(model, lc)
-    elif cfg.kl_coef > 0:
-        ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, attn_implementation="sdpa")
+    elif cfg.kl_coef > 0:  # full weights: a frozen copy is the reference (with LoRA: the base, adapter off)
+        ref_model = load()
         ref_model.requires_grad_(False).eval()
+    return model, ref_model, tied
+
+
+def _restore_optimizer(run: _Session, model_path: Path, n_params: int) -> None:
+    """Continue the parent checkpoint's AdamW moments and step count when they fit this run (docs/algorithm.md,
+    "Optimizer state across iterations"); learning rate, betas and weight decay always come from the config."""
+    from accelerate.utils import DistributedType
+
+    cfg = run.cfg
+    run.sharded = run.accelerator.distributed_type == DistributedType.FSDP
+    state, run.optim_why = (None, "FSDP: sharded optimizer state is not carried over yet") if run.sharded else \
+        _load_optimizer_state(model_path, cfg, n_params)
+    if state is not None:
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.warmup.steps_before = int(state.get("steps", 0))
+        for g in run.optimizer.param_groups:
+            g.update(lr=cfg.lr * run.warmup(0), initial_lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+        run.scheduler.base_lrs = [cfg.lr] * len(run.optimizer.param_groups)
+    elif (cfg.optimizer_state == "continue" and run.accelerator.is_main_process
+          and (model_path / OPTIMIZER_DIR).exists()):
+        import warnings
+
+        warnings.warn(f"optimizer state not continued: {run.optim_why}", stacklevel=4)
+
+
+def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: Path | None, model_type: str | None,
+           iteration: int) -> _Session:
+    """The accelerator (seeded by ``seed + iteration``), policy, KL reference, tokenizer and optimizer."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import AutoTokenizer
+
+    accelerator = Accelerator(mixed_precision=_compute_dtype(cfg))
+    set_seed(cfg.seed + iteration)
+    model, ref_model, tied = _load_policy(cfg, base_path, adapter_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError):
         tokenizer = AutoTokenizer.from_pretrained(base_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
-    warm = cfg.warmup_steps
-    prior = {"steps": 0}  # optimizer steps taken by earlier iterations (restored below)
-
-    def lr_factor(s: int) -> float:  # linear warm-up over the steps of ALL iterations, then constant
-        return min(1.0, (s + 1 + prior["steps"]) / warm) if warm else 1.0
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    warmup = _Warmup(cfg.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
     model, optimizer = accelerator.prepare(model, optimizer)
-    from accelerate.utils import DistributedType
-
-    sharded_optim = accelerator.distributed_type == DistributedType.FSDP
-    state, optim_why = (None, "FSDP: sharded optimizer state is not carried over yet") if sharded_optim else \
-        _load_optimizer_state(model_path, cfg, len(params))
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        prior["steps"] = int(state.get("steps", 0))
-        for g in optimizer.param_groups:  # hyper-parameters always come from the current config
-            g.update(lr=cfg.lr * lr_factor(0), initial_lr=cfg.lr,
-                     betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
-        scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
-    elif cfg.optimizer_state == "continue" and accelerator.is_main_process and (model_path / OPTIMIZER_DIR).exists():
-        import warnings
-
-        warnings.warn(f"optimizer state not continued: {optim_why}", stacklevel=2)
+    run = _Session(cfg=cfg, accelerator=accelerator, model=model, ref_model=ref_model, tokenizer=tokenizer,
+                   optimizer=optimizer, scheduler=scheduler, warmup=warmup, pad_id=pad_id, tied=tied,
+                   lm_chunk=cfg.logprob_chunk_tokens if model_type in PLAIN_LM_HEAD_MODEL_TYPES else None)
+    _restore_optimizer(run, model_path, len(params))
     if ref_model is not None:
-        ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+        run.ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
     model.train()
+    return run
 
-    lm_chunk = cfg.logprob_chunk_tokens if getattr(hf_cfg, "model_type", None) in PLAIN_LM_HEAD_MODEL_TYPES else None
 
-    def logprobs_of(m: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, L] float32 log-probs of the batch's tokens under model ``m`` (chunked LM head when possible)."""
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        with accelerator.autocast():
-            if lm_chunk is not None:
-                head = accelerator.unwrap_model(m).get_output_embeddings()
-                hidden = model_hidden_states(m, head, **inputs)  # [B, L, H]
-                return chunked_token_logprobs(hidden, head, batch["input_ids"], cfg.temperature, lm_chunk)
-            logits = m(**inputs).logits  # [B, L, V]
-        return token_logprobs(logits, batch["input_ids"], cfg.temperature)
+def _skip_zero_coefficient(rows: list[Sample], cfg: TrainerConfig) -> tuple[list[Sample], tuple[int, int]]:
+    """(samples to run, (samples, assistant tokens) left out): those whose c_n = w_d * A_n is 0 add nothing to a
+    loss that uses advantages (``skip_zero_advantage``, docs/algorithm.md "Loss"); all are kept when all are 0."""
+    if not (cfg.skip_zero_advantage and LOSSES[cfg.loss_type].uses_advantage and cfg.kl_coef == 0):
+        return rows, (0, 0)
+    kept = [s for s in rows if s.advantage * s.weight != 0.0]
+    if not kept:  # all zero: keep everything (the update is a no-op either way)
+        return rows, (0, 0)
+    tokens = sum(s.num_assistant_tokens for s in rows) - sum(s.num_assistant_tokens for s in kept)
+    return kept, (len(rows) - len(kept), tokens)
 
-    all_rows = rows
-    skipped_tokens = 0
-    if cfg.skip_zero_advantage and cfg.loss_type != "sft" and cfg.kl_coef == 0:
-        kept = [s for s in rows if s.advantage * s.weight != 0.0]
-        if kept:  # all zero: keep everything (the update is a no-op either way)
-            skipped_tokens = sum(s.num_assistant_tokens for s in rows) - sum(s.num_assistant_tokens for s in kept)
-            rows = kept
+
+def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], iteration: int,
+                  on_step: StepCallback | None) -> list[dict[str, float]]:
+    """Every optimizer step of ``cfg.epochs`` passes (or ``max_steps``): length-sorted micro-batches in the
+    order of :func:`epoch_order`, ``grad_accum`` micro-batches per process per step (all of them when None)."""
+    cfg, world = run.cfg, run.accelerator.num_processes
     mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
                              micro_batch_size=cfg.micro_batch_size)
     tokens_of = [s.num_assistant_tokens for s in rows]
-    skipped_samples = len(all_rows) - len(rows)
-    seq_mean = cfg.loss_aggregation == "sequence_mean"
-    max_depth = max(s.depth for s in rows)
     per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
-    dev = accelerator.device
     metrics: list[dict[str, float]] = []
-    step = 0
-    done = False
     for epoch in range(cfg.epochs):
         order = epoch_order(len(mbs), seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
-        # Pad the global micro-batch list to a multiple of the process count with fillers (-1).
-        order += [-1] * (-len(order) % world)
+        order += [-1] * (-len(order) % world)  # fillers (-1): every process runs as many micro-batches
         chunk = per_step or len(order)
         for start in range(0, len(order), chunk):
-            step_mbs = order[start:start + chunk]
-            t0 = time.perf_counter()
-            step_tokens = sum(tokens_of[i] for j in step_mbs if j >= 0 for i in mbs[j].indices)
-            step_samples = sum(1 for j in step_mbs if j >= 0 for i in mbs[j].indices if tokens_of[i] > 0)
-            if per_step is None:  # one step per epoch: the skipped zero-coefficient samples still count
-                step_tokens += skipped_tokens
-                step_samples += skipped_samples
-            normalizer = max(step_samples if seq_mean else step_tokens, 1) / world
-            local = step_mbs[rank::world]
-            acc = torch.zeros(9, device=dev, dtype=torch.float64)
-            kl_depth = torch.zeros(2, max_depth + 1, device=dev, dtype=torch.float64)
-            for k, j in enumerate(local):
-                mb = mbs[j if j >= 0 else 0]
-                batch_rows = [rows[i] for i in mb.indices]
-                batch = collate(batch_rows, pad_id, dev, zero_out=j < 0)
-                sync = k == len(local) - 1
-                ctx = contextlib.nullcontext() if sync else accelerator.no_sync(model)
-                with ctx:
-                    lp = logprobs_of(model, batch)  # [B, L]
-                    ref_lp = None
-                    if cfg.kl_coef > 0:
-                        with torch.no_grad():
-                            if ref_model is not None:
-                                ref_lp = logprobs_of(ref_model, batch)
-                            else:  # LoRA: the reference is the base model, adapter off
-                                with accelerator.unwrap_model(model).disable_adapter():
-                                    ref_lp = logprobs_of(model, batch)
-                    loss, st = policy_loss(
-                        lp, batch["behaviour_logprobs"], batch["loss_mask"], batch["coef"],
-                        loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-                        ref_logprobs=ref_lp, kl_coef=cfg.kl_coef, normalizer=normalizer,
-                        aggregation=cfg.loss_aggregation,
-                    )
-                    accelerator.backward(loss)
-                if j >= 0:
-                    n_rows = len(batch_rows)
-                    acc += torch.stack([
-                        st.loss_sum, st.pg_loss_sum, st.ref_kl_sum, st.tokens, st.clipped_tokens, st.ratio_sum,
-                        batch["attention_mask"].sum().to(st.tokens.dtype),
-                        torch.tensor(float(mb.padded_tokens), device=dev),
-                        torch.tensor(float(n_rows), device=dev),
-                    ]).to(torch.float64)
-                    kl_depth[0].index_add_(0, batch["depth"], st.kl_mismatch_per_sample.to(torch.float64))
-                    kl_depth[1].index_add_(0, batch["depth"], st.tokens_per_sample.to(torch.float64))
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            acc = accelerator.reduce(acc, reduction="sum")
-            kl_depth = accelerator.reduce(kl_depth, reduction="sum")
-            dt = time.perf_counter() - t0
-            idx = [i for j in step_mbs if j >= 0 for i in mbs[j].indices]
-            tok = max(float(acc[3]), 1.0)
-            m = {
-                "train/step": float(step), "train/epoch": float(epoch),
-                "train/loss": float(acc[0]) / tok, "train/pg_loss": float(acc[1]) / tok,
-                "train/kl_ref": float(acc[2]) / tok, "train/clip_frac": float(acc[4]) / tok,
-                "train/ratio_mean": float(acc[5]) / tok, "train/grad_norm": float(grad_norm),
-                "train/adv_abs_mean": sum(abs(rows[i].advantage) for i in idx) / len(idx),
-                "train/coef_abs_mean": sum(abs(rows[i].advantage * rows[i].weight) for i in idx) / len(idx),
-                "train/tokens": float(acc[3]), "train/seq_tokens": float(acc[6]),
-                "train/padded_tokens": float(acc[7]), "train/samples": float(acc[8]),
-                "train/kl_mismatch": float(kl_depth[0].sum()) / max(float(kl_depth[1].sum()), 1.0),
-                "train/lr": float(scheduler.get_last_lr()[0]), "train/step_s": dt,
-                "train/optimizer_steps_total": float(prior["steps"] + step),
-                "train/tokens_per_s": float(acc[6]) / dt if dt > 0 else 0.0,
-            }
-            for d in range(max_depth + 1):
-                if kl_depth[1, d] > 0:
-                    m[f"train/kl_mismatch_depth_{d}"] = float(kl_depth[0, d] / kl_depth[1, d])
+            # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
+            m = _optimizer_step(run, rows, mbs, tokens_of, order[start:start + chunk],
+                                skipped if per_step is None else (0, 0), epoch)
             metrics.append(m)
-            if on_step is not None and accelerator.is_main_process:
+            if on_step is not None and run.accelerator.is_main_process:
                 on_step(m)
-            if cfg.max_steps is not None and step >= cfg.max_steps:
-                done = True
-                break
-        if done:
-            break
+            if cfg.max_steps is not None and run.steps >= cfg.max_steps:
+                return metrics
+    return metrics
 
-    manifest = {
+
+def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer: float, sync: bool) -> Any:
+    """Loss of one micro-batch (``rao_core.train.loss.policy_loss``) and its backward; returns the LossStats.
+    Gradients are synchronised across processes only on the step's last micro-batch (``sync``)."""
+    cfg, acc = run.cfg, run.accelerator
+    with contextlib.nullcontext() if sync else acc.no_sync(run.model):
+        lp = run.logprobs(run.model, batch)  # [B, L]
+        ref_lp = None
+        if cfg.kl_coef > 0:
+            with torch.no_grad():
+                if run.ref_model is not None:
+                    ref_lp = run.logprobs(run.ref_model, batch)
+                else:  # LoRA: the reference is the base model, adapter off
+                    with acc.unwrap_model(run.model).disable_adapter():
+                        ref_lp = run.logprobs(run.model, batch)
+        loss, st = policy_loss(
+            lp, batch["behaviour_logprobs"], batch["loss_mask"], batch["coef"],
+            loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+            ref_logprobs=ref_lp, kl_coef=cfg.kl_coef, normalizer=normalizer, aggregation=cfg.loss_aggregation,
+        )
+        acc.backward(loss)
+    return st
+
+
+def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of: list[int], step_mbs: list[int],
+                    skipped: tuple[int, int], epoch: int) -> dict[str, float]:
+    """One optimizer step over the micro-batches ``step_mbs`` (indices into ``mbs``; -1 = a filler).
+
+    The normaliser is the step's assistant tokens (``token_mean``) or node trajectories (``sequence_mean``)
+    over all processes, plus the ``skipped`` (samples, tokens), divided by the process count to undo the
+    gradient averaging of DDP/FSDP (docs/algorithm.md, "Loss aggregation"). Each process takes every
+    ``world``-th micro-batch. Returns the step's metrics (docs/algorithm.md, "Metric names").
+    """
+    cfg, acc = run.cfg, run.accelerator
+    world, rank, dev = acc.num_processes, acc.process_index, acc.device
+    t0 = time.perf_counter()
+    idx = [i for j in step_mbs if j >= 0 for i in mbs[j].indices]
+    step_samples = sum(1 for i in idx if tokens_of[i] > 0) + skipped[0]
+    step_tokens = sum(tokens_of[i] for i in idx) + skipped[1]
+    normalizer = max(step_samples if cfg.loss_aggregation == "sequence_mean" else step_tokens, 1) / world
+    sums = torch.zeros(9, device=dev, dtype=torch.float64)
+    kl_depth = torch.zeros(2, max(s.depth for s in rows) + 1, device=dev, dtype=torch.float64)  # [sum k3, tokens]
+    local = step_mbs[rank::world]
+    for k, j in enumerate(local):
+        mb = mbs[j if j >= 0 else 0]
+        batch = collate([rows[i] for i in mb.indices], run.pad_id, dev, zero_out=j < 0)
+        st = _forward_backward(run, batch, normalizer, sync=k == len(local) - 1)
+        if j >= 0:
+            sums += torch.stack([
+                st.loss_sum, st.pg_loss_sum, st.ref_kl_sum, st.tokens, st.clipped_tokens, st.ratio_sum,
+                batch["attention_mask"].sum().to(st.tokens.dtype), torch.tensor(float(mb.padded_tokens), device=dev),
+                torch.tensor(float(len(mb.indices)), device=dev),
+            ]).to(torch.float64)
+            kl_depth[0].index_add_(0, batch["depth"], st.kl_mismatch_per_sample.to(torch.float64))
+            kl_depth[1].index_add_(0, batch["depth"], st.tokens_per_sample.to(torch.float64))
+    grad_norm = acc.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm or math.inf)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.steps += 1
+    sums = acc.reduce(sums, reduction="sum")
+    kl_depth = acc.reduce(kl_depth, reduction="sum")
+    dt = time.perf_counter() - t0
+    tok = max(float(sums[3]), 1.0)
+    m = {
+        "train/step": float(run.steps), "train/epoch": float(epoch),
+        "train/loss": float(sums[0]) / tok, "train/pg_loss": float(sums[1]) / tok,
+        "train/kl_ref": float(sums[2]) / tok, "train/clip_frac": float(sums[4]) / tok,
+        "train/ratio_mean": float(sums[5]) / tok, "train/grad_norm": float(grad_norm),
+        "train/adv_abs_mean": sum(abs(rows[i].advantage) for i in idx) / len(idx),
+        "train/coef_abs_mean": sum(abs(rows[i].advantage * rows[i].weight) for i in idx) / len(idx),
+        "train/tokens": float(sums[3]), "train/seq_tokens": float(sums[6]),
+        "train/padded_tokens": float(sums[7]), "train/samples": float(sums[8]),
+        "train/kl_mismatch": float(kl_depth[0].sum()) / max(float(kl_depth[1].sum()), 1.0),
+        "train/lr": float(run.scheduler.get_last_lr()[0]), "train/step_s": dt,
+        "train/optimizer_steps_total": float(run.warmup.steps_before + run.steps),
+        "train/tokens_per_s": float(sums[6]) / dt if dt > 0 else 0.0,
+    }
+    for d in range(kl_depth.shape[1]):
+        if kl_depth[1, d] > 0:
+            m[f"train/kl_mismatch_depth_{d}"] = float(kl_depth[0, d] / kl_depth[1, d])
+    return m
+
+
+def _manifest(run: _Session, model_path: Path, base_path: Path, all_rows: list[Sample], rows: list[Sample],
+              metrics: list[dict[str, float]], iteration: int) -> dict[str, Any]:
+    """The checkpoint's ``rao-checkpoint.json``: lineage, data and config hashes, what ran and how."""
+    cfg, parent = run.cfg, read_manifest(model_path) or {}
+    return {
         "kind": "lora" if cfg.lora is not None else "full",
         "parent_checkpoint": str(model_path),
-        "parent_iteration": (read_manifest(model_path) or {}).get("iteration"),
-        "parent_data_hash": (read_manifest(model_path) or {}).get("data_hash"),
+        "parent_iteration": parent.get("iteration"),
+        "parent_data_hash": parent.get("data_hash"),
         "base_model": str(base_path),
         "iteration": iteration,
         "data_hash": data_hash(all_rows),
@@ -406,23 +473,15 @@ def train(
         "config": json.loads(cfg.model_dump_json()),
         "num_samples": len(all_rows),
         "num_trained_samples": len(rows),
-        "num_steps": step,
+        "num_steps": run.steps,
         "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows),
         "created_at": time.time(),
         "final_metrics": metrics[-1] if metrics else {},
-        "logprob_path": f"chunked ({lm_chunk} tokens)" if lm_chunk is not None else "full logits",
-        "optimizer_state": {"continued": state is not None, "why": optim_why,
-                            "steps_total": prior["steps"] + step},
+        "logprob_path": f"chunked ({run.lm_chunk} tokens)" if run.lm_chunk is not None else "full logits",
+        "optimizer_state": {"continued": run.optim_why == "continued", "why": run.optim_why,
+                            "steps_total": run.warmup.steps_before + run.steps},
         "versions": _versions(),
     }
-    optim_state = None
-    if not sharded_optim:
-        optim_state = {"optimizer": optimizer.state_dict(), "steps": prior["steps"] + step,
-                       "loss_type": cfg.loss_type, "lora": cfg.lora is not None}
-    _save(accelerator, model, tokenizer, out_dir, manifest, tied=tied, lora=cfg.lora is not None,
-          save_dtype=save_dtype, optim_state=optim_state)
-    accelerator.wait_for_everyone()
-    return TrainResult(checkpoint=out_dir, metrics=metrics, manifest=manifest)
 
 
 def _versions() -> dict[str, str]:

@@ -1,10 +1,18 @@
-"""Eqs. (3), (4), (5): leave-one-out baseline, advantage, depth weights."""
+"""Eqs. (3), (4), (5): leave-one-out baseline and the other estimators, advantage, depth weights."""
 
 import math
 
 import pytest
 
-from rao_core.advantages import depth_weights, leave_one_out_baselines, node_advantage
+from rao_core.advantages import ADVANTAGE_ESTIMATORS, depth_weights, group_baselines, node_advantage
+
+
+def leave_one_out_baselines(roots):
+    return [b for b, _ in group_baselines(roots, "leave_one_out")]
+
+
+def flat(pairs):
+    return [x for pair in pairs for x in pair]
 
 
 def test_baseline_group_of_two():
@@ -42,8 +50,36 @@ def test_baseline_fewer_than_two_valid_raises():
 
 
 def test_advantage():
-    # A = R - b = 1.5 - 0.25 = 1.25
+    # A = R - b = 1.5 - 0.25 = 1.25; with the grpo scale 0.5: (1.5 - 0.25) / 0.5 = 2.5
     assert node_advantage(1.5, 0.25) == pytest.approx(1.25)
+    assert node_advantage(1.5, 0.25, 0.5) == pytest.approx(2.5)
+
+
+def test_estimators_by_hand():
+    # r = 1, 0, 0.5, 0.5: sum 2, V = 4, mean 0.5
+    r = [1.0, 0.0, 0.5, 0.5]
+    assert set(ADVANTAGE_ESTIMATORS) == {"leave_one_out", "group_mean", "grpo", "none"}
+    # leave_one_out: (2 - r_g) / 3 -> 1/3, 2/3, 1/2, 1/2; scale 1
+    assert flat(group_baselines(r)) == pytest.approx([1 / 3, 1.0, 2 / 3, 1.0, 0.5, 1.0, 0.5, 1.0])
+    # group_mean: the mean of all four, the tree's own root included
+    assert group_baselines(r, "group_mean") == [(0.5, 1.0)] * 4
+    # grpo: mean 0.5; squared deviations 0.25 + 0.25 + 0 + 0 = 0.5; / (V - 1) = 1/6; std = 0.408248
+    assert flat(group_baselines(r, "grpo")) == pytest.approx([0.5, math.sqrt(1 / 6)] * 4)
+    # none: no baseline
+    assert group_baselines(r, "none") == [(0.0, 1.0)] * 4
+
+
+def test_estimators_nan_root_and_flat_group():
+    # r = 1, NaN, 0: the NaN root gets (NaN, NaN) and is left out of the others' mean (1 + 0) / 2 = 0.5
+    out = group_baselines([1.0, math.nan, 0.0], "group_mean")
+    assert out[0] == out[2] == (0.5, 1.0) and all(math.isnan(x) for x in out[1])
+    # grpo with equal roots: std 0 -> scale 1 (not a division by ~0 for inner nodes whose R differs)
+    assert group_baselines([1.0, 1.0], "grpo") == [(1.0, 1.0), (1.0, 1.0)]
+    for name in ADVANTAGE_ESTIMATORS:  # one scored root is not a group, whatever the estimator
+        with pytest.raises(ValueError, match="at least 2 scored roots"):
+            group_baselines([1.0, None], name)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'median'"):
+        group_baselines([1.0, 0.0], "median")
 
 
 def test_depth_weights_paper_example():

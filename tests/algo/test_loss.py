@@ -142,3 +142,18 @@ def test_sequence_mean_normaliser_counts_nodes():
     assert float(loss) == pytest.approx(3.0 / 4)
     with pytest.raises(ValueError, match="aggregation"):
         policy_loss(logp, logp.detach(), mask, coef, aggregation="sum")
+
+
+def test_loss_registry_chosen_by_name(monkeypatch):
+    """A new loss is one entry of LOSSES: the config accepts its name and policy_loss applies it."""
+    from rao_core.train import TrainerConfig
+    from rao_core.train.objectives import LOSSES, TokenLoss
+
+    assert set(LOSSES) == {"reinforce", "ppo", "cispo", "sft"} and not LOSSES["sft"].uses_advantage
+    with pytest.raises(ValueError, match="unknown loss_type 'double'"):
+        TrainerConfig(loss_type="double")
+    monkeypatch.setitem(LOSSES, "double", TokenLoss(lambda logp, ratio, c, lo, hi: (-2 * c * logp, None)))
+    assert TrainerConfig(loss_type="double").loss_type == "double"
+    # -2 * c * logp with c = 0.5, logp = -0.7: loss 0.7, d loss / d logp = -2 * 0.5 = -1
+    loss, grad, st = one(-0.7, coef=0.5, loss_type="double")
+    assert loss == pytest.approx(0.7) and grad == pytest.approx(-1.0) and st.clipped_tokens.item() == 0

@@ -121,6 +121,8 @@ def test_bad_records_raise():
         build_samples([tree("A", "", [node("r", None, 0, 1.0)])], lam=0.0)
     with pytest.raises(ValueError, match="appears twice"):
         build_samples([tree("A", "g", [node("r", None, 0, 1.0)]), tree("A", "g", [node("r", None, 0, 1.0)])], lam=0.0)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'median'"):  # never taken for a small group
+        build_samples(_two_trees(), lam=0.0, estimator="median")
 
 
 def test_batched_matches_naive_loop():
@@ -171,3 +173,50 @@ def test_write_read_roundtrip(tmp_path, suffix):
     assert [f.name for f in tmp_path.iterdir()] == [f"s{suffix}"]  # no temp file left
     with pytest.raises(ValueError, match="unknown samples format"):
         write_samples(tmp_path / "s.csv", batch)
+
+
+def _two_trees():
+    # tree A: root s=1 with child s=1; tree B: root s=0 (leaf). Depths kept 0, 1, 0.
+    return [tree("A", "g", [node("r", None, 0, 1.0), node("c", "r", 1, 1.0)]), tree("B", "g", [node("r", None, 0, 0.0)])]
+
+
+@pytest.mark.parametrize("estimator, advantages", [
+    # lam = 0.5: R(A.r) = 1 + 0.5 * 1 = 1.5, R(A.c) = 1, R(B.r) = 0
+    ("leave_one_out", [1.5 - 0.0, 1.0 - 0.0, 0.0 - 1.5]),  # b_A = r_B = 0, b_B = r_A = 1.5
+    ("group_mean", [1.5 - 0.75, 1.0 - 0.75, 0.0 - 0.75]),  # b = (1.5 + 0) / 2 = 0.75 for both trees
+    # grpo: mean 0.75, std = sqrt((0.75^2 + 0.75^2) / (2 - 1)) = sqrt(1.125) = 1.06066
+    ("grpo", [0.75 / math.sqrt(1.125), 0.25 / math.sqrt(1.125), -0.75 / math.sqrt(1.125)]),
+    ("none", [1.5, 1.0, 0.0]),  # A = R
+])
+def test_estimator_from_config(estimator, advantages):
+    batch = build_samples(_two_trees(), lam=0.5, estimator=estimator)
+    assert [(s.tree_id, s.node_id) for s in batch.samples] == [("A", "r"), ("A", "c"), ("B", "r")]
+    assert [s.advantage for s in batch.samples] == pytest.approx(advantages)
+    assert [s.weight for s in batch.samples] == pytest.approx([0.75, 1.5, 0.75])  # Eq. (5) whatever the estimator
+
+
+def test_ablation_lambda_zero():
+    # lam = 0: no delegation bonus, R = s: R(A.r) = 1, R(A.c) = 1, R(B.r) = 0; b_A = 0, b_B = 1
+    batch = build_samples(_two_trees(), lam=0.0)
+    assert [s.reward for s in batch.samples] == [1.0, 1.0, 0.0]
+    assert [s.advantage for s in batch.samples] == pytest.approx([1.0, 1.0, -1.0])
+
+
+def test_ablation_no_depth_weights():
+    # depth_weighting off: every w_d = 1 instead of 0.75, 1.5, 0.75; advantages unchanged (1.5, 1, -1.5)
+    batch = build_samples(_two_trees(), lam=0.5, depth_weighting=False)
+    assert [s.weight for s in batch.samples] == [1.0, 1.0, 1.0]
+    assert [s.advantage for s in batch.samples] == pytest.approx([1.5, 1.0, -1.5])
+
+
+def test_ablations_are_config_values():
+    from rao_core.config import load_config
+    from rao_core.samples import AlgoSettings
+
+    cfg = load_config(None, ["algo.lam=0", "algo.advantage=grpo", "algo.depth_weights=false",
+                             "judge.child_source=root_proxy"])
+    assert (cfg.algo.lam, cfg.algo.advantage, cfg.algo.depth_weights) == (0.0, "grpo", False)
+    assert cfg.judge.child_source == "root_proxy"
+    assert AlgoSettings().advantage == "leave_one_out" and AlgoSettings().depth_weights is True
+    with pytest.raises(ValueError, match="unknown advantage estimator 'median'"):
+        AlgoSettings(advantage="median")

@@ -25,7 +25,7 @@ async def _solve_all(tasks):
                             tokenizer=tiny_model_path())
     for task, tree in zip(tasks, trees):
         assert tree.error is None, tree.error
-        bad = [(n.node_id, n.end_reason, n.error) for n in tree.nodes if n.env_info.get("verifier_success") != 1.0]
+        bad = [(n.node_id, n.end_reason, n.error) for n in tree.nodes if n.verifier != 1.0]
         assert not bad, (task.task_id, bad)  # every node, root and sub-agents, verified exactly
         assert tree.root.end_reason == EndReason.FINISHED and tree.root.result.startswith("Crafted")
         assert all(len(n.token_ids) <= config.context_window for n in tree.nodes)

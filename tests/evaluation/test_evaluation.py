@@ -47,7 +47,7 @@ def test_wilson_interval_edges():
 
 # -- summaries from hand-made trees ------------------------------------------------------------------------
 def _tree(i: int, success: float | None, children: int = 0, depth2: bool = False) -> ExecutionTree:
-    root = Node(node_id="0", goal="g", end_reason=EndReason.FINISHED, env_info={"verifier_success": success},
+    root = Node(node_id="0", goal="g", end_reason=EndReason.FINISHED, verifier=success,
                 token_ids=[1, 2, 3, 4], assistant_mask=[0, 0, 1, 1], behaviour_logprobs=[0.0] * 4)
     nodes = [root]
     for c in range(children):

@@ -13,7 +13,7 @@ from rao_core.config import ConfigError, load_config
 
 def test_shipped_configs_load():
     cpu = load_config("configs/cpu-smoke.yaml")
-    gpu = load_config("configs/gpu-qwen3-4b.yaml")
+    gpu = load_config("configs/gpu-qwen3-4b.yaml", check_paths=False)  # its model lives on the GPU machine
     assert (cpu.algo.G, cpu.runtime.context_window, cpu.tasks.env) == (4, 3072, "textcraft-synth")
     assert cpu.tasks.difficulties == ["tier1"] and cpu.trainer.temperature == cpu.runtime.temperature == 0.7
     tier1 = load_config("configs/experiment-textcraft-tier1.yaml")
@@ -49,25 +49,115 @@ def test_overrides_and_cross_field_check():
     assert "exceeds serving.max_model_len" in msg
 
 
+def test_difficulties_are_checked_against_the_environment_at_load():
+    """tasks, eval and warm_start difficulties must be ones the environment's generator knows."""
+    expected = "expected one of ['tier1', 'easy', 'medium', 'hard', 'extreme', 'mixed']"
+    msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml", ["tasks.difficulties=[nope]"]).value)
+    assert msg == ("configs/cpu-smoke.yaml: tasks.difficulties = ['nope']: unknown textcraft-synth difficulty "
+                   f"'nope'; {expected} (tasks.env = 'textcraft-synth')")
+    msg = str(pytest.raises(ConfigError, load_config, None, ["eval.difficulties=[hard, zzz]"]).value)
+    assert msg.startswith("<defaults>: eval.difficulties = ['hard', 'zzz']: unknown textcraft-synth difficulty 'zzz'")
+    msg = str(pytest.raises(ConfigError, load_config, None, ["warm_start.mode=demos",
+                                                             "warm_start.difficulties=[tier2]"]).value)
+    assert "warm_start.difficulties = ['tier2']: unknown textcraft-synth difficulty 'tier2'" in msg
+    # the environment changed, the difficulties not: cpu-smoke's tier1 is no Oolong question type
+    msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml", ["tasks.env=oolong"]).value)
+    assert "tasks.difficulties = ['tier1']: unknown oolong difficulty 'tier1'" in msg and "'mixed'" in msg
+    # DeepDive accepts its named levels and k<N>
+    dd = load_config(None, ["tasks.env=deepdive", "tasks.difficulties=[k3, easy]", "eval.difficulties=[hard]"])
+    assert dd.tasks.difficulties == ["k3", "easy"]
+    with pytest.raises(ConfigError, match=r"eval.difficulties = \['k0'\]: unknown DeepDive difficulty 'k0'"):
+        load_config(None, ["tasks.env=deepdive", "tasks.difficulties=[easy]", "eval.difficulties=[k0]"])
+    # lists that are not used are not checked: a task file, evaluation off, no demonstrations
+    unused = load_config(None, ["tasks.train_file=configs/cpu-smoke.yaml", "tasks.difficulties=[nope]",
+                                "eval.enabled=false", "eval.difficulties=[nope]", "warm_start.difficulties=[nope]"])
+    assert unused.tasks.difficulties == ["nope"] and unused.warm_start.mode == "none"
+    assert "at least 1 item" in str(pytest.raises(ConfigError, load_config, None, ["tasks.difficulties=[]"]).value)
+
+
+def test_env_options_are_checked_at_load():
+    msg = str(pytest.raises(ConfigError, load_config, None, ["tasks.env_options={colour: red}"]).value)
+    assert "tasks.env_options = {'colour': 'red'}: not accepted by textcraft-synth" in msg and "\n" not in msg
+    msg = str(pytest.raises(ConfigError, load_config, None, ["tasks.env=deepdive", "tasks.difficulties=[easy]",
+                                                             "eval.difficulties=[easy]",
+                                                             "tasks.env_options={page_chars: 5}"]).value)
+    assert "not accepted by deepdive: page_chars: Input should be greater than or equal to 200 (got 5)" in msg
+
+
+def test_paths_the_config_names_must_exist(tmp_path):
+    msg = str(pytest.raises(ConfigError, load_config, None, [f"model.path={tmp_path / 'no-model'}"]).value)
+    assert msg == f"<defaults>: model.path = '{tmp_path / 'no-model'}': model not found (no config.json there)"
+    ckpt = ["warm_start.mode=checkpoint", f"warm_start.checkpoint={tmp_path / 'no-ckpt'}"]
+    msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml", ckpt).value)
+    assert msg.startswith(f"configs/cpu-smoke.yaml: warm_start.checkpoint = '{tmp_path / 'no-ckpt'}': no checkpoint "
+                          "folder there")
+    msg = str(pytest.raises(ConfigError, load_config, None, [f"tasks.train_file={tmp_path / 'no.jsonl'}"]).value)
+    assert msg == f"<defaults>: tasks.train_file = '{tmp_path / 'no.jsonl'}': file not found"
+    msg = str(pytest.raises(ConfigError, load_config, None, ["warm_start.mode=checkpoint",
+                                                             "warm_start.checkpoint=models:/rao-policy"]).value)
+    assert "warm_start.checkpoint = 'models:/rao-policy': 'models:/rao-policy' is not 'models:/NAME@ALIAS'" in msg
+    # what exists, or cannot be checked before the campaign runs, is accepted
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "adapter_config.json").write_text("{}")
+    for ref in (str(tmp_path / "ck"), "models:/rao-policy@champion", "models:/rao-policy/3", "s3://rao/x/ckpt"):
+        assert load_config(None, ["warm_start.mode=checkpoint", f"warm_start.checkpoint={ref}"]).warm_start.checkpoint == ref
+    # a config prepared for another machine: paths unchecked on request, named otherwise
+    assert load_config("configs/gpu-qwen3-4b.yaml", check_paths=False).model.path.name == "Qwen3-4B-Instruct-2507"
+    with pytest.raises(ConfigError, match="model.path = '/models/Qwen3-4B-Instruct-2507': model not found"):
+        load_config("configs/gpu-qwen3-4b.yaml")
+
+
+def test_unreadable_config_files_name_the_file(tmp_path):
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    msg = str(pytest.raises(ConfigError, load_config, f).value)
+    assert msg == f"{f}: not UTF-8 text (invalid continuation byte at byte 9)"
+    assert str(pytest.raises(ConfigError, load_config, tmp_path).value) == f"{tmp_path}: is a folder, not a config file"
+
+
 def _rao(*args, env=None):
     return subprocess.run([sys.executable, "-m", "rao_cli.main", *args], capture_output=True, text=True,
                           timeout=180, env={**os.environ, **(env or {})})
 
 
-def test_cli_bad_config_is_one_line_exit_2(tmp_path):
+#: Every service pointed at a closed port: a command that got as far as using one would hang or fail there.
+NOWHERE = {"PREFECT_API_URL": "http://127.0.0.1:9/api", "RAO_S3_ENDPOINT": "http://127.0.0.1:9",
+           "MLFLOW_TRACKING_URI": "http://127.0.0.1:9", "RAO_POLICY_BASE_URL": "http://127.0.0.1:9/v1"}
+
+
+def _one_error_line(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and r.stderr.startswith("error: "), r.stdout + r.stderr
+    return lines[0]
+
+
+def test_cli_bad_config_is_one_line_exit_1(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("algo:\n  G: 1\n")
-    r = _rao("run", "--config", str(f), env={"RAO_HOME": str(tmp_path)})
-    assert r.returncode == 2
-    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "algo.G = 1" in lines[0] and lines[0].startswith("error:")
+    r = _rao("run", "--config", str(f), env={"RAO_HOME": str(tmp_path), **NOWHERE})
+    assert r.returncode == 1 and "algo.G = 1" in _one_error_line(r)
 
 
-def test_cli_missing_model_is_one_line_exit_2(tmp_path):
-    r = _rao("run", "--set", f"model.path={tmp_path / 'no-model'}", env={"RAO_HOME": str(tmp_path)})
-    assert r.returncode == 2
-    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "model not found" in lines[0] and "no-model" in lines[0]
+def test_cli_missing_model_is_one_line_exit_1(tmp_path):
+    r = _rao("run", "--set", f"model.path={tmp_path / 'no-model'}", env={"RAO_HOME": str(tmp_path), **NOWHERE})
+    line = _one_error_line(r)
+    assert r.returncode == 1 and "model.path" in line and "model not found" in line and "no-model" in line
+
+
+@pytest.mark.parametrize("override, key", [
+    ("tasks.difficulties=[nope]", "tasks.difficulties = ['nope']"),
+    ("eval.difficulties=[nope]", "eval.difficulties = ['nope']"),
+    ("warm_start.difficulties=[nope]", "warm_start.difficulties = ['nope']"),  # cpu-smoke warm-starts on demos
+    ("tasks.env=arte", "tasks.difficulties = ['tier1']: unknown arte difficulty"),
+    ("warm_start.checkpoint=/no/such/ckpt", "warm_start.checkpoint = '/no/such/ckpt'"),
+])
+def test_cli_run_refuses_a_bad_config_before_any_service(tmp_path, override, key):
+    """``rao run --set ...``: the config mistake is one line naming the key, before Prefect, S3, MLflow or vLLM
+    are touched (all point nowhere) and before anything is written under RAO_HOME."""
+    extra = ["--set", "warm_start.mode=checkpoint"] if override.startswith("warm_start.checkpoint") else []
+    r = _rao("run", "--set", override, *extra, env={"RAO_HOME": str(tmp_path / "home"), **NOWHERE})
+    assert r.returncode == 1 and key in _one_error_line(r)
+    assert not (tmp_path / "home" / "campaigns").exists()
 
 
 def test_one_sampling_temperature_for_sampler_and_trainer():

@@ -18,7 +18,7 @@ def node(node_id: str, parent: str | None, *, depth: int = 0, goal: str = "", re
     return Node(node_id=node_id, parent_id=parent, depth=depth, goal=goal or f"goal of {node_id}",
                 result=result if finished else None, turns=turns,
                 end_reason=EndReason.FINISHED if finished else EndReason.MAX_STEPS,
-                env_info={} if verifier is None else {"verifier_success": verifier})
+                verifier=verifier)
 
 
 def tree(env: str, nodes: list[Node], tree_id: str = "t0") -> ExecutionTree:

@@ -265,6 +265,47 @@ def test_sync_wrapper_and_rejudge_starts_clean(config):
 
 def test_bad_verifier_value_is_named(config):
     t = tree("oolong", [node("r", None, verifier=1.0), node("a", "r", depth=1)])
-    t.nodes[1].env_info["verifier_success"] = 2.0
+    t.nodes[1].verifier = 2.0  # set in memory (a file with it would not load)
     with pytest.raises(ValueError, match="node a: .* outside"):
         judge_trees_sync([t], "oolong", config)
+
+
+async def test_root_proxy_for_every_child_ablation(config):
+    """judge.child_source = root_proxy (the paper's ablation): every sub-agent node takes its root's success,
+    whatever its own verifier (a: 0.0), the judge (b) or the unfinished rule (c) would have said."""
+    t = oolong_tree(root_v=0.75)
+    t.node("a").verifier = 0.0
+    with FakeOpenAI(never) as srv:
+        out, stats = await judge_trees([t], "oolong", config.model_copy(
+            update={"base_url": srv.base_url, "child_source": "root_proxy", "use_proxy": False}))
+    assert src(out[0]) == {"r": ("verifier", 0.75), "a": ("proxy", 0.75), "b": ("proxy", 0.75), "c": ("proxy", 0.75)}
+    assert stats.requests == 0 and stats.unfinished_rule == 0 and stats.sources["proxy"] == 3
+    # an unscored root leaves its children unscored too
+    out, _ = await judge_trees([oolong_tree(root_v=None)], "oolong", config.model_copy(
+        update={"enabled": False, "child_source": "root_proxy"}))
+    assert all(s == "none" and math.isnan(v) for s, v in src(out[0]).values())
+
+
+def test_schema_1_tree_file_loads_with_its_verifier_value(config, tmp_path):
+    """A tree written before schema 2 (verifier value in env_info["verifier_success"]) still loads, and the
+    judge reads the value as the node's verifier."""
+    from rao_core.tree import SCHEMA_VERSION, read_trees, write_trees
+
+    def old_node(nid, parent, depth, v):
+        return {"node_id": nid, "parent_id": parent, "depth": depth, "goal": f"goal {nid}", "end_reason": "finished",
+                "env_info": {"verifier_success": v, "inventory": {"stick": 1}}, "children": ["a"] if nid == "r" else []}
+
+    line = {"schema_version": 1, "tree_id": "t", "env": "textcraft-synth", "task_id": "x", "group_id": "g",
+            "root_id": "r", "nodes": [old_node("r", None, 0, 1.0), old_node("a", "r", 1, None)]}
+    (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n")
+    [t] = read_trees(tmp_path / "old.jsonl")
+    assert SCHEMA_VERSION == 2 and t.schema_version == 2
+    assert (t.root.verifier, t.node("a").verifier) == (1.0, None)
+    assert t.root.env_info == {"inventory": {"stick": 1}}  # the moved key is gone, the rest kept
+    out, _ = judge_trees_sync([t], None, config.model_copy(update={"enabled": False}))
+    assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("proxy", 1.0)}
+    assert read_trees(write_trees(tmp_path / "new.jsonl", [t])) == [t]  # written back as schema 2
+    line["schema_version"] = 3
+    (tmp_path / "future.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match="schema_version 3, expected 2"):
+        read_trees(tmp_path / "future.jsonl")

@@ -10,14 +10,17 @@ from flows.experiment import ExperimentParams, _rows, arm_overrides, learning_cu
 CONFIG = "configs/experiment-textcraft-cpu.yaml"
 
 
-def test_arm_overrides_share_the_warm_start_and_separate_the_registry():
+def test_arm_overrides_share_the_warm_start_and_separate_the_registry(tmp_path):
     rec = arm_overrides("recursive", ["algo.G=2"], "rao-policy-x", None)
     assert rec == ["algo.G=2", "eval.modes=[recursive]"]
-    single = arm_overrides("single", [], "rao-policy-x", "/ckpt/iter-0")
+    ckpt = tmp_path / "iter-0"  # the recursive arm's warm-start checkpoint (the config checks that it exists)
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    single = arm_overrides("single", [], "rao-policy-x", str(ckpt))
     cfg = CampaignParams(config=CONFIG, overrides=single).resolve()
     assert cfg.runtime.delegation is False and cfg.runtime.effective_max_depth == 0
     assert cfg.eval.modes == ["single"] and cfg.model.registered_model.endswith("-single")
-    assert cfg.warm_start.mode == "checkpoint" and cfg.warm_start.checkpoint == "/ckpt/iter-0"
+    assert cfg.warm_start.mode == "checkpoint" and cfg.warm_start.checkpoint == str(ckpt)
     first = CampaignParams(config=CONFIG, overrides=rec).resolve()
     assert first.warm_start.mode == "demos" and first.runtime.delegation is True and first.algo.G == 2
     with pytest.raises(ValueError, match="unknown arm"):

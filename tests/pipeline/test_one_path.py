@@ -81,8 +81,9 @@ def test_validation_cache_is_keyed_by_what_defines_the_tasks(tmp_path, monkeypat
 
     a = validation_tasks(_ctx(tmp_path, monkeypatch, **{"eval.n_tasks": 2}))
     b = validation_tasks(_ctx(tmp_path, monkeypatch, **{"eval.n_tasks": 3}))
-    c = validation_tasks(_ctx(tmp_path, monkeypatch, **{"tasks.env": "oolong", "eval.difficulties": ["singledoc_rolls"],
-                                                        "eval.n_tasks": 1, "tasks.generator_options": {"target_tokens": 300}}))
+    c = validation_tasks(_ctx(tmp_path, monkeypatch, **{"tasks.env": "oolong", "tasks.difficulties": ["mixed"],
+                                                        "eval.difficulties": ["singledoc_rolls"], "eval.n_tasks": 1,
+                                                        "tasks.generator_options": {"target_tokens": 300}}))
     assert (len(a), len(b), len(c)) == (2, 3, 1)
     assert _ids(b)[:2] == _ids(a) and c[0].env == "oolong"
 
@@ -95,7 +96,8 @@ def test_pipeline_evaluation_keeps_oolong_partial_credit(tmp_path, monkeypatch):
     import rao_core.evaluation as evaluation
     import tasks.stages as stages
 
-    ctx = _ctx(tmp_path, monkeypatch, **{"tasks.env": "oolong", "eval.difficulties": ["singledoc_rolls"],
+    ctx = _ctx(tmp_path, monkeypatch, **{"tasks.env": "oolong", "tasks.difficulties": ["mixed"],
+                                         "eval.difficulties": ["singledoc_rolls"],
                                          "eval.n_tasks": 6, "tasks.generator_options": {"target_tokens": 300},
                                          "runtime.context_window": 2048, "runtime.max_new_tokens": 128})
     tasks = stages.validation_tasks(ctx)

@@ -3,7 +3,7 @@
 Regression tests for two runtime defects: ``on_node_end`` was never called (TextCraft's verifier then
 read the shared inventory after the parent had consumed the child's products), and a cancellation that
 reached a node while its REPL was being closed skipped its timings and verifier (seen in TextCraft runs
-as nodes without ``verifier_success`` and ``timings.wall_s == 0``).
+as nodes without a verifier value and ``timings.wall_s == 0``).
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ class HookEnv(FakeEnv):
 
     def on_node_end(self, episode: Episode, node: Node) -> None:
         assert node.end_reason != EndReason.RUNNING  # the end reason is set before the hook
-        assert "verifier_success" not in node.env_info  # ... and the hook runs before the verifier
+        assert "verified" not in node.env_info  # ... and the hook runs before the verifier
         self.end_calls.append((node.node_id, node.end_reason))
 
     def verify(self, episode: Episode, node: Node) -> float | None:
+        node.env_info["verified"] = True  # the verifier ran
         return 1.0 if node.end_reason == EndReason.FINISHED else 0.0
 
 
@@ -77,7 +78,7 @@ def cfg(**kw) -> RuntimeConfig:
 def assert_all_finalised(tree: ExecutionTree, env: HookEnv) -> None:
     for n in tree.nodes:
         assert n.end_reason != EndReason.RUNNING, n.node_id
-        assert "verifier_success" in n.env_info, (n.node_id, n.end_reason, n.error)
+        assert "verified" in n.env_info, (n.node_id, n.end_reason, n.error)
         assert n.timings.wall_s > 0, n.node_id
     assert sorted(i for i, _ in env.end_calls) == sorted(n.node_id for n in tree.nodes)  # exactly once each
 
@@ -97,7 +98,7 @@ async def test_child_cancelled_while_its_repl_closes_is_still_verified(tok, monk
     assert tree.root.end_reason == EndReason.FINISHED
     # the child had finished and was closing its REPL when its parent's cell ended and cancelled it
     assert child.end_reason == EndReason.FINISHED and child.result == "child done"
-    assert child.env_info["verifier_success"] == 1.0
+    assert child.verifier == 1.0
     assert tree.root.turns[0].observation == "cell ends\n"
     assert_all_finalised(tree, env)
 
@@ -114,9 +115,9 @@ async def test_nested_double_cancellation_finalises_every_node(tok, monkeypatch)
     by_id = {n.node_id: n for n in tree.nodes}
     assert set(by_id) == {"0", "0.0", "0.0.0"}
     assert by_id["0"].end_reason == EndReason.FINISHED
-    assert by_id["0.0.0"].end_reason == EndReason.FINISHED and by_id["0.0.0"].env_info["verifier_success"] == 1.0
+    assert by_id["0.0.0"].end_reason == EndReason.FINISHED and by_id["0.0.0"].verifier == 1.0
     assert by_id["0.0"].end_reason == EndReason.CANCELLED
-    assert by_id["0.0"].env_info["verifier_success"] == 0.0
+    assert by_id["0.0"].verifier == 0.0
     assert_all_finalised(tree, env)
 
 
@@ -127,7 +128,7 @@ async def test_tree_timeout_while_children_pending_finalises_every_node(tok):
     tree = await run_tree(env, task(), pol, cfg(tree_timeout_s=2.0, cell_timeout_s=60), tokenizer=tok)
     assert len(tree.nodes) == 3
     assert all(n.end_reason == EndReason.TREE_TIMEOUT for n in tree.nodes)
-    assert all(n.env_info["verifier_success"] == 0.0 for n in tree.nodes)
+    assert all(n.verifier == 0.0 for n in tree.nodes)
     assert_all_finalised(tree, env)
 
 
@@ -170,7 +171,7 @@ async def test_textcraft_child_is_verified_on_its_end_counts_after_the_parent_co
         end = child.env_info["end_counts"]  # snapshot by on_node_end when the child finished
         assert end[item] - child.env_info["start_counts"][item] >= need
         assert inv.get(item, 0) < end[item]  # the parent consumed the child's products afterwards
-        assert child.env_info["verifier_success"] == 1.0
+        assert child.verifier == 1.0
         assert env.verify(env.episode, child) == 1.0  # re-verifying later still uses the end snapshot
         stale = child.model_copy(deep=True)
         del stale.env_info["end_counts"]

@@ -87,7 +87,7 @@ def test_single_agent_fraction_mixes_single_agent_trees():
 def test_demonstrations_are_verified_trees_with_delegation(demos):
     assert demos.attempted == 4 and demos.rejected == 0 and len(demos) == 4
     for t in demos:
-        assert t.root.env_info["verifier_success"] == 1.0 and t.root.end_reason == EndReason.FINISHED
+        assert t.root.verifier == 1.0 and t.root.end_reason == EndReason.FINISHED
         assert "delegate_min_depth" in t.meta["demo_expert"]
     assert any(len(t.nodes) > 1 for t in demos)  # medium tasks delegate through the real launch_subagent
 
@@ -145,7 +145,7 @@ def test_demo_samples_one_per_node(demos):
 
 def _node(nid: str, parent: str | None, depth: int, ok: float | None, start: float = 0.0, wall: float = 1.0) -> Node:
     return Node(node_id=nid, parent_id=parent, depth=depth, goal="g", end_reason=EndReason.FINISHED,
-                env_info={"verifier_success": ok}, token_ids=[5, 6, 7], assistant_mask=[0, 1, 1],
+                verifier=ok, token_ids=[5, 6, 7], assistant_mask=[0, 1, 1],
                 behaviour_logprobs=[0.0] * 3, timings=NodeTimings(started_at=start, wall_s=wall))
 
 
@@ -249,4 +249,4 @@ async def test_warm_started_checkpoint_is_served_and_grows_a_tree(sft_checkpoint
     root = tree.root
     assert root.turns and root.token_ids and sum(root.assistant_mask) > 0
     assert root.end_reason in (EndReason.FINISHED, EndReason.MAX_STEPS, EndReason.CONTEXT_OVERFLOW)
-    assert root.env_info["verifier_success"] in (0.0, 1.0)
+    assert root.verifier in (0.0, 1.0)

@@ -29,7 +29,9 @@ tasks never target them (they may still appear as intermediates).
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, validate_call
 
 from rao_core.envs.base import Task
 from rao_core.envs.textcraft.graph import GRAPH_VERSION, MAX_TIER, RecipeGraph, recipe_graph
@@ -40,6 +42,10 @@ PAPER_DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 
 DIFFICULTIES: dict[str, tuple[int, int]] = {"tier1": (1, 1), **PAPER_DIFFICULTIES}
 VALIDATION_FRACTION = 0.2
 ENV_NAME = "textcraft-synth"
+#: Bounds of the generator's graph options: ``items_per_tier`` items per domain and tier (13 tiers, 5 domains),
+#: at least 4 (recipes need distinct ingredients), at most 400 (about 27k items, 0.25 s to build; the default 25
+#: has 1.7k). Unbounded, 10^6 would ask for 65M items.
+MIN_ITEMS_PER_TIER, MAX_ITEMS_PER_TIER = 4, 400
 
 
 def difficulty_of_depth(depth: int) -> str:
@@ -138,9 +144,16 @@ def _max_targets(difficulty: str) -> tuple[int, int]:
     return (1, 3) if difficulty in ("easy", "medium") else (1, 2)
 
 
-def generate_textcraft_tasks(*, n: int, seed: int, difficulty: str | None = None, split: str = "train",
-                             graph_seed: int = 0, items_per_tier: int = 25) -> list[Task]:
+@validate_call(config={"strict": True})
+def generate_textcraft_tasks(
+    *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
+    graph_seed: int = 0,
+    items_per_tier: Annotated[int, Field(ge=MIN_ITEMS_PER_TIER, le=MAX_ITEMS_PER_TIER)] = 25,
+) -> list[Task]:
     """``n`` seeded TextCraft-Synth tasks; same arguments, same tasks (and same bytes via write_tasks).
+
+    Arguments are checked (types, strictly, and bounds) before anything is built: a pydantic
+    ValidationError (a ValueError) names the argument, e.g. ``graph_seed: Input should be a valid integer``.
 
     Args:
         n: number of tasks (>= 1).
@@ -149,10 +162,11 @@ def generate_textcraft_tasks(*, n: int, seed: int, difficulty: str | None = None
             "tier1" (CPU-scale shape, module docstring).
         split: "train" or "validation" ("test" is treated as "validation": held-out targets).
         graph_seed: seed of the recipe graph (shared by train and validation tasks; keep it fixed).
-        items_per_tier: items per domain and tier of the recipe graph.
+        items_per_tier: items per domain and tier of the recipe graph, in
+            [``MIN_ITEMS_PER_TIER``, ``MAX_ITEMS_PER_TIER``].
 
     Raises:
-        ValueError: bad ``n``, ``difficulty`` or ``split``.
+        ValueError: bad ``n``, ``difficulty``, ``split``, ``graph_seed`` or ``items_per_tier``.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

@@ -33,7 +33,7 @@ def main() -> None:
     trees = asyncio.run(run_trees(env, [(t, 1) for t in tasks], policy, cfg, tokenizer=tiny_model_path()))
     write_trees(a.out, trees)
     nodes = [n for t in trees for n in t.nodes]
-    pos = sum(1 for n in nodes if (n.env_info.get("verifier_success") or 0) >= 0.5)
+    pos = sum(1 for n in nodes if (n.verifier or 0) >= 0.5)
     print(f"{len(trees)} trees, {len(nodes)} nodes, verifier positives {pos}, negatives {len(nodes) - pos}")
 
 

@@ -43,7 +43,7 @@ def main() -> None:
     cfg = JudgeConfig(base_url=a.base_url, model=a.model, max_summary_chars=1200)
     client = openai.OpenAI(base_url=a.base_url, api_key="EMPTY")
     items: list[tuple[str, Node]] = []
-    nodes = [n for t in read_trees(a.trees) for n in t.nodes if n.env_info.get("verifier_success") is not None]
+    nodes = [n for t in read_trees(a.trees) for n in t.nodes if n.verifier is not None]
     fin = [n for n in nodes if n.end_reason == EndReason.FINISHED][: a.n // 2]
     unfin = [n for n in nodes if n.end_reason != EndReason.FINISHED][: a.n - len(fin)]
     items += [("textcraft-synth", n) for n in fin + unfin]
@@ -62,7 +62,7 @@ def main() -> None:
             p = parse_verdict(raw)
             records.append({
                 "env": env, "prompt_version": prompt.version, "model": a.model, "temperature": temperature,
-                "truth": n.env_info.get("verifier_success"), "messages": messages, "raw": raw,
+                "truth": n.verifier, "messages": messages, "raw": raw,
                 "usage": {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens},
                 "expected": None if p is None else {"verdict": p.verdict, "how": p.how},
             })
