@@ -236,3 +236,41 @@ def test_config_validation():
     with pytest.raises(ValueError, match="max_new_tokens"):
         RuntimeConfig(context_window=100, max_new_tokens=100)
     assert RuntimeConfig(delegation=False, max_depth=3).effective_max_depth == 0
+
+
+class _ShortLogprobsPolicy(Policy):
+    async def generate(self, request):
+        return Generation(text=cell("print(1)"), token_ids=[10, 11, 12], logprobs=[-1.0, -2.0])
+
+
+class _SlowPolicy(Policy):
+    async def generate(self, request):
+        await asyncio.sleep(5)
+
+
+class _StartFailsEnv(FakeEnv):
+    def on_node_start(self, episode, node):
+        raise RuntimeError("no snapshot")
+
+
+async def test_each_end_of_the_node_loop_is_recorded(tok, monkeypatch):
+    """The steps of ``_NodeLoop`` end the node with the reason and message of each failure."""
+    tree = await run_tree(FakeEnv(), task(), _ShortLogprobsPolicy(), cfg(), tokenizer=tok)
+    assert (tree.root.end_reason, tree.root.error) == (EndReason.POLICY_ERROR,
+                                                       "policy returned 3 token ids but 2 log-probs")
+    assert tree.root.turns == []  # the bad generation is not recorded as a turn
+    tree = await run_tree(FakeEnv(), task(), _SlowPolicy(), cfg(policy_timeout_s=0.2), tokenizer=tok)
+    assert (tree.root.end_reason, tree.root.error) == (EndReason.POLICY_ERROR, "policy did not answer within 0.2 s")
+    tree = await run_tree(_StartFailsEnv(), task(), _SlowPolicy(), cfg(), tokenizer=tok)
+    assert (tree.root.end_reason, tree.root.error) == (EndReason.SANDBOX_ERROR, "RuntimeError: no snapshot")
+    assert tree.error == "node 0: RuntimeError: no snapshot" and tree.root.turns == []
+
+    from rao_core.runtime.sandbox import ReplPool, SandboxError
+
+    async def no_repl(self):
+        raise SandboxError("bubblewrap is missing")
+
+    monkeypatch.setattr(ReplPool, "acquire", no_repl)
+    tree = await run_tree(FakeEnv(), task(), _SlowPolicy(), cfg(), tokenizer=tok)
+    assert (tree.root.end_reason, tree.root.error) == (EndReason.SANDBOX_ERROR, "bubblewrap is missing")
+    assert tree.error is None and tree.root.messages[1]["content"] == "root goal"  # started, no REPL
