@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
         console.print(_render(tree))  # the final tree, once
         root = tree.root
         tokens = sum(len(n.token_ids) for n in tree.nodes)
-        console.print(f"task {task.task_id}: success={root.env_info.get('verifier_success')} "
+        console.print(f"task {task.task_id}: success={root.verifier} "
                       f"end={root.end_reason.value} depth={tree.depth} nodes={len(tree.nodes)} tokens={tokens} "
                       f"wall={tree.wall_s:.2f}s" + (f" error={_line(tree.error)}" if tree.error else ""),
                       soft_wrap=True)

@@ -30,6 +30,7 @@ from rao_core.jsonl import one_line_error
 from rao_core.judge.config import JudgeConfig
 from rao_core.paths import default_model_path
 from rao_core.runtime.config import RuntimeConfig
+from rao_core.samples import AlgoSettings
 from rao_core.train.config import TrainerConfig
 
 
@@ -124,14 +125,6 @@ class TaskSettings(_Strict):
     pool_size: int = Field(64, ge=1, description="Generated training tasks per difficulty.")
     tasks_per_iteration: int = Field(4, ge=1, description="RL tasks sampled per iteration (each gets G rollouts).")
     generator_options: dict[str, Any] = Field(default_factory=dict, description="Extra generate_tasks options.")
-
-
-class AlgoSettings(_Strict):
-    """RAO credit assignment (spec sections 2-5)."""
-
-    G: int = Field(4, ge=2, description="Rollout trees per RL task: the group of the leave-one-out baseline, "
-                   "Eq. (3). G = 1 is rejected (no baseline).")
-    lam: float = Field(0.5, ge=0, description="lambda of Eq. (1): weight of the delegation bonus.")
 
 
 def _default_sft() -> TrainerConfig:

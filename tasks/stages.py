@@ -109,7 +109,7 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
         journal.flush()
         counts["done"] = done
         counts["crashed"] += int(bool(tree.error))
-        counts["solved"] += int((tree.root.env_info or {}).get("verifier_success") == 1.0)
+        counts["solved"] += int(tree.root.verifier == 1.0)
         if done == total_ or done % max(1, total_ // 10) == 0:
             log.info(f"rollouts {done}/{total_}  solved {counts['solved']}  crashed {counts['crashed']}")
 
@@ -177,7 +177,7 @@ def _validate(ctx: RunContext, iteration: int, scored_uri: str) -> dict[str, Any
     from rao_core.samples import build_samples, write_samples
 
     trees = read_trees(fetch(ctx, scored_uri, f"iter-{iteration}/scored.jsonl"))
-    batch = build_samples(trees)
+    batch = build_samples(trees, estimator=ctx.config.algo.advantage, depth_weighting=ctx.config.algo.depth_weights)
     cfg = ctx.config
     report = validate_training_data(trees, batch, max_depth=cfg.runtime.effective_max_depth, lam=cfg.algo.lam,
                                     context_window=cfg.runtime.context_window)

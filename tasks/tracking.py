@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rao_core.tree import ExecutionTree
+from rao_core.tree import ExecutionTree, unscored
 
 
 def _client():
@@ -69,7 +69,7 @@ def log_trees_as_traces(run_id: str, experiment_id: str, trees: Sequence[Executi
                      "success_source": node.success_source, "end_reason": str(node.end_reason),
                      "completion_tokens": node.num_completion_tokens, "prompt_tokens": node.num_prompt_tokens,
                      "turns": len(node.turns)}
-            attrs = {k: v for k, v in attrs.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+            attrs = {k: v for k, v in attrs.items() if not unscored(v)}
             if node.node_id == root.node_id:
                 ends.append((node.node_id, (node, attrs)))
                 continue

@@ -321,4 +321,4 @@ async def test_end_to_end_through_run_tree():
     assert tree.error is None, tree.error
     assert tree.root.end_reason == EndReason.FINISHED, [x.observation for x in tree.root.turns]
     assert tree.root.result["sources"] == t.data["message_ids"]
-    assert tree.root.env_info["verifier_success"] == pytest.approx(3.47 / 3.5)
+    assert tree.root.verifier == pytest.approx(3.47 / 3.5)

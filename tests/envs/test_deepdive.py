@@ -355,5 +355,5 @@ async def test_end_to_end_through_run_tree():
     tree = await run_tree(env, t, DeepDiveExpert(), cfg, tokenizer=tokenizer())
     assert tree.error is None, tree.error
     assert tree.root.end_reason == EndReason.FINISHED, [x.observation for x in tree.root.turns]
-    assert tree.root.env_info["verifier_success"] == 1.0
+    assert tree.root.verifier == 1.0
     assert len(tree.root.turns) == t.data["hops"] + 2

@@ -63,7 +63,7 @@ async def test_depth3_tree_parallel_children_and_result_types(tok, tmp_path):
     assert abs(c0.timings.started_at - c1.timings.started_at) < 0.25
     # the parent never sees a child's transcript
     assert all("deep" not in m["content"] for m in root.messages[:2])
-    assert "verifier_success" in root.env_info
+    assert root.verifier is None and "verifier_error" not in root.env_info  # no "expect": not checkable
     check_tokens(tree, ChatTokens(tok))
     path = write_trees(tmp_path / "t.jsonl", [tree])
     assert read_trees(path) == [tree]
@@ -93,7 +93,7 @@ async def test_child_results_dict_list_str_arrive_as_objects(tok):
                      "launch_subagent('give str'))\nfinish([d['a'][1], l[2], s.upper()])")])
     tree = await run_tree(FakeEnv(), task(expect=[2, 2.5, "TEXT"]), pol, cfg(), tokenizer=tok)
     assert tree.root.result == [2, 2.5, "TEXT"]
-    assert tree.root.env_info["verifier_success"] == 1.0
+    assert tree.root.verifier == 1.0
 
 
 async def test_tools_errors_and_sync_tool_inside_coroutine(tok):
