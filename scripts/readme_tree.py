@@ -25,8 +25,9 @@ def describe(path: Path) -> str:
     rel = path.relative_to(ROOT).as_posix()
     if rel in NOTES:
         return NOTES[rel]
-    if rel.startswith("rao_core/judge/prompts/"):
-        return f"LLM-judge prompt for {path.stem} (versioned front matter)"
+    if rel.startswith("rao_core/judge/prompts/") or path.name == "judge.md":  # envs may ship judge.md
+        name = path.parent.name if path.name == "judge.md" else path.stem
+        return f"LLM-judge prompt for {name} (versioned front matter)"
     if path.suffix == ".py":
         try:
             doc = ast.get_docstring(ast.parse(path.read_text()))

@@ -7,11 +7,12 @@ back to the orchestrator, which calls ``Environment.call_tool``; model code can 
 environment state, the limits or its own reward (spec section 1).
 
 Contract for implementers:
-- ``tools()`` lists the REPL tools with a signature and a one-paragraph doc used in the system prompt.
+- A REPL tool is a method marked ``@tool``: its name, signature and docstring are what the system prompt
+  shows, and one binder (``bind_tool_args``) checks every call's arguments against that signature.
   ``launch_subagent`` and ``finish`` are provided by the runtime; an environment only describes how
-  ``launch_subagent`` maps its arguments to a child (``child_spec``) and may declare extra finishing
-  tools (``ToolSpec.finishes=True``, e.g. ART-E's ``return_final_answer``): the value returned by
-  ``call_tool`` for such a tool becomes the node's result.
+  ``launch_subagent`` maps its arguments to a child (its ``launch_subagent`` method, returning a
+  ``ChildSpec``) and may declare extra finishing tools (``@tool(finishes=True)``, e.g. ART-E's
+  ``return_final_answer``): the value such a tool returns becomes the node's result.
 - Errors the agent should see (bad item name, malformed ingredients) are raised as ``ToolError``; the
   stub re-raises them inside the REPL as a plain exception with that message. Any other exception is a
   bug in the environment.
@@ -26,9 +27,13 @@ Contract for implementers:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
+import string
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -99,6 +104,37 @@ def check_corpus(data: dict[str, Any], params_model: type[BaseModel], generator:
                         f"valid {params_model.__name__} fields") from None
 
 
+def split_digits(split: str) -> tuple[int, ...]:
+    """Last digits of the generated items' indices that belong to ``split`` (test 0, validation 1, train 2-9;
+    DeepDive's start entities, ART-E's facts); ValueError for another split."""
+    digits = {"train": (2, 3, 4, 5, 6, 7, 8, 9), "validation": (1,), "test": (0,)}
+    if split not in digits:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(digits)}")
+    return digits[split]
+
+
+def check_options(env: str, options: dict[str, Any], allowed: Iterable[str]) -> None:
+    """Raise ValueError naming ``env``'s unknown generator ``options`` and the ``allowed`` ones."""
+    allowed = list(allowed)
+    bad = sorted(set(options) - set(allowed))
+    if bad:
+        raise ValueError(f"{env}: unknown generator option(s) {bad}; expected {', '.join(allowed)}")
+
+
+def read_parquet_rows(path: str | os.PathLike[str], columns: Iterable[str], what: str) -> list[dict[str, Any]]:
+    """The rows of a parquet file as dicts; FileNotFoundError naming ``what``, ValueError naming the missing
+    ``columns``."""
+    import pyarrow.parquet as pq
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    table = pq.read_table(path)
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}; found {table.column_names}")
+    return table.to_pylist()
+
+
 def show_value(x: Any, limit: int = 60) -> str:
     """Short one-line ``repr`` of a bad value with its type, for error messages (``'one' (str)``)."""
     text = repr(x).replace("\n", " ")
@@ -148,22 +184,121 @@ class Episode(BaseModel):
     task: Task
 
 
+def tool(fn: Callable[..., Any] | None = None, *, finishes: bool = False) -> Any:
+    """Declare an ``Environment`` method as a REPL tool: ``@tool`` or ``@tool(finishes=True)``.
+
+    The tool is described once, by the method: its name is the method's name; its signature (shown to the
+    policy) the method's parameters after ``self``, minus ``episode`` and ``node`` (the runtime passes
+    those when the method takes them), with annotations and defaults as written; its doc the docstring
+    joined into one paragraph, where ``$field`` stands for ``self.config.field``. ``finishes=True``: the
+    value it returns ends the node as its result (e.g. ART-E's ``return_final_answer``).
+    """
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        f.__rao_tool__ = finishes  # type: ignore[attr-defined]
+        return f
+    return mark(fn) if fn is not None else mark
+
+
+def _tool_params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The parameters a REPL call fills: all but ``self``, ``episode`` and ``node``."""
+    return [p for p in list(inspect.signature(fn).parameters.values())[1:] if p.name not in _INJECTED]
+
+
+def _tool_signature(name: str, fn: Callable[..., Any], returns: str | None = None) -> str:
+    """``name(a: int, b: str = 'x') -> T`` from ``fn``'s parameters and return annotation (or ``returns``)."""
+    def text(a: Any) -> str:
+        return a if isinstance(a, str) else inspect.formatannotation(a)
+
+    args = [p.name + (f": {text(p.annotation)}" if p.annotation is not p.empty else "")
+            + ("" if p.default is p.empty else (" = " if p.annotation is not p.empty else "=") + repr(p.default))
+            for p in _tool_params(fn)]
+    ret = returns or inspect.signature(fn).return_annotation
+    return f"{name}({', '.join(args)})" + ("" if ret is inspect.Signature.empty else f" -> {text(ret)}")
+
+
+def bind_tool_args(name: str, params: list[inspect.Parameter], args: list[Any],
+                   kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Bind a REPL call's positional and keyword arguments to ``params`` (by name; defaults left to the
+    function); raises ToolError naming the tool for too many, unexpected, duplicate or missing arguments."""
+    names = [p.name for p in params]
+    if len(args) > len(names):
+        raise ToolError(f"{name}() takes at most {len(names)} argument(s) ({', '.join(names)}), got {len(args)}")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names:
+            raise ToolError(f"{name}() got an unexpected argument {k!r}; expected {', '.join(names) or 'none'}")
+        if k in bound:
+            raise ToolError(f"{name}() got two values for {k!r}")
+        bound[k] = v
+    missing = [p.name for p in params if p.name not in bound and p.default is p.empty]
+    if missing:
+        raise ToolError(f"{name}() missing argument(s): {', '.join(missing)}")
+    return bound
+
+
+_INJECTED = ("episode", "node")
+
+
 class Environment(ABC):
-    """Base class of the four benchmarks. Instances are cheap and hold configuration only."""
+    """Base class of the benchmarks. Instances are cheap and hold configuration only.
+
+    Tools are methods marked with ``@tool`` (see :func:`tool`); ``launch_subagent`` is described the same
+    way by the method of that name, which validates the call and returns the child's ``ChildSpec``.
+    """
 
     name: ClassVar[str]
     #: True when every node (not only roots) has an exact verifier (TextCraft-Synth).
     exact_subtask_verifier: ClassVar[bool] = False
-    #: Signature of launch_subagent shown to the policy.
-    subagent_signature: ClassVar[str] = "launch_subagent(goal: str, context: str = '') -> object"
-    subagent_doc: ClassVar[str] = (
-        "Start a sub-agent with a fresh context on `goal` (plus optional `context` text) and return its "
-        "finish() value. Await it; run several at once with asyncio.gather."
-    )
 
-    @abstractmethod
+    @classmethod
+    @functools.cache
+    def _tool_methods(cls) -> dict[str, Callable[..., Any]]:
+        """The ``@tool`` methods by name, in definition order (base classes first)."""
+        names = dict.fromkeys(n for k in reversed(cls.__mro__) for n in vars(k))
+        return {n: f for n in names if hasattr(f := getattr(cls, n, None), "__rao_tool__")}
+
+    def _doc(self, fn: Callable[..., Any]) -> str:
+        config = getattr(self, "config", None)
+        values = config.model_dump() if isinstance(config, BaseModel) else {}
+        return string.Template(" ".join((inspect.getdoc(fn) or "").split())).safe_substitute(values)
+
     def tools(self) -> list[ToolSpec]:
-        """The environment's REPL tools (besides launch_subagent and finish)."""
+        """The environment's REPL tools (besides launch_subagent and finish), from its ``@tool`` methods."""
+        return [ToolSpec(name=n, signature=_tool_signature(n, f), doc=self._doc(f), finishes=f.__rao_tool__)
+                for n, f in self._tool_methods().items()]
+
+    def subagent_tool(self) -> ToolSpec:
+        """``launch_subagent`` as shown to the policy: the signature and docstring of ``self.launch_subagent``."""
+        fn = type(self).launch_subagent
+        return ToolSpec(name="launch_subagent", signature=_tool_signature("launch_subagent", fn, "object"),
+                        doc=self._doc(fn))
+
+    def _invoke(self, name: str, fn: Callable[..., Any], episode: Episode, node: Node | None, args: list[Any],
+                kwargs: dict[str, Any]) -> Any:
+        """Call method ``fn`` with the bound REPL arguments (and ``episode``/``node`` when it takes them)."""
+        params = list(inspect.signature(fn).parameters)
+        given = {k: v for k, v in (("episode", episode), ("node", node)) if k in params}
+        return fn(self, **given, **bind_tool_args(name, _tool_params(fn), args, kwargs))
+
+    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run tool ``name`` for ``node``; return a JSON-serialisable value or raise ToolError."""
+        fn = self._tool_methods().get(name)
+        if fn is None:
+            raise ToolError(f"unknown tool {name!r}; available: {', '.join(self._tool_methods())}")
+        return self._invoke(name, fn, episode, node, args, kwargs)
+
+    def child_spec(self, episode: Episode, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> ChildSpec:
+        """Validate ``launch_subagent(*args, **kwargs)`` from ``parent`` (shared binder, then the
+        environment's ``launch_subagent`` method); raise ToolError with a clear message if bad."""
+        return self._invoke("launch_subagent", type(self).launch_subagent, episode, parent, args, kwargs)
+
+    def launch_subagent(self, goal: str, context: str = '') -> ChildSpec:
+        """Start a sub-agent with a fresh context on `goal` (plus optional `context` text) and return its
+        finish() value. Await it; run several at once with asyncio.gather."""
+        if not isinstance(goal, str) or not goal.strip():
+            raise ToolError("launch_subagent needs a non-empty goal string")
+        text = goal if not context else f"{goal}\n\nContext:\n{context}"
+        return ChildSpec(goal=text, goal_args={"goal": goal, "context": str(context)})
 
     @abstractmethod
     def new_episode(self, task: Task) -> Episode:
@@ -172,20 +307,6 @@ class Environment(ABC):
     @abstractmethod
     def root_goal(self, task: Task) -> ChildSpec:
         """Goal text and structured goal of the root node."""
-
-    def child_spec(self, episode: Episode, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> ChildSpec:
-        """Validate ``launch_subagent(*args, **kwargs)``; raise ToolError with a clear message if bad.
-
-        Default: ``launch_subagent(goal: str, context: str = '')``.
-        """
-        goal = kwargs.pop("goal", args[0] if args else None)
-        context = kwargs.pop("context", args[1] if len(args) > 1 else "")
-        if not isinstance(goal, str) or not goal.strip():
-            raise ToolError("launch_subagent needs a non-empty goal string")
-        if kwargs:
-            raise ToolError(f"launch_subagent got unexpected arguments: {sorted(kwargs)}")
-        text = goal if not context else f"{goal}\n\nContext:\n{context}"
-        return ChildSpec(goal=text, goal_args={"goal": goal, "context": str(context)})
 
     def on_node_start(self, episode: Episode, node: Node) -> None:
         """Hook called before a node's first turn (e.g. snapshot the inventory into node.env_info)."""
@@ -201,23 +322,9 @@ class Environment(ABC):
         """JSON-serialisable variables pre-set in the node's REPL (e.g. Oolong's long ``context``)."""
         return {}
 
-    @abstractmethod
-    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Run tool ``name`` for ``node``; return a JSON-serialisable value or raise ToolError."""
-
     def verify(self, episode: Episode, node: Node) -> float | None:
         """Exact success s in [0, 1] of ``node`` (call after the node ended), or None if not checkable."""
         return None
-
-    #: Difficulty names ``generate_tasks`` accepts: listed by ``rao tasks generate --help`` and checked when a
-    #: campaign config is loaded (``check_difficulty``). Empty: not declared (the generator checks alone).
-    difficulties: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def check_difficulty(cls, difficulty: str) -> None:
-        """Raise ValueError (one line) unless ``difficulty`` is one of ``difficulties`` (when declared)."""
-        if cls.difficulties and difficulty not in cls.difficulties:
-            raise ValueError(f"unknown {cls.name} difficulty {difficulty!r}; expected one of {list(cls.difficulties)}")
 
     def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
                        **options: Any) -> list[Task]:
@@ -239,18 +346,11 @@ class Environment(ABC):
         """
 
 
-def _same_env(task_env: str, env: Environment) -> bool:
-    """True when ``task_env`` names ``env`` (directly or through a registry alias like ``deepdive-synth``)."""
-    if task_env == env.name:
-        return True
-    from rao_core.envs import _REGISTRY
-
-    return task_env in _REGISTRY and _REGISTRY.get(task_env) == _REGISTRY.get(env.name)
-
-
 def check_task(env: Environment, task: Task) -> Task:
     """Check that ``task`` is for ``env`` and passes ``env.validate_task``; returns it or raises TaskError."""
-    if not _same_env(task.env, env):
+    from rao_core.envs import canonical_name
+
+    if canonical_name(task.env) != canonical_name(env.name):
         raise TaskError("env", f"task {task.task_id} is for environment {task.env!r}", f"{env.name!r}")
     env.validate_task(task)
     return task

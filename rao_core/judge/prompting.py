@@ -1,7 +1,8 @@
 """Judge prompt files: loading, versioning and rendering.
 
-One file per environment, ``<prompt_dir>/<env>.md`` (aliases: ``deepdive-synth`` -> ``deepdive``,
-``arte-synth`` -> ``arte``; an environment without a file uses ``default.md``). Format::
+One file per environment, ``<prompt_dir>/<env>.md`` (an alias such as ``deepdive-synth`` uses its registry
+name's file; then the prompt shipped in the environment's package, ``EnvEntry.judge_prompt``; else
+``default.md``). Format::
 
     ---
     version: 1
@@ -28,10 +29,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rao_core.envs import canonical_name, packaged_judge_prompt
 from rao_core.tree import EndReason, Node
 
 PLACEHOLDERS = ("goal", "result", "cells")
-_ALIASES = {"deepdive-synth": "deepdive", "arte-synth": "arte"}
 _PLACEHOLDER_RE = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
 NO_CELLS = "(not shown)"
 
@@ -59,9 +60,9 @@ class JudgePrompt(BaseModel):
 def prompt_file(env_name: str, prompt_dir: str | Path) -> Path:
     """The prompt file used for ``env_name`` (env file, alias file, or ``default.md``)."""
     d = Path(prompt_dir)
-    for name in (env_name, _ALIASES.get(env_name, env_name), "default"):
-        p = d / f"{name}.md"
-        if p.is_file():
+    for p in (d / f"{env_name}.md", d / f"{canonical_name(env_name)}.md", packaged_judge_prompt(env_name),
+              d / "default.md"):
+        if p is not None and p.is_file():
             return p
     raise PromptError(f"no judge prompt for environment {env_name!r} in {d} (and no default.md)")
 

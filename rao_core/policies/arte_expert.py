@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from rao_core.policies.base import Generation, Policy, PolicyRequest
+from rao_core.policies.base import Generation, Policy, PolicyRequest, code_message
 
 
 class ArteExpert(Policy):
@@ -31,24 +31,20 @@ class ArteExpert(Policy):
         if not oracle:
             words = sorted(set(re.findall(r"[A-Za-z]{5,}", str(node.goal_args.get("question", node.goal)))),
                            key=len, reverse=True)[:2]
-            return _msg("Without more to go on I try one search and abstain if unsure.",
-                        f"hits = search_emails({words!r})\nfor h in hits:\n    print(h['message_id'], h['subject'])\n"
-                        "return_final_answer(\"I don't know\", [])")
+            return code_message("Without more to go on I try one search and abstain if unsure.",
+                               f"hits = search_emails({words!r})\nfor h in hits:\n"
+                               "    print(h['message_id'], h['subject'])\nreturn_final_answer(\"I don't know\", [])")
         kw, gold, pattern = list(oracle["keywords"]), list(oracle["message_ids"]), oracle["pattern"]
         if step == 0 or step > 2:
-            return _msg(f"I search the inbox for {kw!r}.",
-                        f"hits = search_emails({kw!r})\nfor h in hits:\n    print(h['message_id'], h['date'], "
-                        f"h['subject'], '|', h['snippet'][:80])\n"
-                        f"mid = next((h['message_id'] for h in hits if h['message_id'] in {gold!r}), "
-                        f"hits[-1]['message_id'] if hits else None)\nprint('PICK', mid)")
+            return code_message(f"I search the inbox for {kw!r}.",
+                               f"hits = search_emails({kw!r})\nfor h in hits:\n    print(h['message_id'], h['date'], "
+                               f"h['subject'], '|', h['snippet'][:80])\n"
+                               f"mid = next((h['message_id'] for h in hits if h['message_id'] in {gold!r}), "
+                               f"hits[-1]['message_id'] if hits else None)\nprint('PICK', mid)")
         if step == 1:
-            return _msg("The oldest matching message of the thread should hold the fact; I read it.",
-                        "email = read_email(mid)\nprint(email['from'], '->', email['to'], email['cc'])\n"
-                        "print(email['subject'])\nprint(email['body'])")
-        return _msg("I extract the fact from the body and answer with the message as source.",
-                    f"import re\nm = re.search({pattern!r}, email['body'])\n"
-                    "return_final_answer(m.group(1) if m else \"I don't know\", [mid])")
-
-
-def _msg(reasoning: str, code: str) -> Generation:
-    return Generation(text=f"{reasoning}\n\n```python\n{code}\n```", finish_reason="stop")
+            return code_message("The oldest matching message of the thread should hold the fact; I read it.",
+                               "email = read_email(mid)\nprint(email['from'], '->', email['to'], email['cc'])\n"
+                               "print(email['subject'])\nprint(email['body'])")
+        return code_message("I extract the fact from the body and answer with the message as source.",
+                           f"import re\nm = re.search({pattern!r}, email['body'])\n"
+                           "return_final_answer(m.group(1) if m else \"I don't know\", [mid])")

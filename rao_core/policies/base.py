@@ -40,6 +40,11 @@ class Generation(BaseModel):
     prompt_token_ids: list[int] | None = None  # as echoed by the server, for the prefix check
 
 
+def code_message(reasoning: str, code: str) -> Generation:
+    """A scripted assistant message: ``reasoning``, a blank line, then ``code`` in one ```python cell."""
+    return Generation(text=f"{reasoning}\n\n```python\n{code}\n```", finish_reason="stop")
+
+
 class Policy(ABC):
     """Async policy. Implementations must be safe to call concurrently from one event loop."""
 

@@ -16,7 +16,7 @@ records) it searches the question once and answers "I don't know".
 from __future__ import annotations
 
 from rao_core.envs.deepdive.kg import LABELS
-from rao_core.policies.base import Generation, Policy, PolicyRequest
+from rao_core.policies.base import Generation, Policy, PolicyRequest, code_message
 
 _LINK = r"^- {label}: .*\[([a-z]+-[0-9]+)\]\s*$"
 _ATTR = r"^- {label}: (.+?)\s*$"
@@ -39,29 +39,30 @@ class DeepDiveExpert(Policy):
         oracle = node.goal_args.get("oracle")
         if not oracle:
             q = str(node.goal_args.get("question", node.goal))[:200]
-            return _msg("I have no way to follow this question offline; I search once and abstain.",
-                        f"hits = search({q!r}, num=5)\nfor h in hits:\n    print(h['id'], h['title'])\n"
-                        "finish(\"I don't know\")")
+            return code_message("I have no way to follow this question offline; I search once and abstain.",
+                               f"hits = search({q!r}, num=5)\nfor h in hits:\n    print(h['id'], h['title'])\n"
+                               "finish(\"I don't know\")")
         rels, attr = list(oracle["relations"]), oracle["attribute"]
         start_id, query = oracle["path"][0], oracle["start_query"]
         step, k = len(node.turns), len(rels)
         max_steps = node.max_steps or 10
         if k + 2 > max_steps or step > k + 1:
-            return _msg("I will do the whole walk in one cell: search for the start, then follow the links.",
-                        _one_shot(query, start_id, rels, attr))
+            return code_message("I will do the whole walk in one cell: search for the start, then follow the links.",
+                               _one_shot(query, start_id, rels, attr))
         if step == 0:
-            return _msg(f"The question starts from an entity known as {query!r}; I search for it.",
-                        f"hits = search({query!r}, num=10)\nfor h in hits[:5]:\n    print(h['id'], '|', h['title'], "
-                        f"'|', h['snippet'][:80])\ncur = next((h['id'] for h in hits if h['id'] == {start_id!r}), "
-                        f"hits[0]['id'] if hits else None)\nprint('START', cur)")
+            return code_message(f"The question starts from an entity known as {query!r}; I search for it.",
+                               f"hits = search({query!r}, num=10)\nfor h in hits[:5]:\n"
+                               f"    print(h['id'], '|', h['title'], '|', h['snippet'][:80])\n"
+                               f"cur = next((h['id'] for h in hits if h['id'] == {start_id!r}), "
+                               f"hits[0]['id'] if hits else None)\nprint('START', cur)")
         if step <= k:
             rel = rels[step - 1]
-            return _msg(f"Now I open the current page and follow its '{LABELS[rel]}' link.",
-                        f"import re\ntext = open(cur)\nm = re.search({_rx(_LINK, rel)!r}, text, re.M)\n"
-                        f"cur = m.group(1)\nprint(text.splitlines()[1])\nprint('NEXT', cur)")
-        return _msg(f"The last page should list '{LABELS[attr]}'; I read it and answer.",
-                    f"import re\ntext = open(cur)\nm = re.search({_rx(_ATTR, attr)!r}, text, re.M)\n"
-                    f"print(m.group(0))\nfinish(m.group(1))")
+            return code_message(f"Now I open the current page and follow its '{LABELS[rel]}' link.",
+                               f"import re\ntext = open(cur)\nm = re.search({_rx(_LINK, rel)!r}, text, re.M)\n"
+                               f"cur = m.group(1)\nprint(text.splitlines()[1])\nprint('NEXT', cur)")
+        return code_message(f"The last page should list '{LABELS[attr]}'; I read it and answer.",
+                           f"import re\ntext = open(cur)\nm = re.search({_rx(_ATTR, attr)!r}, text, re.M)\n"
+                           f"print(m.group(0))\nfinish(m.group(1))")
 
 
 def _one_shot(query: str, start_id: str, rels: list[str], attr: str) -> str:
@@ -70,7 +71,3 @@ def _one_shot(query: str, start_id: str, rels: list[str], attr: str) -> str:
             f"for rx in {[_rx(_LINK, r) for r in rels]!r}:\n"
             f"    cur = re.search(rx, open(cur), re.M).group(1)\n    print('NEXT', cur)\n"
             f"answer = re.search({_rx(_ATTR, attr)!r}, open(cur), re.M).group(1)\nprint(answer)\nfinish(answer)")
-
-
-def _msg(reasoning: str, code: str) -> Generation:
-    return Generation(text=f"{reasoning}\n\n```python\n{code}\n```", finish_reason="stop")

@@ -30,7 +30,7 @@ import random
 import re
 from typing import Any
 
-from rao_core.policies.base import Generation, Policy, PolicyRequest
+from rao_core.policies.base import Generation, Policy, PolicyRequest, code_message
 
 _INFO_RE = re.compile(r"^INFO (\S+) depth (\d+) held (\d+) (?:base|makes (\d+) from (\{.*\}))\s*$")
 _START_RE = re.compile(r"^START (\{.*\})\s*$")
@@ -126,10 +126,6 @@ class TextCraftExpert(Policy):
     def _say(self, rng: random.Random, *options: str) -> str:
         return rng.choice(options) if self.wording_variety else options[0]
 
-    @staticmethod
-    def _msg(reasoning: str, code: str) -> Generation:
-        return Generation(text=f"{reasoning}\n\n```python\n{code}\n```", finish_reason="stop")
-
     def _plan(self, targets: dict[str, int], info: dict[str, dict], delegated: set[str]
               ) -> tuple[list[tuple[str, int, dict]], dict[str, int], set[str]]:
         """Aggregated local plan over known recipes: (crafts lowest depth first, leaf needs, unknown items)."""
@@ -168,7 +164,7 @@ class TextCraftExpert(Policy):
         node = request.node
         targets: dict[str, int] = dict(node.goal_args.get("targets") or {})
         if not targets:
-            return self._msg("I could not find structured targets in my goal.", 'finish("no targets given")')
+            return code_message("I could not find structured targets in my goal.", 'finish("no targets given")')
         assistant_turns = [str(m.get("content", "")) for m in node.messages if m.get("role") == "assistant"]
         turn = len(assistant_turns)
         rng = random.Random(f"{self.seed}|{node.goal}|{turn}")
@@ -181,9 +177,9 @@ class TextCraftExpert(Policy):
         if any(t not in info for t in tnames):
             code = _SHOW.format(items=tnames) + "\nprint('START', {r['item']: r['held'] for r in get_info(%r)})" % (
                 tnames,)
-            return self._msg(self._say(rng, f"I need to craft {', '.join(f'{c} x {i}' for i, c in targets.items())}. Let me read the recipes first.",
-                                       "First I look up what these targets are made of.",
-                                       "I'll start by inspecting the target items."), code)
+            return code_message(self._say(rng, f"I need to craft {', '.join(f'{c} x {i}' for i, c in targets.items())}. Let me read the recipes first.",
+                                          "First I look up what these targets are made of.",
+                                          "I'll start by inspecting the target items."), code)
 
         acted = any("# craft-phase" in t for t in assistant_turns)
         repaired = any("# repair" in t for t in assistant_turns)
@@ -199,25 +195,25 @@ class TextCraftExpert(Policy):
                         "now = {r['item']: r['held'] for r in get_info(list(goal))}\n"
                         "print('ALL-TARGETS-OK' if all(now[t] - start.get(t, 0) >= c for t, c in goal.items()) "
                         "else 'STILL-MISSING', now)")
-                return self._msg("Something went wrong; I will craft whatever is still missing from scratch.", code)
+                return code_message("Something went wrong; I will craft whatever is still missing from scratch.", code)
             checked = any("view_inventory()" in t for t in assistant_turns)
             if ok and not checked and "ALL-TARGETS-OK" in last_obs and rng.random() < self.suboptimal_prob:
-                return self._msg("Let me double-check the inventory before finishing.", "print(view_inventory())")
+                return code_message("Let me double-check the inventory before finishing.", "print(view_inventory())")
             done = ", ".join(f"{c} x {i}" for i, c in targets.items())
             msg = f"Crafted {done}." if ok else f"Could not craft all of {done}."
-            return self._msg(self._say(rng, "The targets are in the inventory, so I am done.",
-                                       "Everything is crafted; finishing.", "Done crafting; reporting back.")
-                             if ok else "I could not complete the targets; reporting that honestly.",
-                             f"finish({msg!r})")
+            return code_message(self._say(rng, "The targets are in the inventory, so I am done.",
+                                          "Everything is crafted; finishing.", "Done crafting; reporting back.")
+                                if ok else "I could not complete the targets; reporting that honestly.",
+                                f"finish({msg!r})")
 
         # 2. direct ingredients
         direct = sorted({i for t in tnames for i in (info[t]["ingredients"] or {})})
         unknown_direct = [i for i in direct if i not in info]
         if unknown_direct:
-            return self._msg(self._say(rng, "Now the ingredients of my targets.",
-                                       "Next I check each ingredient: base material or craftable, and how deep.",
-                                       "Let me look at the ingredients one level down."),
-                             _SHOW.format(items=unknown_direct))
+            return code_message(self._say(rng, "Now the ingredients of my targets.",
+                                          "Next I check each ingredient: base material or craftable, and how deep.",
+                                          "Let me look at the ingredients one level down."),
+                                _SHOW.format(items=unknown_direct))
 
         # 3. delegation choice (stable: depends only on the direct ingredients' info)
         can_delegate = node.depth < self.max_depth and self.max_children > 0
@@ -230,9 +226,9 @@ class TextCraftExpert(Policy):
         explicit = local_depth <= self.explicit_max_depth
         steps_left = (node.max_steps or 10) - turn
         if unknown and explicit and steps_left > 3:
-            return self._msg(self._say(rng, "I still need the recipes of some intermediate items.",
-                                       "A few more recipes to read before I can plan the crafts.",
-                                       "Reading the next level of recipes."), _SHOW.format(items=sorted(unknown)))
+            return code_message(self._say(rng, "I still need the recipes of some intermediate items.",
+                                          "A few more recipes to read before I can plan the crafts.",
+                                          "Reading the next level of recipes."), _SHOW.format(items=sorted(unknown)))
         programmatic = bool(unknown) or len(plan) > self.max_explicit_crafts
 
         lines = ["# craft-phase", "import asyncio"]
@@ -277,7 +273,7 @@ class TextCraftExpert(Policy):
         lines.append(f"start, goal = {start!r}, {targets!r}")
         lines.append("print('ALL-TARGETS-OK' if all(now[t] - start.get(t, 0) >= c for t, c in goal.items()) "
                      "else 'STILL-MISSING', now)")
-        return self._msg(" ".join(reasons), "\n".join(lines))
+        return code_message(" ".join(reasons), "\n".join(lines))
 
 
 __all__ = ["TextCraftExpert"]

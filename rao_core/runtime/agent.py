@@ -68,8 +68,9 @@ def system_prompt(env: Environment, config: RuntimeConfig, node: Node) -> str:
     for t in env.tools():
         tools.append(f"- {t.signature}\n  {t.doc}")
     if config.delegation and node.depth < config.effective_max_depth:
-        tools.append(f"- await {env.subagent_signature}\n  {env.subagent_doc} The sub-agent sees only the "
-                     "goal you give it, not this conversation.")
+        sub = env.subagent_tool()
+        tools.append(f"- await {sub.signature}\n  {sub.doc} The sub-agent sees only the goal you give it, not "
+                     "this conversation.")
     parts.append("Functions available in the REPL:\n" + "\n".join(tools))
     extra = env.extra_system_prompt()
     if extra:
@@ -130,23 +131,6 @@ class _TreeCtx:
                 self.on_update(self.tree)
             except Exception:  # noqa: BLE001 - a broken live view must not kill rollouts
                 pass
-
-
-def _tool_dicts(env: Environment) -> list[dict[str, Any]]:
-    return [{"name": t.name, "finishes": t.finishes} for t in env.tools()]
-
-
-async def _new_repl(ctx: _TreeCtx, node: Node) -> Repl:
-    """A started and initialised REPL for ``node``; closed again (to the end) if the initialisation
-    fails or is cancelled, so no process or work folder outlives a node cancelled at this point."""
-    repl = await ctx.shared.pool.acquire()
-    try:
-        await repl.init(_tool_dicts(ctx.env), ctx.config.delegation,
-                        ctx.env.repl_variables(ctx.episode, node))
-    except BaseException:
-        await close_fully(repl)
-        raise
-    return repl
 
 
 def _finalise_tokens(node: Node) -> None:
@@ -214,116 +198,165 @@ def _end_node(ctx: _TreeCtx, node: Node, wall_s: float | None) -> None:
     ctx.notify()
 
 
-async def _run_node(ctx: _TreeCtx, node: Node) -> None:
-    """Run ``node`` to its end; never raises except CancelledError (after recording the end reason)."""
-    cfg, env, chat = ctx.config, ctx.env, ctx.shared.chat
-    t_start = time.perf_counter()
-    node.timings = NodeTimings(started_at=time.time())
-    repl: Repl | None = None
-    state: dict[str, Any] = {"finished": False, "result": None}
+class _NodeEnd(Exception):
+    """Raised by a step of the node loop to end the node with ``reason`` and ``error``."""
 
-    async def on_call(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def __init__(self, reason: EndReason, error: str):
+        super().__init__(error)
+        self.reason, self.error = reason, error
+
+
+@dataclass
+class _NodeLoop:
+    """The steps of one node's loop, run by ``_run_node``: ``start``, then per turn ``check_limits``,
+    ``policy_turn``, ``run_cell`` and ``next_prompt``. A step that ends the node raises ``_NodeEnd``;
+    ``finished``/``result`` are set by ``finish()`` in a cell or by a finishing tool (``on_call``)."""
+
+    ctx: _TreeCtx
+    node: Node
+    prompt_ids: list[int] = field(default_factory=list)
+    repl: Repl | None = None
+    finished: bool = False
+    result: Any = None
+
+    async def start(self) -> None:
+        """Start hook, system prompt and goal, the first prompt's ids and the node's REPL."""
+        ctx, node = self.ctx, self.node
+        ctx.env.on_node_start(ctx.episode, node)
+        node.messages = [{"role": "system", "content": system_prompt(ctx.env, ctx.config, node)},
+                         {"role": "user", "content": node.goal}]
+        self.prompt_ids = ctx.shared.chat.initial(node.messages[0]["content"], node.goal)
+        self.repl = await self._new_repl()
+        ctx.notify()
+
+    async def _new_repl(self) -> Repl:
+        """A started and initialised REPL for the node; closed again (to the end) if the initialisation
+        fails or is cancelled, so no process or work folder outlives a node cancelled at this point. A
+        REPL that cannot start ends the node."""
+        ctx = self.ctx
+        try:
+            repl = await ctx.shared.pool.acquire()
+            try:
+                await repl.init([{"name": t.name, "finishes": t.finishes} for t in ctx.env.tools()],
+                                ctx.config.delegation, ctx.env.repl_variables(ctx.episode, self.node))
+            except BaseException:
+                await close_fully(repl)
+                raise
+        except SandboxError as e:
+            raise _NodeEnd(EndReason.SANDBOX_ERROR, str(e)) from None
+        return repl
+
+    def check_limits(self) -> None:
+        """End the node at its step limit, when the tree's step budget is spent, or when the next prompt
+        and ``max_new_tokens`` would not fit in the context window."""
+        cfg, node, n = self.ctx.config, self.node, len(self.prompt_ids)
+        max_steps = node.max_steps or cfg.max_steps_per_node
+        if len(node.turns) >= max_steps:
+            raise _NodeEnd(EndReason.MAX_STEPS, f"no finish() after {max_steps} steps")
+        if cfg.tree_step_budget is not None and self.ctx.steps >= cfg.tree_step_budget:
+            raise _NodeEnd(EndReason.TREE_STEP_BUDGET, f"the tree's step budget of {cfg.tree_step_budget} is spent")
+        if n + cfg.max_new_tokens > cfg.context_window:
+            raise _NodeEnd(EndReason.CONTEXT_OVERFLOW, f"prompt of {n} tokens + max_new_tokens {cfg.max_new_tokens} "
+                                                       f"> context_window {cfg.context_window}")
+
+    async def policy_turn(self) -> Turn:
+        """One policy generation, recorded as a turn and an assistant message. Ends the node when the policy
+        fails or times out, returns fewer or more log-probs than token ids, or echoes other prompt ids than
+        were sent."""
+        ctx, node, sent = self.ctx, self.node, self.prompt_ids
+        ctx.steps += 1
+        try:
+            gen, queue_s, gen_s = await _generate(ctx, node, sent)
+        except asyncio.TimeoutError:
+            raise _NodeEnd(EndReason.POLICY_ERROR, f"policy did not answer within {ctx.config.policy_timeout_s:g} s") \
+                from None
+        except PolicyError as e:
+            raise _NodeEnd(EndReason.POLICY_ERROR, str(e)) from None
+        except Exception as e:  # noqa: BLE001 - a policy bug fails this node, not the run
+            raise _NodeEnd(EndReason.POLICY_ERROR, f"{type(e).__name__}: {e}") from None
+        if gen.token_ids is not None:
+            comp_ids = list(gen.token_ids)
+            lps = list(gen.logprobs) if gen.logprobs is not None else [0.0] * len(comp_ids)
+            if len(lps) != len(comp_ids):
+                raise _NodeEnd(EndReason.POLICY_ERROR,
+                               f"policy returned {len(comp_ids)} token ids but {len(lps)} log-probs")
+        else:
+            comp_ids = ctx.shared.chat.encode(gen.text)
+            lps = [0.0] * len(comp_ids)
+        turn = Turn(prompt_token_ids=list(sent), completion_token_ids=comp_ids, completion_logprobs=lps,
+                    text=gen.text, finish_reason=gen.finish_reason, queue_s=queue_s, generation_s=gen_s)
+        node.turns.append(turn)
+        node.messages.append({"role": "assistant", "content": gen.text})
+        if gen.prompt_token_ids is not None and list(gen.prompt_token_ids) != list(sent):
+            turn.prompt_token_ids = list(gen.prompt_token_ids)
+            k = next((i for i, (a, b) in enumerate(zip(gen.prompt_token_ids, sent)) if a != b),
+                     min(len(gen.prompt_token_ids), len(sent)))
+            raise _NodeEnd(EndReason.TOKEN_PREFIX_BREAK,
+                           f"turn {len(node.turns) - 1}: server prompt ids ({len(gen.prompt_token_ids)}) differ "
+                           f"from the sent ids ({len(sent)}) at position {k}")
+        return turn
+
+    async def run_cell(self, turn: Turn) -> None:
+        """Run the turn's first code cell and record its observation; a cell that timed out or was killed
+        gets the node a fresh REPL (a REPL that cannot start ends the node)."""
+        code = extract_code(turn.text)
+        if code is None:
+            turn.cell_status = CellStatus.NO_CODE
+            turn.observation = ("[no code cell found: write one ```python ... ``` block per reply; "
+                                "call finish(result) when done]")
+        else:
+            turn.code = code
+            res = await self.repl.execute(code, self.on_call)
+            turn.execution_s, turn.cell_status = res.wall_s, res.status
+            if res.finished and not self.finished:
+                self.finished, self.result = True, res.finish_value
+            turn.observation = format_observation(res, self.ctx.config.observation_max_chars)
+            if res.status in (CellStatus.TIMEOUT, CellStatus.KILLED):
+                await self.repl.close()
+                self.repl = await self._new_repl()
+        self.ctx.notify()
+
+    def next_prompt(self, turn: Turn) -> None:
+        """Append the observation as the next user message and extend the prompt ids with it."""
+        chat, comp_ids = self.ctx.shared.chat, turn.completion_token_ids
+        self.node.messages.append({"role": "user", "content": turn.observation})
+        self.prompt_ids = self.prompt_ids + comp_ids + chat.suffix(comp_ids, turn.observation)
+
+    async def on_call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Serve a call from the node's REPL: ``launch_subagent`` or an environment tool (a finishing tool
+        finishes the node with its value)."""
+        ctx = self.ctx
         if name == "launch_subagent":
-            return await _launch_child(ctx, node, args, kwargs)
-        spec = next((t for t in env.tools() if t.name == name), None)
+            return await _launch_child(ctx, self.node, args, kwargs)
+        spec = next((t for t in ctx.env.tools() if t.name == name), None)
         if spec is None:
             raise ToolError(f"unknown tool {name!r}")
-        value = env.call_tool(ctx.episode, node, name, list(args), dict(kwargs))
+        value = ctx.env.call_tool(ctx.episode, self.node, name, list(args), dict(kwargs))
         if spec.finishes:
-            state["finished"], state["result"] = True, value
+            self.finished, self.result = True, value
         return value
 
+
+async def _run_node(ctx: _TreeCtx, node: Node) -> None:
+    """Run ``node`` to its end; never raises except CancelledError (after recording the end reason).
+
+    The loop's steps are ``_NodeLoop``'s; a step ends the node by raising ``_NodeEnd``, and the node
+    finishes when ``finish()`` or a finishing tool has given its result.
+    """
+    t_start = time.perf_counter()
+    node.timings = NodeTimings(started_at=time.time())
+    loop = _NodeLoop(ctx, node)
     try:
-        env.on_node_start(ctx.episode, node)
-        node.messages = [{"role": "system", "content": system_prompt(env, cfg, node)},
-                         {"role": "user", "content": node.goal}]
-        prompt_ids = chat.initial(node.messages[0]["content"], node.goal)
-        try:
-            repl = await _new_repl(ctx, node)
-        except SandboxError as e:
-            node.end_reason, node.error = EndReason.SANDBOX_ERROR, str(e)
-            return
-        ctx.notify()
-        max_steps = node.max_steps or cfg.max_steps_per_node
-        while True:
-            if len(node.turns) >= max_steps:
-                node.end_reason = EndReason.MAX_STEPS
-                node.error = f"no finish() after {max_steps} steps"
-                break
-            if cfg.tree_step_budget is not None and ctx.steps >= cfg.tree_step_budget:
-                node.end_reason = EndReason.TREE_STEP_BUDGET
-                node.error = f"the tree's step budget of {cfg.tree_step_budget} is spent"
-                break
-            if len(prompt_ids) + cfg.max_new_tokens > cfg.context_window:
-                node.end_reason = EndReason.CONTEXT_OVERFLOW
-                node.error = (f"prompt of {len(prompt_ids)} tokens + max_new_tokens {cfg.max_new_tokens} "
-                              f"> context_window {cfg.context_window}")
-                break
-            ctx.steps += 1
-            try:
-                gen, queue_s, gen_s = await _generate(ctx, node, prompt_ids)
-            except asyncio.TimeoutError:
-                node.end_reason = EndReason.POLICY_ERROR
-                node.error = f"policy did not answer within {cfg.policy_timeout_s:g} s"
-                break
-            except PolicyError as e:
-                node.end_reason, node.error = EndReason.POLICY_ERROR, str(e)
-                break
-            except Exception as e:  # noqa: BLE001 - a policy bug fails this node, not the run
-                node.end_reason, node.error = EndReason.POLICY_ERROR, f"{type(e).__name__}: {e}"
-                break
-            if gen.token_ids is not None:
-                comp_ids = list(gen.token_ids)
-                lps = list(gen.logprobs) if gen.logprobs is not None else [0.0] * len(comp_ids)
-                if len(lps) != len(comp_ids):
-                    node.end_reason = EndReason.POLICY_ERROR
-                    node.error = f"policy returned {len(comp_ids)} token ids but {len(lps)} log-probs"
-                    break
-            else:
-                comp_ids = chat.encode(gen.text)
-                lps = [0.0] * len(comp_ids)
-            turn = Turn(prompt_token_ids=list(prompt_ids), completion_token_ids=comp_ids,
-                        completion_logprobs=lps, text=gen.text, finish_reason=gen.finish_reason,
-                        queue_s=queue_s, generation_s=gen_s)
-            node.turns.append(turn)
-            node.messages.append({"role": "assistant", "content": gen.text})
-            if gen.prompt_token_ids is not None and list(gen.prompt_token_ids) != list(prompt_ids):
-                turn.prompt_token_ids = list(gen.prompt_token_ids)
-                k = next((i for i, (a, b) in enumerate(zip(gen.prompt_token_ids, prompt_ids)) if a != b),
-                         min(len(gen.prompt_token_ids), len(prompt_ids)))
-                node.end_reason = EndReason.TOKEN_PREFIX_BREAK
-                node.error = (f"turn {len(node.turns) - 1}: server prompt ids ({len(gen.prompt_token_ids)}) "
-                              f"differ from the sent ids ({len(prompt_ids)}) at position {k}")
-                break
-            code = extract_code(gen.text)
-            if code is None:
-                turn.cell_status = CellStatus.NO_CODE
-                obs = ("[no code cell found: write one ```python ... ``` block per reply; "
-                       "call finish(result) when done]")
-            else:
-                turn.code = code
-                res = await repl.execute(code, on_call)
-                turn.execution_s = res.wall_s
-                turn.cell_status = res.status
-                if res.finished and not state["finished"]:
-                    state["finished"], state["result"] = True, res.finish_value
-                obs = format_observation(res, cfg.observation_max_chars)
-                if res.status in (CellStatus.TIMEOUT, CellStatus.KILLED):
-                    await repl.close()
-                    try:
-                        repl = await _new_repl(ctx, node)
-                    except SandboxError as e:
-                        turn.observation = obs
-                        node.end_reason, node.error = EndReason.SANDBOX_ERROR, str(e)
-                        break
-            turn.observation = obs
-            ctx.notify()
-            if state["finished"]:
-                node.result = state["result"]
-                node.end_reason = EndReason.FINISHED
-                break
-            node.messages.append({"role": "user", "content": obs})
-            prompt_ids = prompt_ids + comp_ids + chat.suffix(comp_ids, obs)
+        await loop.start()
+        while not loop.finished:
+            loop.check_limits()
+            turn = await loop.policy_turn()
+            await loop.run_cell(turn)
+            if not loop.finished:
+                loop.next_prompt(turn)
+        node.result, node.end_reason = loop.result, EndReason.FINISHED
+    except _NodeEnd as end:
+        node.end_reason, node.error = end.reason, end.error
     except asyncio.CancelledError:
         node.end_reason = EndReason.TREE_TIMEOUT if ctx.timed_out else EndReason.CANCELLED
         node.error = node.error or ("the tree's wall-clock limit elapsed" if ctx.timed_out
@@ -342,8 +375,8 @@ async def _run_node(ctx: _TreeCtx, node: Node) -> None:
             node.end_reason = EndReason.CANCELLED
             node.error = node.error or "the node was interrupted"
         _end_node(ctx, node, time.perf_counter() - t_start)
-        if repl is not None:
-            await close_fully(repl)
+        if loop.repl is not None:
+            await close_fully(loop.repl)
 
 
 async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> Any:

@@ -167,7 +167,7 @@ def test_tool_errors_are_clear(episode):
     cases = [
         (("get_info", [["nope_1"]], {}), "unknown item"),
         (("get_info", [[]], {}), "must be a list"),
-        (("craft", [ings, ["zz", 1]], {}), "unknown target item"),
+        (("craft", [ings, ["zz", 1]], {}), "craft: unknown item 'zz'"),
         (("craft", [{}, [next(iter(task.data["inventory"])), 1]], {}), "base material"),
         (("craft", [ings, [item, 0]], {}), "positive int"),
         (("craft", [ings, item], {}), "pair"),
@@ -199,7 +199,7 @@ def test_launch_subagent_maps_to_child_spec(episode):
     for args, kwargs, msg in [([{}, 3], {}, "non-empty dict"), ([{"q": 1}, 3], {}, "unknown item"),
                               ([{base: 1}, 3], {}, "base material"), ([{item: -1}, 3], {}, "positive int"),
                               ([{item: 1}, 0], {}, "num_steps"), ([{item: 1}, 2], {"goal": "x"}, "unexpected"),
-                              ([], {}, "needs targets")]:
+                              ([], {}, "missing argument")]:
         with pytest.raises(ToolError, match=msg):
             ENV.child_spec(ep, None, args, kwargs)
 
@@ -268,7 +268,7 @@ def test_registry_and_root_goal():
     env = get_env("textcraft-synth")
     assert isinstance(env, TextCraftEnv) and env.exact_subtask_verifier
     assert {t.name for t in env.tools()} == {"get_info", "craft", "view_inventory"}
-    assert env.subagent_signature.startswith("launch_subagent(targets: dict, num_steps: int")
+    assert env.subagent_tool().signature.startswith("launch_subagent(targets: dict, num_steps: int")
     task = env.generate_tasks(n=1, seed=0, difficulty="easy")[0]
     spec = env.root_goal(task)
     assert spec.goal_args == {"targets": task.data["targets"]}

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, ToolSpec
+from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, tool
 from rao_core.paths import default_model_path, tiny_model_path
 from rao_core.tree import Node
 
 
 class CounterEpisode(Episode):
     counter: int = 0
-    log: list[str] = []
 
 
 class FakeEnv(Environment):
@@ -19,15 +18,6 @@ class FakeEnv(Environment):
 
     name = "fake"
     exact_subtask_verifier = True
-
-    def tools(self) -> list[ToolSpec]:
-        return [
-            ToolSpec(name="get_info", signature="get_info() -> dict", doc="Info about the episode."),
-            ToolSpec(name="add", signature="add(n: int) -> int", doc="Add n to the shared counter."),
-            ToolSpec(name="fail", signature="fail() -> None", doc="Always fails."),
-            ToolSpec(name="submit", signature="submit(answer) -> object", doc="Submit and finish.",
-                     finishes=True),
-        ]
 
     def new_episode(self, task: Task) -> Episode:
         return CounterEpisode(task=task)
@@ -44,18 +34,26 @@ class FakeEnv(Environment):
     def repl_variables(self, episode: Episode, node: Node) -> dict[str, Any]:
         return {"NODE_DEPTH": node.depth}
 
-    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        episode.log.append(name)
-        if name == "get_info":
-            return {"depth": node.depth, "counter": episode.counter}
-        if name == "add":
-            episode.counter += int(args[0] if args else kwargs["n"])
-            return episode.counter
-        if name == "fail":
-            raise ToolError("this tool always fails")
-        if name == "submit":
-            return {"submitted": args[0] if args else kwargs.get("answer")}
-        raise ToolError(f"unknown tool {name}")
+    @tool
+    def get_info(self, episode: CounterEpisode, node: Node) -> dict:
+        """Info about the episode."""
+        return {"depth": node.depth, "counter": episode.counter}
+
+    @tool
+    def add(self, episode: CounterEpisode, n: int) -> int:
+        """Add n to the shared counter."""
+        episode.counter += int(n)
+        return episode.counter
+
+    @tool
+    def fail(self, episode: CounterEpisode) -> None:
+        """Always fails."""
+        raise ToolError("this tool always fails")
+
+    @tool(finishes=True)
+    def submit(self, episode: CounterEpisode, answer) -> object:
+        """Submit and finish."""
+        return {"submitted": answer}
 
     def verify(self, episode: Episode, node: Node) -> float | None:
         expect = node.goal_args.get("expect")

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rao_core.envs.search import fts5_query
-from rao_core.jsonl import atomic_path
+from rao_core.envs.search.fts import build_db, open_db
 
 SCHEMA = """
 CREATE TABLE emails (
@@ -137,24 +137,12 @@ def insert_emails(con: sqlite3.Connection, records: Iterable[EmailRecord]) -> in
 
 def build_email_db(records: Iterable[EmailRecord], path: str | os.PathLike[str]) -> Path:
     """Create the database at ``path`` from ``records`` (atomic: temp file, then rename)."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        con = sqlite3.connect(tmp)
-        try:
-            with con:
-                con.executescript(SCHEMA)
-                insert_emails(con, records)
-        finally:
-            con.close()
-    return path
+    return build_db(path, SCHEMA, lambda con: insert_emails(con, records))
 
 
 def open_email_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open an email database read-only; FileNotFoundError if absent."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"ART-E email database not found: {path}")
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    return open_db(path, "ART-E email database")
 
 
 _IN_INBOX = ("(e.from_address = :inbox OR EXISTS (SELECT 1 FROM recipients r "

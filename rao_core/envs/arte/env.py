@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import random
 import sqlite3
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,14 +37,12 @@ from rao_core.envs.arte.reward import (
     ladder_reward,
 )
 from rao_core.envs.arte.synth import GENERATOR_VERSION, InboxParams, generate_corpus
-from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, check_corpus,
-                                require_answers, require_text, show_value)
-from rao_core.envs.deepdive.env import _bind
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, check_corpus, check_options,
+                                require_answers, require_text, show_value, split_digits, tool)
 from rao_core.envs.deepdive.scoring import exact_match
-from rao_core.envs.search.fts import cached_db_path, ensure_cached_db
+from rao_core.envs.search.fts import GeneratedCorpus
 from rao_core.tree import Node
 
-_SPLIT_MOD = {"train": (2, 3, 4, 5, 6, 7, 8, 9), "validation": (1,), "test": (0,)}
 DIFFICULTIES = ("easy", "medium", "hard")
 
 
@@ -74,15 +71,9 @@ class ArteEpisode(Episode):
     invalid_reads: int = 0
 
 
-def corpus_db_path(params: InboxParams) -> Path:
-    """Where the synthetic corpus of ``params`` is cached (built on first use by :func:`ensure_corpus`)."""
-    return cached_db_path("arte", {"generator": GENERATOR_VERSION, **params.model_dump()})
-
-
-def ensure_corpus(params: InboxParams) -> Path:
-    """Build (once) and return the SQLite database of the synthetic corpus of ``params``."""
-    return ensure_cached_db("arte", {"generator": GENERATOR_VERSION, **params.model_dump()},
-                            lambda p: build_email_db(generate_corpus(params).emails, p))
+CORPUS = GeneratedCorpus("arte", GENERATOR_VERSION, InboxParams,
+                         lambda params, path: build_email_db(generate_corpus(params).emails, path))
+corpus_db_path, ensure_corpus = CORPUS.path, CORPUS.ensure
 
 
 def _split_answer(result: Any) -> tuple[str | None, list[str]]:
@@ -102,7 +93,6 @@ class ArteEnv(Environment):
     """ART-E (spec ``benchmarks.md`` section 4). ``ArteEnv(**ArteConfig fields)``."""
 
     name = "arte"
-    difficulties = DIFFICULTIES
 
     def __init__(self, **options: Any):
         self.config = ArteConfig(**options)
@@ -118,25 +108,21 @@ class ArteEnv(Environment):
         ending in 0, validation: 1, train: the rest); ``difficulty`` ('easy' | 'medium' | 'hard') picks the
         question phrasing. Raises ValueError for bad options or when the split has fewer than ``n`` facts.
         """
-        if split not in _SPLIT_MOD:
-            raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLIT_MOD)}")
+        digits = split_digits(split)
         diff = difficulty or "medium"
         if diff not in DIFFICULTIES:
             raise ValueError(f"unknown ART-E difficulty {difficulty!r}; expected one of {DIFFICULTIES}")
+        check_options(self.name, options, ("corpus_seed", *InboxParams.model_fields))
         opts = dict(options)
         corpus_seed = int(opts.pop("corpus_seed", seed))
         opts.pop("seed", None)
-        unknown = sorted(set(opts) - set(InboxParams.model_fields))
-        if unknown:
-            raise ValueError(f"unknown ART-E generator options {unknown}; expected corpus_seed or "
-                             f"{sorted(InboxParams.model_fields)}")
         if "n_inboxes" not in opts:
             fpi = int(opts.get("facts_per_inbox", InboxParams.model_fields["facts_per_inbox"].default))
-            per = sum(1 for i in range(fpi) if i % 10 in _SPLIT_MOD[split])
+            per = sum(1 for i in range(fpi) if i % 10 in digits)
             opts["n_inboxes"] = max(InboxParams.model_fields["n_inboxes"].default, math.ceil(n / max(per, 1)))
         params = InboxParams(seed=corpus_seed, **opts)
         corpus = generate_corpus(params)
-        pool = [f for f in corpus.facts if int(f.fact_id.split("-f")[1]) % 10 in _SPLIT_MOD[split]]
+        pool = [f for f in corpus.facts if int(f.fact_id.split("-f")[1]) % 10 in digits]
         if len(pool) < n:
             raise ValueError(f"the {split} split of this corpus has {len(pool)} facts, fewer than n={n}; "
                              "raise n_inboxes or facts_per_inbox")
@@ -153,16 +139,7 @@ class ArteEnv(Environment):
 
     # -------------------------------------------------------------- episodes
     def _connection(self, task: Task) -> sqlite3.Connection:
-        corpus = task.data.get("corpus") or {}
-        if "path" in corpus:
-            path = Path(corpus["path"])
-        elif "params" in corpus:
-            if corpus.get("generator", GENERATOR_VERSION) != GENERATOR_VERSION:
-                raise ValueError(f"task {task.task_id}: corpus generator {corpus.get('generator')!r} is not "
-                                 f"{GENERATOR_VERSION!r}; regenerate the tasks")
-            path = ensure_corpus(InboxParams(**corpus["params"]))
-        else:
-            raise ValueError(f"task {task.task_id}: data['corpus'] needs 'path' or 'params'")
+        path = CORPUS.of_task(task.task_id, task.data.get("corpus") or {})
         key = str(path)
         if key not in self._cons:
             self._cons[key] = open_email_db(path)
@@ -182,10 +159,8 @@ class ArteEnv(Environment):
         check_corpus(d, InboxParams, GENERATOR_VERSION)
 
     def new_episode(self, task: Task) -> ArteEpisode:
-        """Open the task's email database; ValueError naming the missing field on a malformed task."""
-        for k in ("question", "inbox", "message_ids"):
-            if not task.data.get(k):
-                raise ValueError(f"task {task.task_id}: data[{k!r}] is missing or empty")
+        """Open the task's email database; ValueError naming the field on a malformed task (``validate_task``)."""
+        self.validate_task(task)
         return ArteEpisode(task=task, con=self._connection(task), inbox=str(task.data["inbox"]).lower(),
                            gold_ids=list(task.data["message_ids"]))
 
@@ -201,73 +176,61 @@ class ArteEnv(Environment):
             args["oracle"] = {**d["oracle"], "message_ids": d["message_ids"]}
         return ChildSpec(goal=goal, goal_args=args)
 
-    def tools(self) -> list[ToolSpec]:
-        """``search_emails``, ``read_email`` and the finishing ``return_final_answer``."""
-        return [
-            ToolSpec(name="search_emails",
-                     signature="search_emails(keywords: str | list[str], from_addr: str = None, to_addr: str = None, "
-                               "sent_after: str = None, sent_before: str = None, max_results: int = 10) -> list[dict]",
-                     doc="Search the user's inbox. Every word of `keywords` must appear (subject or body). Optional "
-                         "filters: sender, recipient, dates 'YYYY-MM-DD' (after: inclusive, before: exclusive). "
-                         "Newest first, at most 10; each {'message_id', 'subject', 'from', 'date', 'snippet'}."),
-            ToolSpec(name="read_email", signature="read_email(message_id: str) -> dict",
-                     doc="The full email: {'message_id', 'date', 'subject', 'from', 'to', 'cc', 'bcc', 'body'}."),
-            ToolSpec(name="return_final_answer", signature="return_final_answer(answer: str, sources: list[str])",
-                     doc="Give the final answer and the message ids it comes from; this ends your work. "
-                         "Answer \"I don't know\" if the inbox does not contain the answer.", finishes=True),
-        ]
-
     def extra_system_prompt(self) -> str:
         """Tool-use guidance."""
         return ("Search with a few specific keywords (all must match); read the most promising emails; "
                 "keep answers short and exact.")
 
-    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Dispatch the three tools; ToolError on bad arguments or unknown emails."""
-        assert isinstance(episode, ArteEpisode)
-        if name == "search_emails":
-            kw, fa, ta, after, before, n = _bind(
-                name, args, kwargs, ("keywords", "from_addr", "to_addr", "sent_after", "sent_before", "max_results"),
-                {"from_addr": None, "to_addr": None, "sent_after": None, "sent_before": None, "max_results": 10})
-            if not (isinstance(kw, str) or (isinstance(kw, list | tuple) and all(isinstance(k, str) for k in kw))):
-                raise ToolError(f"search_emails: keywords must be a string or a list of strings, got {kw!r}")
-            for label, v in (("from_addr", fa), ("to_addr", ta), ("sent_after", after), ("sent_before", before)):
-                if v is not None and not isinstance(v, str):
-                    raise ToolError(f"search_emails: {label} must be a string or None, got {v!r}")
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ToolError(f"search_emails: max_results must be a positive int, got {n!r}")
-            try:
-                hits = search_emails(episode.con, episode.inbox, list(kw) if not isinstance(kw, str) else kw,
-                                     fa, ta, after, before, min(n, self.config.max_results), self.config.snippet_tokens)
-            except ValueError as e:  # bad date
-                raise ToolError(f"search_emails: {e}") from e
-            episode.found_ids.update(h.message_id for h in hits)
-            return [{"message_id": h.message_id, "subject": h.subject, "from": h.from_address, "date": h.date,
-                     "snippet": h.snippet} for h in hits]
-        if name == "read_email":
-            (mid,) = _bind(name, args, kwargs, ("message_id",), {})
-            if not isinstance(mid, str):
-                raise ToolError(f"read_email: message_id must be a string, got {mid!r}")
-            email = read_email(episode.con, episode.inbox, mid.strip())
-            if email is None:
-                episode.invalid_reads += 1
-                raise ToolError(f"read_email: no email with message_id {mid!r} in this inbox")
-            episode.read_ids.append(email["message_id"])
-            return email
-        if name == "return_final_answer":
-            ans, src = _bind(name, args, kwargs, ("answer", "sources"), {"sources": []})
-            if isinstance(ans, int | float) and not isinstance(ans, bool):
-                ans = str(ans)
-            if not isinstance(ans, str):
-                raise ToolError(f"return_final_answer: answer must be a string, got {type(ans).__name__}")
-            if src is None:
-                src = []
-            if isinstance(src, str):
-                src = [src]
-            if not isinstance(src, list | tuple) or not all(isinstance(s, str) for s in src):
-                raise ToolError("return_final_answer: sources must be a list of message id strings")
-            return {"answer": ans, "sources": list(src)}
-        raise ToolError(f"unknown tool {name!r}")
+    @tool
+    def search_emails(self, episode: ArteEpisode, keywords: str | list[str], from_addr: str = None,
+                      to_addr: str = None, sent_after: str = None, sent_before: str = None,
+                      max_results: int = 10) -> list[dict]:
+        """Search the user's inbox. Every word of `keywords` must appear (subject or body). Optional filters:
+        sender, recipient, dates 'YYYY-MM-DD' (after: inclusive, before: exclusive). Newest first, at most 10;
+        each {'message_id', 'subject', 'from', 'date', 'snippet'}."""
+        kw = keywords
+        if not (isinstance(kw, str) or (isinstance(kw, list | tuple) and all(isinstance(k, str) for k in kw))):
+            raise ToolError(f"search_emails: keywords must be a string or a list of strings, got {kw!r}")
+        filters = {"from_addr": from_addr, "to_addr": to_addr, "sent_after": sent_after, "sent_before": sent_before}
+        for label, v in filters.items():
+            if v is not None and not isinstance(v, str):
+                raise ToolError(f"search_emails: {label} must be a string or None, got {v!r}")
+        if isinstance(max_results, bool) or not isinstance(max_results, int) or max_results < 1:
+            raise ToolError(f"search_emails: max_results must be a positive int, got {max_results!r}")
+        try:
+            hits = search_emails(episode.con, episode.inbox, list(kw) if not isinstance(kw, str) else kw,
+                                 *filters.values(), min(max_results, self.config.max_results),
+                                 self.config.snippet_tokens)
+        except ValueError as e:  # bad date
+            raise ToolError(f"search_emails: {e}") from e
+        episode.found_ids.update(h.message_id for h in hits)
+        return [{"message_id": h.message_id, "subject": h.subject, "from": h.from_address, "date": h.date,
+                 "snippet": h.snippet} for h in hits]
+
+    @tool
+    def read_email(self, episode: ArteEpisode, message_id: str) -> dict:
+        """The full email: {'message_id', 'date', 'subject', 'from', 'to', 'cc', 'bcc', 'body'}."""
+        if not isinstance(message_id, str):
+            raise ToolError(f"read_email: message_id must be a string, got {message_id!r}")
+        email = read_email(episode.con, episode.inbox, message_id.strip())
+        if email is None:
+            episode.invalid_reads += 1
+            raise ToolError(f"read_email: no email with message_id {message_id!r} in this inbox")
+        episode.read_ids.append(email["message_id"])
+        return email
+
+    @tool(finishes=True)
+    def return_final_answer(self, answer: str, sources: list[str]):  # shown without a return type
+        """Give the final answer and the message ids it comes from; this ends your work. Answer "I don't know"
+        if the inbox does not contain the answer."""
+        if isinstance(answer, int | float) and not isinstance(answer, bool):
+            answer = str(answer)
+        if not isinstance(answer, str):
+            raise ToolError(f"return_final_answer: answer must be a string, got {type(answer).__name__}")
+        src = [sources] if isinstance(sources, str) else [] if sources is None else sources
+        if not isinstance(src, list | tuple) or not all(isinstance(s, str) for s in src):
+            raise ToolError("return_final_answer: sources must be a list of message id strings")
+        return {"answer": answer, "sources": list(src)}
 
     # --------------------------------------------------------------- scoring
     def rubric(self, episode: ArteEpisode, node: Node, answer_correct: bool | None = None) -> ArteRubric | None:

@@ -16,18 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from rao_core.envs.arte.db import EmailRecord, build_email_db, normalize_date
-from rao_core.envs.base import Task
+from rao_core.envs.base import Task, read_parquet_rows
 
 QUESTION_COLUMNS = ("id", "question", "answer", "message_ids", "inbox_address", "query_date")
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        raise FileNotFoundError(f"file not found: {path}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
+    """Rows of a parquet or JSON-lines file; FileNotFoundError (any suffix) or ValueError naming the file."""
+    if path.suffix == ".parquet" or not path.exists():  # read_parquet_rows reports a missing file
+        return read_parquet_rows(path, (), "ART-E data")
     if path.suffix in (".jsonl", ".json"):
         rows = []
         with open(path, encoding="utf-8") as f:

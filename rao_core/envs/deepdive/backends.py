@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from rao_core.envs.deepdive.kg import Page
 from rao_core.envs.search import fts5_query
-from rao_core.jsonl import atomic_path
+from rao_core.envs.search.fts import build_db, open_db
 
 
 class SearchResult(BaseModel):
@@ -56,18 +56,11 @@ CREATE VIRTUAL TABLE pages_fts USING fts5(
 
 def build_pages_db(pages: Iterable[Page], path: str | os.PathLike[str]) -> Path:
     """Write ``pages`` into a new SQLite FTS5 database at ``path`` (atomic: temp file, then rename)."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        con = sqlite3.connect(tmp)
-        try:
-            with con:
-                con.executescript(_SCHEMA)
-                con.executemany("INSERT INTO pages(page_id, title, url, text) VALUES (?, ?, ?, ?)",
-                                ((p.id, p.title, p.url, p.text) for p in pages))
-                con.execute("INSERT INTO pages_fts(rowid, title, text) SELECT rowid, title, text FROM pages")
-        finally:
-            con.close()
-    return path
+    def fill(con: sqlite3.Connection) -> None:
+        con.executemany("INSERT INTO pages(page_id, title, url, text) VALUES (?, ?, ?, ?)",
+                        ((p.id, p.title, p.url, p.text) for p in pages))
+        con.execute("INSERT INTO pages_fts(rowid, title, text) SELECT rowid, title, text FROM pages")
+    return build_db(path, _SCHEMA, fill)
 
 
 class LocalFTSBackend:
@@ -79,11 +72,9 @@ class LocalFTSBackend:
 
     def __init__(self, db_path: str | os.PathLike[str], title_weight: float = 4.0, snippet_tokens: int = 24):
         self.db_path = Path(db_path)
-        if not self.db_path.exists():
-            raise FileNotFoundError(f"DeepDive corpus database not found: {self.db_path}")
+        self._con = open_db(self.db_path, "DeepDive corpus database")
         self.title_weight = float(title_weight)
         self.snippet_tokens = int(snippet_tokens)
-        self._con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, check_same_thread=False)
 
     def search(self, query: str, num: int = 10) -> list[SearchResult]:
         """Top ``num`` pages for ``query`` by bm25; [] when the query has no word."""

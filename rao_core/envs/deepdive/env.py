@@ -18,13 +18,12 @@ database instead; ``None`` (real DeepDive records) needs a non-local backend.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, ToolError, ToolSpec, check_corpus,
-                                require_answers, require_text)
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, ToolError, check_corpus, check_options,
+                                require_answers, require_text, split_digits, tool)
 from rao_core.envs.deepdive.backends import HttpSearchBackend, LocalFTSBackend, SearchBackend, build_pages_db
 from rao_core.envs.deepdive.kg import (
     GENERATOR_VERSION,
@@ -36,12 +35,11 @@ from rao_core.envs.deepdive.kg import (
 )
 from rao_core.envs.deepdive.scoring import exact_match
 from rao_core.envs.search import normalize_text
-from rao_core.envs.search.fts import cached_db_path, ensure_cached_db
+from rao_core.envs.search.fts import GeneratedCorpus
 from rao_core.tree import Node
 
 #: difficulty name -> inclusive range of hops k. "k<N>" (e.g. "k3") asks for exactly N hops.
 DIFFICULTY_HOPS: dict[str, tuple[int, int]] = {"easy": (1, 2), "medium": (3, 4), "hard": (5, 7)}
-_SPLIT_SALT = {"train": (2, 3, 4, 5, 6, 7, 8, 9), "validation": (1,), "test": (0,)}
 
 
 class DeepDiveConfig(BaseModel):
@@ -69,15 +67,9 @@ class DeepDiveEpisode(Episode):
     opened: list[str] = Field(default_factory=list)
 
 
-def corpus_db_path(params: CorpusParams) -> Path:
-    """Where the synthetic corpus of ``params`` is cached (built on first use by :func:`ensure_corpus`)."""
-    return cached_db_path("deepdive", {"generator": GENERATOR_VERSION, **params.model_dump()})
-
-
-def ensure_corpus(params: CorpusParams) -> Path:
-    """Build (once) and return the SQLite database of the synthetic corpus of ``params``."""
-    return ensure_cached_db("deepdive", {"generator": GENERATOR_VERSION, **params.model_dump()},
-                            lambda p: build_pages_db(render_pages(build_graph(params)), p))
+CORPUS = GeneratedCorpus("deepdive", GENERATOR_VERSION, CorpusParams,
+                         lambda params, path: build_pages_db(render_pages(build_graph(params)), path))
+corpus_db_path, ensure_corpus = CORPUS.path, CORPUS.ensure
 
 
 def hops_for(difficulty: str | None, rng: random.Random) -> int:
@@ -100,12 +92,6 @@ class DeepDiveEnv(Environment):
     """
 
     name = "deepdive"
-    difficulties = (*DIFFICULTY_HOPS, "k<N>")
-
-    @classmethod
-    def check_difficulty(cls, difficulty: str) -> None:
-        """A name of ``DIFFICULTY_HOPS`` or ``k<N>`` (exactly N >= 1 hops); ValueError otherwise."""
-        hops_for(difficulty, random.Random(0))
 
     def __init__(self, search_backend: SearchBackend | None = None, **options: Any):
         self.config = DeepDiveConfig(**options)
@@ -124,19 +110,15 @@ class DeepDiveEnv(Environment):
         index ends in 0, validation: 1, train: the rest), so splits never share a start entity.
         Raises ValueError for an unknown option, split or difficulty.
         """
-        if split not in _SPLIT_SALT:
-            raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLIT_SALT)}")
+        digits = split_digits(split)
+        check_options(self.name, options, ("hops", "corpus_seed", *CorpusParams.model_fields))
         opts = dict(options)
         hops_opt = opts.pop("hops", None)
         corpus_seed = opts.pop("corpus_seed", seed)
-        unknown = sorted(set(opts) - set(CorpusParams.model_fields) - {"seed"})
-        if unknown:
-            raise ValueError(f"unknown DeepDive generator options {unknown}; expected hops, corpus_seed or "
-                             f"{sorted(CorpusParams.model_fields)}")
         opts.pop("seed", None)
         params = CorpusParams(seed=int(corpus_seed), **opts)
         kg = build_graph(params)
-        starts = [e for e in kg.entities if int(e.split("-")[1]) % 10 in _SPLIT_SALT[split]]
+        starts = [e for e in kg.entities if int(e.split("-")[1]) % 10 in digits]
         rng = random.Random(f"deepdive-questions:{seed}:{split}:{difficulty}:{hops_opt}")
         if hops_opt is not None:
             hops_for(f"k{int(hops_opt)}", rng)  # validates
@@ -179,15 +161,7 @@ class DeepDiveEnv(Environment):
         if not corpus:
             raise ValueError(f"task {task.task_id} has no local corpus (a real DeepDive record?); use "
                              "backend='http' or a custom search_backend")
-        if "path" in corpus:
-            path = Path(corpus["path"])
-        elif "params" in corpus:
-            if corpus.get("generator", GENERATOR_VERSION) != GENERATOR_VERSION:
-                raise ValueError(f"task {task.task_id}: corpus generator {corpus.get('generator')!r} is not "
-                                 f"{GENERATOR_VERSION!r}; regenerate the tasks")
-            path = ensure_corpus(CorpusParams(**corpus["params"]))
-        else:
-            raise ValueError(f"task {task.task_id}: data['corpus'] needs 'path' or 'params', got {sorted(corpus)}")
+        path = CORPUS.of_task(task.task_id, corpus)
         key = str(path)
         if key not in self._backends:
             self._backends[key] = LocalFTSBackend(path, self.config.title_weight, self.config.snippet_tokens)
@@ -204,13 +178,10 @@ class DeepDiveEnv(Environment):
             check_corpus(d, CorpusParams, GENERATOR_VERSION)
 
     def new_episode(self, task: Task) -> DeepDiveEpisode:
-        """Open (building if needed) the task's search backend; ValueError on a malformed task."""
-        q = task.data.get("question")
-        if not isinstance(q, str) or not q.strip():
-            raise ValueError(f"task {task.task_id}: data['question'] must be a non-empty string")
-        if not task.data.get("answers") and task.data.get("answer") is None:
-            raise ValueError(f"task {task.task_id}: data needs 'answers' or 'answer'")
-        return DeepDiveEpisode(task=task, backend=self._backend(task), question=q)
+        """Open (building if needed) the task's search backend; ValueError on a malformed task (``validate_task``)."""
+        backend = self._backend(task)  # first: it names a record without a corpus (a real DeepDive record)
+        self.validate_task(task)
+        return DeepDiveEpisode(task=task, backend=backend, question=task.data["question"])
 
     def root_goal(self, task: Task) -> ChildSpec:
         """The question; ``goal_args["oracle"]`` holds the gold path (no answer) for scripted policies."""
@@ -219,45 +190,21 @@ class DeepDiveEnv(Environment):
             args["oracle"] = task.data["gold"]
         return ChildSpec(goal=task.data["question"], goal_args=args)
 
-    def tools(self) -> list[ToolSpec]:
-        """``search`` and ``open``."""
-        return [
-            ToolSpec(name="search", signature="search(query: str, num: int = 10) -> list[dict]",
-                     doc="Full-text web search. Returns up to `num` results, best first, each "
-                         "{'id': page id, 'title': str, 'snippet': str}. Pages quoting the question are hidden."),
-            ToolSpec(name="open", signature="open(page_id: str, page: int = 1) -> str",
-                     doc=f"The text of page `page_id` (an id from search results or a link `Name [page-id]` "
-                         f"in a page), in chunks of {self.config.page_chars} characters; `page` selects the "
-                         "chunk and a header says how many there are."),
-        ]
-
     def extra_system_prompt(self) -> str:
         """Tool-use guidance."""
         return ("Answer the question by searching the web with search() and reading pages with open(). "
                 "Pages link to related pages as `Name [page-id]`. Finish with a short answer string, "
                 "e.g. finish('1873').")
 
-    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Dispatch ``search``/``open``; ToolError on bad arguments, unknown pages or backend failures."""
-        assert isinstance(episode, DeepDiveEpisode)
-        if name == "search":
-            query, num = _bind(name, args, kwargs, ("query", "num"), {"num": 10})
-            if not isinstance(query, str):
-                raise ToolError(f"search: query must be a string, got {type(query).__name__}")
-            if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-                raise ToolError(f"search: num must be a positive int, got {num!r}")
-            return self.search(episode, query, min(num, self.config.max_results))
-        if name == "open":
-            page_id, page = _bind(name, args, kwargs, ("page_id", "page"), {"page": 1})
-            if not isinstance(page_id, str):
-                raise ToolError(f"open: page_id must be a string, got {type(page_id).__name__}")
-            if isinstance(page, bool) or not isinstance(page, int) or page < 1:
-                raise ToolError(f"open: page must be an int >= 1, got {page!r}")
-            return self.open_page(episode, page_id.strip(), page)
-        raise ToolError(f"unknown tool {name!r}")
-
-    def search(self, episode: DeepDiveEpisode, query: str, num: int) -> list[dict[str, Any]]:
-        """Ranked results without the pages that contain the question text (the leak filter)."""
+    @tool
+    def search(self, episode: DeepDiveEpisode, query: str, num: int = 10) -> list[dict]:
+        """Full-text web search. Returns up to `num` results, best first, each {'id': page id, 'title': str,
+        'snippet': str}. Pages quoting the question are hidden."""
+        if not isinstance(query, str):
+            raise ToolError(f"search: query must be a string, got {type(query).__name__}")
+        if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+            raise ToolError(f"search: num must be a positive int, got {num!r}")
+        num = min(num, self.config.max_results)
         episode.searches.append(query)
         try:
             hits = episode.backend.search(query, num + 5)
@@ -265,7 +212,7 @@ class DeepDiveEnv(Environment):
             raise ToolError(f"search failed: {e}") from e
         q = normalize_text(episode.question)
         out = []
-        for h in hits:
+        for h in hits:  # the leak filter: no result whose text contains the question
             text = h.text if h.text is not None else f"{h.title} {h.snippet}"
             if q and q in normalize_text(text):
                 continue
@@ -274,8 +221,15 @@ class DeepDiveEnv(Environment):
                 break
         return out
 
-    def open_page(self, episode: DeepDiveEpisode, page_id: str, page: int = 1) -> str:
-        """Chunk ``page`` of ``page_id`` with a header; ToolError for unknown pages or chunks."""
+    @tool
+    def open(self, episode: DeepDiveEpisode, page_id: str, page: int = 1) -> str:
+        """The text of page `page_id` (an id from search results or a link `Name [page-id]` in a page), in
+        chunks of $page_chars characters; `page` selects the chunk and a header says how many there are."""
+        if not isinstance(page_id, str):
+            raise ToolError(f"open: page_id must be a string, got {type(page_id).__name__}")
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+            raise ToolError(f"open: page must be an int >= 1, got {page!r}")
+        page_id = page_id.strip()
         try:
             p = episode.backend.open(page_id)
         except Exception as e:
@@ -311,25 +265,3 @@ class DeepDiveEnv(Environment):
         answers = data.get("answers") or [data.get("answer")]
         return 1.0 if exact_match(result, answers) else 0.0
 
-
-def _bind(tool: str, args: list[Any], kwargs: dict[str, Any], names: tuple[str, ...],
-          defaults: dict[str, Any]) -> list[Any]:
-    """Bind positional/keyword arguments to ``names``; ToolError on extra, duplicate or missing ones."""
-    if len(args) > len(names):
-        raise ToolError(f"{tool}() takes at most {len(names)} arguments ({', '.join(names)}), got {len(args)}")
-    bound = dict(zip(names, args, strict=False))
-    for k, v in kwargs.items():
-        if k not in names:
-            raise ToolError(f"{tool}() got an unexpected argument {k!r}; expected {', '.join(names)}")
-        if k in bound:
-            raise ToolError(f"{tool}() got two values for {k!r}")
-        bound[k] = v
-    out = []
-    for k in names:
-        if k in bound:
-            out.append(bound[k])
-        elif k in defaults:
-            out.append(defaults[k])
-        else:
-            raise ToolError(f"{tool}() missing argument {k!r}")
-    return out

@@ -7,10 +7,9 @@ and score them with the LLM judge (offline, ``verify`` falls back to exact match
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
-from rao_core.envs.base import Task
+from rao_core.envs.base import Task, read_parquet_rows
 
 REQUIRED_COLUMNS = ("id", "question", "answer")
 
@@ -23,17 +22,8 @@ def load_deepdive_parquet(path: str | os.PathLike[str], split: str = "train", li
     ``"conversations"`` when ``keep_conversations`` (off by default: they make task files large).
     Raises FileNotFoundError for a missing file, ValueError naming missing columns or a bad row.
     """
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"DeepDive parquet file not found: {path}")
-    table = pq.read_table(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}; found {table.column_names}")
     tasks: list[Task] = []
-    for i, row in enumerate(table.to_pylist()):
+    for i, row in enumerate(read_parquet_rows(path, REQUIRED_COLUMNS, "DeepDive parquet")):
         if limit is not None and len(tasks) >= limit:
             break
         q, a = row.get("question"), row.get("answer")

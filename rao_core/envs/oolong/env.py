@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, require_text,
-                                show_value)
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, check_options, require_text,
+                                show_value, tool)
 from rao_core.envs.oolong.scoring import score_answer, score_synth_answer
-from rao_core.envs.oolong.synth import QUESTION_TYPES, approx_tokens, generate_oolong_tasks
+from rao_core.envs.oolong.synth import approx_tokens, generate_oolong_tasks
 from rao_core.tree import EndReason, Node
 
 
@@ -27,14 +27,15 @@ class OolongEnv(Environment):
     """Oolong (``oolong``): long-context aggregation questions over D&D transcripts."""
 
     name = "oolong"
-    difficulties = (*QUESTION_TYPES, "mixed")
     exact_subtask_verifier = False
 
-    def tools(self) -> list[ToolSpec]:
-        """``count_tokens``."""
-        return [ToolSpec(name="count_tokens", signature="count_tokens(text: str) -> int",
-                         doc="Approximate number of tokens in `text` (words and punctuation marks); use it to "
-                             "cut `context` into pieces that fit a sub-agent's window.")]
+    @tool
+    def count_tokens(self, text: str) -> int:
+        """Approximate number of tokens in `text` (words and punctuation marks); use it to cut `context` into
+        pieces that fit a sub-agent's window."""
+        if not isinstance(text, str):
+            raise ToolError(f"count_tokens(text): text must be a string, got {type(text).__name__}")
+        return approx_tokens(text)
 
     def extra_system_prompt(self) -> str:
         """How the long input is exposed."""
@@ -61,10 +62,8 @@ class OolongEnv(Environment):
                             f"one of {sorted(_SYNTH_TYPES)}")
 
     def new_episode(self, task: Task) -> Episode:
-        """No orchestrator-side state beyond the task; raises ValueError if context/question/answer are missing."""
-        missing = [k for k in ("context", "question", "answer") if k not in task.data]
-        if missing:
-            raise ValueError(f"task {task.task_id}: data misses {missing}")
+        """No orchestrator-side state beyond the task (checked by ``validate_task``: TaskError, a ValueError)."""
+        self.validate_task(task)
         return Episode(task=task)
 
     def root_goal(self, task: Task) -> ChildSpec:
@@ -81,17 +80,6 @@ class OolongEnv(Environment):
             return {"context": episode.task.data["context"]}
         return {"context": str(node.goal_args.get("context", ""))}
 
-    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """``count_tokens(text)``; raises ToolError for other names or a non-string argument."""
-        if name != "count_tokens":
-            raise ToolError(f"unknown tool {name!r}; available: count_tokens")
-        text = kwargs.pop("text", args[0] if args else None)
-        if kwargs or len(args) > 1:
-            raise ToolError("count_tokens takes one argument: text")
-        if not isinstance(text, str):
-            raise ToolError(f"count_tokens(text): text must be a string, got {type(text).__name__}")
-        return approx_tokens(text)
-
     def verify(self, episode: Episode, node: Node) -> float | None:
         """Root: exact Oolong score of ``str(node.result)`` (0.0 if not finished). Sub-agents: None."""
         if node.parent_id is not None:
@@ -107,8 +95,5 @@ class OolongEnv(Environment):
     def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
                        **options: Any) -> list[Task]:
         """Synthetic transcripts; options ``target_tokens`` (16000), ``max_episodes`` (6)."""
-        bad = set(options) - {"target_tokens", "max_episodes"}
-        if bad:
-            raise ValueError(f"oolong: unknown generator option(s) {sorted(bad)}; expected target_tokens, "
-                             "max_episodes")
+        check_options(self.name, options, ("target_tokens", "max_episodes"))
         return generate_oolong_tasks(n=n, seed=seed, difficulty=difficulty, split=split, **options)

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rao_core.envs.base import Task
+from rao_core.envs.base import Task, read_parquet_rows
 
 REAL_FIELDS = ("id", "context_window_id", "context_window_text", "question", "answer", "question_type",
                "episodes", "campaign")
@@ -67,17 +67,8 @@ def load_oolong_real(path: str | Path) -> list[Task]:
 
 def load_oolong_synth(path: str | Path, split: str = "test") -> list[Task]:
     """Oolong-synth records from a parquet file; raises ValueError naming missing columns."""
-    import pandas as pd
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Oolong-synth file not found: {path}")
-    df = pd.read_parquet(path)
-    missing = [f for f in SYNTH_FIELDS if f not in df.columns]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}")
     tasks = []
-    for rec in df.to_dict(orient="records"):
+    for rec in read_parquet_rows(path, SYNTH_FIELDS, "Oolong-synth"):
         answer = rec["answer"]
         if not isinstance(answer, str):  # some exports store the list itself
             answer = repr(list(answer))

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import sqlite3
 import threading
-from collections.abc import Callable
 import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
+from rao_core.jsonl import atomic_path
 from rao_core.paths import rao_home
 
 # Letters and digits, like FTS5's default ``unicode61`` tokenizer (underscore is a separator there too).
@@ -77,15 +83,62 @@ def cache_dir(kind: str) -> Path:
 _BUILD_LOCK = threading.Lock()
 
 
+def build_db(path: str | os.PathLike[str], schema: str, fill: Callable[[sqlite3.Connection], Any]) -> Path:
+    """Create the SQLite database at ``path``: ``schema``, then ``fill(con)``, in one transaction (atomic:
+    a temporary file renamed over ``path`` only when both succeeded)."""
+    with atomic_path(path) as tmp:
+        con = sqlite3.connect(tmp)
+        try:
+            with con:
+                con.executescript(schema)
+                fill(con)
+        finally:
+            con.close()
+    return Path(path)
+
+
+def open_db(path: str | os.PathLike[str], what: str) -> sqlite3.Connection:
+    """Open a database read-only (shareable across threads); FileNotFoundError naming ``what`` if absent."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+
+
 def cached_db_path(kind: str, key: dict[str, Any]) -> Path:
     """Where the database built from ``key`` (generator version + parameters) is cached for ``kind``."""
     return cache_dir(kind) / f"{params_hash(key)}.sqlite"
 
 
-def ensure_cached_db(kind: str, key: dict[str, Any], build: Callable[[Path], Any]) -> Path:
-    """Return :func:`cached_db_path`, calling ``build(path)`` once (under a lock) if it does not exist yet."""
-    path = cached_db_path(kind, key)
-    with _BUILD_LOCK:
-        if not path.exists():
-            build(path)
-    return path
+@dataclass(frozen=True)
+class GeneratedCorpus:
+    """A synthetic corpus (DeepDive's pages, ART-E's inboxes) built from generator parameters into a SQLite
+    database, cached at ``$RAO_HOME/cache/<kind>/<hash of generator version and parameters>.sqlite``."""
+
+    kind: str
+    generator: str  # generator version stored in task files
+    params_model: type[BaseModel]
+    build: Callable[[Any, Path], Any]  # (params, path): write the database at path
+
+    def path(self, params: BaseModel) -> Path:
+        """Where the corpus of ``params`` is cached (built on first use by :meth:`ensure`)."""
+        return cached_db_path(self.kind, {"generator": self.generator, **params.model_dump()})
+
+    def ensure(self, params: BaseModel) -> Path:
+        """Build (once, under a lock) and return the database of the corpus of ``params``."""
+        path = self.path(params)
+        with _BUILD_LOCK:
+            if not path.exists():
+                self.build(params, path)
+        return path
+
+    def of_task(self, task_id: str, corpus: dict[str, Any]) -> Path:
+        """The database of a task's ``data["corpus"]``: ``{"path"}`` as is, ``{"generator", "params"}`` built
+        once; ValueError naming the task for anything else or another generator version."""
+        if "path" in corpus:
+            return Path(corpus["path"])
+        if "params" not in corpus:
+            raise ValueError(f"task {task_id}: data['corpus'] needs 'path' or 'params', got {sorted(corpus)}")
+        if corpus.get("generator", self.generator) != self.generator:
+            raise ValueError(f"task {task_id}: corpus generator {corpus.get('generator')!r} is not "
+                             f"{self.generator!r}; regenerate the tasks")
+        return self.ensure(self.params_model(**corpus["params"]))

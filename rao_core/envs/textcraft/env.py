@@ -20,9 +20,10 @@ from typing import Any
 
 from pydantic import Field
 
-from rao_core.envs.base import ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, show_value
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, check_options, show_value,
+                                tool)
 from rao_core.envs.textcraft.graph import GRAPH_VERSION, RecipeGraph, recipe_graph
-from rao_core.envs.textcraft.tasks import DIFFICULTIES, ENV_NAME, generate_textcraft_tasks, graph_of
+from rao_core.envs.textcraft.tasks import ENV_NAME, generate_textcraft_tasks, graph_of
 from rao_core.tree import EndReason, Node
 
 
@@ -44,6 +45,17 @@ def _is_count(x: Any) -> bool:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_craftable(graph: RecipeGraph, where: str, item: Any, count: Any, what: str) -> None:
+    """Raise ToolError (prefixed ``where``) unless ``item`` is a craftable item of ``graph`` and ``count``
+    (called ``what``) a positive int."""
+    if not isinstance(item, str) or item not in graph.tier:
+        raise ToolError(f"{where}: unknown item {item!r}")
+    if graph.is_base(item):
+        raise ToolError(f"{where}: {item} is a base material and cannot be crafted")
+    if not _is_count(count):
+        raise ToolError(f"{where}: {what} must be a positive int, got {count!r}")
 
 
 def base_shortfall(graph: RecipeGraph, targets: dict[str, int], inventory: dict[str, int]) -> dict[str, tuple[int, int]]:
@@ -77,32 +89,7 @@ class TextCraftEnv(Environment):
     """TextCraft-Synth (``textcraft-synth``): craft target items from a tiered synthetic recipe graph."""
 
     name = ENV_NAME
-    difficulties = (*DIFFICULTIES, "mixed")
     exact_subtask_verifier = True
-    subagent_signature = "launch_subagent(targets: dict, num_steps: int, context: str = '') -> object"
-    subagent_doc = (
-        "Start a sub-agent with a fresh context whose goal is to craft `targets` ({item: count}) into the "
-        "SAME shared inventory within `num_steps` steps; `context` is optional extra text for it (e.g. "
-        "recipes you already know). Returns the sub-agent's finish() message. Await it; run independent "
-        "sub-agents at once with `await asyncio.gather(launch_subagent(...), launch_subagent(...))`. "
-        "A sub-agent succeeds only if it crafts its targets and calls finish."
-    )
-
-    def tools(self) -> list[ToolSpec]:
-        """``get_info``, ``craft``, ``view_inventory``."""
-        return [
-            ToolSpec(name="get_info", signature="get_info(items: list[str]) -> list[dict]",
-                     doc="For each item: whether it is craftable or a base material, how many you hold, its "
-                         "crafting depth, and its recipes as {'ingredients': {item: count}, 'result_count': n} "
-                         "(one execution consumes the ingredients and yields result_count items)."),
-            ToolSpec(name="craft", signature="craft(ingredients: dict, target: tuple) -> str",
-                     doc="Craft target=(item, total). `total` must be a multiple of the recipe's result_count "
-                         "and `ingredients` exactly the recipe's ingredients times total/result_count. "
-                         "Consumes the ingredients from the shared inventory and adds `total` of the item."),
-            ToolSpec(name="view_inventory", signature="view_inventory() -> dict",
-                     doc="The shared inventory as {item: count}."),
-        ]
-
     def extra_system_prompt(self) -> str:
         """Rules of the crafting world shown to every node."""
         return (
@@ -193,41 +180,21 @@ class TextCraftEnv(Environment):
             raise ToolError(f"{where}: targets must be a non-empty dict {{item: count}}, got {targets!r}")
         out: dict[str, int] = {}
         for item, count in targets.items():
-            if not isinstance(item, str) or item not in graph.tier:
-                raise ToolError(f"{where}: unknown item {item!r}")
-            if graph.is_base(item):
-                raise ToolError(f"{where}: {item} is a base material and cannot be crafted")
-            if not _is_count(count):
-                raise ToolError(f"{where}: count of {item} must be a positive int, got {count!r}")
+            _check_craftable(graph, where, item, count, f"count of {item}")
             out[item] = count
         return out
 
-    def child_spec(self, episode: Episode, parent: Node, args: list[Any], kwargs: dict[str, Any]) -> ChildSpec:
-        """Validate ``launch_subagent(targets: dict, num_steps: int, context: str = "")``.
-
-        Returns ``ChildSpec(goal=<text listing targets>, goal_args={"targets", "context"}, max_steps=num_steps)``.
-        Raises ToolError for missing/unknown arguments, unknown or base items, non-positive counts/steps.
-        """
-        assert isinstance(episode, TextCraftEpisode)
-        kwargs = dict(kwargs)
-        names = ["targets", "num_steps", "context"]
-        if len(args) > len(names):
-            raise ToolError(f"launch_subagent takes at most 3 positional arguments ({', '.join(names)}), "
-                            f"got {len(args)}")
-        values = dict(zip(names, args))
-        for k in list(kwargs):
-            if k not in names:
-                raise ToolError(f"launch_subagent got an unexpected argument {k!r}; expected {names}")
-            if k in values:
-                raise ToolError(f"launch_subagent got two values for {k!r}")
-            values[k] = kwargs.pop(k)
-        if "targets" not in values:
-            raise ToolError("launch_subagent needs targets: a dict {item: count}")
-        targets = self._check_targets(values["targets"], episode.graph)
-        num_steps = values.get("num_steps")
-        if num_steps is not None and not _is_count(num_steps):
+    def launch_subagent(self, episode: TextCraftEpisode, targets: dict, num_steps: int,
+                        context: str = '') -> ChildSpec:
+        """Start a sub-agent with a fresh context whose goal is to craft `targets` ({item: count}) into the SAME
+        shared inventory within `num_steps` steps; `context` is optional extra text for it (e.g. recipes you
+        already know). Returns the sub-agent's finish() message. Await it; run independent sub-agents at
+        once with `await asyncio.gather(launch_subagent(...), launch_subagent(...))`. A sub-agent succeeds
+        only if it crafts its targets and calls finish."""
+        targets = self._check_targets(targets, episode.graph)
+        if not _is_count(num_steps):
             raise ToolError(f"launch_subagent: num_steps must be a positive int, got {num_steps!r}")
-        context = values.get("context") or ""
+        context = context or ""
         if not isinstance(context, str):
             raise ToolError(f"launch_subagent: context must be a string, got {type(context).__name__}")
         return ChildSpec(goal=self.goal_text(targets, context), goal_args={"targets": targets, "context": context},
@@ -246,55 +213,30 @@ class TextCraftEnv(Environment):
         node.env_info["end_counts"] = {i: episode.inventory.get(i, 0) for i in targets}
 
     # -- tools -----------------------------------------------------------------------------------------
-    def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Run ``get_info`` / ``craft`` / ``view_inventory``; raises ToolError on any bad call."""
-        assert isinstance(episode, TextCraftEpisode)
-        if name == "get_info":
-            return self._get_info(episode, *self._bind(name, args, kwargs, ["items"]))
-        if name == "craft":
-            return self._craft(episode, *self._bind(name, args, kwargs, ["ingredients", "target"]))
-        if name == "view_inventory":
-            self._bind(name, args, kwargs, [])
-            return dict(sorted(episode.inventory.items()))
-        raise ToolError(f"unknown tool {name!r}; available: get_info, craft, view_inventory")
-
-    @staticmethod
-    def _bind(name: str, args: list[Any], kwargs: dict[str, Any], params: list[str]) -> list[Any]:
-        if len(args) > len(params):
-            raise ToolError(f"{name}() takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}")
-        values = dict(zip(params, args))
-        for k, v in kwargs.items():
-            if k not in params:
-                raise ToolError(f"{name}() got an unexpected argument {k!r}")
-            if k in values:
-                raise ToolError(f"{name}() got two values for {k!r}")
-            values[k] = v
-        missing = [p for p in params if p not in values]
-        if missing:
-            raise ToolError(f"{name}() missing argument(s): {', '.join(missing)}")
-        return [values[p] for p in params]
-
-    def _get_info(self, ep: TextCraftEpisode, items: Any) -> list[dict]:
+    @tool
+    def get_info(self, episode: TextCraftEpisode, items: list[str]) -> list[dict]:
+        """For each item: whether it is craftable or a base material, how many you hold, its crafting depth,
+        and its recipes as {'ingredients': {item: count}, 'result_count': n} (one execution consumes the
+        ingredients and yields result_count items)."""
         if isinstance(items, str):
             items = [items]
         if not isinstance(items, (list, tuple)) or not items or not all(isinstance(i, str) for i in items):
             raise ToolError(f"get_info(items): items must be a list of item names, got {items!r}")
-        unknown = [i for i in items if i not in ep.graph.tier]
+        unknown = [i for i in items if i not in episode.graph.tier]
         if unknown:
             raise ToolError(f"get_info: unknown item(s): {', '.join(map(repr, unknown))}")
-        return [ep.graph.info(i, ep.inventory.get(i, 0)) for i in dict.fromkeys(items)]
+        return [episode.graph.info(i, episode.inventory.get(i, 0)) for i in dict.fromkeys(items)]
 
-    def _craft(self, ep: TextCraftEpisode, ingredients: Any, target: Any) -> str:
-        g = ep.graph
+    @tool
+    def craft(self, episode: TextCraftEpisode, ingredients: dict, target: tuple) -> str:
+        """Craft target=(item, total). `total` must be a multiple of the recipe's result_count and
+        `ingredients` exactly the recipe's ingredients times total/result_count. Consumes the ingredients from
+        the shared inventory and adds `total` of the item."""
+        ep, g = episode, episode.graph
         if not (isinstance(target, (list, tuple)) and len(target) == 2):
             raise ToolError(f"craft: target must be a pair (item, total), got {target!r}")
         item, total = target
-        if not isinstance(item, str) or item not in g.tier:
-            raise ToolError(f"craft: unknown target item {item!r}")
-        if g.is_base(item):
-            raise ToolError(f"craft: {item} is a base material and cannot be crafted")
-        if not _is_count(total):
-            raise ToolError(f"craft: target total must be a positive int, got {total!r}")
+        _check_craftable(g, "craft", item, total, "target total")
         recipe = g.recipes[item]
         if total % recipe.result_count:
             raise ToolError(f"craft: {item} is made {recipe.result_count} at a time; total {total} is not a "
@@ -318,6 +260,11 @@ class TextCraftEnv(Environment):
         ep.inventory[item] = ep.inventory.get(item, 0) + total
         return f"Crafted {total} x {item} (now holding {ep.inventory[item]})."
 
+    @tool
+    def view_inventory(self, episode: TextCraftEpisode) -> dict:
+        """The shared inventory as {item: count}."""
+        return dict(sorted(episode.inventory.items()))
+
     # -- verification and generation -------------------------------------------------------------------
     def verify(self, episode: Episode, node: Node) -> float | None:
         """Exact success (1.0 / 0.0) of any node: finished and every target's count rose enough."""
@@ -337,8 +284,5 @@ class TextCraftEnv(Environment):
     def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
                        **options: Any) -> list[Task]:
         """Seeded tasks; options: ``graph_seed`` (0), ``items_per_tier`` (25). See ``generate_textcraft_tasks``."""
-        bad = set(options) - {"graph_seed", "items_per_tier"}
-        if bad:
-            raise ValueError(f"textcraft-synth: unknown generator option(s) {sorted(bad)}; "
-                             "expected graph_seed, items_per_tier")
+        check_options(self.name, options, ("graph_seed", "items_per_tier"))
         return generate_textcraft_tasks(n=n, seed=seed, difficulty=difficulty, split=split, **options)
