@@ -326,6 +326,16 @@ class Environment(ABC):
         """Exact success s in [0, 1] of ``node`` (call after the node ended), or None if not checkable."""
         return None
 
+    #: Difficulty names ``generate_tasks`` accepts: listed by ``rao tasks generate --help`` and checked when a
+    #: campaign config is loaded (``check_difficulty``). Empty: not declared (the generator checks alone).
+    difficulties: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check_difficulty(cls, difficulty: str) -> None:
+        """Raise ValueError (one line) unless ``difficulty`` is one of ``difficulties`` (when declared)."""
+        if cls.difficulties and difficulty not in cls.difficulties:
+            raise ValueError(f"unknown {cls.name} difficulty {difficulty!r}; expected one of {list(cls.difficulties)}")
+
     def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
                        **options: Any) -> list[Task]:
         """Seeded offline generator: ``n`` tasks of ``difficulty`` from ``split``; same seed, same tasks.

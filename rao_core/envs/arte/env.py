@@ -93,6 +93,7 @@ class ArteEnv(Environment):
     """ART-E (spec ``benchmarks.md`` section 4). ``ArteEnv(**ArteConfig fields)``."""
 
     name = "arte"
+    difficulties = DIFFICULTIES
 
     def __init__(self, **options: Any):
         self.config = ArteConfig(**options)

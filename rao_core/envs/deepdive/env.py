@@ -92,6 +92,12 @@ class DeepDiveEnv(Environment):
     """
 
     name = "deepdive"
+    difficulties = (*DIFFICULTY_HOPS, "k<N>")
+
+    @classmethod
+    def check_difficulty(cls, difficulty: str) -> None:
+        """A name of ``DIFFICULTY_HOPS`` or ``k<N>`` (exactly N >= 1 hops); ValueError otherwise."""
+        hops_for(difficulty, random.Random(0))
 
     def __init__(self, search_backend: SearchBackend | None = None, **options: Any):
         self.config = DeepDiveConfig(**options)

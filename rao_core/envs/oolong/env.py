@@ -16,7 +16,7 @@ from typing import Any
 from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, check_options, require_text,
                                 show_value, tool)
 from rao_core.envs.oolong.scoring import score_answer, score_synth_answer
-from rao_core.envs.oolong.synth import approx_tokens, generate_oolong_tasks
+from rao_core.envs.oolong.synth import QUESTION_TYPES, approx_tokens, generate_oolong_tasks
 from rao_core.tree import EndReason, Node
 
 
@@ -27,6 +27,7 @@ class OolongEnv(Environment):
     """Oolong (``oolong``): long-context aggregation questions over D&D transcripts."""
 
     name = "oolong"
+    difficulties = (*QUESTION_TYPES, "mixed")
     exact_subtask_verifier = False
 
     @tool

@@ -23,7 +23,7 @@ from pydantic import Field
 from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, check_options, show_value,
                                 tool)
 from rao_core.envs.textcraft.graph import GRAPH_VERSION, RecipeGraph, recipe_graph
-from rao_core.envs.textcraft.tasks import ENV_NAME, generate_textcraft_tasks, graph_of
+from rao_core.envs.textcraft.tasks import DIFFICULTIES, ENV_NAME, generate_textcraft_tasks, graph_of
 from rao_core.tree import EndReason, Node
 
 
@@ -89,6 +89,7 @@ class TextCraftEnv(Environment):
     """TextCraft-Synth (``textcraft-synth``): craft target items from a tiered synthetic recipe graph."""
 
     name = ENV_NAME
+    difficulties = (*DIFFICULTIES, "mixed")
     exact_subtask_verifier = True
     def extra_system_prompt(self) -> str:
         """Rules of the crafting world shown to every node."""
