@@ -108,7 +108,8 @@ class _LoraServer:
 
         class H(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n)) if n else {}
                 posts.append((self.path, body))
                 self.send_response(200)
                 self.end_headers()
@@ -165,3 +166,26 @@ def test_an_external_server_from_the_environment_fails_at_the_first_full_weight_
     with pytest.raises(ServiceError, match="new full weights cannot be sent to an external server"):
         serve.serve(ctx, {"name": "iter-1", "local": str(tmp_path), "uri": None})
     serve.shutdown_server()
+
+
+def test_vllm_sleeps_while_the_trainer_shares_its_gpus(tmp_path, monkeypatch):
+    """gpus.sleep_while_training: POST /sleep?level=1 before the body, /wake_up (and a prefix-cache reset) after,
+    also when the body fails; without it, nothing is sent."""
+    from infra.serving import VLLMServer
+    from tasks import serve
+
+    monkeypatch.setattr(VLLMServer, "alive", lambda self: True)
+    with _LoraServer() as srv:
+        server = VLLMServer(tmp_path, port=int(srv.base_url.split(":")[2].split("/")[0]))
+        monkeypatch.setitem(serve._STATE, "server", server)
+        with serve.gpus_released(_ctx(_cfg(GPU1))):
+            assert [p for p, _ in srv.posts] == ["/sleep?level=1"]
+        assert [p for p, _ in srv.posts] == ["/sleep?level=1", "/wake_up", "/reset_prefix_cache"]
+        with pytest.raises(RuntimeError, match="trainer died"):
+            with serve.gpus_released(_ctx(_cfg(GPU1))):
+                raise RuntimeError("trainer died")
+        assert [p for p, _ in srv.posts][-2:] == ["/wake_up", "/reset_prefix_cache"]
+        before = len(srv.posts)
+        with serve.gpus_released(_ctx(_cfg(GPU8))):  # disjoint GPUs: vLLM stays awake
+            pass
+        assert len(srv.posts) == before
