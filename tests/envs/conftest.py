@@ -1,3 +1,5 @@
+"""Fixtures of the environment tests: a temporary RAO_HOME for generated corpora (DeepDive, ART-E)."""
+
 import os
 
 import pytest
