@@ -100,19 +100,39 @@ def _tokenizer_path(ctx: RunContext, ckpt: dict[str, Any]) -> str:
     return str(checkpoint_local(ctx, ckpt))
 
 
-@flow(name="rao-iteration", log_prints=True)
+def iteration_run(ctx: RunContext, iteration: int) -> str:
+    """The MLflow run of one iteration (nested in the campaign run; found again on resume): its metrics are
+    those of the checkpoint the iteration registers, so the registry's Compare view shows each version's own."""
+    import mlflow
+
+    it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
+    if it_run is None:
+        it_run = mlflow.MlflowClient().create_run(
+            ctx.mlflow_experiment_id, run_name=f"{ctx.name}-iter-{iteration}",
+            tags={"rao.campaign": ctx.name, "rao.iteration": str(iteration), "rao.kind": "iteration",
+                  "mlflow.parentRunId": ctx.campaign_run_id}).info.run_id
+    tracking.claim_run(it_run)
+    return it_run
+
+
+def campaign_run_name() -> str:
+    """Prefect flow-run name of a campaign: its name (the config's when the form leaves it empty)."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters.get("params") or {}
+    try:
+        return (p if isinstance(p, CampaignParams) else CampaignParams.model_validate(p)).resolve().name
+    except Exception:  # a bad form fails in the flow itself, with its own message
+        return "campaign"
+
+
+@flow(name="rao-iteration", log_prints=True, flow_run_name="{ctx.name}-iter-{iteration}", **tracking.END_HOOKS)
 def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict[str, Any]:
     """One RL iteration; returns the new checkpoint, evaluation metrics, stage timings."""
     import mlflow
 
     log = get_run_logger()
-    it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
-    if it_run is None:
-        run = mlflow.MlflowClient().create_run(
-            ctx.mlflow_experiment_id, run_name=f"{ctx.name}-iter-{iteration}",
-            tags={"rao.campaign": ctx.name, "rao.iteration": str(iteration), "rao.kind": "iteration",
-                  "mlflow.parentRunId": ctx.campaign_run_id})
-        it_run = run.info.run_id
+    it_run = iteration_run(ctx, iteration)
     times: dict[str, float] = {}
     t = time.monotonic()
     # A completed iteration replayed on resume needs no server: its parent checkpoint may have been pruned.
@@ -180,7 +200,7 @@ def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
     return uri, ensure_experiment(cfg.tracking.experiment)
 
 
-@flow(name="rao-campaign", log_prints=True)
+@flow(name="rao-campaign", log_prints=True, flow_run_name=campaign_run_name, **tracking.END_HOOKS)
 def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look."""
     import mlflow
@@ -199,6 +219,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
             mlflow.MlflowClient().log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500])
                                                             for k, v in list(flat.items())[i:i + 90]])
         tracking.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
+    tracking.claim_run(run_id)
     summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": []}
     t0 = time.monotonic()
     with storage(cfg) as s3:
@@ -218,7 +239,10 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
                 tracking.log_metrics(run_id, base_metrics, step=0)
                 summary["base_eval"] = ev0["rows"]
             if ws["mode"] == "demos":  # the warm-started checkpoint is the campaign's iteration 0
-                summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics, run_id)
+                it0 = iteration_run(ctx, 0)
+                tracking.log_metrics(it0, base_metrics, step=0)
+                summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics, it0)
+                mlflow.MlflowClient().set_terminated(it0)
             for k in range(1, cfg.iterations + 1):
                 out = rao_iteration(ctx, k, ckpt)
                 ckpt = out["checkpoint"]

@@ -50,10 +50,22 @@ class EvaluateParams(BaseModel):
     """Parameters of ``rao-evaluate`` (a Prefect UI form)."""
 
     config: str = Field("configs/cpu-smoke.yaml", description="Campaign config (serving, runtime, storage).")
-    model: str = Field("candidate", description="Alias or version number of the registered model, or models:/... URI.")
+    model: str = Field("candidate", description="Alias or version of the campaign's registered model, a "
+                       "models:/... URI, or an s3:// checkpoint folder (any campaign's).")
     suite: list[SuiteEntry] = Field(default_factory=lambda: [SuiteEntry()])
     tolerance: float | None = Field(None, ge=0, description="Allowed drop vs champion (default: eval.tolerance).")
     name: str = Field("nightly", description="S3 prefix / MLflow run name of the evaluation.")
+    campaign: str | None = Field(None, description="Campaign whose registered model is evaluated (its "
+                                 "model.registered_model); default: the config's campaign name.")
+
+
+def evaluate_run_name() -> str:
+    """Prefect flow-run name of an evaluation: ``<name>-<model>``, e.g. ``nightly-candidate``."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters.get("params") or {}
+    p = p if isinstance(p, EvaluateParams) else EvaluateParams.model_validate(p)
+    return f"{p.name}-{p.model}".replace("models:/", "")
 
 
 def compare_with_champion(metrics: dict[str, float], champion: dict[str, float], tolerance: float
@@ -74,7 +86,7 @@ def compare_with_champion(metrics: dict[str, float], champion: dict[str, float],
     return rows, bad
 
 
-@flow(name="rao-evaluate", log_prints=True)
+@flow(name="rao-evaluate", log_prints=True, flow_run_name=evaluate_run_name, **tracking.END_HOOKS)
 def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
     """Evaluate a registered checkpoint on the suite; fail on a regression vs ``champion``."""
     import mlflow
@@ -84,15 +96,18 @@ def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
     log = get_run_logger()
     base = CampaignParams(config=params.config, name=params.name).resolve()
     uri, exp_id = _mlflow_setup(base)
-    name = base.model.registered_model
+    name = tracking.registered_model_name(base, params.campaign or CampaignParams(config=params.config).resolve().name)
     ref = params.model
-    if not ref.startswith("models:/"):
+    if not ref.startswith(("models:/", "s3://", "/", ".")):  # an alias or a version of the campaign's model
         ref = f"models:/{name}/{ref}" if ref.isdigit() else f"models:/{name}@{ref}"
+    if ref.startswith("models:/"):  # compared with the champion of the evaluated model
+        name = ref.removeprefix("models:/").split("@")[0].split("/")[0]
     champ = tracking.alias_version(name, "champion")
     champion_scores = {k: float(v) for k, v in (champ.tags if champ else {}).items() if k.startswith("eval/")}
     tol = params.tolerance if params.tolerance is not None else base.eval.tolerance
     run = mlflow.MlflowClient().create_run(exp_id, run_name=f"{params.name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                                           tags={"rao.kind": "evaluation", "rao.model": ref})
+                                           tags={"rao.kind": "evaluation", "rao.model": ref,
+                                                 **tracking.prefect_link_tags()})
     metrics: dict[str, float] = {}
     all_rows: list[dict[str, Any]] = []
     with storage(base) as s3:

@@ -100,15 +100,16 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
                   ) -> list[str]:
     """Config overrides (``KEY=VALUE``) of one arm, after the user's ``overrides``.
 
-    ``single``: delegation off, single-mode evaluation, its own registered model (``<name>-single``, so its
-    champion alias never moves the recursive agent's). ``recursive``: recursive-mode evaluation. With
-    ``shared_checkpoint`` (the first arm's iteration-0 folder) the arm starts from it instead of building
-    its own warm start. Raises ValueError for another arm name.
+    ``single``: delegation off, single-mode evaluation, its own registered model (the arm's campaign name
+    fills ``{campaign}``; a fixed name gets ``-single``), so its champion never moves the recursive agent's.
+    ``recursive``: recursive-mode evaluation. With ``shared_checkpoint`` (the first arm's iteration-0
+    folder) the arm starts from it instead of building its own warm start. Raises ValueError for another
+    arm name.
     """
     extra = list(overrides)
     if arm == "single":
-        extra += ["runtime.delegation=false", "eval.modes=[single]",
-                  f"model.registered_model={registered_model}-single"]
+        extra += ["runtime.delegation=false", "eval.modes=[single]"]
+        extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-single"]
     elif arm == "recursive":
         extra += ["eval.modes=[recursive]"]
     else:

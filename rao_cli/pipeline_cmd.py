@@ -126,7 +126,9 @@ def _registered_model(base, model: str) -> str:
 
     from infra.tracking import configure_mlflow
 
-    name = base.model.registered_model
+    from tasks.tracking import registered_model_name
+
+    name = registered_model_name(base)
     ref = model if model.startswith("models:/") else (f"models:/{name}/{model}" if model.isdigit()
                                                        else f"models:/{name}@{model}")
     uri = configure_mlflow(base.tracking.tracking_uri)

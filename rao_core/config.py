@@ -47,7 +47,9 @@ class ModelSettings(_Strict):
 
     path: Path = Field(default_factory=default_model_path, description="HF checkpoint folder of the initial "
                        "policy (SmolLM2-135M-Instruct by default; Qwen3-4B-Instruct on GPUs).")
-    registered_model: str = Field("rao-policy", description="MLflow registered-model name for checkpoints.")
+    registered_model: str = Field("rao-policy-{campaign}", description="MLflow registered-model name for "
+                                  "checkpoints; {campaign} = the campaign name, so each campaign has its own "
+                                  "model and champion (a name without it is shared: campaigns compete).")
 
 
 class ServingSettings(_Strict):

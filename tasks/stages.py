@@ -323,11 +323,17 @@ def evaluate(ctx: RunContext, iteration: int | str, served: dict[str, Any], toke
 @resumable("register")
 def _register(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
               run_id: str, updated: bool = True) -> dict[str, Any]:
-    name = ctx.config.model.registered_model
+    name = tracking.registered_model_name(ctx.config)
     metric = primary_metric(ctx)
+    same = None if updated else tracking.campaign_version(name, ctx.name, iteration)  # weights unchanged
+    if same is not None:
+        return {"model": name, "version": same, "champion": False, "metric": metric,
+                "score": eval_metrics.get(metric), "updated": False}
     tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, "rao.updated": str(updated).lower(),
             **{k: round(v, 4) for k, v in eval_metrics.items()}}
-    version = tracking.register_version(name, ckpt["uri"], run_id, tags)
+    desc = (f"Checkpoint {ckpt['uri']}\n\ncampaign {ctx.name}, iteration {iteration}"
+            + ("" if updated else "; update skipped (no optimizer step): the weights it started from"))
+    version = tracking.register_version(name, ckpt["uri"], run_id, tags, desc)
     promoted = tracking.promote(name, version, eval_metrics.get(metric), metric,
                                 tolerance=ctx.config.eval.tolerance, updated=updated)
     return {"model": name, "version": version, "champion": promoted, "metric": metric,
@@ -337,8 +343,9 @@ def _register(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metric
 @task(name="register-checkpoint", cache_policy=NONE, **IO_RETRIES)
 def register_checkpoint(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
                         run_id: str, updated: bool = True) -> dict[str, Any]:
-    """Register the checkpoint as a model version; move champion only for a real update (``updated``) not
-    worse than the champion beyond ``eval.tolerance``."""
+    """Register the checkpoint as a model version (unless its weights equal a version the campaign registered
+    before: ``updated`` False); move champion only for a real update not worse than the champion beyond
+    ``eval.tolerance``."""
     return _register(ctx, iteration, ckpt, eval_metrics, run_id, updated)
 
 

@@ -1,9 +1,12 @@
 """MLflow logging used by the pipeline tasks: metrics, plots, execution-tree traces, model registry.
 
 - One MLflow run per campaign (tag ``rao.campaign``), one nested run per iteration (``rao.iteration``).
+  Each is tagged with the Prefect flow run that last worked on it (``rao.prefect_flow_run_id``, and its
+  UI page ``rao.prefect_url``); the flows' state hook :func:`end_mlflow_runs` marks the runs a failed,
+  crashed or cancelled flow run left RUNNING as FAILED or KILLED.
 - Traces: one trace per execution tree, one span per agent node (goal, result, depth, success, reward,
   tokens, end reason), nested like the tree, linked to the iteration run.
-- Registry: every checkpoint is a model version of ``model.registered_model`` whose source is the
+- Registry: every checkpoint is a model version of :func:`registered_model_name` whose source is the
   checkpoint's S3 URI, tagged with campaign, iteration and evaluation scores; alias ``candidate`` is the
   latest version, ``champion`` is moved only by :func:`promote` (a real update whose primary metric is
   not worse than the current champion's beyond the eval tolerance).
@@ -18,7 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rao_core.config import CampaignConfig
 from rao_core.tree import ExecutionTree, unscored
+
+FLOW_RUN_TAG = "rao.prefect_flow_run_id"
 
 
 def _client():
@@ -138,6 +144,70 @@ def learning_curve_figure(run_id: str, keys: Sequence[str], title: str):
     return fig
 
 
+def registered_model_name(config: CampaignConfig, campaign: str | None = None) -> str:
+    """``model.registered_model`` with ``{campaign}`` replaced by ``campaign`` (default: the config's
+    name), so each campaign has its own model and ``champion`` unless the config names a fixed model."""
+    return config.model.registered_model.replace("{campaign}", campaign or config.name)
+
+
+def prefect_link_tags() -> dict[str, str]:
+    """Tags that link an MLflow run to the current Prefect flow run (empty outside a flow run)."""
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return {}
+    tags = {FLOW_RUN_TAG: str(flow_run.id), "rao.prefect_flow_run": str(flow_run.name)}
+    return tags | ({"rao.prefect_url": flow_run.ui_url} if flow_run.ui_url else {})
+
+
+def claim_run(run_id: str) -> None:
+    """Mark an existing run (a resumed campaign or iteration) RUNNING again and link it to this flow run."""
+    client = _client()
+    client.update_run(run_id, status="RUNNING")
+    for k, v in prefect_link_tags().items():
+        client.set_tag(run_id, k, v)
+
+
+def end_flow_run_runs(flow_run_id: str, status: str) -> list[str]:
+    """Terminate with ``status`` (FAILED, KILLED) every MLflow run still RUNNING that is linked to Prefect
+    flow run ``flow_run_id``, and their RUNNING child runs (iterations); returns their ids."""
+    import mlflow
+
+    def running(where: str) -> list[str]:
+        return [r.info.run_id for r in mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                                          filter_string=f"{where} and attributes.status = 'RUNNING'")]
+
+    ended = running(f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'")
+    ended += [c for r in list(ended) for c in running(f"tags.`mlflow.parentRunId` = '{r}'")]
+    for run_id in ended:
+        _client().set_terminated(run_id, status=status)
+    return ended
+
+
+def end_mlflow_runs(flow, flow_run, state) -> None:
+    """Prefect state hook (failed, crashed, cancelled): the flow run's MLflow runs left RUNNING become
+    KILLED when it was cancelled, else FAILED. In a process that did not log them (a worker running
+    the cancellation hook), MLflow is pointed at the default URI first (``MLFLOW_TRACKING_URI``)."""
+    import logging
+
+    import mlflow
+
+    from infra.tracking import configure_mlflow
+
+    status = "KILLED" if state.is_cancelling() or state.is_cancelled() else "FAILED"
+    try:
+        if not mlflow.tracking.is_tracking_uri_set():
+            configure_mlflow()
+        ended = end_flow_run_runs(str(flow_run.id), status)
+        logging.getLogger("rao").info(f"MLflow runs marked {status}: {', '.join(ended) or 'none'}")
+    except Exception as e:  # a hook must not hide the flow's own error
+        logging.getLogger("rao").warning(f"could not mark MLflow runs {status}: {e}")
+
+
+END_HOOKS = {"on_failure": [end_mlflow_runs], "on_crashed": [end_mlflow_runs],
+             "on_cancellation": [end_mlflow_runs]}  # ``@flow(**END_HOOKS)``: no MLflow run stays RUNNING
+
+
 def find_campaign_run(experiment_id: str, campaign: str) -> str | None:
     """Id of the existing MLflow run of ``campaign`` (for resume), or None."""
     runs = _client().search_runs([experiment_id], filter_string=f"tags.`rao.campaign` = '{campaign}' and "
@@ -151,8 +221,17 @@ def find_iteration_run(experiment_id: str, campaign: str, iteration: int) -> str
     return runs[0].info.run_id if runs else None
 
 
-def register_version(name: str, source: str, run_id: str, tags: dict[str, Any]) -> str:
-    """Create a model version (registered model created if absent); sets alias ``candidate``."""
+def campaign_version(name: str, campaign: str, before: int) -> str | None:
+    """The version of ``name`` that ``campaign`` registered last before iteration ``before``, or None."""
+    found = [(int(v.tags.get("rao.iteration", -1)), int(v.version)) for v in
+             _client().search_model_versions(f"name = '{name}'") if v.tags.get("rao.campaign") == campaign]
+    earlier = [f for f in found if f[0] < before]
+    return str(max(earlier)[1]) if earlier else None
+
+
+def register_version(name: str, source: str, run_id: str, tags: dict[str, Any], description: str = "") -> str:
+    """Create a model version (registered model created if absent) linked to ``run_id`` (the run holding
+    that version's own metrics); sets alias ``candidate``."""
     from mlflow.exceptions import MlflowException
 
     client = _client()
@@ -160,8 +239,8 @@ def register_version(name: str, source: str, run_id: str, tags: dict[str, Any]) 
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description="RAO policy checkpoints (source: S3 checkpoint folder)")
-    mv = client.create_model_version(name, source=source, run_id=run_id,
-                                     tags={k: str(v) for k, v in tags.items()})
+    mv = client.create_model_version(name, source=source, run_id=run_id, tags={k: str(v) for k, v in tags.items()},
+                                     description=description or None)
     client.set_registered_model_alias(name, "candidate", mv.version)
     return str(mv.version)
 
