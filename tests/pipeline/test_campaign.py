@@ -85,7 +85,7 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
     assert changed, "training did not change any parameter"
     # 2. model version with both aliases
     client = mlflow.MlflowClient()
-    name = "rao-policy-smoke"
+    name = "rao-policy-e2e"  # model.registered_model "rao-policy-{campaign}" of campaign e2e
     cand = client.get_model_version_by_alias(name, "candidate")
     champ = client.get_model_version_by_alias(name, "champion")
     assert str(cand.version) == str(it["register"]["version"]) == str(champ.version)  # first version is also the champion
