@@ -36,6 +36,7 @@ import httpx
 
 from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
 from rao_core.paths import rao_home, vllm_python
+from rao_core.train.config import cpu_has_bf16
 
 # vLLM's LoRAConfig.max_lora_rank accepts only these values (vllm/config/lora.py, MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -48,15 +49,6 @@ def vllm_max_lora_rank(r: int) -> int:
         if v >= r:
             return v
     raise ValueError(f"trainer.lora.r = {r}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
-
-
-def cpu_has_bf16() -> bool:
-    """True when this CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_dtype(dtype: str, on_gpu: bool | None = None) -> str:

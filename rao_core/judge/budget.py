@@ -10,28 +10,21 @@ SOURCES = ("verifier", "judge", "rule", "proxy", "none")
 
 
 class JudgeStats(BaseModel):
-    """What one ``judge_trees`` call (one iteration) did and cost.
+    """What one ``judge_trees`` call (one iteration) did and cost (metric meanings in docs/judging.md)."""
 
-    ``requests`` counts HTTP requests sent (parse retries included); ``cache_hits`` answers reused from
-    the persistent cache or from an identical node judged earlier in the same call; ``failures`` nodes
-    scored NaN by the judge (unparseable after retries, or transport errors after retries);
-    ``budget_skipped`` nodes that needed the judge after the budget ran out; ``sources`` final source
-    counts over all nodes.
-    """
-
-    nodes: int = 0
-    requests: int = 0
-    cache_hits: int = 0
-    failures: int = 0
-    parse_retries: int = 0
-    transport_errors: int = 0
-    unfinished_rule: int = 0
+    nodes: int = 0  # nodes seen
+    requests: int = 0  # HTTP requests sent, parse retries included
+    cache_hits: int = 0  # answers reused from the persistent cache or an identical node of the same call
+    failures: int = 0  # nodes scored NaN by the judge (unparseable or transport errors, after retries)
+    parse_retries: int = 0  # extra requests after an unparseable answer
+    transport_errors: int = 0  # requests that failed after the client's retries
+    unfinished_rule: int = 0  # nodes scored 0 by the unfinished rule, without a request
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
     budget_exhausted: bool = False
-    budget_skipped: int = 0
-    sources: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    budget_skipped: int = 0  # nodes that needed the judge after the budget ran out
+    sources: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(SOURCES, 0))  # final source counts
     infra_unscored: dict[str, int] = Field(default_factory=dict)  # root end reason -> trees left unscored
     wall_s: float = 0.0
 

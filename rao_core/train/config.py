@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rao_core.train.objectives import LOSSES
 
-__all__ = ["LoraSettings", "TrainerConfig"]
+__all__ = ["LoraSettings", "TrainerConfig", "cpu_has_bf16"]
+
+
+def cpu_has_bf16() -> bool:
+    """True when this CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 class LoraSettings(BaseModel):

@@ -37,7 +37,7 @@ import torch
 
 from rao_core.samples import Sample, SampleBatch, read_samples
 from rao_core.train.checkpoint import MANIFEST_NAME, atomic_folder, data_hash, is_lora_checkpoint, read_manifest
-from rao_core.train.config import TrainerConfig
+from rao_core.train.config import TrainerConfig, cpu_has_bf16
 from rao_core.train.data import collate, make_micro_batches, validate_samples
 from rao_core.train.loss import (
     PLAIN_LM_HEAD_MODEL_TYPES,
@@ -117,15 +117,6 @@ def _resolve_base(model_path: Path) -> tuple[Path, Path | None]:
     if not (model_path / "config.json").exists():
         raise ValueError(f"{model_path} is not a checkpoint folder (no config.json or adapter_config.json)")
     return model_path, None
-
-
-def cpu_has_bf16() -> bool:
-    """True when this CPU has native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _compute_dtype(cfg: TrainerConfig) -> str:
