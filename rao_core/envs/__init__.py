@@ -39,13 +39,17 @@ REGISTRY: dict[str, EnvEntry] = {
     "example": EnvEntry("rao_core.envs.example:BoxSumEnv", (), "rao_core.envs.example:BoxSumExpert", "judge.md"),
 }
 
-_NAMES = {n: canonical for canonical, e in REGISTRY.items() for n in (canonical, *e.aliases)}
-ENV_NAMES = sorted(_NAMES)
+ENV_NAMES = sorted(n for canonical, e in REGISTRY.items() for n in (canonical, *e.aliases))
+
+
+def _names() -> dict[str, str]:
+    """Every name and alias -> its registry name (read from ``REGISTRY`` each time, so tests may add entries)."""
+    return {n: canonical for canonical, e in REGISTRY.items() for n in (canonical, *e.aliases)}
 
 
 def canonical_name(name: str) -> str:
     """The registry name of ``name`` (``deepdive-synth`` -> ``deepdive``); unknown names come back as is."""
-    return _NAMES.get(name, name)
+    return _names().get(name, name)
 
 
 def _load(target: str) -> Any:
@@ -55,9 +59,10 @@ def _load(target: str) -> Any:
 
 def get_env(name: str, **options: Any) -> Environment:
     """Instantiate environment ``name``; raises ValueError listing the known names if unknown."""
-    if name not in _NAMES:
-        raise ValueError(f"unknown environment {name!r}; expected one of {ENV_NAMES}")
-    return _load(REGISTRY[_NAMES[name]].env)(**options)
+    names = _names()
+    if name not in names:
+        raise ValueError(f"unknown environment {name!r}; expected one of {sorted(names)}")
+    return _load(REGISTRY[names[name]].env)(**options)
 
 
 def oracle_policy(env_name: str) -> Policy:
@@ -67,7 +72,7 @@ def oracle_policy(env_name: str) -> Policy:
     """
     entry = REGISTRY.get(canonical_name(env_name))
     if entry is None or entry.expert is None:
-        known = sorted(n for n, c in _NAMES.items() if REGISTRY[c].expert)
+        known = sorted(n for n, c in _names().items() if REGISTRY[c].expert)
         raise ValueError(f"no oracle policy for environment {env_name!r}; known: {known}")
     return _load(entry.expert)()
 

@@ -118,7 +118,6 @@ class _TreeCtx:
     on_update: TreeCallback | None = None
     steps: int = 0
     timed_out: bool = False
-    node_tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)  # node ids already finalised by _end_node
 
     @property
@@ -199,11 +198,7 @@ def _end_node(ctx: _TreeCtx, node: Node, wall_s: float | None) -> None:
 
 
 class _NodeEnd(Exception):
-    """Raised by a step of the node loop to end the node with ``reason`` and ``error``."""
-
-    def __init__(self, reason: EndReason, error: str):
-        super().__init__(error)
-        self.reason, self.error = reason, error
+    """``_NodeEnd(reason, error)``: raised by a step of the node loop to end the node."""
 
 
 @dataclass
@@ -356,7 +351,7 @@ async def _run_node(ctx: _TreeCtx, node: Node) -> None:
                 loop.next_prompt(turn)
         node.result, node.end_reason = loop.result, EndReason.FINISHED
     except _NodeEnd as end:
-        node.end_reason, node.error = end.reason, end.error
+        node.end_reason, node.error = end.args
     except asyncio.CancelledError:
         node.end_reason = EndReason.TREE_TIMEOUT if ctx.timed_out else EndReason.CANCELLED
         node.error = node.error or ("the tree's wall-clock limit elapsed" if ctx.timed_out

@@ -28,7 +28,7 @@ def test_solve_scripted_writes_tree(tmp_path, monkeypatch):
     import rao_core.envs as envs
     from tests.runtime.fakes import FakeEnv
 
-    monkeypatch.setitem(envs._REGISTRY, "fake", "tests.runtime.fakes:FakeEnv")
+    monkeypatch.setitem(envs.REGISTRY, "fake", envs.EnvEntry("tests.runtime.fakes:FakeEnv"))
     write_tasks(tmp_path / "t.jsonl", [Task(task_id="x", env="fake", data={"goal": "g", "expect": 7})])
     (tmp_path / "s.json").write_text(json.dumps(["```python\nfinish(7)\n```"]))
     r = CliRunner().invoke(app, ["solve", "--env", "fake", "--task-file", str(tmp_path / "t.jsonl"), "--policy",
