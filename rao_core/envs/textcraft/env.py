@@ -23,7 +23,7 @@ from pydantic import Field
 from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, check_options, show_value,
                                 tool)
 from rao_core.envs.textcraft.graph import GRAPH_VERSION, RecipeGraph, recipe_graph
-from rao_core.envs.textcraft.tasks import DIFFICULTIES, ENV_NAME, generate_textcraft_tasks, graph_of
+from rao_core.envs.textcraft.tasks import DIFFICULTIES, ENV_NAME, generate_textcraft_tasks, graph_of, plan_crafts
 from rao_core.tree import EndReason, Node
 
 
@@ -61,28 +61,12 @@ def _check_craftable(graph: RecipeGraph, where: str, item: Any, count: Any, what
 def base_shortfall(graph: RecipeGraph, targets: dict[str, int], inventory: dict[str, int]) -> dict[str, tuple[int, int]]:
     """Base materials missing to craft ``targets`` from ``inventory``: {item: (units needed, units held)}.
 
-    Needs are expanded from the highest tier down with one batch of ``ceil(need / result_count)``
-    executions per item (every item has one recipe, so this is the fewest executions); held units of an
-    intermediate are used before crafting more, except for a target's own count (targets must be crafted
+    Needs are those of ``plan_crafts(graph, targets, held=inventory)``: the fewest executions (every item
+    has one recipe), held intermediates used first except a target's own count (targets must be crafted
     anew, as the verifier counts the increase). Empty dict: the targets are craftable.
     """
-    need: dict[str, int] = dict(targets)
-    done: set[str] = set()
-    while True:
-        pending = [i for i in need if i not in done and not graph.is_base(i)]
-        if not pending:
-            break
-        item = max(pending, key=lambda i: (graph.tier[i], i))
-        done.add(item)
-        n = need[item] - min(need[item] - targets.get(item, 0), inventory.get(item, 0))
-        if n <= 0:
-            continue
-        recipe = graph.recipes[item]
-        execs = -(-n // recipe.result_count)
-        for ing, c in recipe.ingredients.items():
-            need[ing] = need.get(ing, 0) + c * execs
-    return {i: (n, inventory.get(i, 0)) for i, n in sorted(need.items())
-            if graph.is_base(i) and n > inventory.get(i, 0)}
+    _, needs = plan_crafts(graph, targets, held=inventory)
+    return {i: (n, inventory.get(i, 0)) for i, n in sorted(needs.items()) if n > inventory.get(i, 0)}
 
 
 class TextCraftEnv(Environment):

@@ -56,14 +56,15 @@ def difficulty_of_depth(depth: int) -> str:
     raise ValueError(f"crafting depth {depth} has no difficulty (expected 1..12)")
 
 
-def plan_crafts(graph: RecipeGraph, targets: dict[str, int], leaves: frozenset[str] | set[str] = frozenset()
-                ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Aggregated crafting plan for ``targets`` from scratch (ignores anything already held).
+def plan_crafts(graph: RecipeGraph, targets: dict[str, int], leaves: frozenset[str] | set[str] = frozenset(),
+                held: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Aggregated crafting plan for ``targets``, from scratch unless ``held`` is given.
 
     Every craftable item needed is crafted in one batch of ``ceil(need / result_count)`` executions,
     needs being summed over all uses before rounding (items processed from the highest tier down, a
     valid topological order since ingredients always sit at lower tiers). Items in ``leaves`` are not
-    expanded (e.g. items delegated to sub-agents).
+    expanded (e.g. items delegated to sub-agents). ``held`` intermediates are used before crafting more,
+    except a target's own count (targets must be crafted anew); held base items are not subtracted.
 
     Returns:
         (crafts, leaf_needs): crafts in crafting order (lowest tier first), each
@@ -85,6 +86,9 @@ def plan_crafts(graph: RecipeGraph, targets: dict[str, int], leaves: frozenset[s
         n = need[item]
         if graph.is_base(item) or (item in leaves and item not in targets):
             leaf_needs[item] = leaf_needs.get(item, 0) + n
+            continue
+        n -= min(n - targets.get(item, 0), (held or {}).get(item, 0))
+        if n <= 0:
             continue
         recipe = graph.recipes[item]
         execs = -(-n // recipe.result_count)
