@@ -185,17 +185,17 @@ class TextCraftEnv(Environment):
         return ChildSpec(goal=self.goal_text(targets, context), goal_args={"targets": targets, "context": context},
                          max_steps=num_steps)
 
-    def on_node_start(self, episode: Episode, node: Node) -> None:
-        """Snapshot the node's target counts into ``node.env_info["start_counts"]``."""
-        assert isinstance(episode, TextCraftEpisode)
-        targets = node.goal_args.get("targets") or {}
-        node.env_info["start_counts"] = {i: episode.inventory.get(i, 0) for i in targets}
+    @staticmethod
+    def _target_counts(episode: TextCraftEpisode, node: Node) -> dict[str, int]:
+        return {i: episode.inventory.get(i, 0) for i in node.goal_args.get("targets") or {}}
 
-    def on_node_end(self, episode: Episode, node: Node) -> None:
+    def on_node_start(self, episode: TextCraftEpisode, node: Node) -> None:
+        """Snapshot the node's target counts into ``node.env_info["start_counts"]``."""
+        node.env_info["start_counts"] = self._target_counts(episode, node)
+
+    def on_node_end(self, episode: TextCraftEpisode, node: Node) -> None:
         """Snapshot the node's target counts into ``node.env_info["end_counts"]``."""
-        assert isinstance(episode, TextCraftEpisode)
-        targets = node.goal_args.get("targets") or {}
-        node.env_info["end_counts"] = {i: episode.inventory.get(i, 0) for i in targets}
+        node.env_info["end_counts"] = self._target_counts(episode, node)
 
     # -- tools -----------------------------------------------------------------------------------------
     @tool
@@ -262,7 +262,7 @@ class TextCraftEnv(Environment):
         start = node.env_info.get("start_counts")
         if start is None:
             raise ValueError(f"node {node.node_id}: env_info.start_counts missing (on_node_start not called)")
-        end = node.env_info.get("end_counts") or {i: episode.inventory.get(i, 0) for i in targets}
+        end = node.env_info.get("end_counts") or self._target_counts(episode, node)
         ok = all(end.get(i, 0) - start.get(i, 0) >= c for i, c in targets.items())
         return 1.0 if ok else 0.0
 
