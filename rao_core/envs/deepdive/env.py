@@ -126,10 +126,7 @@ class DeepDiveEnv(Environment):
         kg = build_graph(params)
         starts = [e for e in kg.entities if int(e.split("-")[1]) % 10 in digits]
         rng = random.Random(f"deepdive-questions:{seed}:{split}:{difficulty}:{hops_opt}")
-        if hops_opt is not None:
-            hops_for(f"k{int(hops_opt)}", rng)  # validates
-        else:
-            hops_for(difficulty, random.Random(0))  # validates before the loop
+        hops_for(f"k{int(hops_opt)}" if hops_opt is not None else difficulty, random.Random(0))  # validates first
         tasks = []
         for i in range(n):
             k = int(hops_opt) if hops_opt is not None else hops_for(difficulty, rng)
