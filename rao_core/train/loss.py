@@ -140,7 +140,7 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: Callab
 
 def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
                            input_ids: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = 1024,
-                           ) -> torch.Tensor:
+                           mask: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`token_logprobs` from the last hidden states, the LM head applied to a chunk of positions at a time.
 
     Positions are cut into chunks of ``max(1, chunk_tokens // B)`` positions, so a chunk holds at most
@@ -154,6 +154,9 @@ def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor
         input_ids: [B, L].
         temperature: logits are divided by it (as in :func:`token_logprobs`).
         chunk_tokens: tokens (rows x positions) per chunk, >= 1.
+        mask: [B, L], optional: only tokens where it is > 0 get a log-prob (the LM head runs on those
+            positions alone, e.g. a node's own assistant tokens: the only ones the loss reads); the others
+            are 0. Same values at the masked tokens as without it.
 
     Returns:
         [B, L] float32; position 0 (no prefix) is 0.
@@ -165,20 +168,36 @@ def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if tuple(hidden.shape[:2]) != tuple(input_ids.shape):
         raise ValueError(f"hidden {tuple(hidden.shape)} does not match input_ids {tuple(input_ids.shape)}")
+    B, L = input_ids.shape
+    h, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]: position t predicts token t + 1
+    if mask is None:
+        lp = _paired_logprobs(h, targets, lm_head, temperature, chunk_tokens)  # [B, L-1]
+    else:
+        if tuple(mask.shape) != (B, L):
+            raise ValueError(f"mask {tuple(mask.shape)} does not match input_ids {(B, L)}")
+        sel = mask[:, 1:] > 0  # [B, L-1]
+        picked = _paired_logprobs(h[sel].unsqueeze(0), targets[sel].unsqueeze(0), lm_head, temperature,
+                                  chunk_tokens)[0]  # [N]
+        lp = torch.zeros((B, L - 1), dtype=torch.float32, device=hidden.device).masked_scatter(sel, picked)
+    return torch.nn.functional.pad(lp, (1, 0), value=0.0)  # [B, L]
+
+
+def _paired_logprobs(h: torch.Tensor, targets: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
+                     temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """log softmax(lm_head(h[b, t]) / T)[targets[b, t]] for h [B, P, H], targets [B, P] -> [B, P] float32,
+    ``max(1, chunk_tokens // B)`` positions at a time (each chunk checkpointed when grad is enabled)."""
     from torch.utils.checkpoint import checkpoint
 
-    B, L = input_ids.shape
-    h, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, L-1, H], [B, L-1]
+    B, P = targets.shape
     step = max(1, chunk_tokens // max(B, 1))
     parts = []
-    for s in range(0, L - 1, step):
+    for s in range(0, P, step):
         hc, tc = h[:, s:s + step], targets[:, s:s + step]
         if torch.is_grad_enabled():
             parts.append(checkpoint(_chunk_logprobs, hc, tc, lm_head, temperature, use_reentrant=False))
         else:
             parts.append(_chunk_logprobs(hc, tc, lm_head, temperature))
-    lp = torch.cat(parts, dim=1) if parts else hidden.new_zeros((B, 0), dtype=torch.float32)  # [B, L-1]
-    return torch.nn.functional.pad(lp, (1, 0), value=0.0)  # [B, L]
+    return torch.cat(parts, dim=1) if parts else h.new_zeros((B, 0), dtype=torch.float32)
 
 
 def policy_loss(

@@ -172,13 +172,15 @@ class _Session:
     steps: int = 0  # optimizer steps taken by this call
 
     def logprobs(self, m: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, L] float32 log-probs of the batch's tokens under model ``m`` (chunked LM head when possible)."""
+        """[B, L] float32 log-probs of the batch's tokens under model ``m`` (chunked LM head when possible,
+        then only at the trained tokens, ``loss_mask``; 0 elsewhere)."""
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         with self.accelerator.autocast():
             if self.lm_chunk is not None:
                 head = self.accelerator.unwrap_model(m).get_output_embeddings()
                 hidden = model_hidden_states(m, head, **inputs)  # [B, L, H]
-                return chunked_token_logprobs(hidden, head, batch["input_ids"], self.cfg.temperature, self.lm_chunk)
+                return chunked_token_logprobs(hidden, head, batch["input_ids"], self.cfg.temperature, self.lm_chunk,
+                                              mask=batch["loss_mask"])  # the LM head only where the loss reads
             logits = m(**inputs).logits  # [B, L, V]
         return token_logprobs(logits, batch["input_ids"], self.cfg.temperature)
 

@@ -134,6 +134,36 @@ def test_no_logits_bigger_than_one_chunk(tiny):
     assert [s for s in head_out if s[1] == 0] == [(B, 0, V)]  # the model's own head call saw no positions
 
 
+def test_masked_chunked_logprobs_compute_only_the_trained_tokens(tiny):
+    """With ``mask``: the LM head sees only the masked positions; their log-probs and the loss gradients
+    equal the unmasked path's, and unmasked tokens are 0."""
+    model = _model(tiny, lora=False)
+    batch = _batch(model.config.vocab_size)
+    head = model.get_output_embeddings()
+    rows: list[int] = []
+    hook = head.register_forward_hook(lambda _m, _a, out: rows.append(out.shape[0] * out.shape[1]))
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    m = batch["loss_mask"]
+    try:
+        grads = []
+        for mask in (None, m):
+            model.zero_grad(set_to_none=True)
+            rows.clear()
+            lp = chunked_token_logprobs(model_hidden_states(model, head, **inputs), head, batch["input_ids"], 0.7,
+                                        4, mask=mask)
+            (lp * m * batch["coef"][:, None]).sum().backward()
+            grads.append(({n: p.grad.clone() for n, p in model.named_parameters()}, lp.detach(), sum(rows)))
+    finally:
+        hook.remove()
+    (g_all, lp_all, rows_all), (g_m, lp_m, rows_m) = grads
+    torch.testing.assert_close(lp_m * m, lp_all * m, rtol=0, atol=1e-5)
+    assert float(lp_m[m == 0].abs().sum()) == 0.0 and float((lp_all[:, 1:][m[:, 1:] == 0]).abs().sum()) > 0
+    for n in g_all:
+        torch.testing.assert_close(g_m[n], g_all[n], rtol=1e-4, atol=5e-5)  # summation order only
+    # LM-head rows, forward + backward recompute: every position vs the masked tokens only
+    assert rows_all == 2 * B * (L - 1) and rows_m == 2 * int(m[:, 1:].sum())
+
+
 def _samples(vocab: int) -> list[Sample]:
     g = torch.Generator().manual_seed(3)
     out = []
