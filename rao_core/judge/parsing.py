@@ -121,17 +121,11 @@ def parse_verdict(text: str | None) -> ParsedVerdict | None:
     if not text or not text.strip():
         return None
     t = text.strip()
-    got = _from_obj(_loads(t))
-    if got:
-        return ParsedVerdict(verdict=got[0], reason=got[1], how="json")
-    for block in _FENCE.findall(t):
-        got = _from_obj(_loads(block.strip()))
-        if got:
-            return ParsedVerdict(verdict=got[0], reason=got[1], how="fenced_json")
-    for span in _balanced_objects(t):
-        got = _from_obj(_loads(span))
-        if got:
-            return ParsedVerdict(verdict=got[0], reason=got[1], how="embedded_json")
+    for how, candidates in (("json", [t]), ("fenced_json", _FENCE.findall(t)), ("embedded_json", _balanced_objects(t))):
+        for c in candidates:  # rules 1-3, in order
+            got = _from_obj(_loads(c.strip()))
+            if got:
+                return ParsedVerdict(verdict=got[0], reason=got[1], how=how)
     lines = _VERDICT_LINE.findall(t)
     if lines:
         verdict = _norm_verdict(lines[-1])
