@@ -33,7 +33,8 @@ from rao_core.envs.base import Environment, Episode, Task, ToolError
 from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
 from rao_core.runtime.chat import ChatTokens, extract_code, load_tokenizer
 from rao_core.runtime.config import RuntimeConfig
-from rao_core.runtime.sandbox import CellResult, Repl, ReplPool, SandboxError, SandboxLimits, close_fully
+from rao_core.runtime.sandbox import (CellResult, Repl, ReplPool, SandboxError, SandboxLimits, close_fully,
+                                      uncancellable)
 from rao_core.tree import CellStatus, EndReason, ExecutionTree, Node, NodeTimings, Turn
 
 TreeCallback = Callable[[ExecutionTree], None]
@@ -411,7 +412,8 @@ async def _run_tree_ctx(ctx: _TreeCtx) -> ExecutionTree:
             ctx.tree.error = f"{type(task.exception()).__name__}: {task.exception()}"
     except asyncio.CancelledError:
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        # to its end even if cancelled again: a second cancel would cut the root's wait for its children short
+        await uncancellable(asyncio.gather(task, return_exceptions=True))
         raise
     for n in ctx.tree.nodes:  # nodes that never started their loop (e.g. cancelled while queued)
         if n.end_reason == EndReason.RUNNING:
@@ -512,9 +514,16 @@ async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, 
             progress(done_count, total, tree)
         return tree
 
+    trees = [asyncio.ensure_future(one(t, g)) for t, g in items]
     try:
-        return list(await asyncio.gather(*(one(t, g) for t, g in items)))
+        return list(await asyncio.gather(*trees))
     finally:
+        # A cancelled gather returns as soon as ONE tree has ended cancelled, while the others are still
+        # closing their nodes: await every tree (cancelled once, never twice) before the pool is closed.
+        for t in trees:
+            if not t.done() and not t.cancelling():
+                t.cancel()
+        await uncancellable(asyncio.gather(*trees, return_exceptions=True))
         await shared.pool.close()
         if bar is not None:
             bar.stop()

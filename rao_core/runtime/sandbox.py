@@ -182,7 +182,7 @@ class Repl:
         try:
             # Not cancellable while it runs: asyncio (3.11) hangs forever in create_subprocess_exec when
             # cancelled before the pipes are connected; a cancellation is re-raised once self.proc is set.
-            self.proc = await _uncancellable(asyncio.create_subprocess_exec(
+            self.proc = await uncancellable(asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
                 limit=_STREAM_LIMIT), on_result=lambda p: setattr(self, "proc", p))
@@ -471,7 +471,7 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-async def _uncancellable(aw: Awaitable[Any], on_result: Callable[[Any], None] | None = None) -> Any:
+async def uncancellable(aw: Awaitable[Any], on_result: Callable[[Any], None] | None = None) -> Any:
     """Await ``aw`` to its end even if the caller is cancelled meanwhile; then return its result (after
     ``on_result(result)``) or, if the caller was cancelled, raise CancelledError (after ``on_result``)."""
     fut = asyncio.ensure_future(aw)
@@ -499,7 +499,7 @@ async def close_fully(repl: Repl) -> None:
         except Exception:  # noqa: BLE001
             pass
 
-    await _uncancellable(quiet())
+    await uncancellable(quiet())
 
 
 @dataclass
@@ -555,7 +555,7 @@ class ReplPool:
         for t in list(self._filling):
             t.cancel()
         idle, self._idle = self._idle, []
-        await _uncancellable(asyncio.gather(*self._filling, *(close_fully(r) for r in idle), return_exceptions=True))
+        await uncancellable(asyncio.gather(*self._filling, *(close_fully(r) for r in idle), return_exceptions=True))
 
 
 async def run_cell_once(code: str, limits: SandboxLimits) -> CellResult:
