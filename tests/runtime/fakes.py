@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from rao_core.envs.base import ChildSpec, Environment, Episode, Task, ToolError, tool
 from rao_core.paths import default_model_path, tiny_model_path
+from rao_core.runtime import RuntimeConfig
 from rao_core.tree import Node
+
+SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+
+
+def runtime_config(**kw: Any) -> RuntimeConfig:
+    """The runtime tests' limits: depth 3, a 4096-token window, 128 new tokens, 60 s per tree, one pre-started
+    REPL, bubblewrap where installed; ``kw`` overrides any field."""
+    return RuntimeConfig(**{"max_depth": 3, "context_window": 4096, "max_new_tokens": 128, "sandbox": SANDBOX,
+                            "repl_pool_size": 1, "tree_timeout_s": 60, **kw})
 
 
 class CounterEpisode(Episode):

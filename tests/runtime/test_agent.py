@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 
@@ -12,16 +11,9 @@ from rao_core.policies.scripted import ReplayPolicy, cell
 from rao_core.runtime import RuntimeConfig, run_tree, run_trees, system_prompt
 from rao_core.runtime.chat import ChatTokens
 from rao_core.tree import CellStatus, EndReason, ExecutionTree, read_trees, write_trees
-from tests.runtime.fakes import FakeEnv, task
+from tests.runtime.fakes import FakeEnv, runtime_config, task
 
-SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
-
-
-def cfg(**kw) -> RuntimeConfig:
-    base = dict(max_depth=3, context_window=4096, max_new_tokens=128, sandbox=SANDBOX, repl_pool_size=1,
-                tree_timeout_s=60)
-    base.update(kw)
-    return RuntimeConfig(**base)
+cfg = runtime_config
 
 
 def check_tokens(tree: ExecutionTree, chat: ChatTokens) -> None:

@@ -9,7 +9,7 @@ as nodes without a verifier value and ``timings.wall_s == 0``).
 from __future__ import annotations
 
 import asyncio
-import shutil
+import functools
 from typing import Any
 
 from rao_core.envs import get_env
@@ -19,9 +19,8 @@ from rao_core.policies.textcraft_expert import TextCraftExpert
 from rao_core.runtime import RuntimeConfig, run_tree
 from rao_core.runtime.sandbox import Repl
 from rao_core.tree import EndReason, ExecutionTree, Node
-from tests.runtime.fakes import FakeEnv, task
+from tests.runtime.fakes import SANDBOX, FakeEnv, runtime_config, task
 
-SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 CLOSE_DELAY_S = 0.4
 
 
@@ -68,11 +67,7 @@ def slow_close(monkeypatch, env: HookEnv) -> None:
     monkeypatch.setattr(Repl, "close", close)
 
 
-def cfg(**kw) -> RuntimeConfig:
-    base = dict(max_depth=3, context_window=4096, max_new_tokens=128, sandbox=SANDBOX, repl_pool_size=0,
-                tree_timeout_s=60)
-    base.update(kw)
-    return RuntimeConfig(**base)
+cfg = functools.partial(runtime_config, repl_pool_size=0)  # REPLs started on demand
 
 
 def assert_all_finalised(tree: ExecutionTree, env: HookEnv) -> None:
