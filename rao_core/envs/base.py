@@ -121,6 +121,19 @@ def check_options(env: str, options: dict[str, Any], allowed: Iterable[str]) -> 
         raise ValueError(f"{env}: unknown generator option(s) {bad}; expected {', '.join(allowed)}")
 
 
+def difficulty_levels(n: int, difficulty: str | None, levels: Iterable[str], mixed: Iterable[str],
+                      what: str = "difficulty") -> list[str]:
+    """The levels a generator draws from: ``[difficulty]``, or every level of ``mixed`` for None / "mixed";
+    ValueError for ``n < 1`` or a ``difficulty`` not in ``levels`` (named as ``what`` in the message)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if difficulty in (None, "mixed"):
+        return list(mixed)
+    if difficulty not in levels:
+        raise ValueError(f"unknown {what} {difficulty!r}; expected one of {[*levels, 'mixed']}")
+    return [difficulty]
+
+
 def read_parquet_rows(path: str | os.PathLike[str], columns: Iterable[str], what: str) -> list[dict[str, Any]]:
     """The rows of a parquet file as dicts; FileNotFoundError naming ``what``, ValueError naming the missing
     ``columns``."""

@@ -26,7 +26,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from rao_core.envs.base import Task
+from rao_core.envs.base import Task, difficulty_levels
 
 QUESTION_TYPES = ("singledoc_rolls", "singledoc_spells", "multidoc_rolls", "multidoc_spells")
 PLAYERS = ("Ada", "Bram", "Cora", "Dax", "Edda", "Fenn", "Gale", "Hugo", "Iris", "Joss")
@@ -205,15 +205,7 @@ def generate_oolong_tasks(*, n: int, seed: int, difficulty: str | None = None, s
     Raises:
         ValueError: bad ``n``, ``difficulty``, ``split``, ``target_tokens`` or ``max_episodes``.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if difficulty in (None, "mixed"):
-        qtypes = list(QUESTION_TYPES)
-    elif difficulty in QUESTION_TYPES:
-        qtypes = [difficulty]
-    else:
-        raise ValueError(f"unknown Oolong question type {difficulty!r}; expected one of "
-                         f"{[*QUESTION_TYPES, 'mixed']}")
+    qtypes = difficulty_levels(n, difficulty, QUESTION_TYPES, QUESTION_TYPES, "Oolong question type")
     campaign = {"test": 1, "validation": 2, "train": 3}.get(split)
     if campaign is None:
         raise ValueError(f"unknown split {split!r}; expected 'train', 'validation' or 'test'")

@@ -33,7 +33,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, validate_call
 
-from rao_core.envs.base import Task
+from rao_core.envs.base import Task, difficulty_levels
 from rao_core.envs.textcraft.graph import GRAPH_VERSION, MAX_TIER, RecipeGraph, recipe_graph
 
 PAPER_DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 6), "hard": (7, 9),
@@ -172,14 +172,7 @@ def generate_textcraft_tasks(
     Raises:
         ValueError: bad ``n``, ``difficulty``, ``split``, ``graph_seed`` or ``items_per_tier``.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if difficulty in (None, "mixed"):
-        levels = list(PAPER_DIFFICULTIES)
-    elif difficulty in DIFFICULTIES:
-        levels = [difficulty]
-    else:
-        raise ValueError(f"unknown difficulty {difficulty!r}; expected one of {[*DIFFICULTIES, 'mixed']}")
+    levels = difficulty_levels(n, difficulty, DIFFICULTIES, PAPER_DIFFICULTIES)
     if split not in ("train", "validation", "test"):
         raise ValueError(f"unknown split {split!r}; expected 'train', 'validation' or 'test'")
     graph = recipe_graph(graph_seed, items_per_tier)
