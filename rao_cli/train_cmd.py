@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
         samples: Path = typer.Option(..., "--samples", help="Training samples (.jsonl or .parquet)."),
         model: Path = typer.Option(..., "--model", help="Checkpoint folder to start from (full or LoRA)."),
         out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (replaced atomically)."),
-        config: Path | None = typer.Option(None, "--config", help="YAML/JSON file of TrainerConfig fields."),
+        config: Path | None = typer.Option(None, "--config", help="YAML/JSON file: TrainerConfig fields, or a campaign config (its `trainer:` section)."),
         iteration: int = typer.Option(0, "--iteration", help="RL iteration recorded in the manifest."),
         metrics_out: Path | None = typer.Option(
             None, "--metrics-out", help="Also append each step's metrics to this file as JSON lines "
@@ -34,7 +34,9 @@ def register(app: typer.Typer) -> None:
         cfg = TrainerConfig()
         if config is not None:
             raw = yaml.safe_load(config.read_text()) or {}
-            cfg = TrainerConfig.model_validate(raw.get("train", raw) if isinstance(raw, dict) else raw)
+            if isinstance(raw, dict):  # a campaign config's `trainer:` section, or TrainerConfig fields
+                raw = raw.get("trainer", raw.get("train", raw))
+            cfg = TrainerConfig.model_validate(raw)
 
         main_process = os.environ.get("RANK", "0") == "0"  # set by accelerate launch; absent in one process
         sink = metrics_out.open("a") if metrics_out is not None and main_process else None

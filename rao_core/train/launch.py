@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rao_core.paths import REPO_ROOT
 from rao_core.train.config import TrainerConfig
 
 __all__ = ["SubprocessTrainResult", "TrainingProcessError", "launch_command", "train_in_subprocess"]
@@ -83,6 +84,22 @@ def launch_command(samples: Path, model_path: Path, out_dir: Path, config_path: 
             "--out", str(out_dir), "--config", str(config_path), "--iteration", str(iteration),
             "--metrics-out", str(metrics_path)]
     return cmd
+
+
+def resolve_accelerate_config(path: str | os.PathLike[str] | None) -> Path | None:
+    """An accelerate config file as an absolute path: a relative one is looked up in the current folder,
+    then in the repository (``configs/accelerate/fsdp.yaml`` works from anywhere).
+
+    Raises:
+        FileNotFoundError: the file exists in neither place.
+    """
+    if not path:
+        return None
+    p = Path(path)
+    for cand in ([p] if p.is_absolute() else [p, REPO_ROOT / p]):
+        if cand.is_file():
+            return cand.resolve()
+    raise FileNotFoundError(f"accelerate config not found: {path} (looked in {Path.cwd()} and {REPO_ROOT})")
 
 
 def _read_new(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
@@ -159,7 +176,7 @@ def train_in_subprocess(
     metrics_path.unlink(missing_ok=True)
     acc_cfg = accelerate_config if accelerate_config is not None else config.accelerate_config
     cmd = launch_command(Path(samples).resolve(), Path(model_path).resolve(), out_dir, cfg_path, metrics_path,
-                         iteration=iteration, accelerate_config=Path(acc_cfg).resolve() if acc_cfg else None)
+                         iteration=iteration, accelerate_config=resolve_accelerate_config(acc_cfg))
     steps: list[dict[str, float]] = []
     end: dict[str, Any] = {}
     pos = 0

@@ -9,7 +9,9 @@ from rao_core.paths import tiny_model_path
 from rao_core.samples import Sample, write_samples
 
 
-def test_rao_train_cli(tmp_path):
+@pytest.mark.parametrize("section", ["trainer", "train"])
+def test_rao_train_cli(tmp_path, section):
+    """A campaign config's `trainer:` section is read (and the older `train:` key)."""
     tiny = tiny_model_path()
     if not (tiny / "config.json").exists():
         pytest.skip("tiny model missing")
@@ -19,7 +21,7 @@ def test_rao_train_cli(tmp_path):
                       assistant_mask=[0, 0, 0, 1, 1], behaviour_logprobs=[0, 0, 0, -10.0, -10.0], success=float(i),
                       reward=float(i), baseline=1.0 - i, advantage=2.0 * i - 1.0) for i in (0, 1)]
     sp = write_samples(tmp_path / "s.parquet", samples)
-    (tmp_path / "c.yaml").write_text("train:\n  loss_type: reinforce\n  lr: 0.001\n  micro_batch_size: 1\n")
+    (tmp_path / "c.yaml").write_text(f"name: x\n{section}:\n  loss_type: reinforce\n  lr: 0.001\n  micro_batch_size: 1\n")
     r = CliRunner().invoke(app, ["train", "--samples", str(sp), "--model", str(tiny), "--out", str(tmp_path / "ck"),
                                  "--config", str(tmp_path / "c.yaml"), "--iteration", "2"])
     assert r.exit_code == 0, r.output
@@ -28,3 +30,16 @@ def test_rao_train_cli(tmp_path):
     assert step["train/tokens"] == 4 and step["train/samples"] == 2 and step["train/grad_norm"] > 0
     man = json.loads((tmp_path / "ck" / "rao-checkpoint.json").read_text())
     assert man["iteration"] == 2 and man["config"]["loss_type"] == "reinforce"
+
+
+def test_accelerate_config_resolves_from_the_repository_wherever_the_campaign_runs(tmp_path, monkeypatch):
+    from rao_core.paths import REPO_ROOT
+    from rao_core.train.launch import resolve_accelerate_config
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_accelerate_config("configs/accelerate/fsdp.yaml") == REPO_ROOT / "configs/accelerate/fsdp.yaml"
+    (tmp_path / "mine.yaml").write_text("distributed_type: NO\n")
+    assert resolve_accelerate_config("mine.yaml") == tmp_path / "mine.yaml"  # the current folder first
+    assert resolve_accelerate_config(None) is None
+    with pytest.raises(FileNotFoundError, match="accelerate config not found: nope.yaml"):
+        resolve_accelerate_config("nope.yaml")
