@@ -33,7 +33,9 @@ class CampaignParams(BaseModel):
     """Parameters of a campaign run (rendered as a form in the Prefect UI). Unset fields keep the file's values."""
 
     config: str = Field("configs/cpu-smoke.yaml", description="YAML config file (relative to the repo or absolute).")
-    name: str | None = Field(None, description="Campaign name (resume key, S3 prefix, MLflow run name).")
+    name: str | None = Field(None, description="Campaign name (resume key, S3 prefix, MLflow run name). Empty: "
+                             "the config file's name (cpu-smoke: 'smoke'); a campaign of that name that already "
+                             "exists is RESUMED after its last completed stage, not started again.")
     env: str | None = Field(None, description="Environment, e.g. textcraft-synth.")
     iterations: int | None = Field(None, ge=0, description="RL iterations.")
     tasks_per_iteration: int | None = Field(None, ge=1, description="RL tasks sampled per iteration.")
