@@ -164,6 +164,9 @@ class WarmStartSettings(_Strict):
     def _check(self) -> WarmStartSettings:
         if self.mode == "checkpoint" and not self.checkpoint:
             raise ValueError("warm_start.mode 'checkpoint' needs warm_start.checkpoint")
+        if self.checkpoint and self.mode != "checkpoint":  # it would be silently ignored
+            raise ValueError(f"warm_start.checkpoint is set but warm_start.mode is {self.mode!r}; set "
+                             "warm_start.mode=checkpoint to start from it")
         return self
 
 

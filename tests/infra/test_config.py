@@ -96,6 +96,11 @@ def test_paths_the_config_names_must_exist(tmp_path):
     msg = str(pytest.raises(ConfigError, load_config, None, ["warm_start.mode=checkpoint",
                                                              "warm_start.checkpoint=models:/rao-policy"]).value)
     assert "warm_start.checkpoint = 'models:/rao-policy': 'models:/rao-policy' is not 'models:/NAME@ALIAS'" in msg
+    # a checkpoint the mode would ignore (cpu-smoke's warm start builds demonstrations) is refused, not dropped
+    msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml",
+                            [f"warm_start.checkpoint={tmp_path}"]).value)
+    assert "warm_start.checkpoint is set but warm_start.mode is 'demos'; set warm_start.mode=checkpoint" in msg
+    assert "\n" not in msg
     # what exists, or cannot be checked before the campaign runs, is accepted
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "adapter_config.json").write_text("{}")
