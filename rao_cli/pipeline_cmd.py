@@ -195,6 +195,8 @@ def register(app: typer.Typer) -> None:
 
             run_plan(config, list(override), name=name, iterations=iterations, gpus=gpus, gpu_mem_gib=gpu_mem_gib)
             return
+        if gpus is not None or gpu_mem_gib is not None:  # they describe a target machine, only for the plan
+            raise typer.BadParameter("--gpus and --gpu-mem-gib only go with --plan")
         _prefect_env()
         from flows.campaign import CampaignParams, rao_campaign
         from infra.models import ModelError, require_model

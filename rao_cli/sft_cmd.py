@@ -34,9 +34,11 @@ def register(app: typer.Typer) -> None:
 
         raw = (yaml.safe_load(config.read_text()) or {}) if config else {}
         demo = dict(raw.get("warm_start") or {})
-        demo.pop("trainer", None)
-        trainer = dict((raw.get("warm_start") or {}).get("trainer") or {})
-        demo.update({k: v for k, v in (("n_tasks", n_tasks), ("difficulties", difficulties)) if v})
+        trainer = dict(demo.pop("trainer", None) or {})
+        # a campaign config's warm_start section: its mode/checkpoint are the campaign's, options are DemoConfig's
+        demo.pop("mode", None), demo.pop("checkpoint", None)
+        demo.update(demo.pop("options", None) or {})
+        demo.update({k: v for k, v in (("n_tasks", n_tasks), ("difficulties", difficulties or None)) if v is not None})
         demo["seed"] = seed
         trainer.update({k: v for k, v in (("epochs", epochs), ("lr", lr)) if v is not None})
         try:
@@ -44,7 +46,11 @@ def register(app: typer.Typer) -> None:
             tc = default_sft_trainer_config(**trainer)
             rc = recommended_runtime_config(**(raw.get("runtime") or {}))
         except ValueError as e:
-            raise typer.BadParameter(str(e)) from e
+            from pydantic import ValidationError
+
+            msg = ("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+                   if isinstance(e, ValidationError) else str(e))
+            raise typer.BadParameter(msg) from e
         model_path = model or default_model_path()
         typer.echo(f"demonstrations: {dc.n_tasks} {env} tasks {dc.difficulties}; SFT {tc.epochs} epoch(s), "
                    f"lr {tc.lr} from {model_path}")

@@ -121,6 +121,10 @@ def test_rao_run_plan_prints_and_starts_nothing(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["run", "--config", GPU8, "--plan"])
     assert e.value.code == 1 and "give the target machine as --gpus N --gpu-mem-gib M" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # without --plan they would be ignored by a real campaign
+        main(["run", "--config", GPU8, "--gpus", "8", "--gpu-mem-gib", "80"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--gpus and --gpu-mem-gib only go with --plan" in err and not started
 
 
 def test_the_refusal_is_one_error_line_from_the_cli(capsys):

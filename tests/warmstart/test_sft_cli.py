@@ -42,3 +42,14 @@ def test_rao_sft_rejects_bad_config(tmp_path):
     cfg.write_text("warm_start:\n  parallel_prob: 3\n")
     res = CliRunner().invoke(app, ["sft", "--out", str(tmp_path / "x"), "--config", str(cfg)])
     assert res.exit_code != 0 and "parallel_prob" in res.output
+
+
+def test_rao_sft_reads_a_campaign_config_and_refuses_zero_tasks(tmp_path):
+    """cpu-smoke's warm_start section (mode, options) is understood; --n-tasks 0 is refused, not taken as unset."""
+    from rao_cli.main import app
+
+    res = CliRunner().invoke(app, ["sft", "--out", str(tmp_path / "x"), "--config", "configs/cpu-smoke.yaml",
+                                   "--n-tasks", "0"])
+    assert res.exit_code == 2, res.output
+    assert "n_tasks: Input should be greater than or equal to 1" in res.output
+    assert "Extra inputs" not in res.output and not (tmp_path / "x").exists()
