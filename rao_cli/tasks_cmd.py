@@ -35,7 +35,7 @@ def _parse_options(options: list[str]) -> dict[str, Any]:
 
 @app.command()
 def generate(
-    env: str = typer.Option(..., "--env", help="Environment name (textcraft-synth, oolong, deepdive, arte)."),
+    env: str = typer.Option(..., "--env", help="Environment name (textcraft-synth, oolong, deepdive, arte, example)."),
     n: int = typer.Option(..., "--n", min=1, help="Number of tasks."),
     seed: int = typer.Option(0, "--seed", help="Generation seed: the same seed gives a byte-identical file."),
     difficulty: str | None = typer.Option(None, "--difficulty", help=DIFFICULTY_HELP),
