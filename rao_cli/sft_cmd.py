@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         demo = dict(raw.get("warm_start") or {})
         trainer = dict(demo.pop("trainer", None) or {})
         # a campaign config's warm_start section: its mode/checkpoint are the campaign's, options are DemoConfig's
-        demo.pop("mode", None), demo.pop("checkpoint", None)
+        for key in ("mode", "checkpoint"):
+            demo.pop(key, None)
         demo.update(demo.pop("options", None) or {})
         demo.update({k: v for k, v in (("n_tasks", n_tasks), ("difficulties", difficulties or None)) if v is not None})
         demo["seed"] = seed
@@ -46,11 +47,9 @@ def register(app: typer.Typer) -> None:
             tc = default_sft_trainer_config(**trainer)
             rc = recommended_runtime_config(**(raw.get("runtime") or {}))
         except ValueError as e:
-            from pydantic import ValidationError
+            from rao_core.jsonl import one_line_error
 
-            msg = ("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-                   if isinstance(e, ValidationError) else str(e))
-            raise typer.BadParameter(msg) from e
+            raise typer.BadParameter(one_line_error(e)) from e
         model_path = model or default_model_path()
         typer.echo(f"demonstrations: {dc.n_tasks} {env} tasks {dc.difficulties}; SFT {tc.epochs} epoch(s), "
                    f"lr {tc.lr} from {model_path}")

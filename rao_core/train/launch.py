@@ -118,7 +118,6 @@ def _failure_message(rc: int, log_path: Path) -> tuple[str, list[str]]:
         if log_path.exists() else []
     tail = lines[-STDERR_TAIL_LINES:]
     errors = [x for x in lines if x.startswith("error: ")]
-    tracebacks = [x for x in lines if not x.startswith("{")]  # metric lines are not the failure
     if errors:
         head, rest = errors[-1].removeprefix("error: "), [x for x in tail if x != errors[-1]]
     elif not any(x.startswith("Traceback") for x in lines):
@@ -127,8 +126,8 @@ def _failure_message(rc: int, log_path: Path) -> tuple[str, list[str]]:
         head = ("the child printed no error: it was killed from outside, most likely out of memory "
                 "(see `dmesg`; lower trainer.micro_batch_tokens or free memory held by other processes)")
         rest = tail[-2:]
-    else:
-        head, rest = (tracebacks[-1] if tracebacks else tail[-1]), tail[:-1]
+    else:  # a traceback: its last line that is not a metric line is the exception
+        head, rest = [x for x in lines if not x.startswith("{")][-1], tail[:-1]
     msg = f"training process exited with status {rc}: {head}"
     if rest:
         msg += f" (last stderr lines: {' | '.join(rest)})"

@@ -130,14 +130,15 @@ def _compute_dtype(cfg: TrainerConfig) -> str:
     if cfg.dtype == "float32":
         return "no"
     gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if cfg.dtype == "auto":
+        return "bf16" if gpu_bf16 else "no"
+    native = gpu_bf16 or (not torch.cuda.is_available() and cpu_has_bf16())
     if cfg.dtype == "bfloat16_if_native":
-        return "bf16" if gpu_bf16 or (not torch.cuda.is_available() and cpu_has_bf16()) else "no"
-    if cfg.dtype == "bfloat16":
-        if not (gpu_bf16 or (not torch.cuda.is_available() and cpu_has_bf16())):
-            raise ValueError("dtype='bfloat16' needs a bf16-capable GPU or CPU (avx512_bf16/amx_bf16); "
-                             "use 'auto' or 'float32'")
-        return "bf16"
-    return "bf16" if gpu_bf16 else "no"
+        return "bf16" if native else "no"
+    if not native:  # 'bfloat16'
+        raise ValueError("dtype='bfloat16' needs a bf16-capable GPU or CPU (avx512_bf16/amx_bf16); "
+                         "use 'auto' or 'float32'")
+    return "bf16"
 
 
 @dataclass
