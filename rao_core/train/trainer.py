@@ -10,7 +10,10 @@ optimizer state carried across iterations and the per-step metrics are described
 Everything device- and process-related goes through ``accelerate.Accelerator``: the same code runs on
 this CPU in one process and under ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` on
 GPUs. Each process takes every ``num_processes``-th micro-batch; a process short of one gets a filler
-micro-batch with an all-zero loss mask so that all processes run the same number of forwards. The
+micro-batch with an all-zero loss mask so that all processes run the same number of forwards. Gradient
+accumulation goes through accelerate's accumulation API (``accelerator.accumulate``): gradients are synchronised
+only on a step's last micro-batch, except under FSDP, which reduce-scatters after every micro-batch
+(``sync_each_batch``) instead of keeping a full unsharded gradient per process as its ``no_sync`` does. The
 chunked log-prob path is tested on one CPU process; under FSDP it relies on the LM head's (root)
 parameters staying gathered between forward and backward, which FSDP does for the root unit, but it has
 not been run on GPUs yet; under FSDP the (sharded) optimizer state is not saved yet.
@@ -22,7 +25,6 @@ are not run at all (``skip_zero_advantage``; same update).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -117,6 +119,29 @@ def _resolve_base(model_path: Path) -> tuple[Path, Path | None]:
     if not (model_path / "config.json").exists():
         raise ValueError(f"{model_path} is not a checkpoint folder (no config.json or adapter_config.json)")
     return model_path, None
+
+
+def _sync_each_micro_batch(distributed_type: Any) -> bool:
+    """accelerate's ``sync_each_batch``: FSDP reduce-scatters each micro-batch's gradients into the shards (its
+    ``no_sync`` would hold a full unsharded gradient per process until the step's last micro-batch); one process
+    and DDP synchronise only on the last micro-batch of a step."""
+    from accelerate.utils import DistributedType
+
+    return distributed_type == DistributedType.FSDP
+
+
+def _accelerator(cfg: TrainerConfig) -> Any:
+    """The ``Accelerator`` of one :func:`train` call: mixed precision from :func:`_compute_dtype`; gradient
+    accumulation through ``accelerator.accumulate`` with the step boundaries set by :func:`_optimizer_step`
+    (``num_steps`` is set per step: the last step of an epoch may have fewer micro-batches), never tied to a
+    dataloader, the learning-rate scheduler stepped by the trainer itself."""
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin
+
+    plugin = GradientAccumulationPlugin(num_steps=1, adjust_scheduler=False, sync_with_dataloader=False)
+    accelerator = Accelerator(mixed_precision=_compute_dtype(cfg), gradient_accumulation_plugin=plugin)
+    accelerator.gradient_state.plugin_kwargs["sync_each_batch"] = _sync_each_micro_batch(accelerator.distributed_type)
+    return accelerator
 
 
 def _compute_dtype(cfg: TrainerConfig) -> str:
@@ -303,11 +328,10 @@ def _restore_optimizer(run: _Session, model_path: Path, n_params: int) -> None:
 def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: Path | None, model_type: str | None,
            iteration: int) -> _Session:
     """The accelerator (seeded by ``seed + iteration``), policy, KL reference, tokenizer and optimizer."""
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
     from transformers import AutoTokenizer
 
-    accelerator = Accelerator(mixed_precision=_compute_dtype(cfg))
+    accelerator = _accelerator(cfg)
     set_seed(cfg.seed + iteration)
     model, ref_model, tied = _load_policy(cfg, base_path, adapter_path)
     try:
@@ -368,11 +392,12 @@ def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], i
     return metrics
 
 
-def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer: float, sync: bool) -> Any:
+def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer: float) -> Any:
     """Loss of one micro-batch (``rao_core.train.loss.policy_loss``) and its backward; returns the LossStats.
-    Gradients are synchronised across processes only on the step's last micro-batch (``sync``)."""
+    Inside ``accelerator.accumulate``: gradients are synchronised across processes on the step's last micro-batch
+    (every micro-batch under FSDP, :func:`_sync_each_micro_batch`)."""
     cfg, acc = run.cfg, run.accelerator
-    with contextlib.nullcontext() if sync else acc.no_sync(run.model):
+    with acc.accumulate(run.model):
         lp = run.logprobs(run.model, batch)  # [B, L]
         ref_lp = None
         if cfg.kl_coef > 0:
@@ -387,7 +412,8 @@ def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer:
             loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
             ref_logprobs=ref_lp, kl_coef=cfg.kl_coef, normalizer=normalizer, aggregation=cfg.loss_aggregation,
         )
-        acc.backward(loss)
+        # accelerate's backward divides by num_steps; the loss is already normalised over the whole step
+        acc.backward(loss * acc.gradient_accumulation_steps)
     return st
 
 
@@ -410,10 +436,11 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
     sums = torch.zeros(9, device=dev, dtype=torch.float64)
     kl_depth = torch.zeros(2, max(s.depth for s in rows) + 1, device=dev, dtype=torch.float64)  # [sum k3, tokens]
     local = step_mbs[rank::world]
-    for k, j in enumerate(local):
+    acc.gradient_accumulation_steps, acc.step = len(local), 0  # accumulate() syncs on the last of these
+    for j in local:
         mb = mbs[j if j >= 0 else 0]
         batch = collate([rows[i] for i in mb.indices], run.pad_id, dev, zero_out=j < 0)
-        st = _forward_backward(run, batch, normalizer, sync=k == len(local) - 1)
+        st = _forward_backward(run, batch, normalizer)
         if j >= 0:
             sums += torch.stack([
                 st.loss_sum, st.pg_loss_sum, st.ref_kl_sum, st.tokens, st.clipped_tokens, st.ratio_sum,

@@ -204,3 +204,38 @@ def test_sequence_mean_aggregation_trains(tiny, tmp_path):
     before, after = _logprobs(tiny, samples), _logprobs(tmp_path / "seq", samples)
     assert after[0] > before[0] and after[1] < before[1]  # still moves along the advantages
     assert res.manifest["config"]["loss_aggregation"] == "sequence_mean"
+
+
+def test_grad_accum_steps_and_gradients_match_one_micro_batch_per_step(tiny, tmp_path, monkeypatch):
+    """grad_accum=2 over 5 one-sample micro-batches: 3 optimizer steps (2 + 2 + 1 micro-batches), each the same
+    loss, gradient and update as one 2-sample micro-batch per step (the token-mean over the step's tokens); through
+    accelerate's accumulate() the gradients sync on each step's last micro-batch only (one process: no FSDP)."""
+    from accelerate import Accelerator
+
+    samples = _samples(tiny, on_policy=False)
+    samples.append(samples[0].model_copy(update={"tree_id": "t4", "depth": 1}))
+    syncs: list[bool] = []
+    backward = Accelerator.backward
+    monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **kw: (syncs.append(self.sync_gradients),
+                                                                             backward(self, loss, **kw))[1])
+    cfg = dict(loss_type="ppo", lr=1e-3, max_grad_norm=1.0, shuffle=False, kl_coef=0.1)
+    acc = train(samples, tiny, tmp_path / "acc", TrainerConfig(grad_accum=2, micro_batch_size=1, **cfg)).metrics
+    assert syncs == [False, True, False, True, True]
+    one = train(samples, tiny, tmp_path / "one", TrainerConfig(grad_accum=1, micro_batch_size=2, **cfg)).metrics
+    assert len(acc) == len(one) == 3 and [m["train/samples"] for m in acc] == [2.0, 2.0, 1.0]
+    for a, b in zip(acc, one):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-6)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+    assert _logprobs(tmp_path / "acc", samples) == pytest.approx(_logprobs(tmp_path / "one", samples), abs=1e-5)
+
+
+def test_fsdp_reduces_every_micro_batch_and_one_process_waits_for_the_last():
+    from accelerate.utils import DistributedType
+
+    from rao_core.train.trainer import _accelerator, _sync_each_micro_batch
+
+    assert _sync_each_micro_batch(DistributedType.FSDP)  # FSDP's no_sync would keep full unsharded gradients
+    assert not _sync_each_micro_batch(DistributedType.MULTI_GPU) and not _sync_each_micro_batch(DistributedType.NO)
+    acc = _accelerator(TrainerConfig())
+    assert acc.gradient_state.plugin_kwargs == {"num_steps": 1, "adjust_scheduler": False,
+                                                "sync_with_dataloader": False, "sync_each_batch": False}
