@@ -5,17 +5,23 @@
 - ``MLflowServer``: ``mlflow server`` on 127.0.0.1 over the same SQLite file, for many writers (one SQLite
   file written by many processes locks).
 - Real mode: set ``MLFLOW_TRACKING_URI`` (e.g. a team server); it overrides the default.
+- Experiments are tagged for the UI's model-training view (:func:`ensure_experiment`); execution trees
+  become traces with one span per node and per turn (:func:`log_trees_as_traces`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.process import ServiceMixin, ManagedProcess, free_port
 from rao_core.paths import rao_home
+from rao_core.tree import ExecutionTree, Node, unscored
 
 
 def mlflow_dir() -> Path:
@@ -49,16 +55,145 @@ def artifact_root() -> str:
     return p.as_uri()
 
 
+#: Experiment tag read by MLflow's UI (3.x) to choose the experiment page: ``custom_model_development`` opens
+#: the model-training view (runs, metrics, registry); without it the UI infers ``genai_development_inferred``
+#: from the traces and opens the GenAI view. Values ending in ``_inferred`` are the UI's own guess.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def ensure_experiment(name: str) -> str:
-    """Create the experiment if missing (artifacts under ``artifact_root()``); returns its id."""
+    """Create the experiment if missing (artifacts under ``artifact_root()``); returns its id.
+
+    The experiment is tagged for MLflow's model-training view (:data:`EXPERIMENT_KIND`); an existing one
+    is tagged too unless a person chose a kind (a value the UI inferred is replaced)."""
     import mlflow
 
     exp = mlflow.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    uri = mlflow.get_tracking_uri()
-    loc = artifact_root() if uri.startswith("sqlite") else None
-    return mlflow.create_experiment(name, artifact_location=loc)
+    if exp is None:
+        uri = mlflow.get_tracking_uri()
+        loc = artifact_root() if uri.startswith("sqlite") else None
+        return mlflow.create_experiment(name, artifact_location=loc, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    kind = exp.tags.get(EXPERIMENT_KIND_TAG)
+    if kind is None or kind.endswith("_inferred"):
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
+
+
+def log_trees_as_traces(run_id: str, experiment_id: str, trees: Sequence[ExecutionTree], limit: int = 64) -> int:
+    """One MLflow trace per tree (the first ``limit``), linked to ``run_id``; returns the number logged.
+
+    Spans: the trace's root span is the root node; each node's span (type AGENT) holds one span per turn
+    (type LLM: inputs the cell the model wrote, outputs what the REPL printed, the turn's token usage in
+    ``mlflow.chat.tokenUsage``, which MLflow sums into the trace's tokens column) and its children's spans,
+    so the spans nest like the execution tree. Status: a node span is ERROR only when the node ended by an
+    infrastructure failure (:data:`rao_core.judge.stage.INFRA_END_REASONS`); the trace is ERROR only when
+    its root did (the trees judging leaves unscored) or the rollout crashed (``tree.error``). A wrong
+    answer, a step limit or a full context is OK, with its end reason and verifier value in the outputs.
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    logged = list(trees)[:limit]
+    for tree in logged:
+        _log_tree(client, run_id, experiment_id, tree)
+    mlflow.flush_trace_async_logging()
+    return len(logged)
+
+
+def _log_tree(client: Any, run_id: str, experiment_id: str, tree: ExecutionTree) -> None:
+    root = tree.root
+    root_span = client.start_trace(
+        name=f"tree {tree.tree_id}", span_type="AGENT", inputs={"task_id": tree.task_id} | _node_inputs(root),
+        attributes={"env": tree.env, "group_id": tree.group_id, "rollout_index": str(tree.rollout_index),
+                    "policy": tree.policy},
+        tags={"rao.tree_id": tree.tree_id, "rao.task_id": tree.task_id, "rao.end_reason": str(root.end_reason)},
+        experiment_id=experiment_id, run_id=run_id, start_time_ns=_ns(root.timings.started_at))
+    trace_id = root_span.trace_id
+    span_of = {root.node_id: root_span.span_id}
+    for node in tree.walk():  # pre-order: a parent's span exists before its children's
+        if node.node_id != root.node_id:
+            span_of[node.node_id] = client.start_span(
+                name=f"node {node.node_id} (depth {node.depth})", trace_id=trace_id,
+                parent_id=span_of[node.parent_id], span_type="AGENT", inputs=_node_inputs(node),
+                start_time_ns=_ns(node.timings.started_at)).span_id
+        _log_turns(client, trace_id, span_of[node.node_id], node)
+    for node in reversed(list(tree.walk())):  # children end before their parent
+        end = dict(outputs=_node_outputs(node), attributes=_node_attributes(node), status=_node_status(node),
+                   end_time_ns=_ns(node.timings.started_at, node.timings.wall_s))
+        if node.node_id == root.node_id:
+            if tree.error:
+                end["status"] = _error_status(f"rollout crashed: {tree.error}")
+            client.end_trace(trace_id, **end)
+        else:
+            client.end_span(trace_id, span_of[node.node_id], **end)
+
+
+def _log_turns(client: Any, trace_id: str, parent_id: str, node: Node) -> None:
+    """One leaf span per turn, laid end to end from the node's start (queue + generation + execution)."""
+    from mlflow.tracing.constant import SpanAttributeKey, TokenUsageKey
+
+    t = node.timings.started_at
+    for i, turn in enumerate(node.turns):
+        dt = turn.queue_s + turn.generation_s + turn.execution_s
+        usage = {TokenUsageKey.INPUT_TOKENS: len(turn.prompt_token_ids),
+                 TokenUsageKey.OUTPUT_TOKENS: len(turn.completion_token_ids),
+                 TokenUsageKey.TOTAL_TOKENS: len(turn.prompt_token_ids) + len(turn.completion_token_ids)}
+        attrs = {"turn": i, "finish_reason": turn.finish_reason, "cell_status": turn.cell_status,
+                 "queue_s": turn.queue_s, "generation_s": turn.generation_s, "execution_s": turn.execution_s,
+                 SpanAttributeKey.CHAT_USAGE: usage}
+        span = client.start_span(name=f"turn {i}", trace_id=trace_id, parent_id=parent_id, span_type="LLM",
+                                 inputs={"code": _short(turn.code if turn.code is not None else turn.text)},
+                                 attributes={k: v for k, v in attrs.items() if v is not None},
+                                 start_time_ns=_ns(t))
+        client.end_span(trace_id, span.span_id, outputs={"output": _short(turn.observation)},
+                        end_time_ns=_ns(t, dt))
+        if t:  # unknown start (0): every span takes MLflow's "now"
+            t += dt
+
+
+def _node_inputs(node: Node) -> dict[str, Any]:
+    return {"goal": _short(node.goal)} | ({"goal_args": node.goal_args} if node.goal_args else {})
+
+
+def _node_outputs(node: Node) -> dict[str, Any]:
+    out = {"result": _short(node.result), "end_reason": str(node.end_reason), "verifier": node.verifier}
+    return out | ({"error": _short(node.error)} if node.error else {})
+
+
+def _node_attributes(node: Node) -> dict[str, Any]:
+    attrs = {"node_id": node.node_id, "depth": node.depth, "end_reason": str(node.end_reason),
+             "verifier": node.verifier, "success": node.success, "success_source": node.success_source,
+             "reward": node.reward, "turns": len(node.turns), "children": len(node.children),
+             "prompt_tokens": node.num_prompt_tokens, "completion_tokens": node.num_completion_tokens,
+             "wall_s": node.timings.wall_s}
+    return {k: v for k, v in attrs.items() if not unscored(v)}
+
+
+def _node_status(node: Node) -> Any:
+    """ERROR for an infrastructure failure (the server, the sandbox, the wall clock), else OK."""
+    from rao_core.judge.stage import INFRA_END_REASONS
+
+    if node.end_reason in INFRA_END_REASONS:
+        return _error_status(f"{node.end_reason}: {node.error or 'no detail'}")
+    return "OK"
+
+
+def _error_status(description: str) -> Any:
+    from mlflow.entities import SpanStatus, SpanStatusCode
+
+    return SpanStatus(SpanStatusCode.ERROR, description=description[:1000])
+
+
+def _ns(t: float, plus: float = 0.0) -> int | None:
+    """UNIX seconds ``t`` (+ ``plus``) as nanoseconds; None (MLflow uses "now") when ``t`` is unknown (0)."""
+    return int((t + plus) * 1e9) if t else None
+
+
+def _short(x: Any, limit: int = 2000) -> Any:
+    """``x`` unchanged when short, else cut to ``limit`` characters (a non-string: its JSON)."""
+    s = x if isinstance(x, str) else json.dumps(x, default=str)
+    return x if len(s) <= limit else s[:limit] + "..."
 
 
 @dataclass
