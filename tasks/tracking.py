@@ -55,49 +55,11 @@ def log_figure(run_id: str, fig, artifact_file: str) -> None:
 
 
 def log_trees_as_traces(run_id: str, experiment_id: str, trees: Sequence[ExecutionTree], limit: int = 64) -> int:
-    """One MLflow trace per tree (first ``limit`` trees); returns the number logged."""
-    client = _client()
-    n = 0
-    for tree in list(trees)[:limit]:
-        root = tree.root
-        t0 = int(root.timings.started_at * 1e9) or None
-        span = client.start_trace(
-            name=f"tree {tree.tree_id}", inputs={"task_id": tree.task_id, "goal": root.goal[:2000]},
-            attributes={"env": tree.env, "group_id": tree.group_id, "rollout_index": str(tree.rollout_index)},
-            tags={"rao.tree_id": tree.tree_id, "rao.task_id": tree.task_id}, experiment_id=experiment_id,
-            run_id=run_id, start_time_ns=t0,
-        )
-        trace_id = span.trace_id
-        span_of = {root.node_id: span.span_id}
-        ends: list[tuple[str, Any]] = []
-        for node in tree.walk():
-            attrs = {"depth": node.depth, "success": node.success, "reward": node.reward,
-                     "success_source": node.success_source, "end_reason": str(node.end_reason),
-                     "completion_tokens": node.num_completion_tokens, "prompt_tokens": node.num_prompt_tokens,
-                     "turns": len(node.turns)}
-            attrs = {k: v for k, v in attrs.items() if not unscored(v)}
-            if node.node_id == root.node_id:
-                ends.append((node.node_id, (node, attrs)))
-                continue
-            st = int(node.timings.started_at * 1e9) or None
-            s = client.start_span(name=f"node {node.node_id} (depth {node.depth})", trace_id=trace_id,
-                                  parent_id=span_of[node.parent_id], span_type="AGENT",
-                                  inputs={"goal": node.goal[:2000]}, attributes=attrs, start_time_ns=st)
-            span_of[node.node_id] = s.span_id
-            ends.append((node.node_id, (node, attrs)))
-        for node_id, (node, attrs) in reversed(ends):
-            end_ns = int((node.timings.started_at + node.timings.wall_s) * 1e9) or None
-            status = "OK" if str(node.end_reason) == "finished" else "ERROR"
-            out = {"result": _short(node.result)}
-            if node_id == root.node_id:
-                client.end_trace(trace_id, outputs=out, attributes=attrs, status=status, end_time_ns=end_ns)
-            else:
-                client.end_span(trace_id, span_of[node_id], outputs=out, status=status, end_time_ns=end_ns)
-        n += 1
-    import mlflow
+    """One MLflow trace per tree (first ``limit`` trees); returns the number logged. Spans per node and per
+    turn, statuses and token usage: :func:`infra.tracking.log_trees_as_traces`."""
+    from infra import tracking as infra_tracking
 
-    mlflow.flush_trace_async_logging()
-    return n
+    return infra_tracking.log_trees_as_traces(run_id, experiment_id, trees, limit)
 
 
 def _short(x: Any, limit: int = 2000) -> Any:
