@@ -186,3 +186,150 @@ class ServiceMixin:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Pids of the live descendants of ``pid`` (default: this process), parents before their children."""
+    root = pid or os.getpid()
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().split(")")[-1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(d.name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def stop_descendants(timeout_s: float = 10.0) -> list[int]:
+    """Stop every descendant of this process: SIGTERM to each (and to the whole group of each one that leads
+    its own, as services do), then SIGKILL what is left after ``timeout_s`` seconds; returns the pids found.
+    Repeated until none is left (a dying parent may have started another child meanwhile), at most 3 times."""
+    seen: list[int] = []
+    own_group = os.getpgrp()
+    for _ in range(3):
+        pids = descendants()
+        if not pids:
+            break
+        seen += pids
+        groups = {p for p in pids if _pgid(p) == p and p != own_group}
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in pids:
+                _signal(os.kill, p, sig)
+            for g in groups:
+                _signal(os.killpg, g, sig)
+            deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5.0)
+            while time.monotonic() < deadline:
+                _reap()
+                if not any(pid_alive(p) for p in pids) and not any(_group_members(g) for g in groups):
+                    break
+                time.sleep(0.05)
+            else:
+                continue
+            break
+    return seen
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _signal(send, target: int, sig: int) -> None:
+    try:
+        send(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap() -> None:
+    """Collect this process's exited children, so they do not stay zombies while we wait."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def run_interruptible(fn, on_interrupt, *, grace_s: float = 5.0, stop_timeout_s: float = 10.0):
+    """Run ``fn()`` in a worker thread so that SIGINT and SIGTERM reach this (main) thread at once, whatever
+    ``fn`` is doing (a Prefect flow would otherwise take SIGTERM for itself and spend a minute reporting the
+    crash to an API the same Ctrl-C has just stopped). Returns ``fn()``'s value or raises its exception.
+
+    On the first signal: ``KeyboardInterrupt`` is raised inside ``fn`` (its ``finally`` blocks stop what they
+    started) and given ``grace_s`` seconds; then ``on_interrupt(signum)`` runs (e.g. marks the tracking runs
+    KILLED) and returns the message; then every child process left is stopped (:func:`stop_descendants`),
+    ``error: <message>`` is printed on stderr and the process exits with 128 + signum (130 for Ctrl-C, 143
+    for SIGTERM) without running ``atexit`` handlers. This process's other output is dropped meanwhile
+    unless ``RAO_DEBUG`` is set (then every thread's stack is dumped first). A second signal skips the waiting.
+    """
+    import ctypes
+    import contextvars
+    import faulthandler
+    import logging
+    import sys
+    import threading
+
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(target,), name="rao-interruptible",
+                              daemon=True)
+    received: list[int] = []
+
+    def handler(signum, frame) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        worker.start()
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        signum = received[0] if received else signal.SIGINT
+        sys.stdout.flush()
+        sys.stderr.flush()
+        err = os.dup(2)
+        if os.environ.get("RAO_DEBUG"):
+            faulthandler.dump_traceback(all_threads=True)
+        else:  # the threads' reports of what the interrupt broke (Prefect's loggers ignore logging.disable)
+            logging.disable(logging.CRITICAL)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(KeyboardInterrupt))
+        deadline = time.monotonic() + grace_s
+        while len(received) < 2 and time.monotonic() < deadline and not done.wait(0.1):
+            pass
+        try:
+            message = on_interrupt(signum)
+        except Exception as e:  # noqa: BLE001 - still stop the children and exit
+            message = f"interrupted ({type(e).__name__} while cleaning up: {e})"
+        stop_descendants(0.5 if len(received) > 1 else stop_timeout_s)
+        os.write(err, f"error: {message}\n".encode())
+        os._exit(128 + signum)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")

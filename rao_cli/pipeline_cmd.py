@@ -152,6 +152,48 @@ def _registered_model(base, model: str) -> str:
     return ref
 
 
+def kill_campaign_runs(cfg, since_ms: int) -> list[str]:
+    """Mark KILLED the MLflow runs of campaign ``cfg.name`` that are RUNNING, or that a Prefect crash hook
+    marked FAILED at or after ``since_ms`` (the interrupt); returns their ids."""
+    import mlflow
+
+    from infra.tracking import configure_mlflow
+
+    configure_mlflow(cfg.tracking.tracking_uri)
+    exp = mlflow.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return []
+    runs = mlflow.search_runs([exp.experiment_id], output_format="list",  # names are [a-z0-9-]: no quoting
+                              filter_string=f"tags.`rao.campaign` = '{cfg.name}'")
+    ended = [r.info.run_id for r in runs if r.info.status == "RUNNING"
+             or (r.info.status == "FAILED" and (r.info.end_time or 0) >= since_ms)]
+    for run_id in ended:
+        mlflow.MlflowClient().set_terminated(run_id, status="KILLED")
+    return ended
+
+
+def _interrupted(cfg):
+    """``on_interrupt`` of ``rao run``: the campaign's MLflow runs become KILLED; returns the one-line message."""
+    import signal
+    import time
+
+    def on_interrupt(signum: int) -> str:
+        since_ms = int(time.time() * 1000) - 20_000  # the signal came before the flow's grace period (5 s)
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # a remote MLflow that is down: fail in seconds
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
+        try:
+            ended = kill_campaign_runs(cfg, since_ms)
+            runs = f"MLflow run{'s' * (len(ended) > 1)} {', '.join(ended)} marked KILLED" if ended else \
+                "no MLflow run was running"
+        except Exception as e:  # noqa: BLE001 - the interrupt is still reported on one line
+            first = (str(e).splitlines() or [""])[0][:200]
+            runs = f"its MLflow runs could not be marked KILLED ({type(e).__name__}: {first})"
+        return (f"interrupted ({signal.Signals(signum).name}): campaign {cfg.name!r} stopped, {runs}; re-run the "
+                "same command to resume")
+
+    return on_interrupt
+
+
 @contextlib.contextmanager
 def _prefect_failures_quiet():
     """Drop Prefect's console report of a failed run (the exception with its traceback, "Finished in state
@@ -189,7 +231,11 @@ def register(app: typer.Typer) -> None:
                                  "(default: those nvidia-smi sees)."),
         gpu_mem_gib: float = typer.Option(None, "--gpu-mem-gib", min=1, help="With --plan: memory per GPU, GiB."),
     ) -> None:
-        """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth tier1."""
+        """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth tier1.
+
+        Ctrl-C or SIGTERM stops it within seconds: its MLflow runs are marked KILLED, every process it
+        started is stopped, one error: line is printed (exit 130 / 143); the same command resumes.
+        """
         if plan:  # nothing is started: no Prefect, S3, MLflow or vLLM
             from infra.plan import run_plan
 
@@ -207,10 +253,11 @@ def register(app: typer.Typer) -> None:
         if cfg.warm_start.mode != "checkpoint":
             require_model(cfg.model.path)  # the default checkpoint (a set model.path is checked by resolve)
 
+        from infra.process import run_interruptible
         from rao_core.train.launch import TrainingProcessError
 
-        try:
-            summary = rao_campaign(params)
+        try:  # Ctrl-C / SIGTERM: MLflow runs KILLED, children stopped, one line, exit 130 / 143
+            summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
         except ModelError as e:
             console.print(f"[red]error:[/red] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
