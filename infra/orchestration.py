@@ -91,6 +91,23 @@ def worker_command(api_url: str, pool: str = "rao-pool") -> str:
     return f"PREFECT_API_URL={api_url} {prefect_bin()} worker start --pool {pool}"
 
 
+def check_api(api_url: str | None, timeout_s: float = 5.0) -> str:
+    """``api_url`` if a Prefect API answers its health check there; else :class:`ServiceError` naming it
+    (no URL at all: how to start a server)."""
+    import httpx
+
+    if not api_url:
+        raise ServiceError("no Prefect server: run `rao services up --prefect-server` first (or set "
+                           "PREFECT_API_URL)")
+    try:
+        httpx.get(f"{api_url.rstrip('/')}/health", timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ServiceError(f"the Prefect API at {api_url} does not answer ({reason}): start it with `rao services "
+                           "up --prefect-server` or fix PREFECT_API_URL") from None
+    return api_url
+
+
 def deploy(pool: str = "rao-pool", repo: Path | None = None) -> int:
     """Create work pool ``pool`` and the deployments of ``prefect.yaml`` on the server at
     ``PREFECT_API_URL``; returns ``prefect deploy``'s exit status.

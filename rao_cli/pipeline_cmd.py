@@ -319,12 +319,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Create the Prefect deployments of prefect.yaml (campaign on demand, nightly evaluation on cron)."""
         _prefect_env()
-        from infra.orchestration import deploy as _deploy, worker_command
+        from infra.orchestration import check_api, deploy as _deploy, worker_command
 
-        if not os.environ.get("PREFECT_API_URL"):
-            console.print("[red]error:[/red] no Prefect server: run `rao services up --prefect-server` first "
-                          "(or set PREFECT_API_URL)")
-            raise typer.Exit(2)
+        check_api(os.environ.get("PREFECT_API_URL"))  # no server or none answering: one error line
         rc = _deploy(pool)
         if rc:
             raise typer.Exit(rc)

@@ -246,3 +246,18 @@ def test_non_utf8_sandbox_file_names_the_file(capsys, tmp_path):
     f.write_bytes(b"print('caf\xe9')\n")
     code, err = _run(capsys, "sandbox", "run", str(f))
     assert code == 2 and f"{f}: not UTF-8 text (invalid continuation byte at byte 10)" in _one_error_line(err)
+
+
+@pytest.mark.parametrize("api", [None, "http://127.0.0.1:9/api"])
+def test_deploy_without_a_reachable_prefect_api_is_one_line(tmp_path, monkeypatch, api):
+    """No server, or a PREFECT_API_URL nothing answers at: one error line on stderr naming the URL (was 144
+    lines with 4 tracebacks from ``prefect deploy``, and the no-server error went to stdout, wrapped)."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    r = _rao(tmp_path, "deploy", **({"PREFECT_API_URL": api} if api else {}))
+    line = _one_error_line(r.stderr)
+    assert r.returncode == 1 and r.stdout == ""
+    if api:
+        assert line.startswith(f"error: the Prefect API at {api} does not answer (")
+    else:
+        assert line == ("error: no Prefect server: run `rao services up --prefect-server` first (or set "
+                        "PREFECT_API_URL)")
