@@ -103,7 +103,7 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
     # 4. validation report exists and passed
     report = json.loads(store.get_bytes("iter-1/validation/report.json"))
     assert report["success"] is True and report["tables"]["nodes"]["rows"] > 0
-    # 5. one trace per tree, one span per node
+    # 5. one trace per tree, one span per node and one per turn
     from rao_core.tree import read_trees
 
     trees = read_trees(store.get_file("iter-1/trees/scored.jsonl", campaign_env / "scored.jsonl"))
@@ -116,7 +116,7 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
     assert len(traces) == len(trees)
     by_tree = {t.info.tags.get("rao.tree_id"): t for t in traces}
     for tree in trees:
-        assert len(by_tree[tree.tree_id].data.spans) == len(tree.nodes)
+        assert len(by_tree[tree.tree_id].data.spans) == len(tree.nodes) + sum(len(n.turns) for n in tree.nodes)
     # rewards per node and samples from both successful and failed trees
     assert {t.root.success for t in trees} == {0.0, 1.0}
 
