@@ -11,8 +11,9 @@ app = typer.Typer(help="The REPL sandbox used for every node (bubblewrap + rlimi
 
 @app.command("run")
 def run(file: Path = typer.Argument(..., help="Python file to run as one cell (top-level await allowed)."),
-        timeout: float = typer.Option(30.0, "--timeout", help="Wall-clock limit, seconds."),
-        memory_mb: int = typer.Option(1024, "--memory-mb", help="Address-space limit, MiB."),
+        timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="Wall-clock limit, seconds."),
+        memory_mb: int = typer.Option(1024, "--memory-mb", min=64, help="Address-space limit, MiB (the REPL "
+                                      "itself needs some)."),
         sandbox: str = typer.Option("bwrap", "--sandbox", help="bwrap | none (debugging only).")) -> None:
     """Print {"ok", "stdout", "error", "end_reason"}; exit 0 whether or not the cell failed."""
     import asyncio
@@ -20,6 +21,8 @@ def run(file: Path = typer.Argument(..., help="Python file to run as one cell (t
 
     from rao_core.runtime.sandbox import SandboxError, SandboxLimits, run_cell_once
 
+    if file.is_dir():
+        raise typer.BadParameter(f"{file} is a folder, not a Python file", param_hint="FILE")
     if not file.is_file():
         raise typer.BadParameter(f"file not found: {file}", param_hint="FILE")
     if sandbox not in ("bwrap", "none"):

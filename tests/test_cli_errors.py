@@ -261,3 +261,18 @@ def test_deploy_without_a_reachable_prefect_api_is_one_line(tmp_path, monkeypatc
     else:
         assert line == ("error: no Prefect server: run `rao services up --prefect-server` first (or set "
                         "PREFECT_API_URL)")
+
+
+@pytest.mark.parametrize("option, expected", [
+    (["--timeout", "-1"], "Invalid value for '--timeout': Input should be greater than or equal to 0.1"),
+    (["--memory-mb", "0"], "Invalid value for '--memory-mb': Input should be greater than or equal to 64")])
+def test_sandbox_limits_out_of_range_are_refused(capsys, tmp_path, option, expected):
+    f = tmp_path / "c.py"
+    f.write_text("print(1)\n")
+    code, err = _run(capsys, "sandbox", "run", *option, str(f))
+    assert code == 2 and expected in _one_error_line(err)
+
+
+def test_sandbox_run_on_a_folder_says_it_is_a_folder(capsys, tmp_path):
+    code, err = _run(capsys, "sandbox", "run", str(tmp_path))
+    assert code == 2 and f"{tmp_path} is a folder, not a Python file" in _one_error_line(err)
