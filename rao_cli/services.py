@@ -27,20 +27,17 @@ def up(
     s3: bool = typer.Option(True, help="SeaweedFS S3 server (skipped when RAO_S3_ENDPOINT is set)"),
     mlflow_server: bool = typer.Option(False, help="an `mlflow server` instead of the SQLite file"),
     prefect_server: bool = typer.Option(False, help="`prefect server start` with the UI"),
-    prefect_port: int = typer.Option(0, help="fixed port of the Prefect server (0: a free port)"),
+    prefect_port: int = typer.Option(0, min=0, max=65535, help="fixed port of the Prefect server (0: a free "
+                                     "port)"),
     model: str = typer.Option(None, help="checkpoint folder to serve with vLLM"),
-    max_model_len: int = typer.Option(4096, help="vLLM context length (tokens)"),
+    max_model_len: int = typer.Option(4096, min=1, help="vLLM context length (tokens)"),
 ) -> None:
-    """Start services (idempotent) and show where they run."""
-    from infra.process import ServiceError
+    """Start services (idempotent) and show where they run. A service that fails to start is one ``error:``
+    line naming its log."""
     from infra.services import up as _up
 
-    try:
-        _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, prefect_port=prefect_port,
-            model=model, max_model_len=max_model_len)
-    except ServiceError as e:
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        raise typer.Exit(1) from None
+    _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, prefect_port=prefect_port,
+        model=model, max_model_len=max_model_len)
     console.print(_table())
     from infra.services import prefect_instructions
 

@@ -276,3 +276,22 @@ def test_sandbox_limits_out_of_range_are_refused(capsys, tmp_path, option, expec
 def test_sandbox_run_on_a_folder_says_it_is_a_folder(capsys, tmp_path):
     code, err = _run(capsys, "sandbox", "run", str(tmp_path))
     assert code == 2 and f"{tmp_path} is a folder, not a Python file" in _one_error_line(err)
+
+
+def test_prefect_port_out_of_range_is_a_usage_error(capsys):
+    code, err = _run(capsys, "services", "up", "--no-s3", "--prefect-server", "--prefect-port", "99999")
+    assert code == 2 and ("Invalid value for '--prefect-port': Input should be less than or equal to 65535"
+                          in _one_error_line(err))  # was an OverflowError from socket.bind
+
+
+def test_a_service_that_cannot_start_is_one_line_on_stderr(capsys, tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code, err = _run(capsys, "services", "up", "--no-s3", "--prefect-server", "--prefect-port", str(port))
+    assert code == 1 and _one_error_line(err) == (f"error: Prefect server: port {port} on 127.0.0.1 is in use "
+                                                 "(choose another --prefect-port)")
