@@ -371,7 +371,7 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
     """
     from rao_core.envs import get_env, write_tasks
     from rao_core.samples import write_samples
-    from rao_core.train import train
+    from rao_core.train.launch import run_training
     from rao_core.tree import write_trees
 
     env = get_env(env) if isinstance(env, str) else env
@@ -393,15 +393,8 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
     if samples_path is not None:
         write_samples(samples_path, batch)
     t0 = time.perf_counter()
-    if trainer_config.process == "subprocess":  # the campaign's train-stage path: memory goes back to the OS
-        from rao_core.train.launch import train_in_subprocess
-
-        if samples_path is None:
-            samples_path = Path(out_dir).with_name(Path(out_dir).name + ".demo-samples.jsonl")
-            write_samples(samples_path, batch)
-        res = train_in_subprocess(samples_path, model_path, out_dir, trainer_config, iteration=0, on_step=on_step)
-    else:
-        res = train(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step)
+    res = run_training(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step,
+                       samples_path=samples_path)
     sft_s = time.perf_counter() - t0
     stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes}
     return WarmStartResult(checkpoint=res.checkpoint, stats=stats, train_metrics=res.metrics,

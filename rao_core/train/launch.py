@@ -21,6 +21,7 @@ train on one core where the in-process trainer uses all of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -32,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from rao_core.paths import REPO_ROOT
+from rao_core.samples import SampleBatch
 from rao_core.train.config import TrainerConfig
 
-__all__ = ["SubprocessTrainResult", "TrainingProcessError", "launch_command", "train_in_subprocess"]
+__all__ = ["SubprocessTrainResult", "TrainingProcessError", "TrainingRun", "launch_command", "run_training",
+           "train_in_subprocess"]
 
 STDERR_TAIL_LINES = 8
 
@@ -218,3 +221,40 @@ def train_in_subprocess(
     peak = end.get("peak_rss_mb")
     return SubprocessTrainResult(checkpoint=out_dir, metrics=steps, peak_rss_mb=float(peak) if peak else None,
                                  wall_s=wall, log_path=log)
+
+
+@dataclass
+class TrainingRun:
+    """What :func:`run_training` produced, in either process mode."""
+
+    checkpoint: Path
+    metrics: list[dict[str, float]] = field(default_factory=list)  # one dict per optimizer step
+    peak_rss_mb: float | None = None  # the child's own peak RSS (``process: subprocess`` only)
+
+
+def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                 config: TrainerConfig, *, iteration: int = 0,
+                 on_step: Callable[[dict[str, float]], None] | None = None,
+                 samples_path: str | os.PathLike[str] | None = None,
+                 around_child: contextlib.AbstractContextManager | None = None) -> TrainingRun:
+    """Train ``batch`` from ``model_path`` into ``out_dir`` where ``config.process`` says: the one dispatch
+    of the campaign's train stage and of the warm start.
+
+    ``inline``: :func:`rao_core.train.train` in this process. ``subprocess``: :func:`train_in_subprocess`
+    (its memory goes back to the OS when it exits) on ``samples_path``, the same samples as a file
+    (written to ``<out_dir>.samples.jsonl`` when None); ``around_child`` (e.g. the flow's vLLM server
+    asleep) is entered around the child only.
+    """
+    if config.process != "subprocess":
+        from rao_core.train import train
+
+        res = train(batch, model_path, out_dir, config, iteration=iteration, on_step=on_step)
+        return TrainingRun(checkpoint=res.checkpoint, metrics=res.metrics)
+    if samples_path is None:
+        from rao_core.samples import write_samples
+
+        samples_path = Path(out_dir).with_name(Path(out_dir).name + ".samples.jsonl")
+        write_samples(samples_path, batch)
+    with around_child or contextlib.nullcontext():
+        sub = train_in_subprocess(samples_path, model_path, out_dir, config, iteration=iteration, on_step=on_step)
+    return TrainingRun(checkpoint=sub.checkpoint, metrics=sub.metrics, peak_rss_mb=sub.peak_rss_mb)

@@ -41,5 +41,5 @@ def test_warm_start_trains_in_its_own_process(tmp_path):
     assert res.checkpoint == out and (out / "model.safetensors").exists()
     assert len(res.train_metrics) == 1 and res.train_metrics[0]["train/step"] == 1.0
     assert (tmp_path / "iter-0.train.log").exists() and (tmp_path / "iter-0.train-io" / "metrics.jsonl").exists()
-    written = (tmp_path / "iter-0.demo-samples.jsonl").read_text().splitlines()
+    written = (tmp_path / "iter-0.samples.jsonl").read_text().splitlines()
     assert len(written) == res.num_samples > 0
