@@ -10,8 +10,9 @@ cannot work (out of memory, a GPU index the machine lacks, placement and acceler
 
 The memory model is an estimate from the model's shape (``config.json`` of ``model.path``, or a built-in
 shape for a model that is not on this machine) and the constants of :class:`Assumptions`, which the plan
-prints. It follows what the code does today, including where that is wasteful: the trainer keeps fp32
-master weights and loads a LoRA base in fp32 (``rao_core/train/trainer.py``); log-probs are computed in
+prints. It follows what the code does today: the trainer keeps fp32 master weights of full fine-tuning and
+loads a LoRA base in bf16 on one GPU or DDP, in fp32 under FSDP (``rao_core.train.trainer.policy_load_dtype``,
+for a bf16-capable GPU); log-probs are computed in
 chunks of ``trainer.logprob_chunk_tokens`` when the model's LM head is plain. None of the figures has been
 measured on a GPU (docs/pipeline.md, "The paper's setting on GPUs").
 """
@@ -118,7 +119,6 @@ class Assumptions:
     host_to_gpu_gb_s: float = 10.0  # weights back from CPU memory when vLLM wakes
     lora_load_s: float = 0.1  # fixed cost of POST /v1/load_lora_adapter (0.09 s measured on CPU, tiny adapter)
     vllm_start_s: float = 90.0  # vLLM start-up on GPUs (load, profile, CUDA graph capture)
-    lora_base_bytes: int = 4  # the trainer loads a LoRA base in fp32 (rao_core/train/trainer.py)
     master_bytes: int = 4  # fp32 master weights of full fine-tuning
     adam_bytes: int = 8  # two fp32 AdamW moments per trained parameter
 
@@ -232,6 +232,7 @@ def _train_memory(cfg: CampaignConfig, shape: ModelShape, acc: dict[str, Any], n
                   plan: Plan) -> dict[str, float]:
     """One training process's use of its GPU (GiB)."""
     from rao_core.train.loss import PLAIN_LM_HEAD_MODEL_TYPES
+    from rao_core.train.trainer import policy_load_dtype
 
     t, P = cfg.trainer, shape.params
     fsdp = acc.get("distributed_type") == "FSDP"
@@ -241,10 +242,13 @@ def _train_memory(cfg: CampaignConfig, shape: ModelShape, acc: dict[str, Any], n
     parts: dict[str, float] = {}
     if t.lora is not None:
         lp = shape.lora_params(t.lora.r, t.lora.target_modules)
-        parts["weights"] = P * a.lora_base_bytes / shard_params / GiB
+        base = policy_load_dtype(t, "no" if t.dtype == "float32" else "bf16", acc.get("distributed_type", "NO"),
+                                 cuda=True)  # as the trainer loads it on a bf16-capable GPU
+        parts["weights"] = P * base.itemsize / shard_params / GiB
         parts["lora_adapter"] = lp * a.master_bytes / shard_params / GiB
         parts["grads+optimizer"] = lp * (a.master_bytes + a.adam_bytes) / shard_state / GiB
-        kind = f"LoRA r={t.lora.r} ({lp / 1e6:.0f} M trained parameters; base in fp32 as the trainer loads it)"
+        kind = (f"LoRA r={t.lora.r} ({lp / 1e6:.0f} M trained parameters; base in "
+                f"{str(base).removeprefix('torch.')} as the trainer loads it)")
     else:
         parts["weights"] = P * a.master_bytes / shard_params / GiB
         parts["grads+optimizer"] = P * (a.master_bytes + a.adam_bytes) / shard_state / GiB

@@ -50,7 +50,7 @@ from rao_core.train.loss import (
 )
 from rao_core.train.objectives import LOSSES
 
-__all__ = ["OPTIMIZER_DIR", "TrainResult", "epoch_order", "train"]
+__all__ = ["OPTIMIZER_DIR", "TrainResult", "epoch_order", "policy_load_dtype", "train"]
 
 StepCallback = Callable[[dict[str, float]], None]
 OPTIMIZER_DIR = "optimizer"  # sub-folder of a checkpoint holding the optimizer/scheduler state
@@ -144,6 +144,25 @@ def _accelerator(cfg: TrainerConfig) -> Any:
     return accelerator
 
 
+def policy_load_dtype(cfg: TrainerConfig, mixed_precision: str, distributed_type: str, *,
+                      cuda: bool | None = None) -> torch.dtype:
+    """The dtype the policy's weights are loaded in: bf16 for a LoRA base (frozen, so no fp32 master copy is needed;
+    peft keeps the adapter in fp32) when training runs in bf16 autocast on a GPU, else fp32 (full weights are the
+    fp32 master weights; CPU: unchanged). Not under FSDP: FSDP 1 flattens each wrapped block into one tensor of one
+    dtype and refuses a bf16 base beside fp32 adapter weights; its mixed precision computes in bf16 anyway.
+
+    Args:
+        cfg: the trainer config (``lora`` set or not).
+        mixed_precision: accelerate's ``mixed_precision`` (:func:`_compute_dtype`: "bf16" or "no").
+        distributed_type: accelerate's ``DistributedType`` (a str enum) or its name in an accelerate config.
+        cuda: training runs on CUDA GPUs (None: ``torch.cuda.is_available()``; ``rao run --plan`` passes True).
+    """
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if cfg.lora is not None and mixed_precision == "bf16" and cuda and distributed_type != "FSDP":
+        return torch.bfloat16
+    return torch.float32
+
+
 def _compute_dtype(cfg: TrainerConfig) -> str:
     """accelerate's ``mixed_precision`` for ``cfg.dtype``: 'auto' is bf16 on a bf16-capable GPU, else fp32;
     'bfloat16' is bf16 autocast on such a GPU or on a CPU with native bf16 (fp32 master weights either way);
@@ -195,6 +214,7 @@ class _Session:
     tied: bool  # tie_word_embeddings of the loaded model (checked again at save time)
     optim_why: str = ""  # "continued" when the parent checkpoint's optimizer state was restored, else why not
     sharded: bool = False  # FSDP: the optimizer state is sharded, not saved
+    base_dtype: torch.dtype = torch.float32  # the loaded weights' dtype (:func:`policy_load_dtype`)
     steps: int = 0  # optimizer steps taken by this call
 
     def logprobs(self, m: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -273,14 +293,16 @@ def train(
     return TrainResult(checkpoint=out_dir, metrics=metrics, manifest=manifest)
 
 
-def _load_policy(cfg: TrainerConfig, base_path: Path, adapter_path: Path | None) -> tuple[Any, Any | None, bool]:
-    """(policy, full-weight KL reference or None, tie_word_embeddings): fp32 master weights, LoRA via peft."""
+def _load_policy(cfg: TrainerConfig, base_path: Path, adapter_path: Path | None,
+                 base_dtype: torch.dtype = torch.float32) -> tuple[Any, Any | None, bool]:
+    """(policy, full-weight KL reference or None, tie_word_embeddings): the weights in ``base_dtype``
+    (:func:`policy_load_dtype`: fp32 master weights, or a bf16 LoRA base), LoRA via peft (adapter in fp32)."""
     from transformers import AutoModelForCausalLM
 
-    def load() -> Any:
-        return AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, attn_implementation="sdpa")
+    def load(dtype: torch.dtype = torch.float32) -> Any:
+        return AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, attn_implementation="sdpa")
 
-    model = load()
+    model = load(base_dtype)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -292,11 +314,11 @@ def _load_policy(cfg: TrainerConfig, base_path: Path, adapter_path: Path | None)
         from peft import LoraConfig, PeftModel, get_peft_model
 
         if adapter_path is not None:
-            model = PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
+            model = PeftModel.from_pretrained(model, adapter_path, is_trainable=True, autocast_adapter_dtype=True)
         else:
             lc = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                             target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
-            model = get_peft_model(model, lc)
+            model = get_peft_model(model, lc, autocast_adapter_dtype=True)  # a bf16 base's adapter in fp32
     elif cfg.kl_coef > 0:  # full weights: a frozen copy is the reference (with LoRA: the base, adapter off)
         ref_model = load()
         ref_model.requires_grad_(False).eval()
@@ -333,7 +355,8 @@ def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: 
 
     accelerator = _accelerator(cfg)
     set_seed(cfg.seed + iteration)
-    model, ref_model, tied = _load_policy(cfg, base_path, adapter_path)
+    base_dtype = policy_load_dtype(cfg, accelerator.mixed_precision, accelerator.distributed_type)
+    model, ref_model, tied = _load_policy(cfg, base_path, adapter_path, base_dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError):
@@ -346,6 +369,7 @@ def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: 
     model, optimizer = accelerator.prepare(model, optimizer)
     run = _Session(cfg=cfg, accelerator=accelerator, model=model, ref_model=ref_model, tokenizer=tokenizer,
                    optimizer=optimizer, scheduler=scheduler, warmup=warmup, pad_id=pad_id, tied=tied,
+                   base_dtype=base_dtype,
                    lm_chunk=cfg.logprob_chunk_tokens if model_type in PLAIN_LM_HEAD_MODEL_TYPES else None)
     _restore_optimizer(run, model_path, len(params))
     if ref_model is not None:
@@ -490,6 +514,7 @@ def _manifest(run: _Session, model_path: Path, base_path: Path, all_rows: list[S
         "num_samples": len(all_rows), "num_trained_samples": len(rows), "num_steps": run.steps,
         "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows), "created_at": time.time(),
         "final_metrics": metrics[-1] if metrics else {},
+        "base_dtype": str(run.base_dtype).removeprefix("torch."),
         "logprob_path": f"chunked ({run.lm_chunk} tokens)" if run.lm_chunk is not None else "full logits",
         "optimizer_state": {"continued": run.optim_why == "continued", "why": run.optim_why,
                             "steps_total": run.warmup.steps_before + run.steps},

@@ -239,3 +239,36 @@ def test_fsdp_reduces_every_micro_batch_and_one_process_waits_for_the_last():
     acc = _accelerator(TrainerConfig())
     assert acc.gradient_state.plugin_kwargs == {"num_steps": 1, "adjust_scheduler": False,
                                                 "sync_with_dataloader": False, "sync_each_batch": False}
+
+
+def test_lora_base_loads_in_bf16_only_on_a_bf16_gpu_without_fsdp(monkeypatch):
+    from accelerate.utils import DistributedType
+
+    from rao_core.train.trainer import policy_load_dtype
+
+    lora = TrainerConfig(lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # CPU (even with bf16 autocast): fp32, as before
+    assert policy_load_dtype(lora, "bf16", DistributedType.NO) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert policy_load_dtype(lora, "bf16", DistributedType.NO) == torch.bfloat16  # one GPU (the 1-GPU config)
+    assert policy_load_dtype(lora, "bf16", DistributedType.MULTI_GPU) == torch.bfloat16  # DDP
+    assert policy_load_dtype(lora, "bf16", DistributedType.FSDP) == torch.float32  # FSDP 1: one dtype per flat tensor
+    assert policy_load_dtype(lora, "no", DistributedType.NO) == torch.float32  # dtype float32 (or no bf16 GPU)
+    assert policy_load_dtype(TrainerConfig(), "bf16", DistributedType.NO) == torch.float32  # full weights: fp32 master
+    assert policy_load_dtype(lora, "bf16", "FSDP", cuda=True) == torch.float32  # names from an accelerate yaml
+    assert policy_load_dtype(lora, "bf16", "NO", cuda=True) == torch.bfloat16
+
+
+def test_bf16_lora_base_keeps_the_adapter_in_fp32(tiny, tmp_path):
+    """The objects the trainer builds for a bf16 base (forced here on CPU): frozen base weights in bf16, the
+    trainable adapter in fp32 (peft's autocast_adapter_dtype), also when continuing a saved adapter."""
+    from rao_core.train.trainer import _load_policy
+
+    cfg = TrainerConfig(lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    model, ref, _ = _load_policy(cfg, tiny, None, torch.bfloat16)
+    assert ref is None
+    dtypes = {(p.requires_grad, p.dtype) for p in model.parameters()}
+    assert dtypes == {(False, torch.bfloat16), (True, torch.float32)}
+    model.save_pretrained(tmp_path / "adapter")
+    again, _, _ = _load_policy(cfg, tiny, tmp_path / "adapter", torch.bfloat16)
+    assert {(p.requires_grad, p.dtype) for p in again.parameters()} == dtypes

@@ -72,8 +72,11 @@ def test_one_gpu_plan_shares_the_gpu_and_sleeps_vllm():
     assert (roll.gpus, roll.phase, train.phase) == ([0], "rollouts", "training")
     assert roll.total == pytest.approx(0.85 * 80)
     assert train.parts["vllm_asleep"] == 1.0 and "kv_cache" not in train.parts
-    # no sharding on one GPU: the whole fp32 LoRA base, 4,022,468,096 x 4 B = 14.98 GiB
-    assert train.parts["weights"] == pytest.approx(4_022_468_096 * 4 / GiB)
+    # no sharding on one GPU: the whole LoRA base in bf16 (the trainer's load dtype), 4,022,468,096 x 2 B = 7.49 GiB
+    assert train.parts["weights"] == pytest.approx(4_022_468_096 * 2 / GiB)
+    assert any("base in bfloat16 as the trainer loads it" in f for f in plan.facts)
+    fp32 = build_plan(_cfg(GPU1, "trainer.dtype=float32"), 1, 80)  # no bf16 autocast: the base stays fp32
+    assert fp32.memory[1].parts["weights"] == pytest.approx(4_022_468_096 * 4 / GiB)
     assert any("sleep/wake" in s for s in plan.switch)
 
 
