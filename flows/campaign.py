@@ -2,7 +2,7 @@
 register, each iteration a subflow whose tasks pass S3 URIs (not objects) to each other.
 
 Resume: a campaign re-run with the same name skips every stage whose completion marker exists on S3
-(``tasks.common.resumable``), so it continues after the last completed iteration, and an interrupted
+(``tasks.common.stage``), so it continues after the last completed iteration, and an interrupted
 iteration is redone from its first unfinished stage.
 
 Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedFS server of
@@ -23,8 +23,9 @@ from pydantic import BaseModel, Field
 from rao_core.config import CampaignConfig, load_config
 from tasks import tracking
 from tasks.common import RunContext
+from tasks.records import Checkpoint, EvalOutput, ServedEndpoint
 from tasks.serve import serve_checkpoint, shutdown_server
-from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, primary_metric, register_checkpoint,
+from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
                           train_policy, validate_dataset)
 from tasks.warm_start import warm_start
 
@@ -96,7 +97,7 @@ def storage(cfg: CampaignConfig):
         srv.stop()
 
 
-def _tokenizer_path(ctx: RunContext, ckpt: dict[str, Any]) -> str:
+def _tokenizer_path(ctx: RunContext, ckpt: Checkpoint) -> str:
     from tasks.serve import checkpoint_local
 
     return str(checkpoint_local(ctx, ckpt))
@@ -129,7 +130,7 @@ def campaign_run_name() -> str:
 
 
 @flow(name="rao-iteration", log_prints=True, flow_run_name="{ctx.name}-iter-{iteration}", **tracking.END_HOOKS)
-def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict[str, Any]:
+def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str, Any]:
     """One RL iteration; returns the new checkpoint, evaluation metrics, stage timings."""
     import mlflow
 
@@ -139,60 +140,30 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: dict[str, Any]) -> dict
     t = time.monotonic()
     # A completed iteration replayed on resume needs no server: its parent checkpoint may have been pruned.
     done = ctx.store().exists(f"iter-{iteration}/_done/register.json")
-    served = {} if done else serve_checkpoint(ctx, ckpt)
+    served = ServedEndpoint() if done else serve_checkpoint(ctx, ckpt)
     times["serve"] = time.monotonic() - t
     tok = "" if done else _tokenizer_path(ctx, ckpt)
     gen = generate_trees(ctx, iteration, served, tok)
-    judged = judge_trees(ctx, iteration, gen["trees_uri"])
-    val = validate_dataset(ctx, iteration, judged["scored_uri"])
-    tr = train_policy(ctx, iteration, val["samples_uri"], ckpt)
-    new_ckpt = tr["checkpoint"]
-    ev: dict[str, Any] = {"metrics": {}, "rows": []}
+    judged = judge_trees(ctx, iteration, gen.trees_uri)
+    val = validate_dataset(ctx, iteration, judged.scored_uri)
+    tr = train_policy(ctx, iteration, val.samples_uri, ckpt)
+    ev = EvalOutput()
     if ctx.config.eval.enabled:
         t = time.monotonic()
-        served2 = {} if done else serve_checkpoint(ctx, new_ckpt)
+        served2 = ServedEndpoint() if done else serve_checkpoint(ctx, tr.checkpoint)
         times["serve_new"] = time.monotonic() - t
         ev = evaluate(ctx, iteration, served2, tok)
-    reg = register_checkpoint(ctx, iteration, new_ckpt, ev["metrics"], it_run, updated=tr.get("steps", 0) > 0)
+    reg = register_checkpoint(ctx, iteration, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0)
     for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
                       ("register", reg)]:
-        if "_stage_s" in out:
-            times[name] = out["_stage_s"]
-    # Metrics: trees, judge, samples, training, evaluation, timings.
-    from rao_core.metrics import depth_histogram, tree_metrics
-    from rao_core.tree import read_trees
-    from tasks.common import fetch
-
-    trees = read_trees(fetch(ctx, judged["scored_uri"], f"iter-{iteration}/scored.jsonl"))
-    m = tree_metrics(trees)
-    m.update({f"judge/{k}": v for k, v in judged.get("judge", {}).items() if isinstance(v, (int, float))})
-    m.update({f"samples/{k}": v for k, v in val.get("sample_stats", {}).items() if isinstance(v, (int, float))})
-    m.update({k: v for k, v in (tr.get("last_step") or {}).items() if isinstance(v, (int, float))})
-    m.update(ev["metrics"])
-    m.update({f"time/{k}_s": v for k, v in times.items()})
-    if "generate" in times and gen.get("generation_s") is not None:
-        m["time/generation_model_s"] = gen["generation_s"]
-    m.update({f"serving/{k}": v for k, v in (gen.get("serving") or {}).items()})  # vLLM /metrics over generation
-    if tr.get("peak_rss_mb") is not None:  # the training child's peak (trainer.process 'subprocess')
-        m["time/train_peak_rss_mb"] = tr["peak_rss_mb"]
-    tracking.log_metrics(it_run, m, step=iteration)
-    tracking.log_metrics(ctx.campaign_run_id, m, step=iteration)
-    for i, step_m in enumerate(tr.get("metrics") or []):
-        tracking.log_metrics(it_run, step_m, step=i)
-    if not (gen.get("_resumed") and judged.get("_resumed")):
-        hist = depth_histogram(trees)
-        tracking.log_figure(it_run, tracking.depth_histogram_figure(hist, f"iteration {iteration}: nodes per depth"),
-                            "plots/depth_histogram.png")
-        if ctx.config.tracking.log_traces:
-            tracking.log_trees_as_traces(it_run, ctx.mlflow_experiment_id, trees,
-                                         ctx.config.tracking.max_traces_per_iteration)
-    keys = [k for k in m if k.startswith("eval/") and k.endswith("/success")] + ["success/root"]
-    tracking.log_figure(ctx.campaign_run_id, tracking.learning_curve_figure(ctx.campaign_run_id, keys,
-                        f"{ctx.name}: learning curve"), "plots/learning_curve.png")
+        if out.stage_s is not None:
+            times[name] = out.stage_s
+    m = tracking.log_iteration(ctx, iteration, it_run, gen, judged, val, tr, ev, times)
     log.info(f"iteration {iteration}: root success {m.get('success/root', float('nan')):.3f}, "
-             f"model version {reg['version']} (champion moved: {reg['champion']})")
+             f"model version {reg.version} (champion moved: {reg.champion})")
     mlflow.MlflowClient().set_terminated(it_run)
-    return {"checkpoint": new_ckpt, "metrics": m, "times": times, "register": reg, "eval_rows": ev["rows"]}
+    return {"checkpoint": tr.checkpoint, "metrics": m, "times": times, "register": reg.model_dump(by_alias=True),
+            "eval_rows": ev.rows}
 
 
 def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
@@ -230,20 +201,21 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
         summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
         try:
             ws = warm_start(ctx)
-            ckpt = ws["checkpoint"]
-            summary["warm_start"] = {k: v for k, v in ws.items() if k != "checkpoint"}
-            summary["warm_start"]["checkpoint_local"] = ckpt.get("local")
+            ckpt = ws.checkpoint
+            summary["warm_start"] = ws.model_dump(by_alias=True, exclude={"checkpoint"})
+            summary["warm_start"]["checkpoint_local"] = ckpt.local
             base_metrics: dict[str, float] = {}
             if cfg.eval.enabled:  # iteration 0: the starting checkpoint, for the learning curve
                 served = serve_checkpoint(ctx, ckpt)
                 ev0 = evaluate(ctx, 0, served, _tokenizer_path(ctx, ckpt))
-                base_metrics = ev0["metrics"]
+                base_metrics = ev0.metrics
                 tracking.log_metrics(run_id, base_metrics, step=0)
-                summary["base_eval"] = ev0["rows"]
-            if ws["mode"] == "demos":  # the warm-started checkpoint is the campaign's iteration 0
+                summary["base_eval"] = ev0.rows
+            if ws.mode == "demos":  # the warm-started checkpoint is the campaign's iteration 0
                 it0 = iteration_run(ctx, 0)
                 tracking.log_metrics(it0, base_metrics, step=0)
-                summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics, it0)
+                summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics,
+                                                                        it0).model_dump(by_alias=True)
                 mlflow.MlflowClient().set_terminated(it0)
             for k in range(1, cfg.iterations + 1):
                 out = rao_iteration(ctx, k, ckpt)
@@ -255,7 +227,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
                                    ctx.local("checkpoints"))
                 summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
                                               "register": out["register"], "eval_rows": out["eval_rows"],
-                                              "checkpoint_local": ckpt.get("local")})
+                                              "checkpoint_local": ckpt.local})
         finally:
             shutdown_server()
     summary["wall_s"] = round(time.monotonic() - t0, 1)

@@ -123,8 +123,8 @@ def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
 
                 res = run_evaluation(ctx, served, str(checkpoint_local(ctx, ckpt)))
                 metrics.update({k.replace("eval/", f"eval/{entry.env}/", 1) if entry.env != base.tasks.env else k: v
-                                for k, v in res["metrics"].items()})
-                all_rows += [{"env": entry.env, **r} for r in res["rows"]]
+                                for k, v in res.metrics.items()})
+                all_rows += [{"env": entry.env, **r} for r in res.rows]
         finally:
             shutdown_server()
     tracking.log_metrics(run.info.run_id, metrics)

@@ -1,25 +1,32 @@
 """What every Prefect task of the pipeline shares: the run context, artifact I/O and resumable stages.
 
-A stage (one Prefect task) writes its outputs to S3 under ``CAMPAIGN/iter-K/<stage>/...`` and then a
-completion marker ``CAMPAIGN/iter-K/_done/<stage>.json`` holding its return value (URIs and small
-metrics). Re-running a campaign with the same name returns the stored value of every stage whose marker
-exists, so nothing completed is recomputed and an interrupted iteration restarts at its first
-unfinished stage. Local copies live under ``$RAO_HOME/campaigns/CAMPAIGN`` (a cache: it can be deleted).
+A stage (one Prefect task, made by :func:`stage`) writes its outputs to S3 under
+``CAMPAIGN/iter-K/<stage>/...`` and then a completion marker ``CAMPAIGN/iter-K/_done/<stage>.json``
+holding its return value (a ``tasks.records`` record: URIs and small metrics). Re-running a campaign
+with the same name returns the stored value of every stage whose marker exists, so nothing completed is
+recomputed and an interrupted iteration restarts at its first unfinished stage. Local copies live under
+``$RAO_HOME/campaigns/CAMPAIGN`` (a cache: it can be deleted).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, get_type_hints
 
+from prefect import Task, task
+from prefect.cache_policies import NONE
 from pydantic import BaseModel
 
 from infra.storage import ArtifactStore, S3Settings
 from rao_core.config import CampaignConfig
 from rao_core.paths import rao_home
+from tasks.records import StageRecord
+
+R = TypeVar("R", bound=StageRecord)
 
 
 class RunContext(BaseModel):
@@ -56,37 +63,35 @@ def done_key(iteration: int | str, stage: str) -> str:
     return f"{it}/_done/{stage}.json"
 
 
-def stage_output(ctx: RunContext, iteration: int | str, stage: str) -> dict[str, Any] | None:
-    """The stored return value of a completed stage, or None."""
-    store = ctx.store()
-    key = done_key(iteration, stage)
-    if not store.exists(key):
-        return None
-    return json.loads(store.get_bytes(key))
+def stage(stage_name: str, **task_options: Any) -> Callable[[Callable[..., R]], Task[..., R]]:
+    """Make ``fn(ctx, iteration, ...) -> StageRecord`` a resumable Prefect task (``task_options`` go to
+    ``prefect.task``; ``cache_policy`` defaults to NONE).
 
-
-def resumable(stage: str) -> Callable:
-    """Decorator for ``fn(ctx, iteration, ...) -> dict``: skip if done, else run and write the marker.
-
-    The returned dict gets ``_stage_s`` (wall seconds of the stage) and ``_resumed`` (True when it came
-    from the marker).
+    When the marker ``iteration/_done/<stage_name>.json`` exists, the task returns the record stored there
+    (``resumed`` True) without running ``fn``; else it runs ``fn``, sets ``stage_s`` (wall seconds) and
+    writes the marker. ``task.fn(...)`` runs with these semantics outside a flow; ``task.fn.__wrapped__``
+    is ``fn`` itself. ``iteration`` may be left to ``fn``'s default (the warm start's ``"iter-0"``).
     """
 
-    def deco(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    def deco(fn: Callable[..., R]) -> Task[..., R]:
+        record: type[StageRecord] = get_type_hints(fn)["return"]
+        sig = inspect.signature(fn)
+
         @functools.wraps(fn)
-        def wrapper(ctx: RunContext, iteration: int | str, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            prev = stage_output(ctx, iteration, stage)
-            if prev is not None:
-                prev["_resumed"] = True
-                return prev
+        def wrapper(*args: Any, **kwargs: Any) -> R:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            ctx, iteration = bound.arguments["ctx"], bound.arguments["iteration"]
+            store, key = ctx.store(), done_key(iteration, stage_name)
+            if store.exists(key):
+                return record.model_validate({**json.loads(store.get_bytes(key)), "resumed": True})
             t0 = time.monotonic()
-            out = fn(ctx, iteration, *args, **kwargs)
-            out["_stage_s"] = round(time.monotonic() - t0, 3)
-            ctx.store().put_bytes(json.dumps(out, default=str).encode(), done_key(iteration, stage))
-            out["_resumed"] = False
+            out = fn(*bound.args, **bound.kwargs)
+            out.stage_s = round(time.monotonic() - t0, 3)
+            store.put_bytes(out.model_dump_json(by_alias=True, exclude={"resumed"}).encode(), key)
             return out
 
-        return wrapper
+        return task(**{"cache_policy": NONE, **task_options})(wrapper)
 
     return deco
 

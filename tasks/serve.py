@@ -21,19 +21,20 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks.common import RunContext, fetch_dir
+from tasks.records import Checkpoint, ServedEndpoint
 
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {"server": None, "served": None, "lora": None}
 
 
-def checkpoint_local(ctx: RunContext, ckpt: dict[str, Any]) -> Path:
-    """Local folder of checkpoint ``ckpt`` (``{"uri": s3 prefix | None, "local": path | None, "name": str}``)."""
-    local = ckpt.get("local")
+def checkpoint_local(ctx: RunContext, ckpt: Checkpoint) -> Path:
+    """Local folder of checkpoint ``ckpt``: its own folder when complete, else a copy of its S3 prefix."""
+    local = ckpt.local
     if local and (Path(local) / "config.json").exists() or (local and (Path(local) / "adapter_config.json").exists()):
         return Path(local)
-    if not ckpt.get("uri"):
-        raise FileNotFoundError(f"checkpoint {ckpt.get('name')} has neither a local folder nor an S3 URI")
-    return fetch_dir(ctx, ckpt["uri"], f"checkpoints/{ckpt['name']}")
+    if not ckpt.uri:
+        raise FileNotFoundError(f"checkpoint {ckpt.name} has neither a local folder nor an S3 URI")
+    return fetch_dir(ctx, ckpt.uri, f"checkpoints/{ckpt.name}")
 
 
 def _lora_base(adapter: Path) -> Path:
@@ -56,8 +57,9 @@ def _copy_weights(src: Path, dst: Path) -> None:
             tmp.replace(dst / p.name)
 
 
-def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
-    """Make the policy server serve ``ckpt``; returns ``{"base_url", "model", "switch_s", "how"}``."""
+@task(name="serve-checkpoint", cache_policy=NONE, retries=1, retry_delay_seconds=5)
+def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
+    """Start or re-point the vLLM service at ``ckpt``; returns its URL and served model name."""
     cfg = ctx.config.serving
     if cfg.base_url:
         return _serve_external(ctx, ckpt)
@@ -69,9 +71,8 @@ def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
         server: VLLMServer | None = _STATE["server"]
         if server is not None and not server.alive():
             server, _STATE["server"] = None, None
-        if server is not None and _STATE["served"] == ckpt["name"]:
-            return {"base_url": server.base_url, "model": _STATE["lora"] or server.model, "switch_s": 0.0,
-                    "how": "same"}
+        if server is not None and _STATE["served"] == ckpt.name:
+            return ServedEndpoint(base_url=server.base_url, model=_STATE["lora"] or server.model, how="same")
         served_dir = ctx.local("served")
         lora = (src / "adapter_config.json").exists()
         how = "start"
@@ -84,11 +85,11 @@ def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
             server.start()
             _STATE["server"] = server
             if lora:
-                server.load_lora(ckpt["name"], src)
-                _STATE["lora"], how = ckpt["name"], "start+lora"
+                server.load_lora(ckpt.name, src)
+                _STATE["lora"], how = ckpt.name, "start+lora"
         elif cfg.switch == "lora" and lora:
-            server.load_lora(ckpt["name"], src)
-            _STATE["lora"] = ckpt["name"]
+            server.load_lora(ckpt.name, src)
+            _STATE["lora"] = ckpt.name
             how = "lora"
         elif cfg.switch == "reload":
             _copy_weights(src, served_dir)
@@ -99,12 +100,12 @@ def serve(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
             _copy_weights(src, served_dir)
             server.start()
             how = "restart"
-        _STATE["served"] = ckpt["name"]
+        _STATE["served"] = ckpt.name
         model = _STATE["lora"] if how in ("lora", "start+lora") else server.model
-        return {"base_url": server.base_url, "model": model, "switch_s": round(time.monotonic() - t0, 3), "how": how}
+        return ServedEndpoint(base_url=server.base_url, model=model, switch_s=round(time.monotonic() - t0, 3), how=how)
 
 
-def _serve_external(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
+def _serve_external(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     """An external server (``serving.base_url``): LoRA checkpoints are loaded through its API; full weights
     only for the first checkpoint it is asked for (the one it already serves)."""
     from infra.serving import load_lora_adapter
@@ -114,16 +115,16 @@ def _serve_external(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
     cfg = ctx.config.serving
     t0 = time.monotonic()
     with _LOCK:
-        _STATE["served"] = _STATE["served"] or ckpt["name"]  # the checkpoint the server already serves
+        _STATE["served"] = _STATE["served"] or ckpt.name  # the checkpoint the server already serves
         model, how = cfg.served_model_name, "external"
         if cfg.switch == "lora":
             src = checkpoint_local(ctx, ckpt)
             if (src / "adapter_config.json").exists():
-                load_lora_adapter(cfg.base_url, ckpt["name"], src.resolve())
-                model, how = ckpt["name"], "external-lora"
-        elif cfg.switch != "none" and ckpt["name"] != _STATE["served"]:
+                load_lora_adapter(cfg.base_url, ckpt.name, src.resolve())
+                model, how = ckpt.name, "external-lora"
+        elif cfg.switch != "none" and ckpt.name != _STATE["served"]:
             raise ServiceError(external_switch_problem(ctx.config.model_copy(update={"iterations": 1})))
-    return {"base_url": cfg.base_url, "model": model, "switch_s": round(time.monotonic() - t0, 3), "how": how}
+    return ServedEndpoint(base_url=cfg.base_url, model=model, switch_s=round(time.monotonic() - t0, 3), how=how)
 
 
 @contextlib.contextmanager
@@ -147,9 +148,3 @@ def shutdown_server() -> None:
         if _STATE["server"] is not None:
             _STATE["server"].stop()
         _STATE.update(server=None, served=None, lora=None)
-
-
-@task(name="serve-checkpoint", cache_policy=NONE, retries=1, retry_delay_seconds=5)
-def serve_checkpoint(ctx: RunContext, ckpt: dict[str, Any]) -> dict[str, Any]:
-    """Start or re-point the vLLM service at ``ckpt``; returns its URL and served model name."""
-    return serve(ctx, ckpt)

@@ -1,8 +1,8 @@
 """The Prefect tasks of one RL iteration (thin: load inputs, call ``rao_core``, save outputs, return URIs).
 
 Order: serve_checkpoint (tasks/serve.py) -> generate_trees -> judge_trees -> validate_dataset ->
-train_policy -> evaluate -> register_checkpoint. Each is resumable (``tasks.common.resumable``): its
-return value (URIs, small metrics) is stored on S3 once it completed.
+train_policy -> evaluate -> register_checkpoint. Each is a resumable Prefect task (``tasks.common.stage``):
+its return value (a ``tasks.records`` record: URIs, small metrics) is stored on S3 once it completed.
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
-
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
-from tasks.common import RunContext, fetch, iter_key, resumable
+from tasks.common import RunContext, fetch, iter_key, stage
+from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
+                           TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local
 
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": [5, 20]}
@@ -80,16 +79,17 @@ def iteration_tasks(ctx: RunContext, iteration: int) -> list[Task]:
     return rng.sample(pool, k)
 
 
-def _policy(ctx: RunContext, served: dict[str, Any]):
+def _policy(ctx: RunContext, served: ServedEndpoint):
     from rao_core.policies.openai_policy import OpenAIPolicy
 
     rt = ctx.config.runtime
-    return OpenAIPolicy(served["base_url"], served["model"], temperature=rt.temperature, top_p=rt.top_p,
+    return OpenAIPolicy(served.base_url, served.model, temperature=rt.temperature, top_p=rt.top_p,
                         request_timeout_s=rt.policy_timeout_s)
 
 
-@resumable("generate")
-def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+@stage("generate", name="generate-trees")
+def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, tokenizer_path: str) -> GenerateOutput:
+    """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI."""
     from rao_core.runtime import load_tokenizer, run_trees
 
     log = _logger()
@@ -115,7 +115,7 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
 
     from infra.vllm_metrics import scrape, serving_delta
 
-    served_before = scrape(served["base_url"])  # vLLM's /metrics counters (None if unreadable)
+    served_before = scrape(served.base_url)  # vLLM's /metrics counters (None if unreadable)
     t0 = time.monotonic()
 
     async def go():
@@ -130,7 +130,7 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
     finally:
         journal.close()
     gen_s = time.monotonic() - t0
-    serving = serving_delta(served_before, scrape(served["base_url"]), gen_s)
+    serving = serving_delta(served_before, scrape(served.base_url), gen_s)
     for t in trees:
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
     path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)  # one bad tree: a failed record
@@ -140,18 +140,13 @@ def _generate(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer
              + (f"; vLLM {serving['generation_tokens_per_s']:.0f} generated tok/s, prefix-cache hit rate "
                 f"{serving.get('prefix_cache_hit_rate', float('nan')):.2f}, {serving.get('preemptions', 0):.0f} "
                 f"preemptions" if "generation_tokens_per_s" in serving else ""))
-    return {"trees_uri": up["uri"], "sha256": up["sha256"], "num_trees": len(trees),
-            "crashed": counts["crashed"], "generation_s": round(gen_s, 3), "serving": serving}
+    return GenerateOutput(trees_uri=up["uri"], sha256=up["sha256"], num_trees=len(trees), crashed=counts["crashed"],
+                          generation_s=round(gen_s, 3), serving=serving)
 
 
-@task(name="generate-trees", cache_policy=NONE)
-def generate_trees(ctx: RunContext, iteration: int, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
-    """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI."""
-    return _generate(ctx, iteration, served, tokenizer_path)
-
-
-@resumable("judge")
-def _judge(ctx: RunContext, iteration: int, trees_uri: str) -> dict[str, Any]:
+@stage("judge", name="judge-trees")
+def judge_trees(ctx: RunContext, iteration: int, trees_uri: str) -> JudgeOutput:
+    """Score every node (verifier, LLM judge or root proxy) and compute Eq. (1) rewards."""
     from rao_core.judge import judge_trees_sync
     from rao_core.rewards import assign_rewards
 
@@ -161,18 +156,13 @@ def _judge(ctx: RunContext, iteration: int, trees_uri: str) -> dict[str, Any]:
     path = write_trees(ctx.local(f"iter-{iteration}/scored.jsonl"), scored)
     up = ctx.store().put_file(path, iter_key(iteration, "trees/scored.jsonl"))
     st = stats.model_dump() if hasattr(stats, "model_dump") else dict(stats)
-    return {"scored_uri": up["uri"], "sha256": up["sha256"],
-            "judge": {k: v for k, v in st.items() if isinstance(v, (int, float, bool, str, dict))}}
+    return JudgeOutput(scored_uri=up["uri"], sha256=up["sha256"],
+                       judge={k: v for k, v in st.items() if isinstance(v, (int, float, bool, str, dict))})
 
 
-@task(name="judge-trees", cache_policy=NONE)
-def judge_trees(ctx: RunContext, iteration: int, trees_uri: str) -> dict[str, Any]:
-    """Score every node (verifier, LLM judge or root proxy) and compute Eq. (1) rewards."""
-    return _judge(ctx, iteration, trees_uri)
-
-
-@resumable("validate")
-def _validate(ctx: RunContext, iteration: int, scored_uri: str) -> dict[str, Any]:
+@stage("validate", name="validate-dataset")
+def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> ValidateOutput:
+    """Flatten trees to a node table, build samples, run the great-expectations suite; fail before training."""
     from infra.validation import report_markdown, validate_training_data
     from rao_core.samples import build_samples, write_samples
 
@@ -199,20 +189,17 @@ def _validate(ctx: RunContext, iteration: int, scored_uri: str) -> dict[str, Any
                                f"({'; '.join(report['failures'][:3])}); report {rep['uri']}")
     spath = write_samples(ctx.local(f"iter-{iteration}/samples.jsonl"), batch)
     up = store.put_file(spath, iter_key(iteration, "samples/samples.jsonl"))
-    return {"samples_uri": up["uri"], "report_uri": rep["uri"], "num_samples": len(batch),
-            "sample_stats": batch.stats.model_dump()}
+    return ValidateOutput(samples_uri=up["uri"], report_uri=rep["uri"], num_samples=len(batch),
+                          sample_stats=batch.stats.model_dump())
 
 
-@task(name="validate-dataset", cache_policy=NONE)
-def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> dict[str, Any]:
-    """Flatten trees to a node table, build samples, run the great-expectations suite; fail before training."""
-    return _validate(ctx, iteration, scored_uri)
-
-
-@resumable("train")
-def _train(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, Any]) -> dict[str, Any]:
+@stage("train", name="train-policy")
+def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Checkpoint) -> TrainOutput:
+    """One RAO update (token-level policy gradient, Eq. 4-5 weights) from ``parent``; saves a checkpoint."""
     from rao_core.samples import read_samples
-    from rao_core.train import train
+    from rao_core.train.launch import run_training
+
+    from tasks.serve import gpus_released
 
     log = _logger()
     samples_path = fetch(ctx, samples_uri, f"iter-{iteration}/samples.jsonl")
@@ -234,17 +221,11 @@ def _train(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, 
     else:
         t0 = time.monotonic()
         tcfg = ctx.config.trainer
-        if tcfg.process == "subprocess":  # own process: its memory is returned before vLLM serves again
-            from rao_core.train.launch import train_in_subprocess
-
-            from tasks.serve import gpus_released
-
-            with gpus_released(ctx):  # vLLM asleep while the trainer shares its GPUs (gpus.sleep_while_training)
-                sub = train_in_subprocess(samples_path, checkpoint_local(ctx, parent), out_dir, tcfg,
-                                          iteration=iteration, on_step=steps.append)
-            peak_rss_mb = sub.peak_rss_mb
-        else:
-            train(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration, on_step=steps.append)
+        # subprocess: its memory is returned before vLLM serves again; vLLM sleeps while the trainer shares
+        # its GPUs (gpus.sleep_while_training)
+        run = run_training(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
+                           on_step=steps.append, samples_path=samples_path, around_child=gpus_released(ctx))
+        peak_rss_mb = run.peak_rss_mb
         train_s = time.monotonic() - t0
         log.info(f"trained {len(steps)} steps in {train_s:.1f} s ({tcfg.process}"
                  + (f", peak RSS {peak_rss_mb:.0f} MB)" if peak_rss_mb is not None else ")"))
@@ -252,16 +233,10 @@ def _train(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, 
     ctx.store().write_manifest(iter_key(iteration, "checkpoint.manifest.json"), entries)
     (out_dir / ".complete").write_text("ok")
     last = steps[-1] if steps else {}
-    return {"checkpoint": {"name": name, "uri": ctx.store().uri(iter_key(iteration, "checkpoint")),
-                           "local": str(out_dir)},
-            "steps": len(steps), "train_s": round(train_s, 3), "last_step": last, "metrics": steps,
-            "peak_rss_mb": round(peak_rss_mb, 1) if peak_rss_mb is not None else None}
-
-
-@task(name="train-policy", cache_policy=NONE)
-def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: dict[str, Any]) -> dict[str, Any]:
-    """One RAO update (token-level policy gradient, Eq. 4-5 weights) from ``parent``; saves a checkpoint."""
-    return _train(ctx, iteration, samples_uri, parent)
+    return TrainOutput(checkpoint=Checkpoint(name=name, uri=ctx.store().uri(iter_key(iteration, "checkpoint")),
+                                             local=str(out_dir)),
+                       steps=len(steps), train_s=round(train_s, 3), last_step=last, metrics=steps,
+                       peak_rss_mb=round(peak_rss_mb, 1) if peak_rss_mb is not None else None)
 
 
 def validation_tasks(ctx: RunContext) -> list[Task]:
@@ -282,11 +257,11 @@ def validation_tasks(ctx: RunContext) -> list[Task]:
     return load_tasks(path, env)
 
 
-def run_evaluation(ctx: RunContext, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str) -> EvalOutput:
     """Evaluate the served policy on the validation tasks in each mode of ``eval`` with the campaign's
     runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``).
 
-    Returns ``{"metrics": flat eval/<mode>/<difficulty>/... metrics, "rows": table rows}``.
+    Returns flat ``eval/<mode>/<difficulty>/...`` metrics and table rows (no report stored).
     """
     from rao_core.evaluation import run_evaluation as evaluate_tasks
     from rao_core.runtime import load_tokenizer
@@ -294,7 +269,7 @@ def run_evaluation(ctx: RunContext, served: dict[str, Any], tokenizer_path: str)
     env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
     report = evaluate_tasks(ctx.config.eval, env=env, tasks=validation_tasks(ctx), runtime=ctx.config.runtime,
                             tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served))
-    return {"metrics": report.metrics(), "rows": [r.table_row() for r in report.rows]}
+    return EvalOutput(metrics=report.metrics(), rows=[r.table_row() for r in report.rows])
 
 
 def primary_metric(ctx: RunContext) -> str:
@@ -302,54 +277,45 @@ def primary_metric(ctx: RunContext) -> str:
     return ev.primary_metric or f"eval/{ev.modes[0]}/{ev.difficulties[0]}/success"
 
 
-@resumable("evaluate")
-def _evaluate(ctx: RunContext, iteration: int | str, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
+@stage("evaluate", name="evaluate")
+def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, tokenizer_path: str) -> EvalOutput:
+    """Evaluate the served checkpoint on held-out validation tasks (recursive and/or single-agent)."""
     res = run_evaluation(ctx, served, tokenizer_path)
-    rep = ctx.store().put_bytes(json.dumps(res, indent=1).encode(), f"{iteration if isinstance(iteration, str) else f'iter-{iteration}'}/eval/report.json")
+    report = res.model_dump(include={"metrics", "rows"})
+    rep = ctx.store().put_bytes(json.dumps(report, indent=1).encode(), f"{iteration if isinstance(iteration, str) else f'iter-{iteration}'}/eval/report.json")
     try:
-        create_table_artifact(key=f"{ctx.name}-{iteration}-eval".replace("_", "-").lower(), table=res["rows"],
+        create_table_artifact(key=f"{ctx.name}-{iteration}-eval".replace("_", "-").lower(), table=res.rows,
                               description="Validation success by mode and difficulty (Wilson 95% CI)")
     except Exception:
         pass
-    return {"metrics": res["metrics"], "rows": res["rows"], "report_uri": rep["uri"]}
+    res.report_uri = rep["uri"]
+    return res
 
 
-@task(name="evaluate", cache_policy=NONE)
-def evaluate(ctx: RunContext, iteration: int | str, served: dict[str, Any], tokenizer_path: str) -> dict[str, Any]:
-    """Evaluate the served checkpoint on held-out validation tasks (recursive and/or single-agent)."""
-    return _evaluate(ctx, iteration, served, tokenizer_path)
-
-
-@resumable("register")
-def _register(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
-              run_id: str, updated: bool = True) -> dict[str, Any]:
+@stage("register", name="register-checkpoint", **IO_RETRIES)
+def register_checkpoint(ctx: RunContext, iteration: int, ckpt: Checkpoint, eval_metrics: dict[str, float],
+                        run_id: str, updated: bool = True) -> RegisterOutput:
+    """Register the checkpoint as a model version (unless its weights equal a version the campaign registered
+    before: ``updated`` False); move champion only for a real update not worse than the champion beyond
+    ``eval.tolerance``."""
     name = tracking.registered_model_name(ctx.config)
     metric = primary_metric(ctx)
     same = None if updated else tracking.campaign_version(name, ctx.name, iteration)  # weights unchanged
     if same is not None:
-        return {"model": name, "version": same, "champion": False, "metric": metric,
-                "score": eval_metrics.get(metric), "updated": False}
+        return RegisterOutput(model=name, version=same, champion=False, metric=metric,
+                              score=eval_metrics.get(metric), updated=False)
     tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, "rao.updated": str(updated).lower(),
             **{k: round(v, 4) for k, v in eval_metrics.items()}}
-    desc = (f"Checkpoint {ckpt['uri']}\n\ncampaign {ctx.name}, iteration {iteration}"
+    desc = (f"Checkpoint {ckpt.uri}\n\ncampaign {ctx.name}, iteration {iteration}"
             + ("" if updated else "; update skipped (no optimizer step): the weights it started from"))
-    version = tracking.register_version(name, ckpt["uri"], run_id, tags, desc)
+    version = tracking.register_version(name, ckpt.uri, run_id, tags, desc)
     promoted = tracking.promote(name, version, eval_metrics.get(metric), metric,
                                 tolerance=ctx.config.eval.tolerance, updated=updated)
-    return {"model": name, "version": version, "champion": promoted, "metric": metric,
-            "score": eval_metrics.get(metric), "updated": updated}
+    return RegisterOutput(model=name, version=version, champion=promoted, metric=metric,
+                          score=eval_metrics.get(metric), updated=updated)
 
 
-@task(name="register-checkpoint", cache_policy=NONE, **IO_RETRIES)
-def register_checkpoint(ctx: RunContext, iteration: int, ckpt: dict[str, Any], eval_metrics: dict[str, float],
-                        run_id: str, updated: bool = True) -> dict[str, Any]:
-    """Register the checkpoint as a model version (unless its weights equal a version the campaign registered
-    before: ``updated`` False); move champion only for a real update not worse than the champion beyond
-    ``eval.tolerance``."""
-    return _register(ctx, iteration, ckpt, eval_metrics, run_id, updated)
-
-
-def checkpoint_from_uri(ctx: RunContext, ref: str) -> dict[str, Any]:
+def checkpoint_from_uri(ctx: RunContext, ref: str) -> Checkpoint:
     """Resolve ``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, ``s3://...`` or a local folder."""
     if ref.startswith("models:/"):
         from mlflow import MlflowClient
@@ -358,14 +324,14 @@ def checkpoint_from_uri(ctx: RunContext, ref: str) -> dict[str, Any]:
         c = MlflowClient()
         mv = c.get_model_version_by_alias(*body.split("@", 1)) if "@" in body else c.get_model_version(*body.split("/", 1))
         if mv.source.startswith("s3://"):
-            return {"name": f"{mv.name}-v{mv.version}", "uri": mv.source, "local": None}
+            return Checkpoint(name=f"{mv.name}-v{mv.version}", uri=mv.source)
         ref = mv.source.removeprefix("file://")  # a version registered from a local folder
     if ref.startswith("s3://"):
         parts = ref.rstrip("/").split("/")  # the name keys the local cache: campaign-iter-K-checkpoint
-        return {"name": "-".join(parts[-3:]), "uri": ref, "local": None}
+        return Checkpoint(name="-".join(parts[-3:]), uri=ref)
     p = Path(ref)
     if not (p / "config.json").exists() and not (p / "adapter_config.json").exists():
         from infra.models import ModelError
 
         raise ModelError(f"model not found: {p} has no config.json (run `make setup`, or fix `model.path`)")
-    return {"name": p.name, "uri": None, "local": str(p)}
+    return Checkpoint(name=p.name, local=str(p))

@@ -1,5 +1,9 @@
 """MLflow logging used by the pipeline tasks: metrics, plots, execution-tree traces, model registry.
 
+- :func:`log_iteration` (a Prefect task) logs one RL iteration: its metrics (trees, judge, samples,
+  training, evaluation, timings, serving), the depth histogram, the trees as traces and the campaign's
+  learning curve.
+
 - One MLflow run per campaign (tag ``rao.campaign``), one nested run per iteration (``rao.iteration``).
   Each is tagged with the Prefect flow run that last worked on it (``rao.prefect_flow_run_id``, and its
   UI page ``rao.prefect_url``); the flows' state hook :func:`end_mlflow_runs` marks the runs a failed,
@@ -21,8 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefect import task
+from prefect.cache_policies import NONE
+
 from rao_core.config import CampaignConfig
 from rao_core.tree import ExecutionTree, unscored
+from tasks.common import RunContext, fetch
+from tasks.records import EvalOutput, GenerateOutput, JudgeOutput, TrainOutput, ValidateOutput
 
 FLOW_RUN_TAG = "rao.prefect_flow_run_id"
 
@@ -104,6 +113,42 @@ def learning_curve_figure(run_id: str, keys: Sequence[str], title: str):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+@task(name="log-iteration", cache_policy=NONE)
+def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOutput, judged: JudgeOutput,
+                  val: ValidateOutput, tr: TrainOutput, ev: EvalOutput, times: dict[str, float]) -> dict[str, float]:
+    """Log iteration ``iteration``'s metrics to its run ``run_id`` and the campaign run, with its plots and
+    traces (module docstring); returns the metrics."""
+    from rao_core.metrics import depth_histogram, tree_metrics
+    from rao_core.tree import read_trees
+
+    trees = read_trees(fetch(ctx, judged.scored_uri, f"iter-{iteration}/scored.jsonl"))
+    m = tree_metrics(trees)
+    m.update({f"judge/{k}": v for k, v in judged.judge.items() if isinstance(v, (int, float))})
+    m.update({f"samples/{k}": v for k, v in val.sample_stats.items() if isinstance(v, (int, float))})
+    m.update(tr.last_step)
+    m.update(ev.metrics)
+    m.update({f"time/{k}_s": v for k, v in times.items()})
+    if "generate" in times and gen.generation_s is not None:
+        m["time/generation_model_s"] = gen.generation_s
+    m.update({f"serving/{k}": v for k, v in gen.serving.items()})  # vLLM /metrics over generation
+    if tr.peak_rss_mb is not None:  # the training child's peak (trainer.process 'subprocess')
+        m["time/train_peak_rss_mb"] = tr.peak_rss_mb
+    log_metrics(run_id, m, step=iteration)
+    log_metrics(ctx.campaign_run_id, m, step=iteration)
+    for i, step_m in enumerate(tr.metrics):
+        log_metrics(run_id, step_m, step=i)
+    if not (gen.resumed and judged.resumed):
+        hist = depth_histogram(trees)
+        log_figure(run_id, depth_histogram_figure(hist, f"iteration {iteration}: nodes per depth"),
+                   "plots/depth_histogram.png")
+        if ctx.config.tracking.log_traces:
+            log_trees_as_traces(run_id, ctx.mlflow_experiment_id, trees, ctx.config.tracking.max_traces_per_iteration)
+    keys = [k for k in m if k.startswith("eval/") and k.endswith("/success")] + ["success/root"]
+    log_figure(ctx.campaign_run_id, learning_curve_figure(ctx.campaign_run_id, keys, f"{ctx.name}: learning curve"),
+               "plots/learning_curve.png")
+    return m
 
 
 def registered_model_name(config: CampaignConfig, campaign: str | None = None) -> str:

@@ -10,25 +10,23 @@ flow registers the result as iteration 0.
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from prefect import task
-from prefect.cache_policies import NONE
 
 from rao_core.envs import get_env
 from tasks import tracking
-from tasks.common import RunContext, resumable
+from tasks.common import RunContext, stage
+from tasks.records import Checkpoint, WarmStartOutput
 from tasks.stages import checkpoint_from_uri
 
 
-@resumable("warm_start")
-def _warm_start(ctx: RunContext, iteration: str) -> dict[str, Any]:
+@stage("warm_start", name="warm-start")
+def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
+    """Make the iteration-0 checkpoint (base model, a registered checkpoint, or SFT on demonstrations)."""
     cfg = ctx.config
     ws = cfg.warm_start
     if ws.mode == "none":
-        return {"checkpoint": checkpoint_from_uri(ctx, str(cfg.model.path)), "mode": "none"}
+        return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, str(cfg.model.path)), mode="none")
     if ws.mode == "checkpoint":
-        return {"checkpoint": checkpoint_from_uri(ctx, ws.checkpoint or ""), "mode": "checkpoint"}
+        return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, ws.checkpoint or ""), mode="checkpoint")
     from rao_core.warmstart import DemoConfig, run_warm_start
 
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
@@ -52,12 +50,6 @@ def _warm_start(ctx: RunContext, iteration: str) -> dict[str, Any]:
                      if res.train_metrics else float("nan")})
         tracking.log_metrics(ctx.campaign_run_id, flat, step=0)
         tracking.log_json(ctx.campaign_run_id, stats, "warm_start/demo_stats.json")
-    return {"checkpoint": {"name": "iter-0", "uri": store.uri("iter-0/checkpoint"), "local": str(out_dir)},
-            "mode": "demos", "demos_uri": demos["uri"], "stats": json.loads(json.dumps(stats, default=str)),
-            "demo_s": round(demo_s, 2), "sft_s": round(sft_s, 2), "sft_steps": len(res.train_metrics)}
-
-
-@task(name="warm-start", cache_policy=NONE)
-def warm_start(ctx: RunContext) -> dict[str, Any]:
-    """Make the iteration-0 checkpoint (base model, a registered checkpoint, or SFT on demonstrations)."""
-    return _warm_start(ctx, "iter-0")
+    return WarmStartOutput(checkpoint=Checkpoint(name="iter-0", uri=store.uri("iter-0/checkpoint"), local=str(out_dir)),
+                           mode="demos", demos_uri=demos["uri"], stats=json.loads(json.dumps(stats, default=str)),
+                           demo_s=round(demo_s, 2), sft_s=round(sft_s, 2), sft_steps=len(res.train_metrics))

@@ -135,6 +135,7 @@ def _ctx(cfg):
 
 def test_an_external_server_gets_each_lora_adapter_through_its_api(tmp_path):
     from tasks import serve
+    from tasks.records import Checkpoint
 
     base = tmp_path / "base"
     base.mkdir()
@@ -145,26 +146,27 @@ def test_an_external_server_gets_each_lora_adapter_through_its_api(tmp_path):
     serve.shutdown_server()
     with _LoraServer() as srv:
         ctx = _ctx(_cfg(GPU8, f"serving.base_url={srv.base_url}"))
-        first = serve.serve(ctx, {"name": "iter-0", "local": str(base), "uri": None})
-        out = serve.serve(ctx, {"name": "iter-1", "local": str(adapter), "uri": None})
+        first = serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(base)))
+        out = serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-1", local=str(adapter)))
     serve.shutdown_server()
-    assert first["model"] == "policy" and srv.posts == [
+    assert first.model == "policy" and srv.posts == [
         ("/v1/load_lora_adapter", {"lora_name": "iter-1", "lora_path": str(adapter.resolve()), "load_inplace": True})]
-    assert (out["model"], out["how"], out["base_url"]) == ("iter-1", "external-lora", srv.base_url)
+    assert (out.model, out.how, out.base_url) == ("iter-1", "external-lora", srv.base_url)
 
 
 def test_an_external_server_from_the_environment_fails_at_the_first_full_weight_switch(tmp_path, monkeypatch):
     from infra.process import ServiceError
     from tasks import serve
+    from tasks.records import Checkpoint
 
     monkeypatch.setenv("RAO_POLICY_BASE_URL", "http://127.0.0.1:9/v1")  # set after the config was validated
     cfg = load_config("configs/cpu-smoke.yaml", check_paths=False).with_env_overrides()
     serve.shutdown_server()
     ctx = _ctx(cfg)
-    assert serve.serve(ctx, {"name": "iter-0", "local": str(tmp_path), "uri": None})["how"] == "external"
-    assert serve.serve(ctx, {"name": "iter-0", "local": str(tmp_path), "uri": None})["how"] == "external"
+    assert serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(tmp_path))).how == "external"
+    assert serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(tmp_path))).how == "external"
     with pytest.raises(ServiceError, match="new full weights cannot be sent to an external server"):
-        serve.serve(ctx, {"name": "iter-1", "local": str(tmp_path), "uri": None})
+        serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-1", local=str(tmp_path)))
     serve.shutdown_server()
 
 

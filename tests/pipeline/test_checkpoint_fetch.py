@@ -28,6 +28,7 @@ def _upload_checkpoint(s3_server, tmp_path, campaign: str, iteration: int, weigh
 
 @pytest.mark.services
 def test_a_checkpoint_of_another_campaign_is_fetched_whole_by_its_uri(s3_server, tmp_path, monkeypatch):
+    from tasks.records import Checkpoint
     from tasks.serve import checkpoint_local
     from tasks.stages import checkpoint_from_uri
 
@@ -38,7 +39,7 @@ def test_a_checkpoint_of_another_campaign_is_fetched_whole_by_its_uri(s3_server,
     ctx = _ctx("nightly", s3_server)  # 'nightly' is 2 characters longer than 'smoke': the old bug cut 'iter-2'
 
     ckpt = checkpoint_from_uri(ctx, uri)
-    assert ckpt == {"name": "smoke-iter-2-checkpoint", "uri": uri, "local": None}
+    assert ckpt == Checkpoint(name="smoke-iter-2-checkpoint", uri=uri)
     local = checkpoint_local(ctx, ckpt)
     assert local == tmp_path / "home" / "campaigns" / "nightly" / "checkpoints" / "smoke-iter-2-checkpoint"
     assert (local / "config.json").read_text() == '{"campaign": "smoke"}'
@@ -70,5 +71,5 @@ def test_a_version_registered_by_another_campaign_resolves_and_fetches(s3_server
     ctx = _ctx("nightly", s3_server)
     for ref in (f"models:/{name}@candidate", f"models:/{name}/{version}"):
         ckpt = checkpoint_from_uri(ctx, ref)
-        assert ckpt["uri"] == uri and ckpt["name"] == f"{name}-v{version}"
+        assert ckpt.uri == uri and ckpt.name == f"{name}-v{version}"
         assert (checkpoint_local(ctx, ckpt) / "sub" / "w.bin").read_bytes() == weights

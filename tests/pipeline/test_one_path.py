@@ -95,6 +95,7 @@ def test_pipeline_evaluation_keeps_oolong_partial_credit(tmp_path, monkeypatch):
     through the library's evaluate_suite."""
     import rao_core.evaluation as evaluation
     import tasks.stages as stages
+    from tasks.records import ServedEndpoint
 
     ctx = _ctx(tmp_path, monkeypatch, **{"tasks.env": "oolong", "tasks.difficulties": ["mixed"],
                                          "eval.difficulties": ["singledoc_rolls"],
@@ -115,29 +116,29 @@ def test_pipeline_evaluation_keeps_oolong_partial_credit(tmp_path, monkeypatch):
     calls = []
     real = evaluation.evaluate_suite
     monkeypatch.setattr(evaluation, "evaluate_suite", lambda *a, **k: calls.append(1) or real(*a, **k))
-    res = stages.run_evaluation(ctx, {"base_url": "http://unused", "model": "policy"}, str(TINY))
+    res = stages.run_evaluation(ctx, ServedEndpoint(base_url="http://unused", model="policy"), str(TINY))
     assert calls == [1]  # the library's evaluation, not a copy
-    m = res["metrics"]
+    m = res.metrics
     assert m["eval/recursive/singledoc_rolls/success"] == pytest.approx(sum(expected) / len(expected))
     assert m["eval/recursive/singledoc_rolls/n"] == 6.0
-    (row,) = res["rows"]
+    (row,) = res.rows
     assert row["successes"] == pytest.approx(sum(expected), abs=1e-4) and row["mode"] == "recursive"
 
 
 # -- one warm start: the pipeline's task keeps the library's checks ------------------------------------------
 def test_pipeline_warm_start_rejects_a_non_sft_loss(tmp_path, monkeypatch):
-    from tasks.warm_start import _warm_start
+    from tasks.warm_start import warm_start
 
     ctx = _ctx(tmp_path, monkeypatch, **{"warm_start.mode": "demos", "warm_start.trainer.loss_type": "ppo",
                                          "model.path": str(TINY)})
     with pytest.raises(ValueError, match="loss_type='sft'"):
-        _warm_start.__wrapped__(ctx, "iter-0")
+        warm_start.fn.__wrapped__(ctx)
 
 
 @needs_tok
 def test_pipeline_warm_start_refuses_to_train_without_a_successful_demonstration(tmp_path, monkeypatch):
     import rao_core.warmstart as warmstart
-    from tasks.warm_start import _warm_start
+    from tasks.warm_start import warm_start
 
     monkeypatch.setattr(warmstart, "expert_for_tree",
                         lambda *a, **k: ReplayPolicy(default=[cell("finish('done')")]))
@@ -145,7 +146,7 @@ def test_pipeline_warm_start_refuses_to_train_without_a_successful_demonstration
                                          "warm_start.difficulties": ["easy"], "model.path": str(TINY),
                                          "runtime.context_window": 2048, "runtime.max_new_tokens": 128})
     with pytest.raises(ValueError, match="none of the 2 demonstration trees succeeded"):
-        _warm_start.__wrapped__(ctx, "iter-0")
+        warm_start.fn.__wrapped__(ctx)
     assert not (tmp_path / "campaigns/smoke/checkpoints/iter-0").exists()
 
 

@@ -39,6 +39,7 @@ def test_versions_hold_their_own_metrics_and_unchanged_weights_add_none(s3_serve
 
     from infra.tracking import configure_mlflow, ensure_experiment
     from tasks.common import RunContext
+    from tasks.records import Checkpoint, RegisterOutput
     from tasks.stages import register_checkpoint
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
@@ -47,17 +48,17 @@ def test_versions_hold_their_own_metrics_and_unchanged_weights_add_none(s3_serve
     exp = ensure_experiment("registry")
     ctx = RunContext(config=CampaignConfig(name="reg-versions"), s3=s3_server.settings().__dict__, mlflow_uri="")
 
-    def iteration(k: int, success: float, updated: bool) -> dict:
+    def iteration(k: int, success: float, updated: bool) -> RegisterOutput:
         run = client.create_run(exp, tags={"rao.iteration": str(k)}).info.run_id
         client.log_metric(run, METRIC, success, step=k)
-        ckpt = {"name": f"iter-{k}", "uri": f"s3://rao/reg-versions/iter-{k}/checkpoint", "local": None}
+        ckpt = Checkpoint(name=f"iter-{k}", uri=f"s3://rao/reg-versions/iter-{k}/checkpoint")
         return register_checkpoint.fn(ctx, k, ckpt, {METRIC: success}, run, updated)
 
     r0, r1 = iteration(0, 0.25, True), iteration(1, 0.5, True)
     r2 = iteration(2, 0.5, False)  # no optimizer step: the weights of version 2
     r3 = iteration(3, 0.75, True)
-    assert [r["version"] for r in (r0, r1, r2, r3)] == ["1", "2", "2", "3"]
-    assert (r2["updated"], r2["champion"], r3["champion"]) == (False, False, True)
+    assert [r.version for r in (r0, r1, r2, r3)] == ["1", "2", "2", "3"]
+    assert (r2.updated, r2.champion, r3.champion) == (False, False, True)
     versions = {str(v.version): v for v in client.search_model_versions("name = 'rao-policy-reg-versions'")}
     assert sorted(versions, key=int) == ["1", "2", "3"]
     for v, success in (("1", 0.25), ("2", 0.5), ("3", 0.75)):  # Compare: each version's run has its own value
@@ -68,6 +69,6 @@ def test_versions_hold_their_own_metrics_and_unchanged_weights_add_none(s3_serve
     assert str(client.get_model_version_by_alias("rao-policy-reg-versions", "candidate").version) == "3"
     # a first checkpoint that no update changed is still registered, and says so
     ctx = RunContext(config=CampaignConfig(name="reg-skip"), s3=s3_server.settings().__dict__, mlflow_uri="")
-    assert iteration(1, 0.0, False)["version"] == "1"
+    assert iteration(1, 0.0, False).version == "1"
     [v] = client.search_model_versions("name = 'rao-policy-reg-skip'")
     assert v.description.endswith("iteration 1; update skipped (no optimizer step): the weights it started from")

@@ -19,7 +19,7 @@ from rao_core.samples import Sample, write_samples
 
 
 class _FakeStore:
-    """What ``_train`` needs of the artifact store: nothing is uploaded."""
+    """What the train stage needs of the artifact store: nothing is uploaded."""
 
     def put_dir(self, path, key):
         return [{"key": key, "path": str(path)}]
@@ -43,11 +43,12 @@ def _samples(bad: bool = False) -> list[Sample]:
     return out
 
 
-def _run_stage(tmp_path: Path, monkeypatch, tiny: Path, process: str, bad: bool = False) -> dict:
+def _run_stage(tmp_path: Path, monkeypatch, tiny: Path, process: str, bad: bool = False):
     from rao_core.config import CampaignConfig
     from rao_core.train import TrainerConfig
     from tasks import stages
     from tasks.common import RunContext
+    from tasks.records import Checkpoint
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / f"home-{process}"))
     monkeypatch.setattr(RunContext, "store", lambda self: _FakeStore())
@@ -55,26 +56,26 @@ def _run_stage(tmp_path: Path, monkeypatch, tiny: Path, process: str, bad: bool 
                                                              process=process))
     ctx = RunContext(config=cfg, s3={}, mlflow_uri="")
     write_samples(ctx.local("iter-1/samples.jsonl"), _samples(bad))
-    parent = {"name": "iter-0", "local": str(tiny), "uri": None}
-    return stages._train.__wrapped__(ctx, 1, "s3://fake/iter-1/samples/samples.jsonl", parent)
+    parent = Checkpoint(name="iter-0", local=str(tiny))
+    return stages.train_policy.fn.__wrapped__(ctx, 1, "s3://fake/iter-1/samples/samples.jsonl", parent)
 
 
 def test_subprocess_train_stage_matches_inline(tmp_path, monkeypatch, tiny):
     sub = _run_stage(tmp_path, monkeypatch, tiny, "subprocess")
     inline = _run_stage(tmp_path, monkeypatch, tiny, "inline")
-    ck = Path(sub["checkpoint"]["local"])
+    ck = Path(sub.checkpoint.local)
     assert (ck / "model.safetensors").exists() and (ck / "optimizer" / "state.pt").exists()
     man = json.loads((ck / "rao-checkpoint.json").read_text())
     assert man["iteration"] == 1 and man["config"]["process"] == "subprocess"
     # the child's per-step metrics came back and equal the in-process run's (same update)
-    assert sub["steps"] == inline["steps"] == 1 and len(sub["metrics"]) == 1
-    a, b = sub["last_step"], inline["last_step"]
+    assert sub.steps == inline.steps == 1 and len(sub.metrics) == 1
+    a, b = sub.last_step, inline.last_step
     assert a["train/tokens"] == 6 and a["train/samples"] == 2
     for k in ("train/loss", "train/pg_loss", "train/kl_mismatch"):
         assert a[k] == pytest.approx(b[k], abs=1e-6), k
     assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
     # the child's own peak RSS: a torch + transformers process holds > 100 MB; inline has none to report
-    assert sub["peak_rss_mb"] > 100 and inline["peak_rss_mb"] is None
+    assert sub.peak_rss_mb > 100 and inline.peak_rss_mb is None
     log = ck.with_name(ck.name + ".train.log").read_text()
     assert '"train/loss"' in log and "checkpoint:" in log
 
@@ -117,6 +118,7 @@ def test_generate_stage_reports_serving_metrics(tmp_path, monkeypatch, tiny):
     from rao_core.config import CampaignConfig
     from tasks import stages
     from tasks.common import RunContext
+    from tasks.records import ServedEndpoint
 
     fix = Path(__file__).parents[1] / "infra" / "fixtures"
     texts = iter([(fix / "vllm_metrics_before.txt").read_text(), (fix / "vllm_metrics_after.txt").read_text()])
@@ -139,13 +141,13 @@ def test_generate_stage_reports_serving_metrics(tmp_path, monkeypatch, tiny):
     monkeypatch.setattr(vm, "scrape", fake_scrape)
     monkeypatch.setattr(rt, "run_trees", no_trees)
     ctx = RunContext(config=CampaignConfig(name="gen"), s3={}, mlflow_uri="")
-    served = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
-    out = stages._generate.__wrapped__(ctx, 1, served, str(tiny))
-    s = out["serving"]
-    assert urls == [served["base_url"]] * 2
+    served = ServedEndpoint(base_url="http://127.0.0.1:9/v1", model="m")
+    out = stages.generate_trees.fn.__wrapped__(ctx, 1, served, str(tiny))
+    s = out.serving
+    assert urls == [served.base_url] * 2
     assert s["generation_tokens"] == 12000 and s["prefix_cache_hit_rate"] == pytest.approx(0.75)
     assert s["preemptions"] == 5 and s["queue_time_mean_s"] == pytest.approx(0.5)
-    assert s["generation_tokens_per_s"] == pytest.approx(12000 / out["generation_s"], rel=0.05)
+    assert s["generation_tokens_per_s"] == pytest.approx(12000 / out.generation_s, rel=0.05)
 
 
 def test_killed_child_is_reported_as_killed_not_as_its_last_metric_line(tmp_path):

@@ -1,0 +1,111 @@
+"""Typed records passed between the pipeline's Prefect tasks: checkpoints, the served endpoint, and one
+output record per stage.
+
+A stage's output record is also its completion marker on S3 (``CAMPAIGN/iter-K/_done/<stage>.json``,
+``tasks.common.stage``): it is written with the same keys as before these records existed (``_stage_s``
+for the wall time), and markers written then load into these records (fields they lack take their
+defaults), so a campaign started before still resumes. ``resumed`` is never stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Checkpoint(BaseModel):
+    """A policy checkpoint: its name (which keys its local cache folder), its S3 prefix and/or local folder."""
+
+    name: str
+    uri: str | None = None  # s3://BUCKET/CAMPAIGN/iter-K/checkpoint
+    local: str | None = None  # a folder holding config.json or adapter_config.json
+
+
+class ServedEndpoint(BaseModel):
+    """The policy server serving a checkpoint (``tasks.serve.serve_checkpoint``); empty when none is needed
+    (a completed iteration replayed on resume)."""
+
+    base_url: str = ""  # OpenAI-compatible API root, .../v1
+    model: str = ""  # served model name (a LoRA adapter's name when one is loaded)
+    switch_s: float = 0.0  # seconds spent switching to the checkpoint
+    how: str = ""  # same, start, start+lora, lora, reload, restart, external, external-lora
+
+
+class StageRecord(BaseModel):
+    """What every stage returns besides its own fields: its wall time and whether it came from the marker."""
+
+    model_config = ConfigDict(populate_by_name=True, ser_json_inf_nan="constants")  # NaN stored as NaN
+
+    stage_s: float | None = Field(None, alias="_stage_s")  # wall seconds of the run that completed the stage
+    resumed: bool = Field(False, alias="_resumed")  # True: loaded from the completion marker, not recomputed
+
+
+class WarmStartOutput(StageRecord):
+    """``warm_start``: the iteration-0 checkpoint and, for ``demos``, what built it."""
+
+    checkpoint: Checkpoint
+    mode: str
+    demos_uri: str | None = None
+    stats: dict[str, Any] = Field(default_factory=dict)  # demonstration statistics
+    demo_s: float | None = None
+    sft_s: float | None = None
+    sft_steps: int | None = None
+
+
+class GenerateOutput(StageRecord):
+    """``generate``: the iteration's execution trees."""
+
+    trees_uri: str
+    sha256: str = ""
+    num_trees: int = 0
+    crashed: int = 0  # trees whose runtime failed
+    generation_s: float | None = None  # rollouts alone (no set-up)
+    serving: dict[str, float] = Field(default_factory=dict)  # vLLM /metrics over generation
+
+
+class JudgeOutput(StageRecord):
+    """``judge``: the scored trees (node rewards of Eq. 1) and the judge's statistics."""
+
+    scored_uri: str
+    sha256: str = ""
+    judge: dict[str, Any] = Field(default_factory=dict)
+
+
+class ValidateOutput(StageRecord):
+    """``validate``: the training samples that passed the validation suite."""
+
+    samples_uri: str
+    report_uri: str = ""
+    num_samples: int = 0
+    sample_stats: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainOutput(StageRecord):
+    """``train``: the new checkpoint and the trainer's per-step metrics."""
+
+    checkpoint: Checkpoint
+    steps: int = 0  # optimizer steps (0: the parent's weights, copied)
+    train_s: float = 0.0
+    last_step: dict[str, float] = Field(default_factory=dict)
+    metrics: list[dict[str, float]] = Field(default_factory=list)  # one dict per optimizer step
+    peak_rss_mb: float | None = None  # the training child's peak RSS (``trainer.process: subprocess``)
+
+
+class EvalOutput(StageRecord):
+    """``evaluate``: flat ``eval/<mode>/<difficulty>/...`` metrics and one table row per mode and difficulty."""
+
+    metrics: dict[str, float] = Field(default_factory=dict)
+    rows: list[dict[str, Any]] = Field(default_factory=list)
+    report_uri: str = ""
+
+
+class RegisterOutput(StageRecord):
+    """``register``: the model version of the checkpoint and whether ``champion`` moved to it."""
+
+    model: str
+    version: str | None = None
+    champion: bool = False
+    metric: str = ""
+    score: float | None = None
+    updated: bool = True

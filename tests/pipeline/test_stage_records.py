@@ -1,0 +1,96 @@
+"""Resumable stages (``tasks.common.stage``) and their typed records (``tasks.records``): a stage runs once,
+stores its record as the completion marker, and returns the stored record afterwards; markers written
+before the records existed (plain dicts with ``_stage_s``) still resume. No S3: an in-memory store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rao_core.config import CampaignConfig
+from tasks.common import RunContext, stage
+from tasks.records import Checkpoint, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput
+
+
+class _MemoryStore:
+    """What a stage needs of the artifact store, in memory."""
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+
+    def exists(self, key):
+        return key in self.objects
+
+    def get_bytes(self, key):
+        return self.objects[key]
+
+    def put_bytes(self, data, key):
+        self.objects[key] = data
+        return {"uri": f"s3://mem/{key}"}
+
+
+@pytest.fixture
+def ctx(tmp_path, monkeypatch):
+    store = _MemoryStore()
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    monkeypatch.setattr(RunContext, "store", lambda self: store)
+    return RunContext(config=CampaignConfig(name="records"), s3={}, mlflow_uri="")
+
+
+CALLS: list[int] = []
+
+
+@stage("demo", name="demo-stage")
+def demo(ctx: RunContext, iteration: int, x: int) -> JudgeOutput:
+    """A stage that records its calls."""
+    CALLS.append(x)
+    return JudgeOutput(scored_uri=f"s3://mem/{x}", judge={"nan": float("nan")})
+
+
+def test_a_stage_runs_once_then_returns_its_stored_record(ctx):
+    CALLS.clear()
+    first = demo.fn(ctx, 1, 7)
+    assert CALLS == [7] and not first.resumed and first.stage_s is not None
+    marker = json.loads(ctx.store().get_bytes("iter-1/_done/demo.json"))  # the keys of the old markers
+    assert marker["scored_uri"] == "s3://mem/7" and "_stage_s" in marker and "_resumed" not in marker
+    assert marker["judge"]["nan"] != marker["judge"]["nan"]  # NaN stays NaN (json.dumps wrote NaN before)
+    again = demo.fn(ctx, 1, 8)
+    assert CALLS == [7] and again.resumed and again.scored_uri == "s3://mem/7"
+    assert again.stage_s == first.stage_s
+    assert demo.fn.__wrapped__(ctx, 1, 9).scored_uri == "s3://mem/9"  # the body alone: no marker read
+    assert demo.name == "demo-stage"
+
+
+def test_markers_written_before_the_records_still_resume(ctx):
+    """Markers exactly as the dict-returning stages wrote them: each stage returns them typed, unrun."""
+    from tasks.stages import generate_trees, judge_trees, train_policy
+    from tasks.warm_start import warm_start
+
+    store = ctx.store()
+    ckpt = {"name": "iter-1", "uri": "s3://rao/records/iter-1/checkpoint", "local": "/x/checkpoints/iter-1"}
+    old = {
+        "iter-1/_done/generate.json": {"trees_uri": "s3://rao/records/iter-1/trees/trees.jsonl", "sha256": "ab",
+                                       "num_trees": 4, "crashed": 1, "generation_s": 2.5,
+                                       "serving": {"generation_tokens": 12.0}, "_stage_s": 3.25},
+        "iter-1/_done/judge.json": {"scored_uri": "s3://u", "judge": {}},  # no timing (tests wrote such)
+        "iter-1/_done/train.json": {"checkpoint": ckpt, "steps": 2, "train_s": 1.5, "last_step": {"train/loss": 0.5},
+                                    "metrics": [{"train/loss": 0.7}, {"train/loss": 0.5}], "peak_rss_mb": None,
+                                    "_stage_s": 1.75},
+        "iter-0/_done/warm_start.json": {"checkpoint": {**ckpt, "name": "iter-0"}, "mode": "demos",
+                                         "demos_uri": "s3://d", "stats": {"trees": 3}, "demo_s": 1.0, "sft_s": 2.0,
+                                         "sft_steps": 3, "_stage_s": 3.5},
+    }
+    for key, value in old.items():
+        store.put_bytes(json.dumps(value).encode(), key)
+    gen = generate_trees.fn(ctx, 1, ServedEndpoint(), "")
+    assert isinstance(gen, GenerateOutput) and gen.resumed and gen.stage_s == 3.25
+    assert (gen.trees_uri, gen.num_trees, gen.crashed, gen.serving) == (old["iter-1/_done/generate.json"]["trees_uri"],
+                                                                        4, 1, {"generation_tokens": 12.0})
+    judged = judge_trees.fn(ctx, 1, gen.trees_uri)
+    assert judged.resumed and judged.stage_s is None and judged.scored_uri == "s3://u"
+    tr = train_policy.fn(ctx, 1, "s3://samples", Checkpoint(name="iter-0"))
+    assert isinstance(tr, TrainOutput) and tr.checkpoint == Checkpoint(**ckpt) and tr.steps == 2
+    assert tr.last_step == {"train/loss": 0.5} and tr.stage_s == 1.75
+    ws = warm_start.fn(ctx)  # iteration defaults to "iter-0"
+    assert ws.resumed and ws.mode == "demos" and ws.checkpoint.name == "iter-0" and ws.sft_steps == 3
