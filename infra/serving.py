@@ -263,24 +263,27 @@ def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: flo
 
 
 def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = None,
-                       on_gpu: bool | None = None) -> VLLMServer:
+                       on_gpu: bool | None = None, switching: bool = True) -> VLLMServer:
     """The :class:`VLLMServer` a campaign config (``rao_core.config.CampaignConfig``) asks for, not started.
 
     ``on_gpu``: whether it will run on GPUs (None: an NVIDIA GPU is visible here); only then is
     ``--gpu-memory-utilization`` passed. LoRA serving (``serving.switch: lora``) gets
-    ``--max-lora-rank`` = :func:`vllm_max_lora_rank` of ``trainer.lora.r``.
+    ``--max-lora-rank`` = :func:`vllm_max_lora_rank` of ``trainer.lora.r``. ``switching=False``: a server of
+    one fixed checkpoint (``rao eval``), without LoRA slots or sleep mode; its GPUs (``gpus.serve``), tensor and
+    data parallelism, memory share, dtype and limits are the campaign's.
     """
     s, lora = cfg.serving, cfg.trainer.lora
     gpu = has_cuda_gpu() if on_gpu is None else on_gpu
     return VLLMServer(
         model_path, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
         kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args), logprobs_mode=s.logprobs_mode, dtype=s.dtype,
-        enable_lora=s.switch == "lora", max_lora_rank=vllm_max_lora_rank(lora.r) if lora is not None else 16,
+        enable_lora=switching and s.switch == "lora",
+        max_lora_rank=vllm_max_lora_rank(lora.r) if lora is not None else 16,
         gpus=list(cfg.gpus.serve), tensor_parallel_size=s.tensor_parallel_size,
         data_parallel_size=s.data_parallel_size,
         gpu_memory_utilization=s.gpu_memory_utilization if gpu or cfg.gpus.serve else None,
-        enable_sleep_mode=cfg.gpus.sleep_while_training, on_gpu=on_gpu, start_timeout_s=s.start_timeout_s,
-        log_dir=log_dir)
+        enable_sleep_mode=switching and cfg.gpus.sleep_while_training, on_gpu=on_gpu,
+        start_timeout_s=s.start_timeout_s, log_dir=log_dir)
 
 
 def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:

@@ -1,7 +1,8 @@
 """``rao eval``: evaluate any checkpoint folder on any task file, with the campaign's evaluation code.
 
-The command serves the checkpoint with vLLM (``infra.serving.VLLMServer``, the serving settings of
-``--config``) or uses a running OpenAI-compatible server (``--base-url``), then calls
+The command serves the checkpoint with vLLM as the campaign's serving stage does
+(``infra.serving.server_from_config``: the serving settings and the GPU placement of ``--config``, i.e.
+``gpus.serve`` as CUDA_VISIBLE_DEVICES and vLLM's tensor/data parallelism; no LoRA slots, no sleep mode) or uses a running OpenAI-compatible server (``--base-url``), then calls
 ``rao_core.evaluation.run_evaluation``, the function behind the campaign's, the experiment's and the
 nightly evaluations, with the runtime limits of ``--config``. It prints the success rate with its Wilson
 95% interval; ``--json`` prints exactly one JSON object on stdout (everything else goes to stderr).
@@ -83,16 +84,13 @@ def register(app: typer.Typer) -> None:
             else:
                 import signal
 
-                from infra.serving import VLLMServer
+                from infra.serving import server_from_config
 
                 # SIGTERM -> SystemExit, so the finally block below stops the server
                 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-                s = cfg.serving
-                server = VLLMServer(model, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
-                                    kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args),
-                                    logprobs_mode=s.logprobs_mode, dtype=s.dtype,
-                                    start_timeout_s=s.start_timeout_s)  # as the campaign serves (tasks/serve.py)
-                say(f"starting vLLM on {model} (2-3 minutes on CPU)...")
+                server = server_from_config(cfg, model, switching=False)  # as the campaign serves (tasks/serve.py)
+                where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
+                say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
                 server.start()
                 url, name = server.base_url, server.model
             say(f"evaluating {len(tasks)} {env.name} tasks of {task_file}, mode {mode}")

@@ -137,3 +137,62 @@ def test_eval_starts_vllm_on_the_checkpoint(capsys, tmp_path, tiny_model_path):
     assert got["ci95"] == pytest.approx(list(wilson_interval(0, 2)), abs=1e-6)
     assert 0.0 <= got["delegation_rate"] <= 1.0 and got["mean_depth"] <= 1.0
     assert "starting vLLM" in err
+
+
+def _without_switching(cmd: list[str]) -> list[str]:
+    """A campaign's vLLM command less what only weight switching needs (LoRA slots, sleep mode)."""
+    out, skip = [], 0
+    for i, x in enumerate(cmd):
+        if skip:
+            skip -= 1
+        elif x == "--enable-lora":
+            skip = 2 if cmd[i + 1:i + 2] == ["--max-lora-rank"] else 0
+        elif x != "--enable-sleep-mode":
+            out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("config,gpus,parallel", [
+    ("configs/gpu-qwen3-4b.yaml", "0,1,2,3", ["--data-parallel-size", "4"]),
+    ("configs/gpu-qwen3-4b-1gpu.yaml", "0", []),
+])
+def test_eval_serves_on_the_campaigns_gpus(capsys, tmp_path, monkeypatch, config, gpus, parallel):
+    """rao eval starts vLLM through the serving stage's server_from_config (on a GPU machine, faked here): the
+    GPUs of gpus.serve, vLLM's data parallelism and memory share; only LoRA slots and sleep mode are left out."""
+    import infra.serving as serving
+    from rao_core.config import load_config
+
+    started: list = []
+
+    def start(self):
+        started.append(self)
+        raise serving.ServiceError("not started by this test")
+
+    monkeypatch.setattr(serving, "has_cuda_gpu", lambda: True)
+    monkeypatch.setattr(serving.VLLMServer, "start", start)
+    f = write_tasks(tmp_path / "t.jsonl", oolong_tasks(["1"]))
+    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--config", config,
+                          "--set", f"model.path={TINY}")
+    assert code == 1 and err == "error: not started by this test\n" and f"on GPUs {gpus} " in out
+    cmd, env = started[0]._cmd(), started[0]._env()
+    assert env["CUDA_VISIBLE_DEVICES"] == gpus
+    assert "--gpu-memory-utilization" in cmd and (not parallel or " ".join(parallel) in " ".join(cmd))
+    assert "--enable-lora" not in cmd and "--enable-sleep-mode" not in cmd
+    campaign = serving.server_from_config(load_config(config, [f"model.path={TINY}"]), TINY)
+    assert cmd == _without_switching(campaign._cmd())
+    assert env == campaign._env()
+
+
+def test_eval_on_cpu_starts_vllm_as_before(monkeypatch):
+    """The CPU config: the same command and environment as the VLLMServer rao eval built before (no GPU flags)."""
+    import infra.serving as serving
+    from rao_core.config import load_config
+
+    monkeypatch.setattr(serving, "has_cuda_gpu", lambda: False)
+    cfg = load_config("configs/cpu-smoke.yaml", check_paths=False)
+    s = cfg.serving
+    before = serving.VLLMServer(TINY, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
+                                kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args),
+                                logprobs_mode=s.logprobs_mode, dtype=s.dtype, start_timeout_s=s.start_timeout_s)
+    now = serving.server_from_config(cfg, TINY, switching=False)
+    assert now._cmd() == before._cmd() and now._env() == before._env()
