@@ -21,9 +21,9 @@ app = typer.Typer(help="Score execution trees (verifier, LLM judge, proxy) and c
 
 def _config(config_file: Path | None, **overrides: Any):
     """Build a JudgeConfig from an optional YAML file plus non-None flag overrides (clear errors)."""
-    import yaml
     from pydantic import ValidationError
 
+    from rao_core.config import read_yaml
     from rao_core.judge import JudgeConfig
 
     try:
@@ -36,7 +36,7 @@ def _config(config_file: Path | None, **overrides: Any):
     if config_file is not None:
         if not config_file.is_file():
             raise typer.BadParameter(f"config file not found: {config_file}", param_hint="--config")
-        data = yaml.safe_load(config_file.read_text()) or {}
+        data = read_yaml(config_file) or {}
         if not isinstance(data, dict):
             raise typer.BadParameter(f"{config_file}: expected a mapping of JudgeConfig fields",
                                      param_hint="--config")

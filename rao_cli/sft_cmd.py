@@ -26,13 +26,12 @@ def register(app: typer.Typer) -> None:
         """Build demonstrations with the expert and fine-tune MODEL on them (loss_type sft); prints stats."""
         import json
 
-        import yaml
-
+        from rao_core.config import read_yaml
         from rao_core.paths import default_model_path
         from rao_core.warmstart import (DemoConfig, default_sft_trainer_config, recommended_runtime_config,
                                         run_warm_start)
 
-        raw = (yaml.safe_load(config.read_text()) or {}) if config else {}
+        raw = (read_yaml(config) or {}) if config else {}  # one error line: file, line, duplicate key
         demo = dict(raw.get("warm_start") or {})
         trainer = dict(demo.pop("trainer", None) or {})
         # a campaign config's warm_start section: its mode/checkpoint are the campaign's, options are DemoConfig's

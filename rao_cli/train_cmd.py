@@ -27,13 +27,12 @@ def register(app: typer.Typer) -> None:
         import os
         import resource
 
-        import yaml
-
+        from rao_core.config import read_yaml
         from rao_core.train import TrainerConfig, train
 
         cfg = TrainerConfig()
         if config is not None:
-            raw = yaml.safe_load(config.read_text()) or {}
+            raw = read_yaml(config) or {}
             if isinstance(raw, dict):  # a campaign config's `trainer:` section, or TrainerConfig fields
                 raw = raw.get("trainer", raw.get("train", raw))
             cfg = TrainerConfig.model_validate(raw)

@@ -2,7 +2,8 @@
 
 YAML files under ``configs/`` load into :class:`CampaignConfig` with :func:`load_config`. A bad value
 raises :class:`ConfigError` whose one-line message names the file, the field path, the value and what
-was expected, e.g. ``configs/x.yaml: algo.G = 1: Input should be greater than or equal to 2``. Loading
+was expected, e.g. ``configs/x.yaml: algo.G = 1: Input should be greater than or equal to 2`` (or the
+``--set algo.G=1`` the value came from); a key given twice in one mapping is refused with its line. Loading
 also checks what a campaign would otherwise find out only after its services started: every listed
 difficulty is one the environment's generator knows (``tasks``, ``eval`` and ``warm_start``), the
 environment accepts ``tasks.env_options``, and the folders and files the config names exist
@@ -17,6 +18,7 @@ Stage configs: ``runtime`` -> :class:`rao_core.runtime.RuntimeConfig`, ``trainer
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -36,6 +38,42 @@ from rao_core.train.config import TrainerConfig
 
 class ConfigError(ValueError):
     """A configuration file or value is invalid; the message is one line naming file, field and value."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`, then keys that override it: fine
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"line {key_node.start_mark.line + 1}: duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """The YAML file at ``path``, parsed; ConfigError (one line naming the file, and the line where known)
+    for a missing file, a folder, text that is not UTF-8 or not YAML, and a key given twice in one mapping."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        return yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a folder, not a config file") from None
+    except yaml.constructor.ConstructorError as e:
+        if e.problem and "duplicate key" in e.problem:
+            raise ConfigError(f"{p}: {e.problem}") from None
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
 
 
 class _Strict(BaseModel):
@@ -268,6 +306,13 @@ class CampaignConfig(_Strict):
         ``model.path`` when set (the default is checked by ``rao run``, which says how to build it),
         ``tasks.train_file`` when set, a local ``warm_start.checkpoint`` in mode 'checkpoint'. Registry
         (``models:/``) and ``s3://`` references are resolved when the campaign runs."""
+        problems = self.path_problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+    def path_problems(self) -> list[str]:
+        """What :meth:`check_paths` refuses: one ``KEY = 'VALUE': what is wrong`` per missing path."""
         ckpt = self.warm_start.checkpoint
         problems = []
         if "path" in self.model.model_fields_set and not (self.model.path / "config.json").is_file():
@@ -279,9 +324,7 @@ class CampaignConfig(_Strict):
             problems.append(f"warm_start.checkpoint = '{ckpt}': no checkpoint folder there (config.json or "
                             "adapter_config.json); expected a folder, models:/NAME@ALIAS, models:/NAME/VERSION "
                             "or s3://BUCKET/KEY")
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return self
+        return problems
 
     def _one_sampling_temperature(self) -> None:
         """ONE temperature for sampler and trainer: ``runtime.temperature`` (docs/algorithm.md).
@@ -359,7 +402,32 @@ def external_switch_problem(cfg: CampaignConfig) -> str | None:
     return None
 
 
-def _fmt_error(source: str, err: ValidationError) -> str:
+def _given(text: str, sets: dict[str, str]) -> str | None:
+    """``--set KEY=VALUE`` when ``text`` (``FIELD = ...``, or a message that starts with the field) is about
+    an overridden field, one inside it or one holding it; None when the value came from the file."""
+    field = (re.match(r"[\w.]+", text) or [""])[0]
+    return next((f"--set {given}" for key, given in sets.items()
+                 if field == key or field.startswith(key + ".") or key.startswith(field + ".")), None)
+
+
+def _origin(text: str, sets: dict[str, str], source: str) -> str:
+    """Prefix of a check across fields: its --set (:func:`_given`), else the file ``with --set ...`` (the
+    combination that failed may involve either)."""
+    return _given(text, sets) or source + "".join(f" with --set {given}" for given in sets.values())
+
+
+def _joined(parts: list[tuple[str, str]]) -> str:
+    """``origin: part; part; other origin: part``: each run of parts from one origin under one prefix."""
+    out: list[str] = []
+    last = None
+    for origin, text in parts:
+        out.append(text if origin == last else f"{origin}: {text}")
+        last = origin
+    return "; ".join(out)
+
+
+def _fmt_error(source: str, err: ValidationError, sets: dict[str, str] | None = None) -> str:
+    sets = sets or {}
     parts = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
@@ -373,19 +441,36 @@ def _fmt_error(source: str, err: ValidationError) -> str:
         if e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             if isinstance(val, dict):  # a check across fields names its own keys
-                parts.append(msg)
+                parts.append((_origin(msg, sets, source), msg))
                 continue
-        parts.append(f"{loc} = {val_s}: {msg}")
-    return f"{source}: " + "; ".join(parts)
+        parts.append((_given(loc, sets) or source, f"{loc} = {val_s}: {msg}"))
+    return _joined(parts)
 
 
-def _deep_set(d: dict[str, Any], dotted: str, value: Any) -> None:
+def _deep_set(d: dict[str, Any], dotted: str, value: Any, given: str) -> None:
     keys = dotted.split(".")
     for k in keys[:-1]:
         d = d.setdefault(k, {})
         if not isinstance(d, dict):
-            raise ConfigError(f"override {dotted}: {k} is not a section")
+            raise ConfigError(f"--set {given}: {k} is not a section")
     d[keys[-1]] = value
+
+
+def _override_items(overrides: dict[str, Any] | list[str]) -> list[tuple[str, Any, str]]:
+    """(dotted key, value, ``KEY=VALUE`` as given) of each override; ``KEY=VALUE`` values are YAML scalars."""
+    if isinstance(overrides, dict):
+        return [(k, v, f"{k}={v if isinstance(v, (str, os.PathLike)) else json.dumps(v, default=str)}")
+                for k, v in overrides.items()]
+    items = []
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"--set {o}: expected KEY=VALUE")
+        k, v = o.split("=", 1)
+        try:
+            items.append((k.strip(), yaml.safe_load(v), o))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {o}: not a YAML value: {str(e).splitlines()[0]}") from None
+    return items
 
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | list[str] | None = None,
@@ -401,41 +486,21 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
     data: dict[str, Any] = {}
     if path:
         p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{p}: is a folder, not a config file") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        loaded = read_yaml(p) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded
-    if overrides:
-        items = overrides.items() if isinstance(overrides, dict) else []
-        if isinstance(overrides, list):
-            pairs = []
-            for o in overrides:
-                if "=" not in o:
-                    raise ConfigError(f"override {o!r}: expected KEY=VALUE")
-                k, v = o.split("=", 1)
-                pairs.append((k.strip(), yaml.safe_load(v)))
-            items = pairs
-        for k, v in items:
-            _deep_set(data, k, v)
+    sets: dict[str, str] = {}  # dotted key -> "KEY=VALUE" as given: errors about it name the --set
+    for k, v, given in _override_items(overrides or []):
+        _deep_set(data, k, v, given)
+        sets[k] = given
     try:
         cfg = CampaignConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_fmt_error(source, e)) from None
+        raise ConfigError(_fmt_error(source, e, sets)) from None
     problem = external_switch_problem(cfg)
     if problem:
-        raise ConfigError(f"{source}: {problem}")
-    if check_paths:
-        try:
-            cfg.check_paths()
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        raise ConfigError(_joined([(_origin(problem, sets, source), problem)]))
+    if check_paths and (problems := cfg.path_problems()):
+        raise ConfigError(_joined([(_given(p, sets) or source, p) for p in problems]))
     return cfg

@@ -49,14 +49,51 @@ def test_overrides_and_cross_field_check():
     assert "exceeds serving.max_model_len" in msg
 
 
+def test_duplicate_keys_are_refused_with_their_line(tmp_path):
+    """PyYAML keeps the last of two equal keys silently; a config file with one is refused (issue 16)."""
+    f = tmp_path / "dup.yaml"
+    f.write_text("name: a\nalgo:\n  G: 4\n  lam: 0.5\n  G: 8\n")
+    assert str(pytest.raises(ConfigError, load_config, f).value) == f"{f}: line 5: duplicate key 'G'"
+    f.write_text("name: a\nalgo: {G: 4}\nname: b\n")
+    assert str(pytest.raises(ConfigError, load_config, f).value) == f"{f}: line 3: duplicate key 'name'"
+    f.write_text("base: &b {G: 4, lam: 0.5}\nalgo:\n  <<: *b\n  G: 8\n")  # a merge key then an override: fine
+    from rao_core.config import read_yaml
+
+    assert read_yaml(f)["algo"] == {"G": 8, "lam": 0.5}
+
+
+def test_set_errors_name_the_set_not_the_file(tmp_path):
+    """An error about a value given with --set names that --set (it named the config file, issue 16); one about
+    a file value names the file; a check across both names the file with the --set values."""
+    f = tmp_path / "c.yaml"
+    f.write_text("algo:\n  nope: 1\n")
+
+    def err(path, sets):
+        return str(pytest.raises(ConfigError, load_config, path, sets).value)
+
+    assert err(f, ["algo.G=1"]) == (f"--set algo.G=1: algo.G = 1: Input should be greater than or equal to 2; "
+                                    f"{f}: algo.nope = 1: unknown field")
+    assert err(None, ["algo=5"]).startswith("--set algo=5: algo = 5: Input should be a valid dictionary")
+    assert err("configs/cpu-smoke.yaml", ["algo.G.x=1"]) == "--set algo.G.x=1: G is not a section"
+    assert err(None, ["algo.G.x=1"]) == "--set algo.G.x=1: algo.G = {...}: Input should be a valid integer"
+    assert err(None, ["algo.G=[1"]).startswith("--set algo.G=[1: not a YAML value: ")
+    assert err(None, ["algo.G"]) == "--set algo.G: expected KEY=VALUE"
+    assert err(None, [f"model.path={tmp_path}"]) == (f"--set model.path={tmp_path}: model.path = '{tmp_path}': "
+                                                     "model not found (no config.json there)")
+    assert err(None, {"iterations": -1}) == "--set iterations=-1: iterations = -1: Input should be greater than or equal to 0"
+    assert err("configs/cpu-smoke.yaml", ["tasks.env=arte"]).startswith(
+        "configs/cpu-smoke.yaml with --set tasks.env=arte: tasks.difficulties = ['tier1']: unknown arte difficulty")
+
+
 def test_difficulties_are_checked_against_the_environment_at_load():
     """tasks, eval and warm_start difficulties must be ones the environment's generator knows."""
     expected = "expected one of ['tier1', 'easy', 'medium', 'hard', 'extreme', 'mixed']"
     msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml", ["tasks.difficulties=[nope]"]).value)
-    assert msg == ("configs/cpu-smoke.yaml: tasks.difficulties = ['nope']: unknown textcraft-synth difficulty "
-                   f"'nope'; {expected} (tasks.env = 'textcraft-synth')")
+    assert msg == ("--set tasks.difficulties=[nope]: tasks.difficulties = ['nope']: unknown textcraft-synth "
+                   f"difficulty 'nope'; {expected} (tasks.env = 'textcraft-synth')")  # the value came from --set
     msg = str(pytest.raises(ConfigError, load_config, None, ["eval.difficulties=[hard, zzz]"]).value)
-    assert msg.startswith("<defaults>: eval.difficulties = ['hard', 'zzz']: unknown textcraft-synth difficulty 'zzz'")
+    assert msg.startswith("--set eval.difficulties=[hard, zzz]: eval.difficulties = ['hard', 'zzz']: unknown "
+                          "textcraft-synth difficulty 'zzz'")
     msg = str(pytest.raises(ConfigError, load_config, None, ["warm_start.mode=demos",
                                                              "warm_start.difficulties=[tier2]"]).value)
     assert "warm_start.difficulties = ['tier2']: unknown textcraft-synth difficulty 'tier2'" in msg
@@ -86,13 +123,15 @@ def test_env_options_are_checked_at_load():
 
 def test_paths_the_config_names_must_exist(tmp_path):
     msg = str(pytest.raises(ConfigError, load_config, None, [f"model.path={tmp_path / 'no-model'}"]).value)
-    assert msg == f"<defaults>: model.path = '{tmp_path / 'no-model'}': model not found (no config.json there)"
+    assert msg == (f"--set model.path={tmp_path / 'no-model'}: model.path = '{tmp_path / 'no-model'}': model not "
+                   "found (no config.json there)")
     ckpt = ["warm_start.mode=checkpoint", f"warm_start.checkpoint={tmp_path / 'no-ckpt'}"]
     msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml", ckpt).value)
-    assert msg.startswith(f"configs/cpu-smoke.yaml: warm_start.checkpoint = '{tmp_path / 'no-ckpt'}': no checkpoint "
-                          "folder there")
+    assert msg.startswith(f"--set warm_start.checkpoint={tmp_path / 'no-ckpt'}: warm_start.checkpoint = "
+                          f"'{tmp_path / 'no-ckpt'}': no checkpoint folder there")
     msg = str(pytest.raises(ConfigError, load_config, None, [f"tasks.train_file={tmp_path / 'no.jsonl'}"]).value)
-    assert msg == f"<defaults>: tasks.train_file = '{tmp_path / 'no.jsonl'}': file not found"
+    assert msg == (f"--set tasks.train_file={tmp_path / 'no.jsonl'}: tasks.train_file = '{tmp_path / 'no.jsonl'}': "
+                   "file not found")
     msg = str(pytest.raises(ConfigError, load_config, None, ["warm_start.mode=checkpoint",
                                                              "warm_start.checkpoint=models:/rao-policy"]).value)
     assert "warm_start.checkpoint = 'models:/rao-policy': 'models:/rao-policy' is not 'models:/NAME@ALIAS'" in msg
