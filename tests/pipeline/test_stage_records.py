@@ -94,3 +94,26 @@ def test_markers_written_before_the_records_still_resume(ctx):
     assert tr.last_step == {"train/loss": 0.5} and tr.stage_s == 1.75
     ws = warm_start.fn(ctx)  # iteration defaults to "iter-0"
     assert ws.resumed and ws.mode == "demos" and ws.checkpoint.name == "iter-0" and ws.sft_steps == 3
+
+
+@stage("demo_next", name="demo-next-stage")
+def demo_next(ctx: RunContext, iteration: int, judged: JudgeOutput, parent: Checkpoint) -> TrainOutput:
+    """A stage taking another stage's record and a checkpoint."""
+    return TrainOutput(checkpoint=parent.model_copy(update={"uri": judged.scored_uri}), steps=1)
+
+
+@pytest.mark.services
+def test_stages_pass_records_inside_a_flow_run(ctx, prefect_harness):
+    """Under a real Prefect flow run: records go from task to task as they are; a second run resumes both."""
+    from prefect import flow
+
+    @flow(name="records-chain")
+    def chain(ctx: RunContext) -> TrainOutput:
+        return demo_next(ctx, 2, demo(ctx, 2, 5), Checkpoint(name="c"))
+
+    CALLS.clear()
+    out = chain(ctx)
+    assert isinstance(out, TrainOutput) and not out.resumed and CALLS == [5]
+    assert out.checkpoint == Checkpoint(name="c", uri="s3://mem/5") and out.steps == 1
+    again = chain(ctx)
+    assert again.resumed and again.checkpoint == out.checkpoint and CALLS == [5]
