@@ -2,8 +2,9 @@
 
 Issue 18 asks for a check on CUDA that this machine (no GPU) cannot make. For each mode (``full`` weights,
 ``lora`` adapter) it runs ``rao_core.train.train`` once (loss ``ppo``, on-policy behaviour log-probs, one
-optimizer step, chunked log-probs, gradient checkpointing) and reports wall time, peak GPU memory, the
-step's metrics, and whether the checkpoint was written; it also compares chunked and full-logits log-probs
+optimizer step of two accumulated micro-batches, chunked log-probs, gradient checkpointing) and reports wall
+time, peak GPU memory, the step's metrics, the dtype the weights were loaded in (a LoRA base: bf16 on CUDA),
+and whether the checkpoint was written; it also compares chunked and full-logits log-probs
 of the same batch in the compute dtype. Output: one JSON object on stdout (and in ``$OUT/gpu_train_step.json``
 when ``$OUT`` is set, as on the device machine).
 
@@ -71,7 +72,8 @@ def run(mode: str, model_dir: Path, samples, device: str, chunk: int) -> dict:
 
     from rao_core.train import LoraSettings, TrainerConfig, train
 
-    cfg = TrainerConfig(loss_type="ppo", lr=1e-4, micro_batch_size=len(samples), logprob_chunk_tokens=chunk,
+    cfg = TrainerConfig(loss_type="ppo", lr=1e-4, micro_batch_size=-(-len(samples) // 2), grad_accum=2,
+                        logprob_chunk_tokens=chunk,
                         gradient_checkpointing=True, dtype="bfloat16" if device == "cuda" else "float32",
                         lora=LoraSettings(r=16, alpha=32) if mode == "lora" else None)
     if device == "cuda":
@@ -83,7 +85,8 @@ def run(mode: str, model_dir: Path, samples, device: str, chunk: int) -> dict:
     res = train(samples, model_dir, out / "ckpt", cfg, iteration=1, on_step=steps.append)
     wall = time.monotonic() - t0
     saved = sorted(p.name for p in res.checkpoint.iterdir())
-    return {"mode": mode, "dtype": cfg.dtype, "wall_s": round(wall, 2), "steps": len(steps),
+    return {"mode": mode, "dtype": cfg.dtype, "base_dtype": res.manifest["base_dtype"], "wall_s": round(wall, 2),
+            "steps": len(steps),
             "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2 ** 20, 1) if device == "cuda" else None,
             "metrics": {k: round(v, 6) for k, v in (steps[-1] if steps else {}).items()
                         if k.startswith("train/") and isinstance(v, (int, float))},
