@@ -117,3 +117,48 @@ def test_stages_pass_records_inside_a_flow_run(ctx, prefect_harness):
     assert out.checkpoint == Checkpoint(name="c", uri="s3://mem/5") and out.steps == 1
     again = chain(ctx)
     assert again.resumed and again.checkpoint == out.checkpoint and CALLS == [5]
+
+
+@pytest.mark.services
+def test_log_iteration_logs_the_iterations_metrics_and_plots(ctx, tmp_path):
+    """The tracking task that replaced the flow body's metric code: tree, judge, sample, training,
+    evaluation, timing and serving metrics on the iteration run and the campaign run, per-step training
+    metrics, the depth histogram and the learning curve."""
+    import mlflow
+
+    from infra.tracking import configure_mlflow, ensure_experiment
+    from rao_core.tree import EndReason, ExecutionTree, Node, write_trees
+    from tasks.records import EvalOutput, ValidateOutput
+    from tasks.tracking import log_iteration
+
+    configure_mlflow(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    exp = ensure_experiment("log-iteration")
+    campaign_run, it_run = (client.create_run(exp).info.run_id for _ in range(2))
+    ctx = ctx.model_copy(update={"campaign_run_id": campaign_run, "mlflow_experiment_id": exp})
+    ctx.config.tracking.log_traces = False
+
+    def tree(i: int, s: float) -> ExecutionTree:
+        root = Node(node_id="n0", goal="g", token_ids=[1, 2], assistant_mask=[0, 1], behaviour_logprobs=[0, -1],
+                    end_reason=EndReason.FINISHED, success=s, reward=s)
+        return ExecutionTree(tree_id=f"t{i}", env="textcraft-synth", task_id="a", group_id="a", rollout_index=i,
+                             root_id="n0", nodes=[root])
+
+    write_trees(ctx.local("iter-1/scored.jsonl"), [tree(0, 1.0), tree(1, 0.0)])  # the cached copy is read
+    gen = GenerateOutput(trees_uri="s3://unused", generation_s=2.0, serving={"preemptions": 3.0})
+    judged = JudgeOutput(scored_uri="s3://unused", judge={"fail_rate": 0.25, "model": "m"})
+    val = ValidateOutput(samples_uri="s3://unused", sample_stats={"num_samples": 2, "by_depth": {}})
+    tr = TrainOutput(checkpoint=Checkpoint(name="iter-1"), steps=2, last_step={"train/loss": 0.5},
+                     metrics=[{"train/loss": 0.7}, {"train/loss": 0.5}], peak_rss_mb=300.0)
+    ev = EvalOutput(metrics={"eval/recursive/easy/success": 0.5})
+    m = log_iteration.fn(ctx, 1, it_run, gen, judged, val, tr, ev, {"generate": 4.0, "train": 1.0})
+    assert m["success/root"] == 0.5 and m["judge/fail_rate"] == 0.25 and "judge/model" not in m
+    assert m["samples/num_samples"] == 2 and m["train/loss"] == 0.5 and m["eval/recursive/easy/success"] == 0.5
+    assert (m["time/generate_s"], m["time/generation_model_s"], m["time/train_peak_rss_mb"]) == (4.0, 2.0, 300.0)
+    assert m["serving/preemptions"] == 3.0
+    logged = client.get_run(it_run).data.metrics
+    assert logged["success/root"] == 0.5 and client.get_run(campaign_run).data.metrics["time/train_s"] == 1.0
+    history = sorted((x.step, x.value) for x in client.get_metric_history(it_run, "train/loss"))
+    assert history == [(0, 0.7), (1, 0.5), (1, 0.5)]  # the two steps, then the last one at the iteration's step
+    assert {a.path for a in client.list_artifacts(it_run, "plots")} == {"plots/depth_histogram.png"}
+    assert {a.path for a in client.list_artifacts(campaign_run, "plots")} == {"plots/learning_curve.png"}
