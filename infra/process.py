@@ -264,6 +264,7 @@ def run_interruptible(fn, on_interrupt, *, grace_s: float = 5.0, stop_timeout_s:
     """Run ``fn()`` in a worker thread so that SIGINT and SIGTERM reach this (main) thread at once, whatever
     ``fn`` is doing (a Prefect flow would otherwise take SIGTERM for itself and spend a minute reporting the
     crash to an API the same Ctrl-C has just stopped). Returns ``fn()``'s value or raises its exception.
+    Called from another thread, it only calls ``fn()`` (signals reach the main thread alone).
 
     On the first signal: ``KeyboardInterrupt`` is raised inside ``fn`` (its ``finally`` blocks stop what they
     started) and given ``grace_s`` seconds; then ``on_interrupt(signum)`` runs (e.g. marks the tracking runs
@@ -279,6 +280,8 @@ def run_interruptible(fn, on_interrupt, *, grace_s: float = 5.0, stop_timeout_s:
     import sys
     import threading
 
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return fn()
     box: dict[str, object] = {}
     done = threading.Event()
 

@@ -2,9 +2,58 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import typer
+
+
+def demo_difficulties(env: str, given: list[str] | None) -> list[str]:
+    """The demonstrations' difficulties: ``given`` (each checked against ``env``), else DemoConfig's default
+    (easy, medium) where ``env`` has them, else its first declared difficulty. BadParameter for an
+    environment with no expert to demonstrate (oolong) and for a difficulty it does not know."""
+    import importlib
+
+    from rao_core.envs import REGISTRY, canonical_name, get_env
+    from rao_core.warmstart import DemoConfig
+
+    entry = REGISTRY.get(canonical_name(env))
+    if entry is None:
+        get_env(env)  # ValueError naming the known environments
+    if entry.expert is None:
+        known = sorted(n for n, e in REGISTRY.items() if e.expert)
+        raise typer.BadParameter(f"environment {env!r} has no expert to demonstrate with; one of {known}",
+                                 param_hint="'--env'")
+    module, name = entry.env.split(":")
+    cls = getattr(importlib.import_module(module), name)  # the class: its difficulties, without building it
+    for d in given or []:
+        try:
+            cls.check_difficulty(d)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--difficulty' / warm_start.difficulties") from None
+    if given:
+        return list(given)
+    ours = [d for d in DemoConfig.model_fields["difficulties"].default_factory() if d in cls.difficulties]
+    return ours or list(cls.difficulties[:1])
+
+
+def temporaries(out: Path) -> list[Path]:
+    """What training ``out`` leaves beside it while it runs: the samples file, the child's I/O folder and
+    half-saved checkpoint folders (``rao_core.train.launch``, ``rao_core.train.checkpoint``)."""
+    out = out.resolve()
+    return [out.with_name(out.name + ".samples.jsonl"), out.with_name(out.name + ".train-io"),
+            *sorted(out.parent.glob(f".{out.name}.tmp-*"))]
+
+
+def remove_temporaries(out: Path) -> str:
+    """Remove :func:`temporaries` of ``out``; returns where the training log is kept ("" when there is none)."""
+    for p in temporaries(out):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    log = out.resolve().with_name(out.resolve().name + ".train.log")
+    return str(log) if log.exists() else ""
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +68,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (replaced atomically)."),
         epochs: int = typer.Option(None, "--epochs", help="SFT epochs (default: the warm-start default)."),
         lr: float = typer.Option(None, "--lr", help="Learning rate (default: the warm-start default)."),
-        difficulties: list[str] = typer.Option(None, "--difficulty", help="Repeat for several (default easy, medium)."),
+        difficulties: list[str] = typer.Option(None, "--difficulty", help="Repeat for several (default: easy, "
+                                               "medium where the environment has them, else its first)."),
         config: Path = typer.Option(None, "--config", help="YAML with `warm_start` (DemoConfig fields + `trainer`: SFT TrainerConfig fields) and `runtime`."),
         trees: Path = typer.Option(None, "--trees", help="Also write the demonstration trees (JSON lines) here."),
     ) -> None:
@@ -39,6 +89,7 @@ def register(app: typer.Typer) -> None:
             demo.pop(key, None)
         demo.update(demo.pop("options", None) or {})
         demo.update({k: v for k, v in (("n_tasks", n_tasks), ("difficulties", difficulties or None)) if v is not None})
+        demo["difficulties"] = demo_difficulties(env, demo.get("difficulties"))  # the env's, not TextCraft's
         demo["seed"] = seed
         trainer.update({k: v for k, v in (("epochs", epochs), ("lr", lr)) if v is not None})
         try:
@@ -57,8 +108,21 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"step {int(m['train/step'])} epoch {int(m['train/epoch'])} loss {m['train/loss']:.4f} "
                        f"({m['train/tokens_per_s']:.0f} tok/s)")
 
-        res = run_warm_start(env, model_path, out, demo_config=dc, trainer_config=tc, runtime_config=rc,
-                             trees_path=trees, on_step=show)
+        from infra.process import run_interruptible, stop_descendants
+
+        def on_interrupt(signum: int) -> str:
+            stop_descendants()  # the SFT child first: it writes into the temporaries
+            log = remove_temporaries(out)
+            return ("interrupted; rao sft stopped and its temporary files removed"
+                    + (f" (training log kept: {log})" if log else "") + "; re-run the command to start again")
+
+        try:  # Ctrl-C / SIGTERM: children stopped, temporaries removed, one line, exit 130 / 143
+            res = run_interruptible(lambda: run_warm_start(env, model_path, out, demo_config=dc, trainer_config=tc,
+                                                           runtime_config=rc, trees_path=trees, on_step=show),
+                                    on_interrupt)
+        except Exception:
+            remove_temporaries(out)  # a failed training names its log in its own message
+            raise
         typer.echo(json.dumps({"stats": res.stats, "samples": res.num_samples, "tokens": res.num_tokens,
                                "assistant_tokens": res.num_assistant_tokens,
                                "demo_wall_s": round(res.demo_wall_s, 1), "sft_wall_s": round(res.sft_wall_s, 1)},

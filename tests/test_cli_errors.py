@@ -295,3 +295,88 @@ def test_a_service_that_cannot_start_is_one_line_on_stderr(capsys, tmp_path, mon
         code, err = _run(capsys, "services", "up", "--no-s3", "--prefect-server", "--prefect-port", str(port))
     assert code == 1 and _one_error_line(err) == (f"error: Prefect server: port {port} on 127.0.0.1 is in use "
                                                  "(choose another --prefect-port)")
+
+
+def test_sft_difficulties_come_from_the_environment(capsys, monkeypatch):
+    """``rao sft --env E`` demonstrates E's difficulties (it defaulted to TextCraft's easy/medium whatever E);
+    an environment without an expert (oolong) and a difficulty E does not know are one line each."""
+    import typer
+
+    from rao_cli.sft_cmd import demo_difficulties
+    from rao_core.envs import REGISTRY, EnvEntry
+
+    assert demo_difficulties("arte", None) == ["easy", "medium"]
+    assert demo_difficulties("deepdive", ["k3"]) == ["k3"]
+    monkeypatch.setitem(REGISTRY, "levels", EnvEntry("tests.test_cli_errors:_LevelsEnv", expert="x:Expert"))
+    assert demo_difficulties("levels", None) == ["small"]  # no easy/medium there: its first difficulty
+    with pytest.raises(typer.BadParameter, match="unknown levels difficulty 'easy'"):
+        demo_difficulties("levels", ["easy"])
+    code, err = _run(capsys, "sft", "--env", "oolong", "--out", "unused")
+    assert code == 2 and ("Invalid value for '--env': environment 'oolong' has no expert to demonstrate with; one "
+                          "of ['arte', 'deepdive', 'example', 'levels', 'textcraft-synth']") in _one_error_line(err)
+    code, err = _run(capsys, "sft", "--env", "arte", "--difficulty", "tier1", "--out", "unused")
+    assert code == 2 and "unknown arte difficulty 'tier1'" in _one_error_line(err)
+
+
+class _LevelsEnv:
+    name = "levels"
+    difficulties = ("small", "large")
+
+    @classmethod
+    def check_difficulty(cls, d: str) -> None:
+        if d not in cls.difficulties:
+            raise ValueError(f"unknown levels difficulty {d!r}")
+
+
+def _fake_warm_start(marker: str):
+    """A stand-in for ``run_warm_start`` that leaves what a training child leaves beside OUT, then fails
+    (``marker`` 'fail') or trains until stopped ('sleep')."""
+
+    def run_warm_start(env, model_path, out, **kw):
+        import time
+        from pathlib import Path
+
+        out = Path(out).resolve()
+        out.with_name(out.name + ".samples.jsonl").write_text("{}\n")
+        (out.with_name(out.name + ".train-io")).mkdir()
+        (out.parent / f".{out.name}.tmp-abc").mkdir()
+        out.with_name(out.name + ".train.log").write_text("step 1\n")
+        if marker == "fail":
+            raise ValueError("training failed")
+        (out.parent / "started").write_text("1")
+        time.sleep(600)
+
+    return run_warm_start
+
+
+def test_a_failed_sft_leaves_no_temporary_files(capsys, tmp_path, monkeypatch):
+    import rao_core.warmstart
+
+    monkeypatch.setattr(rao_core.warmstart, "run_warm_start", _fake_warm_start("fail"))
+    code, err = _run(capsys, "sft", "--env", "example", "--out", str(tmp_path / "ckpt"))
+    assert code == 1 and _one_error_line(err) == "error: training failed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.train.log"]  # the log stays, nothing else
+
+
+def test_an_interrupted_sft_leaves_no_temporary_files_and_says_where_the_log_is(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, rao_core.warmstart as w, tests.test_cli_errors as t; "
+              "w.run_warm_start = t._fake_warm_start('sleep'); from rao_cli.main import main; main(sys.argv[1:])")
+    env = {k: v for k, v in os.environ.items() if k != "RAO_DEBUG"}
+    proc = subprocess.Popen([sys.executable, "-c", script, "sft", "--env", "example", "--out", str(tmp_path / "ckpt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert _one_error_line(err) == (f"error: interrupted; rao sft stopped and its temporary files removed (training "
+                                    f"log kept: {tmp_path / 'ckpt.train.log'}); re-run the command to start again")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.train.log", "started"]
