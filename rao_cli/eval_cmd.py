@@ -103,9 +103,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(row.summary()))
             return
-        from rich.console import Console
+        from rao_cli import make_console
 
-        render_report(report, console=Console(), title=f"{model} on {task_file}")
+        render_report(report, console=make_console(), title=f"{model} on {task_file}")
         extra = f", {row.unscored} unscored" if row.unscored else ""
         print(f"success {row.success:.3f} (95% CI [{row.ci_low:.3f}, {row.ci_high:.3f}]) = {row.successes:g} / "
               f"{row.scored} tasks{extra}; mean depth {row.mean_depth:.2f}, delegation rate "

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
+from rao_cli import make_console
 from rao_cli.pipeline_cmd import _key_values
 
 app = typer.Typer(help="Documented experiments (results go to docs/results.md and MLflow).", no_args_is_help=True)
-console = Console()
+console = make_console()
 
 
 def _run(experiment: str, config: str, iterations: int | None, arm: list[str], write_docs: bool,

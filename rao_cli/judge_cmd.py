@@ -15,6 +15,8 @@ from typing import Any
 
 import typer
 
+from rao_cli import make_console
+
 app = typer.Typer(help="Score execution trees (verifier, LLM judge, proxy) and calibrate the judge.",
                   no_args_is_help=True)
 
@@ -68,7 +70,6 @@ def trees_cmd(
     max_cost_usd: float | None = typer.Option(None, help="Budget: max dollars."),
 ) -> None:
     """Fill success / success_source / judge on every node and print the judging statistics."""
-    from rich.console import Console
     from rich.table import Table
 
     from rao_core.judge import JudgeEndpointError, judge_trees_sync
@@ -90,7 +91,7 @@ def trees_cmd(
     table.add_column("value", justify="right")
     for k, v in stats.as_metrics().items():
         table.add_row(k, f"{v:.6g}")
-    Console().print(table)
+    make_console().print(table)
 
 
 @app.command("calibrate")
@@ -104,7 +105,6 @@ def calibrate_cmd(
     json_out: Path | None = typer.Option(None, "--json-out", help="Also write the report as JSON."),
 ) -> None:
     """Report the judge's agreement with the exact verifier (accuracy, FPR, FNR, n)."""
-    from rich.console import Console
     from rich.table import Table
 
     from rao_core.judge import JudgeEndpointError, calibrate_sync
@@ -134,7 +134,7 @@ def calibrate_cmd(
     for name, c in rows:
         table.add_row(name, str(c.n), _fmt(c.accuracy), _fmt(c.false_positive_rate), _fmt(c.false_negative_rate),
                       str(c.tp), str(c.fp), str(c.tn), str(c.fn))
-    console = Console()
+    console = make_console()
     console.print(table)
     s = rep.stats
     console.print(f"nodes with verifier truth: {rep.nodes_with_truth}; judge failures (NaN, not in n): "

@@ -7,10 +7,11 @@ import os
 import sys
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-console = Console()
+from rao_cli import make_console
+
+console = make_console()
 
 
 def _exit_on_sigterm() -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from rao_cli import make_console
 
 app = typer.Typer(help="Start, stop and list the embedded services (S3, MLflow, Prefect, vLLM).",
                   no_args_is_help=True)
-console = Console()
+console = make_console()
 
 
 def _table() -> Table:

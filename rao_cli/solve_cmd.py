@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from pydantic import Field
 
+from rao_cli import make_console
+
 #: ``--script``: the assistant messages a scripted policy replays (turn k gets message k, the last repeats).
 Script = Annotated[list[str], Field(min_length=1)]
 
@@ -70,7 +72,6 @@ def register(app: typer.Typer) -> None:
         """Solve one task with a policy, showing the execution tree as it grows."""
         import asyncio
 
-        from rich.console import Console
         from rich.live import Live
 
         from rao_core.envs import get_env, load_tasks
@@ -78,7 +79,7 @@ def register(app: typer.Typer) -> None:
         from rao_core.runtime import RuntimeConfig, oracle_policy, run_tree
         from rao_core.tree import write_trees
 
-        console = Console()
+        console = make_console()
         environment = get_env(env)
         tasks = load_tasks(task_file, environment)  # every record checked (env, validate_task) up front
         if not 0 <= task_index < len(tasks):

@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from rao_cli import make_console
+
 app = typer.Typer(help="Generate and inspect RL task files (JSON lines, one task per line).",
                   no_args_is_help=True)
 
@@ -91,7 +93,6 @@ def task_stats(path: str | Path) -> dict[str, Any]:
 @app.command()
 def stats(path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A task file (.jsonl).")) -> None:
     """Print counts and size statistics of a task file, per environment, split and difficulty."""
-    from rich.console import Console
     from rich.table import Table
 
     rows = task_stats(path)
@@ -101,4 +102,4 @@ def stats(path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A 
         table.add_column(c)
     for group, r in rows.items():
         table.add_row(group, str(r["n"]), *(str(r.get(c, "")) for c in cols))
-    Console().print(table)
+    make_console().print(table)

@@ -34,3 +34,24 @@ def test_generate_passes_options_and_reports_errors(tmp_path):
     assert bad.exit_code == 2 and "unknown difficulty" in bad.output
     bad_env = runner.invoke(app, ["generate", "--env", "minecraft", "--n", "1", "--out", str(tmp_path / "y.jsonl")])
     assert bad_env.exit_code == 2 and "unknown environment" in bad_env.output
+
+
+def test_stats_piped_keeps_every_column_whole(capsys, monkeypatch, tmp_path):
+    """Piped output (not a terminal) is not cut to rich's default 80 columns (issue 16): every header whole."""
+    import pytest
+
+    from rao_cli.main import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    f = tmp_path / "t.jsonl"
+    with pytest.raises(SystemExit):
+        main(["tasks", "generate", "--env", "textcraft-synth", "--n", "3", "--seed", "1", "--out", str(f)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["tasks", "stats", str(f)])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "…" not in out
+    header = next(line for line in out.splitlines() if "group" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+        "group", "n", "median_gold_crafts", "median_inventory_items", "median_inventory_units"]
+    assert len(header) > 80
