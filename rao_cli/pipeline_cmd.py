@@ -259,11 +259,11 @@ def register(app: typer.Typer) -> None:
 
         try:  # Ctrl-C / SIGTERM: MLflow runs KILLED, children stopped, one line, exit 130 / 143
             summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
-        except ModelError as e:
-            console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        except ModelError as e:  # on stderr, like every error (rao_cli.main)
+            typer.echo(f"error: {' '.join(str(e).split())}", err=True)
             raise typer.Exit(2) from None
         except TrainingProcessError as e:  # one line: the training child's own error and its last stderr lines
-            console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+            typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
         console.print(_summary_table(summary))
         console.print(stage_table(summary))

@@ -380,3 +380,23 @@ def test_an_interrupted_sft_leaves_no_temporary_files_and_says_where_the_log_is(
     assert _one_error_line(err) == (f"error: interrupted; rao sft stopped and its temporary files removed (training "
                                     f"log kept: {tmp_path / 'ckpt.train.log'}); re-run the command to start again")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.train.log", "started"]
+
+
+def test_run_errors_from_the_campaign_go_to_stderr(capsys, tmp_path, monkeypatch):
+    """A model or training failure inside the campaign is one error line on stderr (it was printed on stdout)."""
+    import flows.campaign
+    from infra.models import ModelError
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+
+    def fails(params):
+        raise ModelError("checkpoint unreadable:\nsee the log")
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(flows.campaign, "rao_campaign", fails)
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--set", "warm_start.mode=checkpoint", "--set", f"warm_start.checkpoint={ckpt}"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and _one_error_line(err) == "error: checkpoint unreadable: see the log" and out == ""
