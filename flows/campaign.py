@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from rao_core.config import CampaignConfig, load_config
 from tasks import tracking
-from tasks.common import RunContext
+from tasks.common import RunContext, done_key
 from tasks.records import Checkpoint, EvalOutput, ServedEndpoint
 from tasks.serve import serve_checkpoint, shutdown_server
 from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
@@ -139,7 +139,7 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str
     times: dict[str, float] = {}
     t = time.monotonic()
     # A completed iteration replayed on resume needs no server: its parent checkpoint may have been pruned.
-    done = ctx.store().exists(f"iter-{iteration}/_done/register.json")
+    done = ctx.store().exists(done_key(iteration, "register"))
     served = ServedEndpoint() if done else serve_checkpoint(ctx, ckpt)
     times["serve"] = time.monotonic() - t
     tok = "" if done else _tokenizer_path(ctx, ckpt)

@@ -53,14 +53,16 @@ class RunContext(BaseModel):
         return p
 
 
-def iter_key(iteration: int, rel: str = "") -> str:
-    """S3 key (relative to the campaign) of ``rel`` inside iteration ``iteration``."""
-    return f"iter-{iteration}/{rel}".rstrip("/")
+def iter_key(iteration: int | str, rel: str = "") -> str:
+    """S3 key (relative to the campaign) of ``rel`` inside iteration ``iteration`` (a number, or a folder
+    name such as the nightly evaluation's)."""
+    it = iteration if isinstance(iteration, str) else f"iter-{iteration}"
+    return f"{it}/{rel}".rstrip("/")
 
 
 def done_key(iteration: int | str, stage: str) -> str:
-    it = iteration if isinstance(iteration, str) else f"iter-{iteration}"
-    return f"{it}/_done/{stage}.json"
+    """S3 key of a stage's completion marker."""
+    return iter_key(iteration, f"_done/{stage}.json")
 
 
 def stage(stage_name: str, **task_options: Any) -> Callable[[Callable[..., R]], Task[..., R]]:

@@ -20,6 +20,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
+from rao_core.train.checkpoint import is_checkpoint, is_lora_checkpoint
 from tasks.common import RunContext, fetch_dir
 from tasks.records import Checkpoint, ServedEndpoint
 
@@ -29,9 +30,8 @@ _STATE: dict[str, Any] = {"server": None, "served": None, "lora": None}
 
 def checkpoint_local(ctx: RunContext, ckpt: Checkpoint) -> Path:
     """Local folder of checkpoint ``ckpt``: its own folder when complete, else a copy of its S3 prefix."""
-    local = ckpt.local
-    if local and (Path(local) / "config.json").exists() or (local and (Path(local) / "adapter_config.json").exists()):
-        return Path(local)
+    if ckpt.local and is_checkpoint(ckpt.local):
+        return Path(ckpt.local)
     if not ckpt.uri:
         raise FileNotFoundError(f"checkpoint {ckpt.name} has neither a local folder nor an S3 URI")
     return fetch_dir(ctx, ckpt.uri, f"checkpoints/{ckpt.name}")
@@ -74,7 +74,7 @@ def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
         if server is not None and _STATE["served"] == ckpt.name:
             return ServedEndpoint(base_url=server.base_url, model=_STATE["lora"] or server.model, how="same")
         served_dir = ctx.local("served")
-        lora = (src / "adapter_config.json").exists()
+        lora = is_lora_checkpoint(src)
         how = "start"
         if server is None:  # a LoRA checkpoint (a resumed campaign): start on its base model, then load it
             base = _lora_base(src) if lora else src
@@ -119,7 +119,7 @@ def _serve_external(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
         model, how = cfg.served_model_name, "external"
         if cfg.switch == "lora":
             src = checkpoint_local(ctx, ckpt)
-            if (src / "adapter_config.json").exists():
+            if is_lora_checkpoint(src):
                 load_lora_adapter(cfg.base_url, ckpt.name, src.resolve())
                 model, how = ckpt.name, "external-lora"
         elif cfg.switch != "none" and ckpt.name != _STATE["served"]:

@@ -17,6 +17,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
+from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
 from tasks.common import RunContext, fetch, iter_key, stage
@@ -282,7 +283,7 @@ def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, toke
     """Evaluate the served checkpoint on held-out validation tasks (recursive and/or single-agent)."""
     res = run_evaluation(ctx, served, tokenizer_path)
     report = res.model_dump(include={"metrics", "rows"})
-    rep = ctx.store().put_bytes(json.dumps(report, indent=1).encode(), f"{iteration if isinstance(iteration, str) else f'iter-{iteration}'}/eval/report.json")
+    rep = ctx.store().put_bytes(json.dumps(report, indent=1).encode(), iter_key(iteration, "eval/report.json"))
     try:
         create_table_artifact(key=f"{ctx.name}-{iteration}-eval".replace("_", "-").lower(), table=res.rows,
                               description="Validation success by mode and difficulty (Wilson 95% CI)")
@@ -330,7 +331,7 @@ def checkpoint_from_uri(ctx: RunContext, ref: str) -> Checkpoint:
         parts = ref.rstrip("/").split("/")  # the name keys the local cache: campaign-iter-K-checkpoint
         return Checkpoint(name="-".join(parts[-3:]), uri=ref)
     p = Path(ref)
-    if not (p / "config.json").exists() and not (p / "adapter_config.json").exists():
+    if not is_checkpoint(p):
         from infra.models import ModelError
 
         raise ModelError(f"model not found: {p} has no config.json (run `make setup`, or fix `model.path`)")

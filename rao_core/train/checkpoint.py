@@ -29,7 +29,7 @@ from rao_core.samples import Sample
 
 MANIFEST_NAME = "rao-checkpoint.json"
 
-__all__ = ["MANIFEST_NAME", "data_hash", "read_manifest", "is_lora_checkpoint", "atomic_folder"]
+__all__ = ["MANIFEST_NAME", "data_hash", "read_manifest", "is_checkpoint", "is_lora_checkpoint", "atomic_folder"]
 
 
 def data_hash(samples: Iterable[Sample]) -> str:
@@ -45,6 +45,11 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The checkpoint manifest of ``folder``, or None when it has none (e.g. a base model)."""
     p = Path(folder) / MANIFEST_NAME
     return json.loads(p.read_text()) if p.exists() else None
+
+
+def is_checkpoint(folder: str | os.PathLike[str]) -> bool:
+    """True when ``folder`` holds a model to serve or train from: full weights or a LoRA adapter."""
+    return (Path(folder) / "config.json").exists() or is_lora_checkpoint(folder)
 
 
 def is_lora_checkpoint(folder: str | os.PathLike[str]) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 
 from rao_core.paths import REPO_ROOT
 from rao_core.samples import SampleBatch
+from rao_core.train.checkpoint import is_checkpoint
 from rao_core.train.config import TrainerConfig
 
 __all__ = ["SubprocessTrainResult", "TrainingProcessError", "TrainingRun", "launch_command", "run_training",
@@ -214,7 +215,7 @@ def train_in_subprocess(
     if rc != 0:
         msg, tail = _failure_message(rc, log)
         raise TrainingProcessError(msg, returncode=rc, log_path=log, tail=tail)
-    if not (out_dir / "config.json").exists() and not (out_dir / "adapter_config.json").exists():
+    if not is_checkpoint(out_dir):
         msg, tail = _failure_message(rc, log)
         raise TrainingProcessError(msg.replace(f"exited with status {rc}", "exited 0 without a checkpoint", 1),
                                    returncode=rc, log_path=log, tail=tail)
