@@ -4,8 +4,9 @@ Evaluates a registered model version or alias (default ``candidate``) on a bench
 environment at its difficulties, recursive and single-agent modes) and compares every metric with the
 ``champion`` alias's recorded scores: a drop larger than the tolerance fails the flow run with a clear
 message and a Prefect table artifact listing each comparison. Each entry is evaluated by
-``tasks.stages.run_evaluation``, i.e. ``rao_core.evaluation.evaluate_suite``, the code of the campaign's
-evaluation and of ``rao eval``.
+``tasks.stages.evaluate_checkpoint`` (``run_evaluation``, i.e. ``rao_core.evaluation.evaluate_suite``, the
+code of the campaign's evaluation and of ``rao eval``); ``tasks.tracking.log_evaluation`` logs the results
+and the comparison.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field
 
 from rao_core.evaluation import EvalConfig, Mode
 from tasks import tracking
 from tasks.common import RunContext
 from tasks.serve import serve_checkpoint, shutdown_server
-from tasks.stages import checkpoint_from_uri, run_evaluation
+from tasks.stages import checkpoint_from_uri, evaluate_checkpoint
 
 
 class RegressionError(RuntimeError):
@@ -68,24 +68,6 @@ def evaluate_run_name() -> str:
     return f"{p.name}-{p.model}".replace("models:/", "")
 
 
-def compare_with_champion(metrics: dict[str, float], champion: dict[str, float], tolerance: float
-                          ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Table rows (metric, champion, value, delta, status) for every ``/success`` metric, and the
-    regressions found by :func:`rao_core.evaluation.compare` (``value < champion - tolerance``)."""
-    from rao_core.evaluation import compare
-
-    bad = compare(metrics, champion, tolerance)
-    flagged = {b.split(":", 1)[0] for b in bad}
-    rows = []
-    for k, v in sorted(metrics.items()):
-        if k.endswith("/success"):
-            c = champion.get(k)
-            rows.append({"metric": k, "champion": "" if c is None else round(c, 4), "value": round(v, 4),
-                         "delta": "" if c is None else round(v - c, 4),
-                         "status": "new" if c is None else ("REGRESSION" if k in flagged else "ok")})
-    return rows, bad
-
-
 @flow(name="rao-evaluate", log_prints=True, flow_run_name=evaluate_run_name, **tracking.END_HOOKS)
 def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
     """Evaluate a registered checkpoint on the suite; fail on a regression vs ``champion``."""
@@ -121,23 +103,13 @@ def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
                 served = serve_checkpoint(ctx, ckpt)
                 from tasks.serve import checkpoint_local
 
-                res = run_evaluation(ctx, served, str(checkpoint_local(ctx, ckpt)))
+                res = evaluate_checkpoint(ctx, served, str(checkpoint_local(ctx, ckpt)))
                 metrics.update({k.replace("eval/", f"eval/{entry.env}/", 1) if entry.env != base.tasks.env else k: v
                                 for k, v in res.metrics.items()})
                 all_rows += [{"env": entry.env, **r} for r in res.rows]
         finally:
             shutdown_server()
-    tracking.log_metrics(run.info.run_id, metrics)
-    rows, bad = compare_with_champion(metrics, champion_scores, tol)
-    tracking.log_json(run.info.run_id, {"metrics": metrics, "comparison": rows}, "evaluation.json")
-    try:
-        create_table_artifact(key=f"{params.name}-comparison".lower(), table=rows or [{"metric": "none"}],
-                              description=f"{ref} vs champion (tolerance {tol})")
-        create_table_artifact(key=f"{params.name}-results".lower(), table=all_rows or [{"result": "none"}],
-                              description=f"{ref}: success by env, mode and difficulty")
-    except Exception:
-        pass
-    mlflow.MlflowClient().set_terminated(run.info.run_id, status="FAILED" if bad else "FINISHED")
+    rows, bad = tracking.log_evaluation(run.info.run_id, params.name, ref, metrics, all_rows, champion_scores, tol)
     if bad:
         raise RegressionError(f"{ref} regressed vs champion: " + "; ".join(bad))
     log.info(f"{ref}: no regression vs champion ({len(rows)} metrics compared)")

@@ -12,8 +12,9 @@ import json
 import random
 import time
 from pathlib import Path
-from prefect import get_run_logger
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
@@ -271,6 +272,9 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str)
     report = evaluate_tasks(ctx.config.eval, env=env, tasks=validation_tasks(ctx), runtime=ctx.config.runtime,
                             tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served))
     return EvalOutput(metrics=report.metrics(), rows=[r.table_row() for r in report.rows])
+
+
+evaluate_checkpoint = task(run_evaluation, name="evaluate-checkpoint", cache_policy=NONE)  # not resumable: the nightly
 
 
 def primary_metric(ctx: RunContext) -> str:

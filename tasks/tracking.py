@@ -2,7 +2,8 @@
 
 - :func:`log_iteration` (a Prefect task) logs one RL iteration: its metrics (trees, judge, samples,
   training, evaluation, timings, serving), the depth histogram, the trees as traces and the campaign's
-  learning curve.
+  learning curve; :func:`log_evaluation` (a Prefect task) logs a nightly evaluation and its comparison
+  with the champion.
 
 - One MLflow run per campaign (tag ``rao.campaign``), one nested run per iteration (``rao.iteration``).
   Each is tagged with the Prefect flow run that last worked on it (``rao.prefect_flow_run_id``, and its
@@ -149,6 +150,46 @@ def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOut
     log_figure(ctx.campaign_run_id, learning_curve_figure(ctx.campaign_run_id, keys, f"{ctx.name}: learning curve"),
                "plots/learning_curve.png")
     return m
+
+
+def compare_with_champion(metrics: dict[str, float], champion: dict[str, float], tolerance: float
+                          ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Table rows (metric, champion, value, delta, status) for every ``/success`` metric, and the
+    regressions found by :func:`rao_core.evaluation.compare` (``value < champion - tolerance``)."""
+    from rao_core.evaluation import compare
+
+    bad = compare(metrics, champion, tolerance)
+    flagged = {b.split(":", 1)[0] for b in bad}
+    rows = []
+    for k, v in sorted(metrics.items()):
+        if k.endswith("/success"):
+            c = champion.get(k)
+            rows.append({"metric": k, "champion": "" if c is None else round(c, 4), "value": round(v, 4),
+                         "delta": "" if c is None else round(v - c, 4),
+                         "status": "new" if c is None else ("REGRESSION" if k in flagged else "ok")})
+    return rows, bad
+
+
+@task(name="log-evaluation", cache_policy=NONE)
+def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], results: list[dict[str, Any]],
+                   champion: dict[str, float], tolerance: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """Log a nightly evaluation of ``ref`` (metrics, :func:`compare_with_champion` rows, Prefect table
+    artifacts ``<name>-comparison`` and ``<name>-results``) and end its run ``run_id``, FAILED when a metric
+    regressed; returns the comparison rows and the regressions."""
+    from prefect.artifacts import create_table_artifact
+
+    log_metrics(run_id, metrics)
+    rows, bad = compare_with_champion(metrics, champion, tolerance)
+    log_json(run_id, {"metrics": metrics, "comparison": rows}, "evaluation.json")
+    try:
+        create_table_artifact(key=f"{name}-comparison".lower(), table=rows or [{"metric": "none"}],
+                              description=f"{ref} vs champion (tolerance {tolerance})")
+        create_table_artifact(key=f"{name}-results".lower(), table=results or [{"result": "none"}],
+                              description=f"{ref}: success by env, mode and difficulty")
+    except Exception:
+        pass
+    _client().set_terminated(run_id, status="FAILED" if bad else "FINISHED")
+    return rows, bad
 
 
 def registered_model_name(config: CampaignConfig, campaign: str | None = None) -> str:

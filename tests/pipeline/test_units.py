@@ -9,7 +9,7 @@ from rao_core.tree import EndReason, ExecutionTree, Node
 
 
 def test_compare_with_champion_rows_and_regressions():
-    from flows.evaluate import compare_with_champion
+    from tasks.tracking import compare_with_champion
 
     metrics = {"eval/recursive/easy/success": 0.5, "eval/recursive/hard/success": 0.30,
                "eval/single/easy/success": 0.9, "eval/recursive/easy/depth": 1.0}
@@ -21,6 +21,31 @@ def test_compare_with_champion_rows_and_regressions():
                       "eval/single/easy/success": "new"}
     assert len(bad) == 1 and bad[0].startswith("eval/recursive/easy/success")
     assert [r["delta"] for r in rows if r["metric"].endswith("hard/success")] == [-0.02]
+
+
+def test_log_evaluation_logs_the_comparison_and_fails_the_run_on_a_regression(tmp_path, monkeypatch):
+    """The nightly flow's logging task: metrics and evaluation.json on the run, which ends FAILED on a
+    regression and FINISHED otherwise; two Prefect table artifacts (recorded here: outside a flow run
+    Prefect would start a temporary API server for them)."""
+    import mlflow
+    import prefect.artifacts
+
+    from infra.tracking import configure_mlflow
+    from tasks.tracking import log_evaluation
+
+    configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")
+    client = mlflow.MlflowClient()
+    exp = mlflow.create_experiment("nightly", artifact_location=(tmp_path / "a").as_uri())
+    artifacts = []
+    monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda key, **kw: artifacts.append(key))
+    m = "eval/recursive/easy/success"
+    for value, status in ((0.5, "FAILED"), (0.7, "FINISHED")):
+        run = client.create_run(exp).info.run_id
+        rows, bad = log_evaluation.fn(run, "nightly", "models:/p@candidate", {m: value}, [], {m: 0.7}, 0.05)
+        assert bool(bad) == (status == "FAILED") and rows[0]["metric"] == m
+        assert client.get_run(run).info.status == status and client.get_run(run).data.metrics[m] == value
+        assert client.list_artifacts(run)[0].path == "evaluation.json"
+    assert artifacts == ["nightly-comparison", "nightly-results"] * 2
 
 
 def test_promotion_moves_champion_only_when_not_worse(tmp_path, monkeypatch):
