@@ -193,7 +193,17 @@ def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experimen
     return "\n".join(lines) + "\n"
 
 
-@flow(name="rao-experiment", log_prints=True)
+def experiment_run_name() -> str:
+    """Prefect flow-run name of an experiment: ``<name prefix or experiment>``, e.g. ``textcraft-tier1`` (the
+    arms' campaign runs are ``<prefix>-recursive`` and ``<prefix>-single``); was a random name."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters.get("params") or {}
+    p = p if isinstance(p, ExperimentParams) else ExperimentParams.model_validate(p)
+    return p.name or p.experiment
+
+
+@flow(name="rao-experiment", log_prints=True, flow_run_name=experiment_run_name)
 def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, Any]:
     """Run both arms and write the learning-curve table and plot."""
     log = get_run_logger()

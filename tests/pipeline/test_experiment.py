@@ -85,3 +85,15 @@ def test_experiment_record_points_and_test(tmp_path):
     t = rec["test"]
     assert (t["arm"], t["difficulty"], t["baseline_iteration"], t["final_iteration"]) == ("recursive", "tier1", 0, 2)
     assert t["final"] == [21, 50] and t["difference"] == pytest.approx(0.22) and 0 < t["p_value"] < 0.05
+
+
+def test_experiment_flow_run_is_named_after_the_experiment(monkeypatch):
+    """The experiment's Prefect flow run is named after it (it got a random name such as 'elusive-termite')."""
+    import prefect.runtime.flow_run as fr
+
+    from flows.experiment import experiment_run_name
+
+    monkeypatch.setitem(fr.FIELDS, "parameters", lambda: {"params": {"experiment": "textcraft-tier1"}})
+    assert experiment_run_name() == "textcraft-tier1"
+    monkeypatch.setitem(fr.FIELDS, "parameters", lambda: {"params": ExperimentParams(name="mine")})
+    assert experiment_run_name() == "mine"
