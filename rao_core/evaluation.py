@@ -89,6 +89,25 @@ def mode_runtime(runtime: RuntimeConfig, mode: Mode) -> RuntimeConfig:
     return RuntimeConfig.model_validate({**runtime.model_dump(), "delegation": mode == "recursive"})
 
 
+def two_proportion_test(s1: float, n1: int, s2: float, n2: int) -> dict[str, float]:
+    """Pooled two-proportion z-test of H1: p2 > p1 (e.g. 1 = warm start, 2 = last iteration).
+
+    Args: successes and trials of each sample (successes may be fractional for graded scores).
+    Returns ``{"z", "p_value"}`` (one-sided, upper tail) and ``"p_value_two_sided"``; z = 0 and p = 1 (0.5
+    one-sided) when the pooled variance is 0 (both rates 0 or both 1). Raises ValueError for n < 1.
+    """
+    if n1 < 1 or n2 < 1:
+        raise ValueError(f"two_proportion_test needs n >= 1, got {n1} and {n2}")
+    p1, p2 = s1 / n1, s2 / n2
+    pool = (s1 + s2) / (n1 + n2)
+    var = pool * (1 - pool) * (1 / n1 + 1 / n2)
+    if var <= 0:
+        return {"z": 0.0, "p_value": 0.5, "p_value_two_sided": 1.0}
+    z = (p2 - p1) / math.sqrt(var)
+    upper = 0.5 * math.erfc(z / math.sqrt(2))
+    return {"z": z, "p_value": upper, "p_value_two_sided": min(1.0, 2 * min(upper, 1 - upper))}
+
+
 def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval of a proportion (module docstring has the formula).
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from flows.campaign import CampaignParams
-from flows.experiment import ExperimentParams, _rows, arm_overrides, learning_curve_png, results_markdown
+from flows.experiment import ExperimentParams, _rows, arm_overrides
+from tasks.experiment import learning_curve_png, results_markdown
 
 CONFIG = "configs/experiment-textcraft-cpu.yaml"
 
@@ -53,7 +54,7 @@ def test_rows_markdown_and_plot(tmp_path):
 
 
 def test_two_proportion_test_values():
-    from flows.experiment import two_proportion_test
+    from rao_core.evaluation import two_proportion_test
 
     t = two_proportion_test(10, 50, 20, 50)  # 0.2 -> 0.4, pooled 0.3
     assert t["z"] == pytest.approx(0.2 / (0.3 * 0.7 * 0.04) ** 0.5)
@@ -65,7 +66,7 @@ def test_two_proportion_test_values():
 
 
 def test_experiment_record_points_and_test(tmp_path):
-    from flows.experiment import experiment_record
+    from tasks.experiment import experiment_record
     from rao_core.paths import REPO_ROOT
 
     def row(arm, it, mode, s):
@@ -97,3 +98,33 @@ def test_experiment_flow_run_is_named_after_the_experiment(monkeypatch):
     assert experiment_run_name() == "textcraft-tier1"
     monkeypatch.setitem(fr.FIELDS, "parameters", lambda: {"params": ExperimentParams(name="mine")})
     assert experiment_run_name() == "mine"
+
+
+def test_write_results_rewrites_only_its_own_section_and_logs_to_mlflow(tmp_path, monkeypatch):
+    """The results task replaces this experiment's section of docs/results.md (other sections kept), writes
+    the JSON record and the plot, and logs both to the MLflow run."""
+    import json
+
+    import mlflow
+
+    from tasks.experiment import write_results
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
+    run_id = mlflow.MlflowClient().create_run(mlflow.create_experiment("e")).info.run_id
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/results.md").write_text("# Results\n\n## Before\nkept\n\n## Learning curve: tier-x\nOLD\n\n"
+                                             "## After\nalso kept\n")
+    rows = [{"arm": "recursive", "iteration": i, "mode": "recursive", "difficulty": "tier1", "n": 50,
+             "successes": s, "success": s / 50, "ci95": "[0.1, 0.5]", "mean_depth": 0.0, "delegation_rate": 0.0}
+            for i, s in ((0, 5), (1, 20))]
+    meta = {"command": "rao experiment tier-x", "config": "c.yaml", "seed": 0, "commit": "abc",
+            "date": "2026-12-01", "wall_s": 60.0, "n_tasks": 50}
+    out = write_results.fn("tier-x", rows, meta, {}, {"name": "x"}, run_id, out_root=tmp_path)
+    doc = (tmp_path / "docs/results.md").read_text()
+    assert "OLD" not in doc and "kept" in doc and "also kept" in doc and doc.count("## Learning curve: tier-x") == 1
+    assert "| recursive | 1 | recursive | tier1 | 50 | 0.40 |" in doc
+    rec = json.loads((tmp_path / "docs/results/tier-x.json").read_text())
+    assert rec["test"]["final"] == [20, 50] and out["record"] == rec
+    assert (tmp_path / "docs/img/tier-x.png").stat().st_size > 1000
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "experiment")}
+    assert arts == {"experiment/results.json", "experiment/tier-x.png"}
