@@ -9,8 +9,9 @@
   Each is tagged with the Prefect flow run that last worked on it (``rao.prefect_flow_run_id``, and its
   UI page ``rao.prefect_url``); the flows' state hook :func:`end_mlflow_runs` marks the runs a failed,
   crashed or cancelled flow run left RUNNING as FAILED or KILLED.
-- Traces: one trace per execution tree, one span per agent node (goal, result, depth, success, reward,
-  tokens, end reason), nested like the tree, linked to the iteration run.
+- Traces: one trace per execution tree, a span per agent node nested like the tree and a span per turn
+  (cell, REPL output, token usage) under its node; only infrastructure failures are errors
+  (:func:`infra.tracking.log_trees_as_traces`), linked to the iteration run.
 - Registry: every checkpoint is a model version of :func:`registered_model_name` whose source is the
   checkpoint's S3 URI, tagged with campaign, iteration and evaluation scores; alias ``candidate`` is the
   latest version, ``champion`` is moved only by :func:`promote` (a real update whose primary metric is
@@ -30,7 +31,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
-from rao_core.tree import ExecutionTree, unscored
+from rao_core.tree import ExecutionTree
 from tasks.common import RunContext, fetch
 from tasks.records import EvalOutput, GenerateOutput, JudgeOutput, TrainOutput, ValidateOutput
 
@@ -70,11 +71,6 @@ def log_trees_as_traces(run_id: str, experiment_id: str, trees: Sequence[Executi
     from infra import tracking as infra_tracking
 
     return infra_tracking.log_trees_as_traces(run_id, experiment_id, trees, limit)
-
-
-def _short(x: Any, limit: int = 2000) -> Any:
-    s = json.dumps(x, default=str)
-    return x if len(s) <= limit else s[:limit] + "..."
 
 
 def depth_histogram_figure(hist: dict[int, int], title: str):
