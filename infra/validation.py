@@ -9,7 +9,13 @@ Two tables are checked (documented in ``docs/pipeline.md``, "Data validation"):
 ``samples`` (one row per training sample, from :func:`sample_table`):
   - ``advantage`` and ``weight`` never null/NaN, ``num_assistant_tokens`` >= 1,
     ``num_tokens`` at most the context window, ``group_size`` >= 2 (scored trees in the sample's group),
-    at least one row.
+    at least one row;
+  - ``advantage`` and ``weight`` finite (NaN and +-inf are made null, so the not-null checks name them);
+    ``advantage`` within ``[-(1 + lambda), 1 + lambda]`` for the estimators without a scale (all but
+    ``grpo``: R(n) and b_g both lie in ``[0, 1 + lambda]``, Eqs. 1, 3, 4); ``weight`` in ``[0, N]`` (Eq. 5:
+    w_d = (N/K)/|B_d| <= N for N samples); ``behaviour_logprob_max`` (the largest behaviour log-prob of a
+    sample) not null (NaN, +inf) and <= 0; ``lengths_match`` true (token ids, assistant mask and
+    behaviour log-probs of one length).
 
 Every expectation's result goes into a JSON report (success flag, per-expectation observed values) that
 the pipeline stores on S3 and attaches to MLflow and Prefect. great-expectations is imported lazily
@@ -18,6 +24,7 @@ the pipeline stores on S3 and attaches to MLflow and Prefect. great-expectations
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any, Sequence
 
@@ -59,12 +66,33 @@ def sample_table(batch: SampleBatch):
         "advantage": s.advantage, "weight": s.weight, "reward": s.reward,
         "num_tokens": len(s.token_ids), "num_assistant_tokens": sum(s.assistant_mask),
         "group_size": len(trees_per_group[s.group_id]),
+        "behaviour_logprob_max": _max_logprob(s.behaviour_logprobs),
+        "lengths_match": len(s.token_ids) == len(s.assistant_mask) == len(s.behaviour_logprobs),
     } for s in batch.samples], columns=["tree_id", "node_id", "group_id", "depth", "advantage", "weight",
-                                        "reward", "num_tokens", "num_assistant_tokens", "group_size"])
+                                        "reward", "num_tokens", "num_assistant_tokens", "group_size",
+                                        "behaviour_logprob_max", "lengths_match"])
 
 
-def _suites(max_depth: int, lam: float, context_window: int):
+def _max_logprob(lps: Sequence[float]) -> float | None:
+    """The largest log-prob of a sample (0.0 when it has none), None when one is NaN or +inf (fails
+    not-null: great-expectations would skip them in a range check)."""
+    if any(unscored(x) or x == math.inf for x in lps):
+        return None
+    return max(lps, default=0.0)
+
+
+def advantage_bound(estimator: str, lam: float) -> float | None:
+    """Largest |A_n| an estimator can give: ``1 + lambda`` when sigma = 1 (R(n), b_g in [0, 1 + lambda]);
+    None for ``grpo``, whose division by the group's std has no bound (only finiteness is checked)."""
+    return None if estimator == "grpo" else 1.0 + lam
+
+
+def _suites(max_depth: int, lam: float, context_window: int, num_samples: int, adv_bound: float | None):
+    import sys
+
     import great_expectations as gx
+
+    big = adv_bound if adv_bound is not None else sys.float_info.max  # non-finite values are nulled
 
     E = gx.expectations
     nodes = [
@@ -82,13 +110,21 @@ def _suites(max_depth: int, lam: float, context_window: int):
         E.ExpectColumnValuesToBeBetween(column="num_assistant_tokens", min_value=1),
         E.ExpectColumnValuesToBeBetween(column="num_tokens", min_value=1, max_value=context_window),
         E.ExpectColumnValuesToBeBetween(column="group_size", min_value=2),
+        E.ExpectColumnValuesToBeBetween(column="advantage", min_value=-big, max_value=big),
+        E.ExpectColumnValuesToBeBetween(column="weight", min_value=0.0, max_value=max(num_samples, 1)),
+        E.ExpectColumnValuesToNotBeNull(column="behaviour_logprob_max"),
+        E.ExpectColumnValuesToBeBetween(column="behaviour_logprob_max", max_value=0.0),
+        E.ExpectColumnValuesToBeInSet(column="lengths_match", value_set=[True]),
     ]
     return {"nodes": nodes, "samples": samples}
 
 
 def validate_training_data(trees: Sequence[ExecutionTree], batch: SampleBatch, *, max_depth: int, lam: float,
-                           context_window: int) -> dict[str, Any]:
+                           context_window: int, estimator: str = "leave_one_out") -> dict[str, Any]:
     """Run the suites; returns ``{"success": bool, "tables": {name: {...}}, "failures": [str, ...]}``.
+
+    ``estimator``: the advantage estimator the batch was built with (``algo.advantage``), which bounds
+    the advantages (:func:`advantage_bound`).
 
     NaN rewards/successes (failed judgements) are allowed in the node table (great-expectations treats
     NaN as missing and skips it for range checks); NaN advantages in samples are not.
@@ -99,11 +135,13 @@ def validate_training_data(trees: Sequence[ExecutionTree], batch: SampleBatch, *
     context = gx.get_context(mode="ephemeral")
     source = context.data_sources.add_pandas("rao")
     frames = {"nodes": node_table(trees), "samples": sample_table(batch)}
-    # NaN is not null for pandas' isnull? It is; but make the advantage check explicit anyway.
-    frames["samples"]["advantage"] = frames["samples"]["advantage"].map(
-        lambda x: None if unscored(x) else x)
+    # great-expectations skips NaN and also +-inf in range checks: a non-finite advantage or weight becomes
+    # null, which the not-null expectations name.
+    for col in ("advantage", "weight"):
+        frames["samples"][col] = frames["samples"][col].map(lambda x: x if math.isfinite(x) else None)
     report: dict[str, Any] = {"success": True, "tables": {}, "failures": []}
-    for name, expectations in _suites(max_depth, lam, context_window).items():
+    suites = _suites(max_depth, lam, context_window, len(batch.samples), advantage_bound(estimator, lam))
+    for name, expectations in suites.items():
         df = frames[name]
         asset = source.add_dataframe_asset(name)
         batch_def = asset.add_batch_definition_whole_dataframe(f"{name}-all")

@@ -172,7 +172,7 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
     batch = build_samples(trees, estimator=ctx.config.algo.advantage, depth_weighting=ctx.config.algo.depth_weights)
     cfg = ctx.config
     report = validate_training_data(trees, batch, max_depth=cfg.runtime.effective_max_depth, lam=cfg.algo.lam,
-                                    context_window=cfg.runtime.context_window)
+                                    context_window=cfg.runtime.context_window, estimator=cfg.algo.advantage)
     report["sample_stats"] = batch.stats.model_dump()
     store = ctx.store()
     rep = store.put_bytes(json.dumps(report, indent=1, default=str).encode(),

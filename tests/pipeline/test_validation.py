@@ -32,7 +32,7 @@ def test_good_batch_passes_and_reports_every_expectation():
     rep = _validate([_tree(0, 1.0), _tree(1, 0.0)])
     assert rep["success"] is True and rep["failures"] == []
     assert rep["tables"]["nodes"]["rows"] == 4 and rep["tables"]["samples"]["rows"] == 4
-    assert len(rep["tables"]["nodes"]["expectations"]) == 6 and len(rep["tables"]["samples"]["expectations"]) == 6
+    assert len(rep["tables"]["nodes"]["expectations"]) == 6 and len(rep["tables"]["samples"]["expectations"]) == 11
     assert rep["group_sizes"] == {"2": 4}
 
 
