@@ -108,3 +108,120 @@ async def test_real_vllm_trees(vllm_tiny, tok):
         assert root.turns and all(len(t.completion_logprobs) == len(t.completion_token_ids) > 0 for t in root.turns)
         assert all(lp <= 0.0 for t in root.turns for lp in t.completion_logprobs)
         check_tokens(tree, chat)
+
+
+class _DyingServer:
+    """An OpenAI-compatible completions server in a thread (stdlib) that dies mid-generation.
+
+    A tree whose goal says ``quick`` is answered ``finish('done')``; a ``slow`` tree first gets a cell
+    printing ``xyzzy-42``. The first request of a second turn (its prompt holds that output) finds the
+    server dying: once every tree's first turn is answered, it stops listening and drops that request
+    unanswered, as a killed vLLM would; later requests are refused.
+    """
+
+    def __init__(self, tok, n_trees: int):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.first_turns = threading.Semaphore(0)
+        self.answered = 0
+        self.dead = threading.Event()
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                prompt = tok.decode(body["prompt"])
+                if "xyzzy-42" in prompt:  # a second turn: the server dies now
+                    with outer.lock:
+                        if not outer.dead.is_set():
+                            for _ in range(n_trees):  # every first turn answered (or 30 s)
+                                outer.first_turns.acquire(timeout=30)
+                            outer.dead.set()
+                            threading.Thread(target=outer.srv.shutdown).start()
+                            outer.srv.server_close()  # stop listening: retries are refused
+                    return  # the connection closes without an answer
+                text = ("```python\nfinish('done')\n```\n" if "quick" in prompt
+                        else "```python\nprint('xyzzy-42')\n```\n")
+                ids = tok.encode(text, add_special_tokens=False)
+                out = {"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
+                       "choices": [{"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
+                                    "prompt_token_ids": body["prompt"],
+                                    "logprobs": {"tokens": [tok.decode([i]) for i in ids],
+                                                 "token_logprobs": [-0.25] * len(ids), "top_logprobs": None,
+                                                 "text_offset": list(range(len(ids)))}}],
+                       "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids),
+                                 "total_tokens": len(body["prompt"]) + len(ids)}}
+                data = json.dumps(out).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                outer.answered += 1
+                outer.first_turns.release()
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            block_on_close = False  # server_close runs inside a handler thread
+
+        self.srv = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        if not self.dead.is_set():
+            self.srv.shutdown()
+            self.srv.server_close()
+        self.thread.join(timeout=10)
+
+
+async def test_policy_server_dying_mid_generation_fails_only_the_trees_it_was_serving(tok):
+    """Drill (issue 16): vLLM killed mid-generation. The trees waiting on it end POLICY_ERROR within the
+    client's bounded retries, no exception escapes ``run_trees``, the judge leaves them unscored (not 0),
+    and the trees that had finished are intact and make the iteration's samples."""
+    from rao_core.judge import JudgeConfig
+    from rao_core.judge.stage import judge_trees
+    from rao_core.rewards import assign_rewards
+    from rao_core.runtime import run_trees
+    from rao_core.samples import build_samples
+    from rao_core.tree import unscored
+
+    srv = _DyingServer(tok, n_trees=4)
+    conf = cfg(max_steps_per_node=4, tree_timeout_s=120)
+    try:
+        # as the pipeline builds it (tasks.stages._policy): request timeout = policy_timeout_s, default retries
+        pol = OpenAIPolicy(srv.url, "policy", request_timeout_s=conf.policy_timeout_s)
+        t0 = time.perf_counter()
+        trees = await run_trees(FakeEnv(), [(task("quick: finish", expect="done", task_id="q"), 2),
+                                            (task("slow: print first", expect="done", task_id="s"), 2)],
+                                pol, conf, tokenizer=tok)
+        elapsed = time.perf_counter() - t0
+        await pol.aclose()
+    finally:
+        srv.close()
+    assert srv.dead.is_set() and srv.answered == 4
+    quick, slow = trees[:2], trees[2:]
+    for t in quick:  # finished before the server died: whole
+        assert t.error is None and t.root.end_reason == EndReason.FINISHED and t.root.result == "done"
+        assert t.root.verifier == 1.0
+    for t in slow:
+        root = t.root
+        assert root.end_reason == EndReason.POLICY_ERROR and "APIConnectionError" in root.error, root.error
+        assert len(root.turns) == 1 and root.turns[0].observation == "xyzzy-42\n"  # its first turn is kept
+        assert root.verifier == 0.0  # the verifier alone would call it a failure of the policy ...
+    assert elapsed < 30  # 3 retries with backoff (0.25 + 0.5 + 1 s), not the 300 s request timeout
+    judged, stats = await judge_trees(trees, None, JudgeConfig(enabled=False))
+    for t in judged[2:]:  # ... the judge leaves it unscored: not the policy's doing
+        assert all(unscored(n.success) and n.judge["rule"] == "infrastructure" for n in t.nodes)
+    assert stats.infra_unscored == {"policy_error": 2}
+    assert [t.root.success for t in judged[:2]] == [1.0, 1.0]
+    batch = build_samples([assign_rewards(t, 0.5) for t in judged])
+    assert {s.tree_id for s in batch.samples} == {t.tree_id for t in quick}  # the iteration trains on the rest
+    assert batch.stats.dropped_nan_root_trees == 2
