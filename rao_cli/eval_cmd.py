@@ -6,6 +6,8 @@ The command serves the checkpoint with vLLM as the campaign's serving stage does
 ``rao_core.evaluation.run_evaluation``, the function behind the campaign's, the experiment's and the
 nightly evaluations, with the runtime limits of ``--config``. It prints the success rate with its Wilson
 95% interval; ``--json`` prints exactly one JSON object on stdout (everything else goes to stderr).
+Ctrl-C or SIGTERM stops it within seconds (``infra.process.run_interruptible``, as ``rao run``): the vLLM
+server it started and every REPL are stopped, one ``error: interrupted ...`` line, exit 130 / 143.
 """
 
 from __future__ import annotations
@@ -73,32 +75,40 @@ def register(app: typer.Typer) -> None:
             tasks = tasks[:n]
         ev = EvalConfig(modes=[mode], graded=cfg.eval.graded)  # the tasks are given: only modes/graded matter
         tokenizer = load_tokenizer(str(model))
-        server = None
         say = (lambda msg: print(msg, file=sys.stderr)) if as_json else print
-        try:
-            if base_url:
-                from infra.serving import wait_for_server
 
-                wait_for_server(base_url)
-                url, name = base_url, served_name or cfg.serving.served_model_name
-            else:
-                import signal
+        def evaluate() -> object:
+            server = None
+            try:
+                if base_url:
+                    from infra.serving import wait_for_server
 
-                from infra.serving import server_from_config
+                    wait_for_server(base_url)
+                    url, name = base_url, served_name or cfg.serving.served_model_name
+                else:
+                    from infra.serving import server_from_config
 
-                # SIGTERM -> SystemExit, so the finally block below stops the server
-                signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-                server = server_from_config(cfg, model, switching=False)  # as the campaign serves (tasks/serve.py)
-                where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
-                say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
-                server.start()
-                url, name = server.base_url, server.model
-            say(f"evaluating {len(tasks)} {env.name} tasks of {task_file}, mode {mode}")
-            report = run_evaluation(ev, env=env, tasks=tasks, runtime=cfg.runtime, tokenizer=tokenizer,
-                                    base_url=url, model=name)
-        finally:
-            if server is not None:
-                server.stop()
+                    server = server_from_config(cfg, model, switching=False)  # as the campaign serves (tasks/serve.py)
+                    where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
+                    say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
+                    server.start()
+                    url, name = server.base_url, server.model
+                say(f"evaluating {len(tasks)} {env.name} tasks of {task_file}, mode {mode}")
+                return run_evaluation(ev, env=env, tasks=tasks, runtime=cfg.runtime, tokenizer=tokenizer,
+                                      base_url=url, model=name)
+            finally:
+                if server is not None:
+                    server.stop()
+
+        def on_interrupt(signum: int) -> str:
+            import signal
+
+            return f"interrupted ({signal.Signals(signum).name}): evaluation of {model} on {task_file} stopped"
+
+        from infra.process import run_interruptible
+
+        # Ctrl-C / SIGTERM: the server (and every REPL) stopped, one error: line, exit 130 / 143
+        report = run_interruptible(evaluate, on_interrupt)
         row = report.pooled(mode)
         if as_json:
             print(json.dumps(row.summary()))

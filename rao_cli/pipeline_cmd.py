@@ -195,6 +195,47 @@ def _interrupted(cfg):
     return on_interrupt
 
 
+def kill_evaluation_runs(cfg, since_ms: int) -> list[str]:
+    """Mark KILLED the evaluation runs (tag ``rao.kind = evaluation``) of ``cfg``'s experiment that started at
+    or after ``since_ms`` and are RUNNING or were marked FAILED by a crash hook; returns their ids."""
+    import mlflow
+
+    from infra.tracking import configure_mlflow
+
+    configure_mlflow(cfg.tracking.tracking_uri)
+    exp = mlflow.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return []
+    runs = mlflow.search_runs([exp.experiment_id], output_format="list",
+                              filter_string=f"tags.`rao.kind` = 'evaluation' and attributes.start_time >= {since_ms}")
+    ended = [r.info.run_id for r in runs if r.info.status in ("RUNNING", "FAILED")]
+    for run_id in ended:
+        mlflow.MlflowClient().set_terminated(run_id, status="KILLED")
+    return ended
+
+
+def _evaluation_interrupted(cfg, ref: str):
+    """``on_interrupt`` of ``rao evaluate``: the evaluation runs it started become KILLED; returns the line."""
+    import signal
+    import time
+
+    started_ms = int(time.time() * 1000)
+
+    def on_interrupt(signum: int) -> str:
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
+        try:
+            ended = kill_evaluation_runs(cfg, started_ms)
+            runs = f"MLflow run{'s' * (len(ended) > 1)} {', '.join(ended)} marked KILLED" if ended else \
+                "no MLflow run was running"
+        except Exception as e:  # noqa: BLE001 - the interrupt is still reported on one line
+            first = (str(e).splitlines() or [""])[0][:200]
+            runs = f"its MLflow run could not be marked KILLED ({type(e).__name__}: {first})"
+        return f"interrupted ({signal.Signals(signum).name}): evaluation of {ref} stopped, {runs}"
+
+    return on_interrupt
+
+
 @contextlib.contextmanager
 def _prefect_failures_quiet():
     """Drop Prefect's console report of a failed run (the exception with its traceback, "Finished in state
@@ -292,7 +333,8 @@ def register(app: typer.Typer) -> None:
         The suite defaults to the config's own evaluation (environment, difficulties, task count, modes), so
         every metric has a champion score to compare with. Config, suite and model reference are checked
         before any service starts; a failure is one ``error:`` line (``RAO_DEBUG=1``: Prefect's log and the
-        traceback).
+        traceback). Ctrl-C or SIGTERM stops it within seconds: its MLflow run is marked KILLED, every process
+        it started is stopped, one error: line is printed (exit 130 / 143).
         """
         _prefect_env()
         from flows.campaign import CampaignParams
@@ -301,9 +343,12 @@ def register(app: typer.Typer) -> None:
         base = CampaignParams(config=config).resolve()
         suite = _suite(base, env, difficulty, n_tasks)
         ref = _registered_model(base, model)
-        try:
+        from infra.process import run_interruptible
+
+        params = EvaluateParams(config=config, model=ref, suite=suite, tolerance=tolerance)
+        try:  # Ctrl-C / SIGTERM: the evaluation's MLflow run KILLED, children stopped, one line, exit 130 / 143
             with _prefect_failures_quiet():
-                out = rao_evaluate(EvaluateParams(config=config, model=ref, suite=suite, tolerance=tolerance))
+                out = run_interruptible(lambda: rao_evaluate(params), _evaluation_interrupted(base, ref))
         except RegressionError as e:
             console.print(f"[red]regression:[/red] {e}", soft_wrap=True)
             raise typer.Exit(1) from None

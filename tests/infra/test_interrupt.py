@@ -118,3 +118,109 @@ def test_kill_campaign_runs_marks_only_this_campaigns_live_runs(tmp_path, monkey
     status = {r: client.get_run(r).info.status for r in (campaign_run, iteration_run, just_failed, old_failure,
                                                          finished, other)}
     assert list(status.values()) == ["KILLED", "KILLED", "KILLED", "FAILED", "FINISHED", "RUNNING"]
+
+
+class _SilentServer:
+    """An OpenAI-compatible server in a thread that lists its model but never answers a completion: the
+    command under test is busy in its evaluation when the signal comes (``posted`` is set)."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        posted = self.posted = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                data = b'{"object": "list", "data": [{"id": "policy", "object": "model"}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                posted.set()
+                time.sleep(120)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            block_on_close = False
+
+        self.srv = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/v1"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_rao_eval_stops_at_once_on_one_line(tmp_path, sig, code):
+    """``rao eval`` runs its work through ``run_interruptible`` (as ``rao run``): a signal during the
+    evaluation stops it within seconds with one error: line (before: SIGTERM killed it silently with
+    --base-url, or went through sys.exit while vLLM was served)."""
+    from rao_core.envs import get_env
+    from rao_core.envs.base import write_tasks
+    from rao_core.paths import tiny_model_path
+
+    model = tiny_model_path()
+    if not (model / "config.json").exists():
+        pytest.skip(f"{model} missing (run `make setup`)")
+    env = get_env("textcraft-synth")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", env.generate_tasks(n=2, seed=0, difficulty="easy"))
+    srv = _SilentServer()
+    penv = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    penv.pop("RAO_DEBUG", None)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "rao_cli.main", "eval", "--model", str(model), "--task-file",
+                                 str(tasks), "--base-url", srv.url], env=penv, cwd=REPO_ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if not srv.posted.wait(600):  # imports and task checks: slow on a busy 2-core machine
+            proc.kill()
+            pytest.fail(f"rao eval never asked for a completion: {proc.communicate()}")
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert proc.returncode == code, (out, err)
+    assert err.strip().splitlines()[-1] == (f"error: interrupted ({signal.Signals(sig).name}): evaluation of "
+                                            f"{model} on {tasks} stopped"), err
+    assert "Traceback" not in err
+    assert took < 20, took  # 5 s grace for the evaluation to unwind, then its children are stopped
+
+
+def test_kill_evaluation_runs_marks_only_the_evaluation_runs_this_command_started(tmp_path):
+    import mlflow
+
+    from infra.tracking import configure_mlflow, ensure_experiment
+    from rao_cli.pipeline_cmd import kill_evaluation_runs
+    from rao_core.config import load_config
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config("configs/cpu-smoke.yaml", overrides=[f"tracking.tracking_uri={uri}"])
+    configure_mlflow(uri)
+    exp = ensure_experiment(cfg.tracking.experiment)
+    client = mlflow.MlflowClient()
+
+    def run(kind: str, status: str | None = None) -> str:
+        rid = client.create_run(exp, tags={"rao.kind": kind}).info.run_id
+        if status:
+            client.set_terminated(rid, status=status)
+        return rid
+
+    earlier = run("evaluation")  # another evaluation, still running: not this command's
+    time.sleep(0.02)
+    since = int(time.time() * 1000)
+    time.sleep(0.02)
+    mine, crashed, campaign = run("evaluation"), run("evaluation", "FAILED"), run("campaign")
+    assert sorted(kill_evaluation_runs(cfg, since)) == sorted([mine, crashed])
+    status = [client.get_run(r).info.status for r in (mine, crashed, earlier, campaign)]
+    assert status == ["KILLED", "KILLED", "RUNNING", "RUNNING"]
