@@ -4,7 +4,6 @@ absolute path, and the printed worker runs a deployment from there (not from its
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -15,27 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.process import free_port, kill_group
+from infra.process import kill_group
 from rao_core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.services
 RAO = [sys.executable, "-m", "rao_cli.main"]
-
-
-@pytest.fixture(scope="module")
-def prefect_up(tmp_path_factory):
-    """``rao services up --prefect-server --prefect-port P`` in a fresh RAO_HOME; yields (env, stdout, port)."""
-    home = tmp_path_factory.mktemp("rao-home")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAO_S3"))}
-    env.update(RAO_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_WORKER_QUERY_SECONDS="2")
-    port = free_port()
-    r = subprocess.run(RAO + ["services", "up", "--no-s3", "--prefect-server", "--prefect-port", str(port)],
-                       env=env, capture_output=True, text=True, timeout=300, cwd=home)
-    try:
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield env, r.stdout, port
-    finally:
-        subprocess.run(RAO + ["services", "down"], env=env, capture_output=True, timeout=120, cwd=home)
 
 
 def test_services_up_prints_the_api_url_and_a_worker_command(prefect_up):

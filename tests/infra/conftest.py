@@ -1,0 +1,30 @@
+"""Fixtures of the infra tests: one Prefect server for the session, started as the README says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from infra.process import free_port
+
+RAO = [sys.executable, "-m", "rao_cli.main"]
+
+
+@pytest.fixture(scope="session")
+def prefect_up(tmp_path_factory):
+    """``rao services up --no-s3 --prefect-server --prefect-port P`` in a fresh RAO_HOME; yields (env, stdout,
+    port), ``env`` being the environment of that RAO_HOME (no PREFECT_* or RAO_S3* of the caller)."""
+    home = tmp_path_factory.mktemp("rao-home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAO_S3"))}
+    env.update(RAO_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_WORKER_QUERY_SECONDS="2")
+    port = free_port()
+    r = subprocess.run(RAO + ["services", "up", "--no-s3", "--prefect-server", "--prefect-port", str(port)],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=home)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield env, r.stdout, port
+    finally:
+        subprocess.run(RAO + ["services", "down"], env=env, capture_output=True, timeout=120, cwd=home)

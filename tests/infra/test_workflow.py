@@ -1,0 +1,111 @@
+"""The README's Prefect workflow end to end (issue 17): on a real Prefect server started by ``rao services up
+--prefect-server``, ``rao deploy`` and the worker command it prints, the ``campaign`` deployment runs a cheap
+campaign (tiny model, 1 iteration) to COMPLETED, then the ``nightly-evaluation`` deployment, under another
+name, evaluates the checkpoint that campaign registered (fetched by its own S3 URI) to COMPLETED.
+
+Both flows use the session's tiny vLLM server (``serving.base_url``, ``switch: none``), so the test starts
+no vLLM of its own; S3 is the session's SeaweedFS, MLflow a SQLite file of the test.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from infra.process import kill_group
+from rao_core.paths import REPO_ROOT
+
+pytestmark = [pytest.mark.vllm, pytest.mark.services, pytest.mark.slow]
+RAO = [sys.executable, "-m", "rao_cli.main"]
+CAMPAIGN, NIGHTLY = "wf-campaign", "wf-nightly"
+
+
+def _tiny_config(path: Path, model: Path, base_url: str) -> Path:
+    """configs/cpu-smoke.yaml shrunk to the tiny model: 1 iteration of 2 tasks x 2 trees, short nodes, 2
+    evaluation tasks, on an external server that keeps its weights."""
+    cfg = yaml.safe_load((REPO_ROOT / "configs/cpu-smoke.yaml").read_text())
+    cfg.update(iterations=1, model={"path": str(model), "registered_model": "rao-policy-{campaign}"})
+    cfg["serving"] = {"base_url": base_url, "switch": "none", "max_model_len": 2048}
+    cfg["tasks"].update(difficulties=["easy"], pool_size=4, tasks_per_iteration=2)
+    cfg["algo"]["G"] = 2
+    cfg["runtime"].update(context_window=2048, max_new_tokens=128, max_steps_per_node=3, tree_timeout_s=600)
+    cfg["warm_start"] = {"mode": "none"}
+    cfg["eval"].update(difficulties=["easy"], n_tasks=2)
+    cfg["tracking"]["max_traces_per_iteration"] = 4
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _run_deployment(api: str, deployment_id: str, parameters: dict, timeout_s: float) -> dict:
+    """Create a flow run of the deployment and wait for a final state; returns the flow run."""
+    fr = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters},
+                    timeout=30)
+    fr.raise_for_status()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{api}/flow_runs/{fr.json()['id']}", timeout=30).json()
+        if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        time.sleep(2)
+    return run
+
+
+def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_through_a_worker(
+        prefect_up, vllm_tiny, s3_server, tmp_path):
+    env, _, port = prefect_up
+    api = f"http://127.0.0.1:{port}/api"
+    home = Path(env["RAO_HOME"])
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**env, **s3_server.settings().env(), "MLFLOW_TRACKING_URI": mlflow_uri}
+    config = _tiny_config(tmp_path / "tiny.yaml", vllm_tiny.model_path, vllm_tiny.base_url)
+
+    r = subprocess.run(RAO + ["deploy"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    deps = {d["name"]: d["id"] for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=30).json()}
+    worker_cmd = re.search(r"start a worker: (.*)", r.stdout).group(1).split()  # PREFECT_API_URL=... prefect ...
+    worker = subprocess.Popen(worker_cmd[1:], env={**env, "PREFECT_API_URL": api}, cwd=tmp_path,
+                              start_new_session=True, stdout=open(tmp_path / "worker.log", "w"),
+                              stderr=subprocess.STDOUT)
+    t0 = time.monotonic()
+    try:
+        campaign = _run_deployment(api, deps["campaign"], {"params": {"config": str(config), "name": CAMPAIGN}},
+                                   900)
+        t_campaign = time.monotonic() - t0
+        nightly = None
+        if campaign["state"]["type"] == "COMPLETED":
+            suite = [{"env": "textcraft-synth", "difficulties": ["easy"], "n_tasks": 2, "modes": ["recursive"]}]
+            nightly = _run_deployment(api, deps["nightly-evaluation"], {"params": {
+                "config": str(config), "model": "candidate", "campaign": CAMPAIGN, "name": NIGHTLY,
+                "suite": suite}}, 600)
+    finally:
+        kill_group(worker.pid)
+        worker.wait(timeout=30)
+    log = (tmp_path / "worker.log").read_text()[-4000:]
+    print(f"campaign {t_campaign:.0f} s, nightly {time.monotonic() - t0 - t_campaign:.0f} s through the worker")
+    assert campaign["state"]["type"] == "COMPLETED", f"{campaign['state']['message']}\n{log}"
+    assert campaign["name"] == CAMPAIGN
+    assert nightly["state"]["type"] == "COMPLETED", f"{nightly['state']['message']}\n{log}"
+    assert nightly["name"] == f"{NIGHTLY}-candidate"
+
+    # The evaluation ran under its own name on the version the campaign registered, fetched by its S3 URI
+    # into the evaluation's own cache.
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_uri)
+    model = f"rao-policy-{CAMPAIGN}"
+    cand = client.get_model_version_by_alias(model, "candidate")
+    assert cand.source == f"s3://{s3_server.bucket}/{CAMPAIGN}/iter-1/checkpoint"
+    fetched = home / f"campaigns/{NIGHTLY}/checkpoints/{model}-v{cand.version}"
+    assert (fetched / "config.json").exists()
+    exp = client.get_experiment_by_name("rao").experiment_id
+    runs = client.search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
+    assert [(x.info.status, x.data.tags["rao.model"]) for x in runs] == [("FINISHED", f"models:/{model}@candidate")]
+    assert "eval/recursive/easy/success" in runs[0].data.metrics
+    assert runs[0].data.tags.get("rao.prefect_flow_run_id") == nightly["id"]
