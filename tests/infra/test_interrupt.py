@@ -82,10 +82,12 @@ def test_an_interrupted_run_stops_its_children_and_says_so_on_one_line(tmp_path,
 def test_a_result_or_an_error_of_the_work_comes_back_unchanged():
     from infra.process import run_interruptible
 
+    # the handlers in place before (SIG_IGN for SIGINT when the suite runs in the background, as in CI)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     assert run_interruptible(lambda: 42, lambda s: "never") == 42
     with pytest.raises(ValueError, match="bad config"):
         run_interruptible(lambda: (_ for _ in ()).throw(ValueError("bad config")), lambda s: "never")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers are given back
 
 
 def test_kill_campaign_runs_marks_only_this_campaigns_live_runs(tmp_path, monkeypatch):
