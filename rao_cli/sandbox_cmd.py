@@ -11,9 +11,9 @@ app = typer.Typer(help="The REPL sandbox used for every node (bubblewrap + rlimi
 
 @app.command("run")
 def run(file: Path = typer.Argument(..., help="Python file to run as one cell (top-level await allowed)."),
-        timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="Wall-clock limit, seconds."),
-        memory_mb: int = typer.Option(1024, "--memory-mb", min=64, help="Address-space limit, MiB (the REPL "
-                                      "itself needs some)."),
+        timeout: float = typer.Option(30.0, "--timeout", min=0.1, max=3600.0, help="Wall-clock limit, seconds."),
+        memory_mb: int = typer.Option(1024, "--memory-mb", min=128, help="Address-space limit, MiB (the REPL "
+                                      "itself dies below ~96)."),
         sandbox: str = typer.Option("bwrap", "--sandbox", help="bwrap | none (debugging only).")) -> None:
     """Print {"ok", "stdout", "error", "end_reason"}; exit 0 whether or not the cell failed."""
     import asyncio

@@ -265,12 +265,27 @@ def test_deploy_without_a_reachable_prefect_api_is_one_line(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("option, expected", [
     (["--timeout", "-1"], "Invalid value for '--timeout': Input should be greater than or equal to 0.1"),
-    (["--memory-mb", "0"], "Invalid value for '--memory-mb': Input should be greater than or equal to 64")])
+    (["--timeout", "inf"], "Invalid value for '--timeout': Input should be less than or equal to 3600"),
+    (["--memory-mb", "64"], "Invalid value for '--memory-mb': Input should be greater than or equal to 128")])
 def test_sandbox_limits_out_of_range_are_refused(capsys, tmp_path, option, expected):
     f = tmp_path / "c.py"
     f.write_text("print(1)\n")
     code, err = _run(capsys, "sandbox", "run", *option, str(f))
     assert code == 2 and expected in _one_error_line(err)
+
+
+def test_sandbox_runs_a_cell_at_the_smallest_memory_limit_it_accepts(capsys, tmp_path):
+    """The lowest --memory-mb accepted still starts the REPL (64 and 80 were accepted and always died)."""
+    import json
+
+    f = tmp_path / "c.py"
+    f.write_text("print(1 + 1)\n")
+    try:
+        main(["sandbox", "run", "--memory-mb", "128", str(f)])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["stdout"] == "2\n", out
 
 
 def test_sandbox_run_on_a_folder_says_it_is_a_folder(capsys, tmp_path):
