@@ -448,7 +448,10 @@ def run_plan(config: str, overrides: list[str], *, name: str | None = None, iter
     if gpus is None or gpu_mem_gib is None:
         seen = detect_gpus()
         if seen is None:
-            raise ValueError("no NVIDIA GPU visible here: give the target machine as --gpus N --gpu-mem-gib M")
+            if gpus is None and gpu_mem_gib is None:
+                raise ValueError("no NVIDIA GPU visible here: give the target machine as --gpus N --gpu-mem-gib M")
+            missing = "--gpu-mem-gib M" if gpu_mem_gib is None else "--gpus N"
+            raise ValueError(f"no NVIDIA GPU visible here: give the target machine's {missing} too")
         gpus, gpu_mem_gib = gpus or seen[0], gpu_mem_gib or seen[1]
     plan = build_plan(cfg, gpus, gpu_mem_gib, config_name=config)
     echo(format_plan(plan))

@@ -139,3 +139,14 @@ def test_the_refusal_is_one_error_line_from_the_cli(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and len(err) == 1
     assert err[0].startswith("error: ") and "serving.switch 'reload'" in err[0]
+
+
+def test_a_plan_without_a_gpu_names_the_missing_option(monkeypatch):
+    """On a machine without GPUs, --gpus alone is told that --gpu-mem-gib is missing (it said to give both)."""
+    import infra.plan as plan
+
+    monkeypatch.setattr(plan, "detect_gpus", lambda: None)
+    with pytest.raises(ValueError, match=r"give the target machine's --gpu-mem-gib M too"):
+        plan.run_plan(str(GPU8), [], gpus=1, echo=lambda s: None)
+    with pytest.raises(ValueError, match=r"give the target machine as --gpus N --gpu-mem-gib M"):
+        plan.run_plan(str(GPU8), [], echo=lambda s: None)
