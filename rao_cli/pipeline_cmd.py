@@ -173,26 +173,34 @@ def kill_campaign_runs(cfg, since_ms: int) -> list[str]:
     return ended
 
 
-def _interrupted(cfg):
-    """``on_interrupt`` of ``rao run``: the campaign's MLflow runs become KILLED; returns the one-line message."""
+def _interrupt_handler(kill, since_ms: int, subject: str, tail: str = ""):
+    """``on_interrupt`` for :func:`infra.process.run_interruptible`: ``kill(since_ms)`` marks the MLflow runs
+    the command started KILLED (a remote MLflow that is down fails in seconds); returns the one-line message
+    ``interrupted (SIGNAL): <subject> stopped, <which runs were marked><tail>``."""
     import signal
-    import time
 
     def on_interrupt(signum: int) -> str:
-        since_ms = int(time.time() * 1000) - 20_000  # the signal came before the flow's grace period (5 s)
-        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # a remote MLflow that is down: fail in seconds
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
         try:
-            ended = kill_campaign_runs(cfg, since_ms)
+            ended = kill(since_ms)
             runs = f"MLflow run{'s' * (len(ended) > 1)} {', '.join(ended)} marked KILLED" if ended else \
                 "no MLflow run was running"
         except Exception as e:  # noqa: BLE001 - the interrupt is still reported on one line
             first = (str(e).splitlines() or [""])[0][:200]
             runs = f"its MLflow runs could not be marked KILLED ({type(e).__name__}: {first})"
-        return (f"interrupted ({signal.Signals(signum).name}): campaign {cfg.name!r} stopped, {runs}; re-run the "
-                "same command to resume")
+        return f"interrupted ({signal.Signals(signum).name}): {subject} stopped, {runs}{tail}"
 
     return on_interrupt
+
+
+def _interrupted(cfg):
+    """``on_interrupt`` of ``rao run``: the campaign's MLflow runs become KILLED (those started up to 20 s
+    before the signal: it came before the flow's 5 s grace period)."""
+    import time
+
+    return _interrupt_handler(lambda since: kill_campaign_runs(cfg, since), int(time.time() * 1000) - 20_000,
+                              f"campaign {cfg.name!r}", "; re-run the same command to resume")
 
 
 def kill_evaluation_runs(cfg, since_ms: int) -> list[str]:
@@ -215,25 +223,11 @@ def kill_evaluation_runs(cfg, since_ms: int) -> list[str]:
 
 
 def _evaluation_interrupted(cfg, ref: str):
-    """``on_interrupt`` of ``rao evaluate``: the evaluation runs it started become KILLED; returns the line."""
-    import signal
+    """``on_interrupt`` of ``rao evaluate``: the evaluation runs it started become KILLED."""
     import time
 
-    started_ms = int(time.time() * 1000)
-
-    def on_interrupt(signum: int) -> str:
-        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
-        try:
-            ended = kill_evaluation_runs(cfg, started_ms)
-            runs = f"MLflow run{'s' * (len(ended) > 1)} {', '.join(ended)} marked KILLED" if ended else \
-                "no MLflow run was running"
-        except Exception as e:  # noqa: BLE001 - the interrupt is still reported on one line
-            first = (str(e).splitlines() or [""])[0][:200]
-            runs = f"its MLflow run could not be marked KILLED ({type(e).__name__}: {first})"
-        return f"interrupted ({signal.Signals(signum).name}): evaluation of {ref} stopped, {runs}"
-
-    return on_interrupt
+    return _interrupt_handler(lambda since: kill_evaluation_runs(cfg, since), int(time.time() * 1000),
+                              f"evaluation of {ref}")
 
 
 @contextlib.contextmanager
