@@ -98,7 +98,9 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     # into the evaluation's own cache.
     import mlflow
 
-    client = mlflow.MlflowClient(mlflow_uri)
+    # registry_uri too: MlflowClient(uri) alone reads the registry at the process-wide registry URI, which an
+    # earlier test of the session may have set (failed so in .ci/run)
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri, registry_uri=mlflow_uri)
     model = f"rao-policy-{CAMPAIGN}"
     cand = client.get_model_version_by_alias(model, "candidate")
     assert cand.source == f"s3://{s3_server.bucket}/{CAMPAIGN}/iter-1/checkpoint"
