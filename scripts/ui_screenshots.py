@@ -233,6 +233,16 @@ def submitted_run(api_url: str, deployment_id: str, name: str, timeout_s: float 
         time.sleep(2)
 
 
+def completed(run: dict, what: str, worker_log: Path) -> bool:
+    """True when flow run ``run`` ended COMPLETED; otherwise print one ``error:`` line naming ``what``, its
+    final state and message, and the worker's log."""
+    if run["state"]["type"] == "COMPLETED":
+        return True
+    print(f"error: {what} ended {run['state']['type']}: {run['state'].get('message')}; worker log {worker_log}",
+          file=sys.stderr)
+    return False
+
+
 def wait_flow_run(api_url: str, run_id: str, timeout_s: float) -> dict:
     """Poll a flow run until it reaches a final state (printing state changes); returns it."""
     deadline, last = time.monotonic() + timeout_s, None
@@ -309,9 +319,7 @@ def main() -> int:
         run_id = submitted_run(api_url, deps["campaign"], CAMPAIGN)
         print(f"campaign submitted from the form: flow run {run_id}", flush=True)
         run = wait_flow_run(api_url, run_id, 3600)
-        if run["state"]["type"] != "COMPLETED":
-            print(f"error: the campaign ended {run['state']['type']}: {run['state'].get('message')}; worker log "
-                  f"{tmp / 'worker.log'}", file=sys.stderr)
+        if not completed(run, "the campaign", tmp / "worker.log"):
             return 1
 
         # 2. Its run page.
@@ -322,9 +330,7 @@ def main() -> int:
         r = api("POST", f"{api_url}/deployments/{deps['nightly-evaluation']}/create_flow_run",
                 json={"parameters": {"params": NIGHTLY_PARAMS}})
         nightly = wait_flow_run(api_url, r["id"], 3600)
-        if nightly["state"]["type"] != "COMPLETED":
-            print(f"error: the nightly evaluation ended {nightly['state']['type']}: "
-                  f"{nightly['state'].get('message')}", file=sys.stderr)
+        if not completed(nightly, "the nightly evaluation", tmp / "worker.log"):
             return 1
         browser.goto(f"{ui}/runs/flow-run/{nightly['id']}", browser.text_present("Completed"))
         browser.screenshot(args.out / "nightly-run.png", settle_s=5)
