@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar, get_type_hints
@@ -58,6 +59,34 @@ def iter_key(iteration: int | str, rel: str = "") -> str:
     name such as the nightly evaluation's)."""
     it = iteration if isinstance(iteration, str) else f"iter-{iteration}"
     return f"{it}/{rel}".rstrip("/")
+
+
+def artifact_key(campaign: str, stage: str, iteration: int | str | None = None) -> str:
+    """The key of every Prefect artifact of the pipeline: ``<campaign>-iter-<n>-<stage>``, or
+    ``<campaign>-<stage>`` when ``iteration`` is None (the nightly evaluation's comparison).
+
+    Args:
+        campaign: the campaign (or evaluation) name, as the user wrote it (e.g. ``My_Run.v2``).
+        stage: what the artifact shows (``validation``, ``eval``, ``generate-progress``, ...).
+        iteration: an iteration number, or a folder name such as ``"iter-0"`` (used as it is).
+
+    Returns:
+        The key normalised to what Prefect accepts (lowercase letters, digits and single dashes, none at
+        either end; ``prefect.types.names.raise_on_name_alphanumeric_dashes_only``): every other character
+        becomes a dash, e.g. ``artifact_key("My_Run.v2", "eval", 3) == "my-run-v2-iter-3-eval"``.
+
+    Raises:
+        ValueError: nothing of ``campaign`` or ``stage`` is left after normalisation.
+    """
+
+    def norm(part: str) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", str(part).lower()).strip("-")
+
+    if not norm(campaign) or not norm(stage):
+        raise ValueError(f"artifact key needs a campaign and a stage with letters or digits, "
+                         f"got {campaign!r} and {stage!r}")
+    it = [] if iteration is None else [iteration if isinstance(iteration, str) else f"iter-{iteration}"]
+    return "-".join(n for n in map(norm, [campaign, *it, stage]) if n)
 
 
 def done_key(iteration: int | str, stage: str) -> str:

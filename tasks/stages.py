@@ -21,7 +21,7 @@ from rao_core.envs import Task, get_env, load_tasks, write_tasks
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
-from tasks.common import RunContext, fetch, iter_key, stage
+from tasks.common import RunContext, artifact_key, fetch, iter_key, stage
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
                            TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local
@@ -178,7 +178,7 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
     rep = store.put_bytes(json.dumps(report, indent=1, default=str).encode(),
                           iter_key(iteration, "validation/report.json"))
     try:
-        create_markdown_artifact(key=f"{ctx.name}-iter-{iteration}-validation", markdown=report_markdown(report),
+        create_markdown_artifact(key=artifact_key(ctx.name, "validation", iteration), markdown=report_markdown(report),
                                  description="Training-data validation (great-expectations)")
     except Exception:  # outside a flow run (direct calls) there is no artifact API context
         pass
@@ -289,7 +289,7 @@ def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, toke
     report = res.model_dump(include={"metrics", "rows"})
     rep = ctx.store().put_bytes(json.dumps(report, indent=1).encode(), iter_key(iteration, "eval/report.json"))
     try:
-        create_table_artifact(key=f"{ctx.name}-{iteration}-eval".replace("_", "-").lower(), table=res.rows,
+        create_table_artifact(key=artifact_key(ctx.name, "eval", iteration), table=res.rows,
                               description="Validation success by mode and difficulty (Wilson 95% CI)")
     except Exception:
         pass

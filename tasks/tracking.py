@@ -32,7 +32,7 @@ from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.tree import ExecutionTree
-from tasks.common import RunContext, fetch
+from tasks.common import RunContext, artifact_key, fetch
 from tasks.records import EvalOutput, GenerateOutput, JudgeOutput, TrainOutput, ValidateOutput
 
 FLOW_RUN_TAG = "rao.prefect_flow_run_id"
@@ -170,7 +170,7 @@ def compare_with_champion(metrics: dict[str, float], champion: dict[str, float],
 def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], results: list[dict[str, Any]],
                    champion: dict[str, float], tolerance: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Log a nightly evaluation of ``ref`` (metrics, :func:`compare_with_champion` rows, Prefect table
-    artifacts ``<name>-comparison`` and ``<name>-results``) and end its run ``run_id``, FAILED when a metric
+    artifacts ``artifact_key(name, "comparison")`` and ``"results"``) and end its run ``run_id``, FAILED when a metric
     regressed; returns the comparison rows and the regressions."""
     from prefect.artifacts import create_table_artifact
 
@@ -178,9 +178,9 @@ def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], 
     rows, bad = compare_with_champion(metrics, champion, tolerance)
     log_json(run_id, {"metrics": metrics, "comparison": rows}, "evaluation.json")
     try:
-        create_table_artifact(key=f"{name}-comparison".lower(), table=rows or [{"metric": "none"}],
+        create_table_artifact(key=artifact_key(name, "comparison"), table=rows or [{"metric": "none"}],
                               description=f"{ref} vs champion (tolerance {tolerance})")
-        create_table_artifact(key=f"{name}-results".lower(), table=results or [{"result": "none"}],
+        create_table_artifact(key=artifact_key(name, "results"), table=results or [{"result": "none"}],
                               description=f"{ref}: success by env, mode and difficulty")
     except Exception:
         pass
