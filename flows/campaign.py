@@ -24,10 +24,16 @@ from rao_core.config import CampaignConfig, load_config
 from tasks import tracking
 from tasks.common import RunContext, done_key
 from tasks.records import Checkpoint, EvalOutput, ServedEndpoint
-from tasks.serve import serve_checkpoint, shutdown_server
+from tasks.serve import STOP_SERVER_HOOKS, serve_checkpoint, shutdown_server
 from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
                           train_policy, validate_dataset)
 from tasks.warm_start import warm_start
+
+
+# Hooks of the flows that start a vLLM server: no MLflow run stays RUNNING, and a run cancelled or crashed
+# (its process killed by the worker) leaves no server behind.
+FLOW_END_HOOKS = {k: tracking.END_HOOKS.get(k, []) + STOP_SERVER_HOOKS.get(k, [])
+                  for k in (*tracking.END_HOOKS, *STOP_SERVER_HOOKS)}
 
 
 class CampaignParams(BaseModel):
@@ -173,7 +179,7 @@ def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
     return uri, ensure_experiment(cfg.tracking.experiment)
 
 
-@flow(name="rao-campaign", log_prints=True, flow_run_name=campaign_run_name, **tracking.END_HOOKS)
+@flow(name="rao-campaign", log_prints=True, flow_run_name=campaign_run_name, **FLOW_END_HOOKS)
 def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look."""
     import mlflow

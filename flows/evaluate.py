@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from rao_core.evaluation import EvalConfig, Mode
 from tasks import tracking
 from tasks.common import RunContext
+from flows.campaign import FLOW_END_HOOKS
 from tasks.serve import serve_checkpoint, shutdown_server
 from tasks.stages import checkpoint_from_uri, evaluate_checkpoint
 
@@ -68,7 +69,7 @@ def evaluate_run_name() -> str:
     return f"{p.name}-{p.model}".replace("models:/", "")
 
 
-@flow(name="rao-evaluate", log_prints=True, flow_run_name=evaluate_run_name, **tracking.END_HOOKS)
+@flow(name="rao-evaluate", log_prints=True, flow_run_name=evaluate_run_name, **FLOW_END_HOOKS)
 def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
     """Evaluate a registered checkpoint on the suite; fail on a regression vs ``champion``."""
     import mlflow

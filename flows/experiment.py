@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from flows.campaign import CampaignParams, rao_campaign
 from tasks.experiment import write_results
+from tasks.serve import STOP_SERVER_HOOKS
 
 
 class ExperimentParams(BaseModel):
@@ -88,7 +89,7 @@ def experiment_run_name() -> str:
     return p.name or p.experiment
 
 
-@flow(name="rao-experiment", log_prints=True, flow_run_name=experiment_run_name)
+@flow(name="rao-experiment", log_prints=True, flow_run_name=experiment_run_name, **STOP_SERVER_HOOKS)
 def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, Any]:
     """Run both arms and write the learning-curve table and plot."""
     log = get_run_logger()

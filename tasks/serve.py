@@ -1,6 +1,10 @@
 """Prefect task ``serve_checkpoint``: start or re-point the vLLM policy server at a checkpoint.
 
 The server is process-wide (one per flow run) and stopped by :func:`shutdown_server` when the flow ends.
+A flow run stopped from outside (cancelled from the UI, its process killed by the worker) ends without
+reaching that ``finally``: the flows therefore carry :data:`STOP_SERVER_HOOKS`, whose
+:func:`stop_flow_servers` stops the server from the flow's own process or, when Prefect runs the hook in
+the worker's process, from the record each start leaves under ``$RAO_HOME/services/flow-runs/``.
 Switching (``serving.switch``): ``reload`` copies the new weight files over the served folder and
 reloads them in place (dev-mode ``reload_weights``, no restart); ``restart`` restarts the server;
 ``lora`` hot-loads the adapter under a new name. An external ``serving.base_url`` gets each LoRA adapter
@@ -11,6 +15,8 @@ weights (refused at config load, and here when the base URL came from RAO_POLICY
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import shutil
 import threading
 import time
@@ -20,6 +26,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
+from rao_core.paths import rao_home
 from rao_core.train.checkpoint import is_checkpoint, is_lora_checkpoint
 from tasks.common import RunContext, fetch_dir
 from tasks.records import Checkpoint, ServedEndpoint
@@ -84,6 +91,7 @@ def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
             server = server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"))
             server.start()
             _STATE["server"] = server
+            record_server(server.pid, base_url=server.base_url)
             if lora:
                 server.load_lora(ckpt.name, src)
                 _STATE["lora"], how = ckpt.name, "start+lora"
@@ -96,9 +104,12 @@ def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
             server.reload_weights()
             how = "reload"
         else:
+            old_pid = server.pid
             server.stop()
+            forget_server(old_pid)
             _copy_weights(src, served_dir)
             server.start()
+            record_server(server.pid, base_url=server.base_url)
             how = "restart"
         _STATE["served"] = ckpt.name
         model = _STATE["lora"] if how in ("lora", "start+lora") else server.model
@@ -143,8 +154,112 @@ def gpus_released(ctx: RunContext):
 
 
 def shutdown_server() -> None:
-    """Stop the flow's vLLM server, if any."""
+    """Stop the flow's vLLM server, if any (and drop its record)."""
     with _LOCK:
         if _STATE["server"] is not None:
+            pid = _STATE["server"].pid
             _STATE["server"].stop()
+            forget_server(pid)
         _STATE.update(server=None, served=None, lora=None)
+
+
+def server_records_dir() -> Path:
+    """Folder of the records of running flow-started vLLM servers (``<pid>.json``), ``$RAO_HOME/services/flow-runs``."""
+    return rao_home() / "services" / "flow-runs"
+
+
+def _flow_run_ids() -> list[str]:
+    """The current Prefect flow run, its parent and its root (empty outside a flow run): a hook on any of
+    them finds the server (the campaign's iterations are subflows; a campaign may run inside the experiment)."""
+    from prefect.runtime import flow_run
+
+    ids = [flow_run.id]
+    try:  # each is an API call; the flow run's own id is enough for the flow that started the server
+        ids += [flow_run.parent_flow_run_id, flow_run.root_flow_run_id]
+    except Exception:  # noqa: BLE001 - an unreachable API only narrows the record
+        pass
+    return list(dict.fromkeys(str(i) for i in ids if i))
+
+
+def record_server(pid: int | None, *, base_url: str = "", flow_run_ids: list[str] | None = None) -> Path | None:
+    """Record a vLLM server the current flow run started, so that :func:`stop_flow_servers` can stop it from
+    another process: ``server_records_dir()/<pid>.json`` with the pid, the process's start time (psutil's
+    ``create_time``, seconds since the epoch: a pid reused by another process is never stopped), the URL and
+    ``flow_run_ids`` (default: the current flow run, its parent and root). Returns the record's path, or None
+    outside a flow run or when the process is already gone."""
+    import psutil
+
+    ids = flow_run_ids if flow_run_ids is not None else _flow_run_ids()
+    if not pid or not ids:
+        return None
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+    path = server_records_dir() / f"{pid}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "create_time": created, "base_url": base_url, "flow_run_ids": ids}))
+    tmp.replace(path)
+    return path
+
+
+def forget_server(pid: int | None) -> None:
+    """Drop the record of server ``pid`` (it was stopped the ordinary way)."""
+    if pid:
+        (server_records_dir() / f"{pid}.json").unlink(missing_ok=True)
+
+
+def stop_recorded_servers(flow_run_id: str) -> list[int]:
+    """Stop (process group: SIGTERM, then SIGKILL) every recorded vLLM server of flow run ``flow_run_id``
+    that still runs as the process recorded (same pid and start time); drop their records and those of
+    servers already gone. Returns the pids stopped."""
+    import psutil
+
+    from infra.process import kill_group
+
+    stopped: list[int] = []
+    folder = server_records_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if flow_run_id not in rec.get("flow_run_ids", []):
+            continue
+        pid = int(rec["pid"])
+        try:
+            same = abs(psutil.Process(pid).create_time() - float(rec["create_time"])) < 1.0
+        except psutil.Error:
+            same = False
+        if same:
+            kill_group(pid)
+            stopped.append(pid)
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+def stop_flow_servers(flow: Any, flow_run: Any, state: Any) -> list[int]:
+    """Prefect state hook (``on_cancellation``, ``on_crashed``): stop the vLLM server(s) the flow run started.
+
+    In the flow's own process the live server is stopped (:func:`shutdown_server`); in any process (Prefect
+    runs a cancelled or crashed run's hooks in the worker's runner when the flow process is gone) the servers
+    recorded for ``flow_run.id`` (:func:`record_server`) are stopped. Never raises: a hook must not hide the
+    flow's own state. Returns the pids stopped.
+    """
+    log = logging.getLogger("rao")
+    stopped: list[int] = []
+    try:
+        server = _STATE["server"]
+        if server is not None and server.alive():
+            stopped.append(server.pid)
+        shutdown_server()
+        stopped += [p for p in stop_recorded_servers(str(flow_run.id)) if p not in stopped]
+        log.info(f"flow run {getattr(flow_run, 'name', flow_run.id)} {getattr(state, 'name', '')}: vLLM servers "
+                 f"stopped: {', '.join(map(str, stopped)) or 'none'}")
+    except Exception as e:  # noqa: BLE001 - reported, never raised
+        log.warning(f"could not stop the flow run's vLLM server: {type(e).__name__}: {e}")
+    return stopped
+
+
+STOP_SERVER_HOOKS = {"on_cancellation": [stop_flow_servers], "on_crashed": [stop_flow_servers]}
