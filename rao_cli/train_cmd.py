@@ -19,8 +19,8 @@ def register(app: typer.Typer) -> None:
         iteration: int = typer.Option(0, "--iteration", help="RL iteration recorded in the manifest."),
         metrics_out: Path | None = typer.Option(
             None, "--metrics-out", help="Also append each step's metrics to this file as JSON lines "
-            '{"step": {...}}, then {"end": {"peak_rss_mb": ...}} (main process; used by the campaign\'s '
-            "subprocess train stage)."),
+            '{"step": {...}} and {"progress": {"done": D, "total": T}}, then {"end": {"peak_rss_mb": ...}} '
+            "(main process; used by the campaign's subprocess train stage)."),
     ) -> None:
         """Train the policy on SAMPLES from MODEL and save the checkpoint at OUT (works under accelerate launch)."""
         import json
@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
             record({"step": m})
 
         try:
-            res = train(samples, model, out, cfg, iteration=iteration, on_step=show)
+            res = train(samples, model, out, cfg, iteration=iteration, on_step=show,
+                        on_progress=lambda done, total: record({"progress": {"done": done, "total": total}}))
             # ru_maxrss is in KiB on Linux
             record({"end": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                             "steps": len(res.metrics)}})

@@ -89,6 +89,63 @@ def artifact_key(campaign: str, stage: str, iteration: int | str | None = None) 
     return "-".join(n for n in map(norm, [campaign, *it, stage]) if n)
 
 
+class ProgressArtifact:
+    """A Prefect progress artifact (0-100 %) for one stage, fed by a library progress callback: an instance
+    is the ``on_progress(done, total)`` that ``rao_core`` takes (``run_trees``, ``train``).
+
+    The first call creates the artifact (``prefect.artifacts.create_progress_artifact``, key ``key``); later
+    calls update it (``update_progress_artifact``) at most once per ``min_interval_s`` seconds, except the
+    last unit (``done >= total``), always sent. Outside a Prefect flow or task run it does nothing (no API
+    to write to), and it never raises: after the first failure of the artifact API (logged once as a
+    warning) it stops trying, and the stage goes on.
+
+    Args:
+        key: the artifact key (:func:`artifact_key`), e.g. ``smoke-iter-1-generate-progress``.
+        description: what is counted, e.g. ``"rollout trees"``: the artifact's description reads
+            ``"<description>: <done>/<total>"``.
+        min_interval_s: the shortest time between two updates, seconds.
+        enabled: None: only inside a Prefect flow or task run; True/False: force.
+        clock: monotonic clock in seconds (tests pass a fake one).
+    """
+
+    def __init__(self, key: str, description: str, *, min_interval_s: float = 5.0, enabled: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if enabled is None:
+            from prefect.context import FlowRunContext, TaskRunContext
+
+            enabled = FlowRunContext.get() is not None or TaskRunContext.get() is not None
+        self.key, self.description, self.min_interval_s = key, description, min_interval_s
+        self.enabled, self.clock = enabled, clock
+        self.artifact_id: Any = None
+        self.sent: tuple[int, int] | None = None  # the last (done, total) written
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = self.clock()
+        final = total > 0 and done >= total
+        if self.artifact_id is not None and not final and now - self._last < self.min_interval_s:
+            return
+        percent = min(100.0, 100.0 * done / total) if total > 0 else 0.0
+        text = f"{self.description}: {done}/{total}"
+        try:
+            from prefect import artifacts
+
+            if self.artifact_id is None:
+                self.artifact_id = artifacts.create_progress_artifact(progress=percent, key=self.key, description=text)
+            else:
+                artifacts.update_progress_artifact(artifact_id=self.artifact_id, progress=percent, description=text)
+        except Exception as e:  # noqa: BLE001 - the UI's progress never fails the stage
+            import logging
+
+            self.enabled = False
+            logging.getLogger("rao").warning(f"progress artifact {self.key}: {type(e).__name__}: {e}; "
+                                             f"no more progress updates for this stage")
+            return
+        self._last, self.sent = now, (done, total)
+
+
 def done_key(iteration: int | str, stage: str) -> str:
     """S3 key of a stage's completion marker."""
     return iter_key(iteration, f"_done/{stage}.json")

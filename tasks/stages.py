@@ -21,7 +21,7 @@ from rao_core.envs import Task, get_env, load_tasks, write_tasks
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
-from tasks.common import RunContext, artifact_key, fetch, iter_key, stage
+from tasks.common import ProgressArtifact, RunContext, artifact_key, fetch, iter_key, stage
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
                            TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local
@@ -105,10 +105,13 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     # here for inspection; resume regenerates the iteration); removed once trees.jsonl is complete.
     journal_path = ctx.local(f"iter-{iteration}/trees.partial.jsonl")
     journal = open(journal_path, "w", encoding="utf-8")
+    ui = ProgressArtifact(artifact_key(ctx.name, "generate-progress", iteration), "rollout trees finished")
+    ui(0, total)
 
     def progress(done: int, total_: int, tree) -> None:
         journal.write(tree_json_line(tree) + "\n")
         journal.flush()
+        ui(done, total_)
         counts["done"] = done
         counts["crashed"] += int(bool(tree.error))
         counts["solved"] += int(tree.root.verifier == 1.0)
@@ -225,8 +228,10 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
         tcfg = ctx.config.trainer
         # subprocess: its memory is returned before vLLM serves again; vLLM sleeps while the trainer shares
         # its GPUs (gpus.sleep_while_training)
+        ui = ProgressArtifact(artifact_key(ctx.name, "train-progress", iteration), "optimizer steps")
         run = run_training(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
-                           on_step=steps.append, samples_path=samples_path, around_child=gpus_released(ctx))
+                           on_step=steps.append, on_progress=ui, samples_path=samples_path,
+                           around_child=gpus_released(ctx))
         peak_rss_mb = run.peak_rss_mb
         train_s = time.monotonic() - t0
         log.info(f"trained {len(steps)} steps in {train_s:.1f} s ({tcfg.process}"
@@ -259,9 +264,12 @@ def validation_tasks(ctx: RunContext) -> list[Task]:
     return load_tasks(path, env)
 
 
-def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str) -> EvalOutput:
+def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
+                   iteration: int | str | None = None) -> EvalOutput:
     """Evaluate the served policy on the validation tasks in each mode of ``eval`` with the campaign's
-    runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``).
+    runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``). Progress (trees
+    finished over all modes) goes to the Prefect progress artifact
+    ``artifact_key(ctx.name, "evaluate-progress", iteration)`` inside a flow run, and to a terminal bar.
 
     Returns flat ``eval/<mode>/<difficulty>/...`` metrics and table rows (no report stored).
     """
@@ -269,8 +277,18 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str)
     from rao_core.runtime import load_tokenizer
 
     env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
-    report = evaluate_tasks(ctx.config.eval, env=env, tasks=validation_tasks(ctx), runtime=ctx.config.runtime,
-                            tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served))
+    tasks = validation_tasks(ctx)
+    total = len(tasks) * len(ctx.config.eval.modes)  # run_trees counts per mode: count across modes here
+    ui = ProgressArtifact(artifact_key(ctx.name, "evaluate-progress", iteration), "evaluation trees finished")
+    finished = [0]
+
+    def progress(done: int, total_: int, tree) -> None:
+        finished[0] += 1
+        ui(finished[0], total)
+
+    ui(0, total)
+    report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
+                            tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served), progress=progress)
     return EvalOutput(metrics=report.metrics(), rows=[r.table_row() for r in report.rows])
 
 
@@ -285,7 +303,7 @@ def primary_metric(ctx: RunContext) -> str:
 @stage("evaluate", name="evaluate")
 def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, tokenizer_path: str) -> EvalOutput:
     """Evaluate the served checkpoint on held-out validation tasks (recursive and/or single-agent)."""
-    res = run_evaluation(ctx, served, tokenizer_path)
+    res = run_evaluation(ctx, served, tokenizer_path, iteration)
     report = res.model_dump(include={"metrics", "rows"})
     rep = ctx.store().put_bytes(json.dumps(report, indent=1).encode(), iter_key(iteration, "eval/report.json"))
     try:

@@ -490,30 +490,32 @@ async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, 
 
     ``tasks_with_rollouts``: pairs (task, G). Each tree gets ``group_id = task.task_id`` and
     ``rollout_index`` g. All trees share one policy-request semaphore (``max_concurrent_requests``)
-    and one REPL pool. ``progress``: a callback ``(done, total, tree)``, or True for a rich progress bar.
+    and one REPL pool.
+
+    ``progress``: a callback ``progress(done, total, tree)`` called as each tree finishes (``done`` trees
+    of ``total`` finished), or True/None; unless it is False, a rich bar "rollouts done/total" is drawn
+    while the trees grow when stdout is a terminal (:class:`rao_core.progress.StepProgress`: never in
+    tests, CI logs or a worker's log; ``RAO_PROGRESS=0`` turns it off). Exceptions of the callback end
+    the call like any error.
     """
+    from rao_core.progress import StepProgress
+
     items = [(task, g) for task, n in tasks_with_rollouts for g in range(int(n))]
     shared = _shared(policy, config, tokenizer)
     total = len(items)
     done_count = 0
-    bar = None
-    if progress is True:
-        from rich.progress import Progress
-
-        bar = Progress()
-        bar.start()
-        bar_task = bar.add_task("rollouts", total=total)
+    bar = StepProgress("rollouts", total, show=progress is not False)
 
     async def one(task: Task, g: int) -> ExecutionTree:
         nonlocal done_count
         tree = await _run_one(env, task, shared, None, task.task_id, g, None)
         done_count += 1
-        if bar is not None:
-            bar.update(bar_task, advance=1)
-        elif callable(progress):
+        bar.advance(done=done_count)
+        if callable(progress):
             progress(done_count, total, tree)
         return tree
 
+    bar.start()
     trees = [asyncio.ensure_future(one(t, g)) for t, g in items]
     try:
         return list(await asyncio.gather(*trees))
@@ -525,5 +527,4 @@ async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, 
                 t.cancel()
         await uncancellable(asyncio.gather(*trees, return_exceptions=True))
         await shared.pool.close()
-        if bar is not None:
-            bar.stop()
+        bar.stop()

@@ -8,7 +8,9 @@
 the same command that runs FSDP on GPUs (``--config_file configs/accelerate/fsdp.yaml``). When the child
 exits, all its memory is returned to the OS, so the flow process does not keep the trainer's peak before
 vLLM serves the next checkpoint. The child writes one JSON line per optimizer step to ``J``
-(``{"step": {...}}``, read back while it runs and handed to ``on_step``) and a last line
+(``{"step": {...}}``, read back while it runs and handed to ``on_step``), one ``{"progress": {"done": d,
+"total": t}}`` after each step (handed to ``on_progress`` and drawn as a rich bar here when stdout is a
+terminal: the child's own output goes to its log) and a last line
 ``{"end": {"peak_rss_mb": ...}}`` with its own peak resident memory (``ru_maxrss`` of the main training
 process; under multi-process launches, rank 0's). Its stdout/stderr go to a log file next to the output
 folder. A failure raises :class:`TrainingProcessError` whose one-line message carries the child's own
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rao_core.paths import REPO_ROOT
+from rao_core.progress import StepProgress
 from rao_core.samples import SampleBatch
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.train.config import TrainerConfig
@@ -146,6 +149,8 @@ def train_in_subprocess(
     *,
     iteration: int = 0,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    show_progress: bool | None = None,
     accelerate_config: str | os.PathLike[str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
     poll_s: float = 0.5,
@@ -157,6 +162,9 @@ def train_in_subprocess(
         samples: a samples file (``.jsonl``/``.parquet``) the child reads.
         model_path, out_dir, config, iteration: as for :func:`rao_core.train.train`.
         on_step: called in this process with each step's metrics dict, as the child reports them.
+        on_progress: called in this process with ``(steps done, steps planned)`` as the child reports them.
+        show_progress: False: no terminal bar; None/True: a rich bar "training steps" when stdout is a
+            terminal (:class:`rao_core.progress.StepProgress`).
         accelerate_config: ``accelerate launch --config_file`` (default: ``config.accelerate_config``).
         log_path: the child's stdout+stderr (default ``<out_dir>.train.log``, replaced each run).
         poll_s: how often the metrics file is read while the child runs, seconds.
@@ -183,6 +191,7 @@ def train_in_subprocess(
     steps: list[dict[str, float]] = []
     end: dict[str, Any] = {}
     pos = 0
+    bar = StepProgress("training steps", 0, on_progress=on_progress, show=show_progress)
 
     def drain() -> None:
         nonlocal pos
@@ -192,11 +201,14 @@ def train_in_subprocess(
                 steps.append(r["step"])
                 if on_step is not None:
                     on_step(r["step"])
+            elif "progress" in r:
+                bar.set_total(int(r["progress"]["total"]))
+                bar.advance(done=int(r["progress"]["done"]))
             elif "end" in r:
                 end.update(r["end"])
 
     t0 = time.monotonic()
-    with log.open("w") as logf:
+    with log.open("w") as logf, bar:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
         try:
             while proc.poll() is None:
@@ -209,7 +221,7 @@ def train_in_subprocess(
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
-    drain()
+        drain()
     wall = time.monotonic() - t0
     rc = proc.returncode
     if rc != 0:
@@ -236,6 +248,7 @@ class TrainingRun:
 def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                  config: TrainerConfig, *, iteration: int = 0,
                  on_step: Callable[[dict[str, float]], None] | None = None,
+                 on_progress: Callable[[int, int], None] | None = None,
                  samples_path: str | os.PathLike[str] | None = None,
                  around_child: contextlib.AbstractContextManager | None = None) -> TrainingRun:
     """Train ``batch`` from ``model_path`` into ``out_dir`` where ``config.process`` says: the one dispatch
@@ -244,12 +257,14 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
     ``inline``: :func:`rao_core.train.train` in this process. ``subprocess``: :func:`train_in_subprocess`
     (its memory goes back to the OS when it exits) on ``samples_path``, the same samples as a file
     (written to ``<out_dir>.samples.jsonl`` when None); ``around_child`` (e.g. the flow's vLLM server
-    asleep) is entered around the child only.
+    asleep) is entered around the child only. ``on_step`` gets each step's metrics, ``on_progress``
+    ``(steps done, steps planned)`` after each step, in this process, in either mode; a rich bar of the
+    steps is drawn when stdout is a terminal.
     """
     if config.process != "subprocess":
         from rao_core.train import train
 
-        res = train(batch, model_path, out_dir, config, iteration=iteration, on_step=on_step)
+        res = train(batch, model_path, out_dir, config, iteration=iteration, on_step=on_step, on_progress=on_progress)
         return TrainingRun(checkpoint=res.checkpoint, metrics=res.metrics)
     if samples_path is None:
         from rao_core.samples import write_samples
@@ -257,5 +272,6 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
         samples_path = Path(out_dir).with_name(Path(out_dir).name + ".samples.jsonl")
         write_samples(samples_path, batch)
     with around_child or contextlib.nullcontext():
-        sub = train_in_subprocess(samples_path, model_path, out_dir, config, iteration=iteration, on_step=on_step)
+        sub = train_in_subprocess(samples_path, model_path, out_dir, config, iteration=iteration, on_step=on_step,
+                                  on_progress=on_progress)
     return TrainingRun(checkpoint=sub.checkpoint, metrics=sub.metrics, peak_rss_mb=sub.peak_rss_mb)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from rao_core.progress import ProgressCallback, StepProgress
 from rao_core.samples import Sample, SampleBatch, read_samples
 from rao_core.train.checkpoint import MANIFEST_NAME, atomic_folder, data_hash, is_lora_checkpoint, read_manifest
 from rao_core.train.config import TrainerConfig, cpu_has_bf16
@@ -239,6 +240,8 @@ def train(
     *,
     iteration: int = 0,
     on_step: StepCallback | None = None,
+    on_progress: ProgressCallback | None = None,
+    show_progress: bool | None = None,
 ) -> TrainResult:
     """Train the policy on ``samples`` starting from ``model_path``; save the new checkpoint at ``out_dir``.
 
@@ -256,6 +259,10 @@ def train(
         config: :class:`TrainerConfig` (defaults if None).
         iteration: RL iteration number, recorded in the manifest.
         on_step: called with each step's metrics dict (main process only).
+        on_progress: called with ``(steps done, steps planned)`` after each optimizer step (main process
+            only); steps planned = ``epochs`` x steps per epoch, at most ``max_steps``.
+        show_progress: False: no terminal bar; None/True: a rich bar "training steps" on the main process
+            when stdout is a terminal (:class:`rao_core.progress.StepProgress`).
 
     Returns:
         :class:`TrainResult` with the checkpoint path, the per-step metrics and the manifest.
@@ -282,7 +289,8 @@ def train(
 
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
     rows, skipped = _skip_zero_coefficient(all_rows, cfg)
-    metrics = _train_epochs(run, rows, skipped, iteration, on_step)
+    metrics = _train_epochs(run, rows, skipped, iteration, on_step, on_progress,
+                            show_progress is not False and run.accelerator.is_main_process)
     manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration)
     optim_state = None if run.sharded else {
         "optimizer": run.optimizer.state_dict(), "steps": run.warmup.steps_before + run.steps,
@@ -390,29 +398,45 @@ def _skip_zero_coefficient(rows: list[Sample], cfg: TrainerConfig) -> tuple[list
     return kept, (len(rows) - len(kept), tokens)
 
 
+def planned_steps(n_micro_batches: int, cfg: TrainerConfig, world: int = 1) -> int:
+    """Optimizer steps :func:`train` takes over ``n_micro_batches`` micro-batches on ``world`` processes:
+    ``epochs`` x ceil(micro-batches, padded to a multiple of ``world``, / (``grad_accum`` x ``world``)) (one step
+    per epoch when ``grad_accum`` is None), at most ``max_steps``."""
+    padded = n_micro_batches + (-n_micro_batches % world)
+    per_epoch = math.ceil(padded / (cfg.grad_accum * world)) if cfg.grad_accum else min(1, padded)
+    total = cfg.epochs * per_epoch
+    return min(total, cfg.max_steps) if cfg.max_steps is not None else total
+
+
 def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], iteration: int,
-                  on_step: StepCallback | None) -> list[dict[str, float]]:
+                  on_step: StepCallback | None, on_progress: ProgressCallback | None = None,
+                  show_progress: bool = False) -> list[dict[str, float]]:
     """Every optimizer step of ``cfg.epochs`` passes (or ``max_steps``): length-sorted micro-batches in the
-    order of :func:`epoch_order`, ``grad_accum`` micro-batches per process per step (all of them when None)."""
+    order of :func:`epoch_order`, ``grad_accum`` micro-batches per process per step (all of them when None).
+    Progress (bar, ``on_progress``) is reported on the main process only."""
     cfg, world = run.cfg, run.accelerator.num_processes
     mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
                              micro_batch_size=cfg.micro_batch_size)
     tokens_of = [s.num_assistant_tokens for s in rows]
     per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
     metrics: list[dict[str, float]] = []
-    for epoch in range(cfg.epochs):
-        order = epoch_order(len(mbs), seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
-        order += [-1] * (-len(order) % world)  # fillers (-1): every process runs as many micro-batches
-        chunk = per_step or len(order)
-        for start in range(0, len(order), chunk):
-            # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
-            m = _optimizer_step(run, rows, mbs, tokens_of, order[start:start + chunk],
-                                skipped if per_step is None else (0, 0), epoch)
-            metrics.append(m)
-            if on_step is not None and run.accelerator.is_main_process:
-                on_step(m)
-            if cfg.max_steps is not None and run.steps >= cfg.max_steps:
-                return metrics
+    main = run.accelerator.is_main_process
+    with StepProgress("training steps", planned_steps(len(mbs), cfg, world),
+                      on_progress=on_progress if main else None, show=show_progress and main) as progress:
+        for epoch in range(cfg.epochs):
+            order = epoch_order(len(mbs), seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
+            order += [-1] * (-len(order) % world)  # fillers (-1): every process runs as many micro-batches
+            chunk = per_step or len(order)
+            for start in range(0, len(order), chunk):
+                # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
+                m = _optimizer_step(run, rows, mbs, tokens_of, order[start:start + chunk],
+                                    skipped if per_step is None else (0, 0), epoch)
+                metrics.append(m)
+                if on_step is not None and main:
+                    on_step(m)
+                progress.advance()
+                if cfg.max_steps is not None and run.steps >= cfg.max_steps:
+                    return metrics
     return metrics
 
 

@@ -23,8 +23,12 @@ def test_rao_train_cli(tmp_path, section):
     sp = write_samples(tmp_path / "s.parquet", samples)
     (tmp_path / "c.yaml").write_text(f"name: x\n{section}:\n  loss_type: reinforce\n  lr: 0.001\n  micro_batch_size: 1\n")
     r = CliRunner().invoke(app, ["train", "--samples", str(sp), "--model", str(tiny), "--out", str(tmp_path / "ck"),
-                                 "--config", str(tmp_path / "c.yaml"), "--iteration", "2"])
+                                 "--config", str(tmp_path / "c.yaml"), "--iteration", "2",
+                                 "--metrics-out", str(tmp_path / "m.jsonl")])
     assert r.exit_code == 0, r.output
+    records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [next(iter(x)) for x in records] == ["step", "progress", "end"]  # what the campaign's parent reads
+    assert records[1] == {"progress": {"done": 1, "total": 1}}
     line = next(x for x in r.output.splitlines() if '{"train/' in x)
     step = json.loads(line[line.index("{"):])
     assert step["train/tokens"] == 4 and step["train/samples"] == 2 and step["train/grad_norm"] > 0

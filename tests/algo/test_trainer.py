@@ -272,3 +272,53 @@ def test_bf16_lora_base_keeps_the_adapter_in_fp32(tiny, tmp_path):
     model.save_pretrained(tmp_path / "adapter")
     again, _, _ = _load_policy(cfg, tiny, tmp_path / "adapter", torch.bfloat16)
     assert {(p.requires_grad, p.dtype) for p in again.parameters()} == dtypes
+
+
+def test_planned_steps_counts_what_train_takes():
+    from rao_core.train.trainer import planned_steps
+
+    assert planned_steps(5, TrainerConfig(grad_accum=2)) == 3  # 2 + 2 + 1 micro-batches
+    assert planned_steps(5, TrainerConfig(grad_accum=None)) == 1  # one step per epoch
+    assert planned_steps(5, TrainerConfig(grad_accum=2), world=2) == 2  # 5 padded to 6, 4 per step
+    assert planned_steps(4, TrainerConfig(grad_accum=1, epochs=3, max_steps=7)) == 7  # 12, cut at max_steps
+    assert planned_steps(0, TrainerConfig(grad_accum=None)) == 0
+
+
+def test_on_progress_counts_optimizer_steps_of_the_plan(tiny, tmp_path):
+    """The callback the train stage turns into a Prefect progress artifact: (done, planned) after each step,
+    planned = 2 epochs x 4 one-sample steps cut at max_steps 5."""
+    calls: list[tuple[int, int]] = []
+    cfg = TrainerConfig(loss_type="ppo", lr=1e-4, micro_batch_size=1, grad_accum=1, epochs=2, max_steps=5)
+    res = train(_samples(tiny), tiny, tmp_path / "ck", cfg, on_progress=lambda d, t: calls.append((d, t)))
+    assert len(res.metrics) == 5 and calls == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+
+
+def test_a_training_child_reports_progress_to_this_process(tmp_path, monkeypatch, capsys):
+    """``process: subprocess``: the child's {"progress": ...} records reach ``on_progress`` here and the bar is
+    drawn on this process's terminal (the child's own output goes to its log). The child is a stand-in
+    that writes the records ``rao train --metrics-out`` writes, and a checkpoint folder."""
+    import sys
+
+    from rao_core.train import launch
+
+    script = ("import json, pathlib, sys, time\n"
+              "m, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
+              "for d in (1, 2):\n"
+              "    with m.open('a') as f:\n"
+              "        f.write(json.dumps({'step': {'train/step': d}}) + '\\n')\n"
+              "        f.write(json.dumps({'progress': {'done': d, 'total': 2}}) + '\\n')\n"
+              "    time.sleep(0.2)\n"
+              "out.mkdir(parents=True); (out / 'config.json').write_text('{}')\n"
+              "with m.open('a') as f: f.write(json.dumps({'end': {'peak_rss_mb': 1.0, 'steps': 2}}) + '\\n')\n")
+    monkeypatch.setattr(launch, "launch_command",
+                        lambda samples, model, out, cfg, metrics, **kw: [sys.executable, "-c", script, str(metrics),
+                                                                         str(out)])
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.delenv("RAO_PROGRESS", raising=False)
+    calls: list[tuple[int, int]] = []
+    steps: list[dict] = []
+    res = launch.train_in_subprocess(tmp_path / "s.jsonl", tmp_path, tmp_path / "ck", TrainerConfig(),
+                                     on_step=steps.append, on_progress=lambda d, t: calls.append((d, t)), poll_s=0.05)
+    assert calls == [(1, 2), (2, 2)] and [s["train/step"] for s in steps] == [1, 2] and res.peak_rss_mb == 1.0
+    out = capsys.readouterr().out
+    assert "training steps" in out and "2/2" in out

@@ -34,17 +34,21 @@ def test_artifact_key_refuses_an_empty_name():
 
 
 def test_every_stage_artifact_uses_artifact_key():
-    """No artifact key is spelled by hand any more (the three shapes of issue 17, item 7)."""
+    """No artifact key is spelled by hand any more (the three shapes of issue 17, item 7): every
+    ``create_*_artifact`` call and every ``ProgressArtifact`` gets its key from ``artifact_key``."""
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    calls = []
+    keys, progress = [], []
     for path in [*root.glob("tasks/*.py"), *root.glob("flows/*.py")]:
-        calls += [(path.name, m.group(1)) for m in re.finditer(r"create_\w+_artifact\((?:\s*\w+=[^,]+,)*?\s*key=([^,]+),",
-                                                                   path.read_text())]
-    assert calls, "no artifact call found: the pattern of this test is stale"
-    assert all(arg.startswith("artifact_key(") for _, arg in calls), calls
+        text = path.read_text()
+        keys += [(path.name, m.group(1)) for m in
+                 re.finditer(r"create_\w+_artifact\((?:\s*\w+=[^,]+,)*?\s*key=([^,]+),", text)]
+        progress += [(path.name, m.group(1)) for m in re.finditer(r"= ProgressArtifact\(([^,]+),", text)]
+    assert len(keys) >= 5 and len(progress) == 3, (keys, progress)  # validation, eval, nightly x2, progress
+    assert all(arg.startswith("artifact_key(") or (name, arg) == ("common.py", "self.key") for name, arg in keys), keys
+    assert all(arg.startswith("artifact_key(") for _, arg in progress), progress
 
 
 class _FakeServer:
@@ -116,3 +120,106 @@ def test_hook_in_another_process_stops_the_recorded_server_only(tmp_path, monkey
         for p in (ours, other, reused):
             p.kill()
             p.wait()
+
+
+def _recording_artifact_api(monkeypatch, fail: bool = False) -> list[tuple[str, dict]]:
+    """Record the calls ProgressArtifact makes, each checked against the installed Prefect's own signature."""
+    import inspect
+    import uuid
+
+    from prefect import artifacts
+
+    calls: list[tuple[str, dict]] = []
+
+    def recorder(name):
+        real = inspect.signature(getattr(artifacts, name))
+
+        def call(*args, **kwargs):
+            calls.append((name, dict(real.bind(*args, **kwargs).arguments)))  # TypeError if misused
+            if fail:
+                raise RuntimeError("API down")
+            return uuid.UUID(int=1)
+        return call
+
+    for name in ("create_progress_artifact", "update_progress_artifact"):
+        monkeypatch.setattr(artifacts, name, recorder(name))
+    return calls
+
+
+def test_progress_artifact_is_created_then_updated_at_most_every_interval(monkeypatch):
+    from tasks.common import ProgressArtifact
+
+    calls = _recording_artifact_api(monkeypatch)
+    now = [0.0]
+    ui = ProgressArtifact("smoke-iter-1-generate-progress", "rollout trees finished", min_interval_s=5.0,
+                          enabled=True, clock=lambda: now[0])
+    for t, done in [(0.0, 0), (1.0, 1), (4.9, 2), (5.5, 3), (6.0, 4), (7.0, 8)]:
+        now[0] = t
+        ui(done, 8)
+    assert [(n, a["progress"]) for n, a in calls] == [("create_progress_artifact", 0.0),
+                                                      ("update_progress_artifact", 37.5),  # 5.5 s: 3/8
+                                                      ("update_progress_artifact", 100.0)]  # the last, always
+    assert calls[0][1]["key"] == "smoke-iter-1-generate-progress"
+    assert calls[-1][1]["description"] == "rollout trees finished: 8/8" and ui.sent == (8, 8)
+
+
+def test_a_failing_artifact_api_never_fails_the_stage(monkeypatch, caplog):
+    from tasks.common import ProgressArtifact
+
+    calls = _recording_artifact_api(monkeypatch, fail=True)
+    ui = ProgressArtifact("k", "optimizer steps", enabled=True)
+    for d in range(4):
+        ui(d, 3)  # no exception
+    assert len(calls) == 1 and ui.sent is None and not ui.enabled  # tried once, then left alone
+    assert "progress artifact k: RuntimeError: API down" in caplog.text
+
+
+def test_outside_a_flow_run_no_artifact_is_written(monkeypatch):
+    from tasks.common import ProgressArtifact
+
+    calls = _recording_artifact_api(monkeypatch)
+    ui = ProgressArtifact("k", "trees")
+    ui(1, 1)
+    assert not ui.enabled and calls == []
+
+
+def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
+    """run_evaluation (evaluate stage, nightly) turns run_trees' per-mode counts into one progress over both
+    modes, under the key artifact_key(campaign, 'evaluate-progress', iteration)."""
+    from types import SimpleNamespace
+
+    import rao_core.evaluation
+    import rao_core.runtime
+    from rao_core.config import CampaignConfig
+    from tasks import stages
+    from tasks.common import RunContext
+
+    made: dict[str, list] = {}
+
+    class Recorder:
+        def __init__(self, key, description, **kw):
+            made[key] = []
+            self.key = key
+
+        def __call__(self, done, total):
+            made[self.key].append((done, total))
+
+    def fake_eval(config, *, tasks, progress, **kw):
+        for _mode in config.modes:
+            for d in range(1, len(tasks) + 1):
+                progress(d, len(tasks), None)
+        return SimpleNamespace(metrics=lambda: {"eval/x": 1.0}, rows=[])
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
+    monkeypatch.setattr(stages, "validation_tasks", lambda ctx: ["t1", "t2", "t3"])
+    monkeypatch.setattr(stages, "get_env", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "_policy", lambda ctx, served: None)
+    monkeypatch.setattr(rao_core.runtime, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(rao_core.evaluation, "run_evaluation", fake_eval)
+    cfg = CampaignConfig(name="smoke-b")
+    cfg.eval.modes = ["recursive", "single"]
+    ctx = RunContext(config=cfg, s3={}, mlflow_uri="")
+    out = stages.run_evaluation(ctx, None, "tok", 2)
+    assert out.metrics == {"eval/x": 1.0}
+    assert made == {"smoke-b-iter-2-evaluate-progress": [(0, 6), (1, 6), (2, 6), (3, 6), (4, 6), (5, 6), (6, 6)]}

@@ -1,0 +1,94 @@
+"""Progress of long library loops (rollouts, optimizer steps): a rich bar in the terminal and a callback.
+
+The library reports progress through an optional callback ``on_progress(done, total)`` (counts of finished
+units: trees, optimizer steps), so that callers outside ``rao_core`` (the Prefect tasks' progress artifacts)
+see it without ``rao_core`` importing them. The terminal bar is rich's own: it is drawn only when the console
+is a terminal (``rich.console.Console.is_terminal``: off in tests, CI logs, a worker's log file) and not
+disabled with ``RAO_PROGRESS=0``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+ProgressCallback = Callable[[int, int], None]
+"""``on_progress(done, total)``: ``done`` of ``total`` units finished (called after each unit)."""
+
+__all__ = ["ProgressCallback", "StepProgress", "bar_enabled"]
+
+
+def bar_enabled(console: Console | None = None) -> bool:
+    """Whether a terminal bar would be drawn: ``console`` (default: a new stdout console) is a terminal and
+    the environment variable ``RAO_PROGRESS`` is not ``0``."""
+    if os.environ.get("RAO_PROGRESS", "1").strip() == "0":
+        return False
+    return (console or Console()).is_terminal
+
+
+class StepProgress:
+    """Count the finished units of one long loop: a rich progress bar (``description  12/40  0:01:02 ...``)
+    while the loop runs, and ``on_progress(done, total)`` after each unit.
+
+    Use as a context manager (the bar is stopped on exit, also on errors)::
+
+        with StepProgress("training steps", total=n, on_progress=cb) as p:
+            for ...:
+                ...
+                p.advance()
+
+    Args:
+        description: the bar's label, e.g. ``"rollouts"``.
+        total: units expected (trees, optimizer steps); may be raised later with :meth:`set_total`.
+        on_progress: called with ``(done, total)`` after each :meth:`advance`; its exceptions propagate
+            (callers that must not fail wrap their own).
+        show: False: never draw the bar; None or True: draw it when :func:`bar_enabled` (a terminal,
+            ``RAO_PROGRESS`` not 0).
+        console: the rich console to draw on (default: stdout).
+    """
+
+    def __init__(self, description: str, total: int, *, on_progress: ProgressCallback | None = None,
+                 show: bool | None = None, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.done, self.total = 0, int(total)
+        self.on_progress = on_progress
+        visible = show is not False and bar_enabled(self.console)
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, disable=not visible)
+        self._task = self.bar.add_task(description, total=self.total)
+
+    @property
+    def visible(self) -> bool:
+        """Whether the bar is drawn (False when rich's ``disable`` is set)."""
+        return not self.bar.disable
+
+    def start(self) -> StepProgress:
+        """Start drawing (nothing when the bar is not visible); returns self."""
+        self.bar.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop drawing, leaving the final bar on screen."""
+        self.bar.stop()
+
+    def __enter__(self) -> StepProgress:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def set_total(self, total: int) -> None:
+        """Change the expected number of units (e.g. once a child process reports it)."""
+        self.total = int(total)
+        self.bar.update(self._task, total=self.total)
+
+    def advance(self, n: int = 1, *, done: int | None = None) -> None:
+        """Record ``n`` more finished units (or set the count to ``done``), redraw, call ``on_progress``."""
+        self.done = self.done + n if done is None else int(done)
+        self.bar.update(self._task, completed=self.done)
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.total)
