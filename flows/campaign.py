@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from rao_core.config import CampaignConfig, load_config
 from tasks import tracking
@@ -40,9 +40,11 @@ class CampaignParams(BaseModel):
     """Parameters of a campaign run (rendered as a form in the Prefect UI). Unset fields keep the file's values."""
 
     config: str = Field("configs/cpu-smoke.yaml", description="YAML config file (relative to the repo or absolute).")
-    name: str | None = Field(None, description="Campaign name (resume key, S3 prefix, MLflow run name). Empty: "
-                             "the config file's name (cpu-smoke: 'smoke'); a campaign of that name that already "
-                             "exists is RESUMED after its last completed stage, not started again.")
+    # A plain text field (not ``str | None``: the UI showed a type toggle for it); None is read as empty.
+    name: str = Field("", description="Campaign name (resume key, S3 prefix, MLflow run name; lowercase letters, "
+                      "digits, dashes). A campaign of this name that already exists is RESUMED after its last "
+                      "completed stage, not started again: give a new name for a new campaign. Empty: the config "
+                      "file's name (cpu-smoke: 'smoke'), resumed the same way.")
     env: str | None = Field(None, description="Environment, e.g. textcraft-synth.")
     iterations: int | None = Field(None, ge=0, description="RL iterations.")
     tasks_per_iteration: int | None = Field(None, ge=1, description="RL tasks sampled per iteration.")
@@ -53,6 +55,11 @@ class CampaignParams(BaseModel):
     model_path: str | None = Field(None, description="Initial checkpoint folder.")
     seed: int | None = Field(None, description="Master seed.")
     overrides: list[str] = Field(default_factory=list, description="Extra KEY=VALUE overrides, e.g. trainer.lr=1e-5.")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v: Any) -> Any:
+        return "" if v is None else v
 
     def resolve(self) -> CampaignConfig:
         """Load the config file and apply the set fields; raises ConfigError with a one-line message."""
@@ -67,7 +74,7 @@ class CampaignParams(BaseModel):
                            ("runtime.max_depth", "max_depth"), ("runtime.context_window", "context_window"),
                            ("model.path", "model_path"), ("seed", "seed")]:
             v = getattr(self, field)
-            if v is not None:
+            if v is not None and v != "":
                 ov[key] = v
         import yaml
 

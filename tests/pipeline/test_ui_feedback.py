@@ -223,3 +223,19 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     out = stages.run_evaluation(ctx, None, "tok", 2)
     assert out.metrics == {"eval/x": 1.0}
     assert made == {"smoke-b-iter-2-evaluate-progress": [(0, 6), (1, 6), (2, 6), (3, 6), (4, 6), (5, 6), (6, 6)]}
+
+
+def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
+    """The form Prefect renders from rao_campaign's parameters: Name is a string field (no ``str | None`` type
+    toggle) whose description says that an existing name is resumed; empty (the UI) or None (``rao run``
+    without --name) both mean the config's name."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.campaign import CampaignParams, rao_campaign
+
+    schema = parameter_schema(rao_campaign.fn).model_dump()
+    name = schema["definitions"]["CampaignParams"]["properties"]["name"]
+    assert name.get("type") == "string" and "anyOf" not in name, name
+    assert "RESUMED" in name["description"] and "new name for a new campaign" in name["description"]
+    assert CampaignParams(name="").resolve().name == CampaignParams(name=None).resolve().name == "smoke"
+    assert CampaignParams(name="fresh-1").resolve().name == "fresh-1"
