@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rao_core.evaluation import EvalConfig
-from rao_core.jsonl import one_line_error
+from rao_core.jsonl import one_line_error, short_repr
 from rao_core.judge.config import JudgeConfig
 from rao_core.paths import default_model_path
 from rao_core.runtime.config import RuntimeConfig
@@ -370,14 +370,12 @@ class CampaignConfig(_Strict):
     def with_env_overrides(self) -> CampaignConfig:
         """Copy with endpoints taken from the environment variables listed in the module docstring."""
         upd = self.model_copy(deep=True)
-        if os.environ.get("RAO_POLICY_BASE_URL"):
-            upd.serving.base_url = os.environ["RAO_POLICY_BASE_URL"]
-        if os.environ.get("RAO_S3_ENDPOINT"):
-            upd.storage.endpoint_url = os.environ["RAO_S3_ENDPOINT"]
-        if os.environ.get("RAO_S3_BUCKET"):
-            upd.storage.bucket = os.environ["RAO_S3_BUCKET"]
-        if os.environ.get("MLFLOW_TRACKING_URI"):
-            upd.tracking.tracking_uri = os.environ["MLFLOW_TRACKING_URI"]
+        for var, section, field in (("RAO_POLICY_BASE_URL", upd.serving, "base_url"),
+                                    ("RAO_S3_ENDPOINT", upd.storage, "endpoint_url"),
+                                    ("RAO_S3_BUCKET", upd.storage, "bucket"),
+                                    ("MLFLOW_TRACKING_URI", upd.tracking, "tracking_uri")):
+            if os.environ.get(var):
+                setattr(section, field, os.environ[var])
         return upd
 
 
@@ -432,9 +430,7 @@ def _fmt_error(source: str, err: ValidationError, sets: dict[str, str] | None = 
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         val = e.get("input")
-        val_s = repr(val) if not isinstance(val, dict) else "{...}"
-        if len(val_s) > 60:
-            val_s = val_s[:57] + "..."
+        val_s = short_repr(val) if not isinstance(val, dict) else "{...}"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field"

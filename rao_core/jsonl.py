@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from pydantic import ValidationError
+
 T = TypeVar("T")
 
 
@@ -44,23 +46,24 @@ def write_jsonl(path: str | os.PathLike[str], lines: Iterable[str]) -> Path:
     return Path(path)
 
 
+def short_repr(x: object, limit: int = 60) -> str:
+    """``repr(x)`` on one line, cut to ``limit`` characters (ending in ``...``), for error messages."""
+    text = repr(x).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def one_line_error(e: BaseException) -> str:
     """A one-line description of a parse error: pydantic errors name the field, the expectation and the
     value (``"task_id: Input should be a valid string (got 123)"``, plus ``"; and N more"``)."""
-    errors = getattr(e, "errors", None)
-    if callable(errors) and type(e).__name__ == "ValidationError":
-        errs = e.errors()  # type: ignore[attr-defined]
-        if errs:
-            first = errs[0]
-            loc = ".".join(str(p) for p in first.get("loc", ())) or "(record)"
-            value = repr(first.get("input"))
-            value = value if len(value) <= 60 else value[:57] + "..."
-            more = f"; and {len(errs) - 1} more" if len(errs) > 1 else ""
-            return f"{loc}: {first.get('msg', 'invalid')} (got {value}){more}"
+    if isinstance(e, ValidationError) and (errs := e.errors()):
+        first = errs[0]
+        loc = ".".join(str(p) for p in first.get("loc", ())) or "(record)"
+        value = short_repr(first.get("input"))
+        more = f"; and {len(errs) - 1} more" if len(errs) > 1 else ""
+        return f"{loc}: {first.get('msg', 'invalid')} (got {value}){more}"
     if isinstance(e, json.JSONDecodeError):
         return f"invalid JSON: {e}"
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: str) -> list[T]:

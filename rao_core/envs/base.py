@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rao_core.jsonl import read_jsonl, write_jsonl
+from rao_core.jsonl import read_jsonl, short_repr, write_jsonl
 from rao_core.tree import Node
 
 
@@ -150,10 +150,7 @@ def read_parquet_rows(path: str | os.PathLike[str], columns: Iterable[str], what
 
 def show_value(x: Any, limit: int = 60) -> str:
     """Short one-line ``repr`` of a bad value with its type, for error messages (``'one' (str)``)."""
-    text = repr(x).replace("\n", " ")
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{text} ({type(x).__name__})"
+    return f"{short_repr(x, limit)} ({type(x).__name__})"
 
 
 class Task(BaseModel):

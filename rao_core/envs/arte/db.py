@@ -109,7 +109,7 @@ class EmailRecord(BaseModel):
         if v is None:
             return []
         if isinstance(v, str):
-            v = [a for a in v.split(",")]
+            v = v.split(",")
         return [str(a).strip().lower() for a in v if str(a).strip()]
 
     @field_validator("from_address", mode="before")
@@ -195,22 +195,17 @@ def search_emails(con: sqlite3.Connection, inbox: str, keywords: str | list[str]
             for r in rows]
 
 
-def read_email(con: sqlite3.Connection, inbox: str | None, message_id: str) -> dict[str, Any] | None:
+def read_email(con: sqlite3.Connection, inbox: str, message_id: str) -> dict[str, Any] | None:
     """The email with ``message_id`` and its to/cc/bcc lists, or None if absent or not in ``inbox``.
 
-    ``inbox=None`` skips the inbox check (for tools outside an episode). Recipients are joined on the
-    integer ``emails.id`` (see module docstring).
+    Recipients are joined on the integer ``emails.id`` (see module docstring).
     """
-    row = con.execute("SELECT id, message_id, subject, from_address, date, body FROM emails WHERE message_id = ?",
-                      (str(message_id),)).fetchone()
+    row = con.execute("SELECT e.id, e.message_id, e.subject, e.from_address, e.date, e.body FROM emails e "
+                      f"WHERE e.message_id = :mid AND {_IN_INBOX}",
+                      {"mid": str(message_id), "inbox": inbox.strip().lower()}).fetchone()
     if row is None:
         return None
     eid = row[0]
-    if inbox is not None:
-        ok = con.execute(f"SELECT 1 FROM emails e WHERE e.id = :id AND {_IN_INBOX}",
-                         {"id": eid, "inbox": inbox.strip().lower()}).fetchone()
-        if ok is None:
-            return None
     rec: dict[str, list[str]] = {"to": [], "cc": [], "bcc": []}
     for addr, kind in con.execute("SELECT recipient_address, recipient_type FROM recipients WHERE email_id = ? "
                                   "ORDER BY rowid", (eid,)):

@@ -48,14 +48,6 @@ ENV_NAME = "textcraft-synth"
 MIN_ITEMS_PER_TIER, MAX_ITEMS_PER_TIER = 4, 400
 
 
-def difficulty_of_depth(depth: int) -> str:
-    """Difficulty name of a crafting depth (1..12; 1 is ``tier1``); raises ValueError outside 1..12."""
-    for name, (lo, hi) in DIFFICULTIES.items():
-        if lo <= depth <= hi:
-            return name
-    raise ValueError(f"crafting depth {depth} has no difficulty (expected 1..12)")
-
-
 def plan_crafts(graph: RecipeGraph, targets: dict[str, int], leaves: frozenset[str] | set[str] = frozenset(),
                 held: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Aggregated crafting plan for ``targets``, from scratch unless ``held`` is given.
@@ -71,9 +63,7 @@ def plan_crafts(graph: RecipeGraph, targets: dict[str, int], leaves: frozenset[s
         ``{"item", "executions", "total", "ingredients"}`` with ``ingredients`` = recipe x executions;
         leaf_needs = {item: units} of base items and ``leaves`` items consumed.
     """
-    need: dict[str, int] = {}
-    for item, count in targets.items():
-        need[item] = need.get(item, 0) + count
+    need = dict(targets)
     crafts: list[dict[str, Any]] = []
     leaf_needs: dict[str, int] = {}
     done: set[str] = set()
