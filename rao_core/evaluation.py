@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -224,9 +224,7 @@ def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, gra
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
 
-    ends: dict[str, int] = defaultdict(int)
-    for t in trees:
-        ends[t.root.end_reason.value] += 1
+    ends = Counter(t.root.end_reason.value for t in trees)
     return EvalRow(
         mode=mode, difficulty=difficulty, n=n, unscored=n - len(scored), successes=succ,
         success=succ / len(scored) if scored else 0.0, ci_low=lo, ci_high=hi, mean_score=mean(scored),

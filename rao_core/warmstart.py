@@ -101,9 +101,8 @@ class DemoConfig(BaseModel):
 def recommended_runtime_config(**overrides: Any) -> RuntimeConfig:
     """The CPU runtime settings the warm start was sized with (``docs/results.md``): 4096-token context
     per agent, 768 new tokens per turn, 10 steps per node, max depth 2. ``overrides`` replace fields."""
-    base = dict(context_window=4096, max_new_tokens=768, max_steps_per_node=10, max_depth=2)
-    base.update(overrides)
-    return RuntimeConfig(**base)
+    return RuntimeConfig(**{"context_window": 4096, "max_new_tokens": 768, "max_steps_per_node": 10, "max_depth": 2,
+                            **overrides})
 
 
 def default_sft_trainer_config(**overrides: Any):
@@ -113,10 +112,8 @@ def default_sft_trainer_config(**overrides: Any):
     ``overrides`` replace fields."""
     from rao_core.train import TrainerConfig
 
-    base: dict[str, Any] = dict(loss_type="sft", lr=1e-4, epochs=2, grad_accum=4, micro_batch_tokens=4096,
-                                warmup_steps=2, gradient_checkpointing=True)
-    base.update(overrides)
-    return TrainerConfig(**base)
+    return TrainerConfig(**{"loss_type": "sft", "lr": 1e-4, "epochs": 2, "grad_accum": 4, "micro_batch_tokens": 4096,
+                            "warmup_steps": 2, "gradient_checkpointing": True, **overrides})
 
 
 def demo_tasks(env: Environment, config: DemoConfig) -> list[Task]:

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
     created_at REAL NOT NULL
 )
 """
+_FIELDS = ("model", "prompt_version", "verdict", "reason", "raw", "prompt_tokens", "completion_tokens")
 
 
 def cache_key(model: str, prompt_version: str, goal: str, result: str, cells: str) -> str:
@@ -53,13 +54,8 @@ class JudgeCache:
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored record for ``key`` (verdict, reason, raw, model, prompt_version, tokens) or None."""
-        row = self._db.execute(
-            "SELECT model, prompt_version, verdict, reason, raw, prompt_tokens, completion_tokens "
-            "FROM verdicts WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            return None
-        names = ("model", "prompt_version", "verdict", "reason", "raw", "prompt_tokens", "completion_tokens")
-        return dict(zip(names, row, strict=True))
+        row = self._db.execute(f"SELECT {', '.join(_FIELDS)} FROM verdicts WHERE key = ?", (key,)).fetchone()
+        return None if row is None else dict(zip(_FIELDS, row, strict=True))
 
     def put(self, key: str, *, model: str, prompt_version: str, verdict: str, reason: str, raw: str,
             prompt_tokens: int, completion_tokens: int) -> None:

@@ -25,10 +25,7 @@ DEFAULT_MODEL = "policy"
 
 
 def _env_default(names: tuple[str, ...], fallback: str) -> str:
-    for n in names:
-        if os.environ.get(n):
-            return os.environ[n]
-    return fallback
+    return next((os.environ[n] for n in names if os.environ.get(n)), fallback)
 
 
 def default_cache_path() -> Path:

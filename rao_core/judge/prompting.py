@@ -74,11 +74,7 @@ def load_prompt(env_name: str, prompt_dir: str | Path) -> JudgePrompt:
     m = re.match(r"^---\n(.*?)\n---\n(.*)$", text, re.DOTALL)
     if not m:
         raise PromptError(f"{path}: missing front matter (--- version: N --- header)")
-    meta: dict[str, str] = {}
-    for line in m.group(1).splitlines():
-        if ":" in line:
-            k, v = line.split(":", 1)
-            meta[k.strip()] = v.strip()
+    meta = {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in m.group(1).splitlines()) if sep}
     if not meta.get("version"):
         raise PromptError(f"{path}: front matter has no 'version'")
     parts = re.split(r"^=== (system|user) ===\s*$", m.group(2), flags=re.MULTILINE)

@@ -62,11 +62,8 @@ def _judge_record(out: JudgeOutcome, config: JudgeConfig, prompt: JudgePrompt) -
 
 
 def _wants_judge(node: Node, tree: ExecutionTree, env_name: str, config: JudgeConfig) -> bool:
-    if not config.enabled:
-        return False
-    if config.judge_envs is not None and env_name not in config.judge_envs:
-        return False
-    return node.node_id != tree.root_id or config.judge_roots
+    return (config.enabled and (config.judge_envs is None or env_name in config.judge_envs)
+            and (node.node_id != tree.root_id or config.judge_roots))
 
 
 def _set(node: Node, success: float, source: str, judge: dict[str, Any] | None = None) -> None:

@@ -15,12 +15,9 @@ from typing import Any
 
 from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, check_options, require_text,
                                 show_value, tool)
-from rao_core.envs.oolong.scoring import score_answer, score_synth_answer
+from rao_core.envs.oolong.scoring import SYNTH_ANSWER_TYPES, score_answer, score_synth_answer
 from rao_core.envs.oolong.synth import QUESTION_TYPES, approx_tokens, generate_oolong_tasks
 from rao_core.tree import EndReason, Node
-
-
-_SYNTH_TYPES = {"LABEL", "USER", "DATE", "NUMERIC", "COMPARISON", "MONTH_YEAR"}  # score_synth_answer's
 
 
 class OolongEnv(Environment):
@@ -58,9 +55,9 @@ class OolongEnv(Environment):
         if not isinstance(d.get("answer"), str) and not (synth and isinstance(d.get("answer"), list)):
             raise TaskError("data.answer", "missing" if "answer" not in d else f"got {show_value(d['answer'])}",
                             "the gold answer as a string" + (" or list" if synth else ""))
-        if synth and d.get("answer_type") not in _SYNTH_TYPES:
+        if synth and d.get("answer_type") not in SYNTH_ANSWER_TYPES:
             raise TaskError("data.answer_type", f"got {show_value(d.get('answer_type'))}",
-                            f"one of {sorted(_SYNTH_TYPES)}")
+                            f"one of {sorted(SYNTH_ANSWER_TYPES)}")
 
     def new_episode(self, task: Task) -> Episode:
         """No orchestrator-side state beyond the task (checked by ``validate_task``: TaskError, a ValueError)."""

@@ -70,6 +70,7 @@ def score_answer(response_text: str, gold: str) -> float:
 
 
 _TAG_RE = re.compile(r"^(answer|label|user|date)\s*:\s*", re.IGNORECASE)
+SYNTH_ANSWER_TYPES = frozenset({"LABEL", "USER", "DATE", "NUMERIC", "COMPARISON", "MONTH_YEAR"})
 
 
 def _synth_gold(answer: Any) -> Any:
@@ -88,9 +89,9 @@ def score_synth_answer(response_text: str, gold: Any, answer_type: str) -> float
 
     Raises ValueError for an unknown ``answer_type``.
     """
-    types = {"LABEL", "USER", "DATE", "NUMERIC", "COMPARISON", "MONTH_YEAR"}
-    if answer_type not in types:
-        raise ValueError(f"unknown Oolong-synth answer_type {answer_type!r}; expected one of {sorted(types)}")
+    if answer_type not in SYNTH_ANSWER_TYPES:
+        raise ValueError(f"unknown Oolong-synth answer_type {answer_type!r}; expected one of "
+                         f"{sorted(SYNTH_ANSWER_TYPES)}")
     boxed = extract_boxed(str(response_text))
     pred = _TAG_RE.sub("", (boxed if boxed is not None else str(response_text)).strip()).strip()
     g = _synth_gold(gold)
