@@ -10,13 +10,13 @@ and the judging stage decides correctness.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from rao_core.envs.arte.db import EmailRecord, build_email_db, normalize_date
 from rao_core.envs.base import Task, read_parquet_rows
+from rao_core.jsonl import read_jsonl
 
 QUESTION_COLUMNS = ("id", "question", "answer", "message_ids", "inbox_address", "query_date")
 
@@ -26,15 +26,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".parquet" or not path.exists():  # read_parquet_rows reports a missing file
         return read_parquet_rows(path, (), "ART-E data")
     if path.suffix in (".jsonl", ".json"):
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}:{i}: invalid JSON: {e}") from e
-        return rows
+        return read_jsonl(path, lambda row: row, "ART-E record")
     raise ValueError(f"{path}: expected a .parquet or .jsonl file")
 
 

@@ -44,17 +44,13 @@ def fts5_query(text: str | list[str], mode: Literal["and", "or"] = "and") -> str
         parts = list(text)
     else:
         raise TypeError(f"expected a string or a list of strings, got {type(text).__name__}")
-    tokens: list[str] = []
-    for p in parts:
-        tokens.extend(tokenize(p))
-    if not tokens:
+    unique: dict[str, str] = {}  # de-duplicated case-insensitively: first spelling, first-seen order
+    for t in (tok for p in parts for tok in tokenize(p)):
+        unique.setdefault(t.lower(), t)
+    if not unique:
         return None
-    seen: list[str] = []
-    for t in tokens:  # de-duplicate case-insensitively, keep order
-        if t.lower() not in (s.lower() for s in seen):
-            seen.append(t)
     joiner = " AND " if mode == "and" else " OR "
-    return joiner.join('"' + t.replace('"', '""') + '"' for t in seen)
+    return joiner.join('"' + t.replace('"', '""') + '"' for t in unique.values())
 
 
 def normalize_text(text: str) -> str:
@@ -104,11 +100,6 @@ def open_db(path: str | os.PathLike[str], what: str) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
 
 
-def cached_db_path(kind: str, key: dict[str, Any]) -> Path:
-    """Where the database built from ``key`` (generator version + parameters) is cached for ``kind``."""
-    return cache_dir(kind) / f"{params_hash(key)}.sqlite"
-
-
 @dataclass(frozen=True)
 class GeneratedCorpus:
     """A synthetic corpus (DeepDive's pages, ART-E's inboxes) built from generator parameters into a SQLite
@@ -121,7 +112,7 @@ class GeneratedCorpus:
 
     def path(self, params: BaseModel) -> Path:
         """Where the corpus of ``params`` is cached (built on first use by :meth:`ensure`)."""
-        return cached_db_path(self.kind, {"generator": self.generator, **params.model_dump()})
+        return cache_dir(self.kind) / f"{params_hash({'generator': self.generator, **params.model_dump()})}.sqlite"
 
     def ensure(self, params: BaseModel) -> Path:
         """Build (once, under a lock) and return the database of the corpus of ``params``."""

@@ -54,10 +54,6 @@ class RecipeGraph:
         """True for a tier-0 (base) item."""
         return self.tier[item] == 0
 
-    def depth(self, item: str) -> int:
-        """Crafting depth of ``item`` (0 for base items); equals its tier by construction."""
-        return self.tier[item]
-
     def info(self, item: str, held: int) -> dict:
         """The ``get_info`` record of one item (JSON-serialisable)."""
         recipe = self.recipes.get(item)
