@@ -44,14 +44,10 @@ def tree_metrics(trees: Sequence[ExecutionTree]) -> dict[str, float]:
             completion.append(n.num_completion_tokens)
             if n.children:
                 kids.append(len(n.children))
-    for d, xs in sorted(succ.items()):
-        out[f"success/depth_{d}"] = _mean(xs)
-    for d, xs in sorted(rew.items()):
-        out[f"reward/depth_{d}"] = _mean(xs)
-    if 0 in succ:
-        out["success/root"] = out["success/depth_0"]
-    if 0 in rew:
-        out["reward/root"] = out["reward/depth_0"]
+    for name, by_depth in (("success", succ), ("reward", rew)):
+        out.update({f"{name}/depth_{d}": _mean(xs) for d, xs in sorted(by_depth.items())})
+        if 0 in by_depth:
+            out[f"{name}/root"] = out[f"{name}/depth_0"]
     out["tree/depth_mean"] = _mean([t.depth for t in trees])
     out["tree/depth_max"] = float(max(t.depth for t in trees))
     out["tree/nodes_mean"] = n_nodes / len(trees)

@@ -239,12 +239,12 @@ def verifier_value(node: Node) -> float | None:
     return unit_score(node.verifier, f"node {node.node_id}: verifier")
 
 
-def _node_json_error(node: Node) -> str | None:
+def _dump(record: BaseModel) -> tuple[str, str | None]:
+    """(JSON of ``record``, None), or ("", the serialisation error on one line)."""
     try:
-        node.model_dump_json()
-        return None
+        return record.model_dump_json(), None
     except Exception as e:  # noqa: BLE001 - pydantic raises PydanticSerializationError / ValueError
-        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return "", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
 
 def tree_json_line(tree: ExecutionTree) -> str:
@@ -255,13 +255,12 @@ def tree_json_line(tree: ExecutionTree) -> str:
     the node; a tree still unserialisable after that becomes a root-only record with ``tree.error``.
     ``tree`` itself is never modified. NaN/inf floats in numeric fields are written as null (pydantic).
     """
-    try:
-        return tree.model_dump_json()
-    except Exception as e:  # noqa: BLE001
-        first = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    line, first = _dump(tree)
+    if first is None:
+        return line
     nodes, broken = [], []
     for n in tree.nodes:
-        err = _node_json_error(n)
+        err = _dump(n)[1]
         if err is not None:
             broken.append(n.node_id)
             n = n.model_copy(update={"result": None, "goal_args": {}, "env_info": {}, "judge": None,

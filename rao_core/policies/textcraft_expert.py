@@ -69,23 +69,18 @@ def craft_from_scratch(goal, provided=(), use_held=False):
     return len(plan)'''
 
 
-def _parse_info(messages: list[dict[str, Any]], goal: str) -> tuple[dict[str, dict], dict[str, int]]:
-    """Recipes read so far ({item: {"depth", "held", "yield", "ingredients"}}) and the START counts."""
+def _parse_info(messages: list[dict[str, Any]]) -> tuple[dict[str, dict], dict[str, int]]:
+    """Recipes read so far ({item: {"depth", "held", "yield", "ingredients"}}, first print of each item)
+    and the START counts, from the observations in ``messages``."""
     info: dict[str, dict] = {}
     start: dict[str, int] = {}
-    texts = [goal] + [str(m.get("content", "")) for m in messages if m.get("role") != "assistant"]
-    for text in texts:
+    for text in (str(m.get("content", "")) for m in messages if m.get("role") != "assistant"):
         for line in text.splitlines():
-            m = _INFO_RE.match(line.strip())
-            if m:
+            if m := _INFO_RE.match(line.strip()):
                 item, depth, held, y, ings = m.groups()
-                rec = {"depth": int(depth), "held": int(held), "yield": int(y) if y else None,
-                       "ingredients": ast.literal_eval(ings) if ings else None}
-                info.setdefault(item, rec)
-                info[item]["held_now"] = int(held)
-                continue
-            s = _START_RE.match(line.strip())
-            if s and not start:
+                info.setdefault(item, {"depth": int(depth), "held": int(held), "yield": int(y) if y else None,
+                                       "ingredients": ast.literal_eval(ings) if ings else None})
+            elif (s := _START_RE.match(line.strip())) and not start:
                 start = ast.literal_eval(s.group(1))
     return info, start
 
@@ -168,7 +163,7 @@ class TextCraftExpert(Policy):
         assistant_turns = [str(m.get("content", "")) for m in node.messages if m.get("role") == "assistant"]
         turn = len(assistant_turns)
         rng = random.Random(f"{self.seed}|{node.goal}|{turn}")
-        info, start = _parse_info(node.messages, "")
+        info, start = _parse_info(node.messages)
         last_obs = next((str(m.get("content", "")) for m in reversed(node.messages) if m.get("role") != "assistant"),
                         "")
         tnames = list(targets)
@@ -251,9 +246,8 @@ class TextCraftExpert(Policy):
                                          "Sub-agents will make the deep ingredients, one at a time."))
             lines.append("print(results)")
         if programmatic:
-            local_goal = {t: c for t, c in targets.items()}
             lines.append(_PROGRAM)
-            lines.append(f"n = craft_from_scratch({local_goal!r}, provided={sorted(delegated)!r})")
+            lines.append(f"n = craft_from_scratch({targets!r}, provided={sorted(delegated)!r})")
             lines.append("print('crafted', n, 'batches')")
             reasons.append(self._say(rng, "The rest of the tree is large, so I write a small program that reads "
                                           "the recipes and crafts in depth order.",

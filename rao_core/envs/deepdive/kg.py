@@ -206,10 +206,7 @@ def build_graph(params: CorpusParams) -> KnowledgeGraph:
     """Generate the knowledge graph of ``params`` (deterministic)."""
     rng = random.Random(f"{GENERATOR_VERSION}:{params.seed}")
     names = _Names(rng)
-    countries: dict[str, list[str]] = {}
-    for _ in range(params.n_countries):
-        c = names.word(3)
-        countries[c] = [f"Republic of {c}"]
+    countries = {c: [f"Republic of {c}"] for c in (names.word(3) for _ in range(params.n_countries))}
     counts = params.counts()
     ids = {t: [f"{t}-{i:04d}" for i in range(n)] for t, n in counts.items()}
     used_nick: set[tuple[str, str]] = set()
@@ -249,10 +246,7 @@ def build_graph(params: CorpusParams) -> KnowledgeGraph:
                 name = f"Mount {names.word()}"
                 aliases = [f"{names.word()} Peak"]
                 attrs = {"elevation_m": rng.randint(900, 8_400), "first_ascent_year": rng.randint(1780, 1990)}
-            rels = {}
-            for rel, ttype in RELATIONS[etype].items():
-                choices = [t for t in ids[ttype] if t != eid]
-                rels[rel] = rng.choice(choices)
+            rels = {rel: rng.choice([t for t in ids[ttype] if t != eid]) for rel, ttype in RELATIONS[etype].items()}
             entities[eid] = Entity(id=eid, type=etype, name=name, aliases=aliases, attributes=attrs,
                                    relations=rels)
     return KnowledgeGraph(params=params, entities=entities, countries=countries)
@@ -297,10 +291,8 @@ def render_pages(kg: KnowledgeGraph) -> list[Page]:
     pages = []
     for e in kg.entities.values():
         lines = [f"# {e.name}", f"Type: {e.type}", f"Also known as: {'; '.join(e.aliases)}", "", "## Facts"]
-        for attr, v in e.attributes.items():
-            lines.append(f"- {LABELS[attr]}: {fmt_value(attr, v)}")
-        for rel, tid in e.relations.items():
-            lines.append(f"- {LABELS[rel]}: {kg.entities[tid].name} [{tid}]")
+        lines += [f"- {LABELS[attr]}: {fmt_value(attr, v)}" for attr, v in e.attributes.items()]
+        lines += [f"- {LABELS[rel]}: {kg.entities[tid].name} [{tid}]" for rel, tid in e.relations.items()]
         lines += ["", "## Description", " ".join(_prose(e, kg, rng))]
         pages.append(Page(id=e.id, title=e.name, text="\n".join(lines), url=f"https://deepdive.local/{e.id}"))
     return pages
