@@ -196,11 +196,12 @@ def record_server(pid: int | None, *, base_url: str = "", flow_run_ids: list[str
         created = psutil.Process(pid).create_time()
     except psutil.Error:
         return None
+    from rao_core.jsonl import atomic_path
+
     path = server_records_dir() / f"{pid}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": pid, "create_time": created, "base_url": base_url, "flow_run_ids": ids}))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps({"pid": pid, "create_time": created, "base_url": base_url,
+                                         "flow_run_ids": ids}))
     return path
 
 
