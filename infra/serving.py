@@ -140,9 +140,8 @@ class VLLMServer(ServiceMixin):
             str(self.python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path), "--served-model-name", self.served_model_name,
             "--max-model-len", str(self.max_model_len), "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", resolve_dtype(self.dtype, self.on_gpu), "--disable-log-stats",
-            "--logprobs-mode", self.logprobs_mode,
-        ]
+            "--dtype", resolve_dtype(self.dtype, self.on_gpu), "--logprobs-mode", self.logprobs_mode,
+        ]  # no --disable-log-stats: it also empties /metrics of every vllm:* series (infra/vllm_metrics.py)
         if self.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
         if self.tensor_parallel_size > 1:

@@ -73,3 +73,24 @@ def test_scrape(snapshots, monkeypatch):
     assert seen == ["http://127.0.0.1:8000/metrics"]
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(404, request=httpx.Request("GET", url)))
     assert scrape("http://127.0.0.1:8000/v1") is None  # a server without /metrics: no serving metrics, no error
+
+
+@pytest.mark.vllm
+async def test_served_model_exports_the_stage_metrics(vllm_tiny):
+    """The server as the project starts it exports vLLM's counters: a server started with
+    ``--disable-log-stats`` serves /metrics without any ``vllm:*`` series, and every campaign then logged
+    no ``serving/*`` metric at all."""
+    from rao_core.policies.base import PolicyRequest
+    from rao_core.policies.openai_policy import OpenAIPolicy
+    from rao_core.tree import Node
+
+    before = scrape(vllm_tiny.base_url)
+    pol = OpenAIPolicy(vllm_tiny.base_url, vllm_tiny.model, stop=[], extra_body={"ignore_eos": True})
+    try:
+        gen = await pol.generate(PolicyRequest(node=Node(node_id="0", depth=0, goal="g"), env="test",
+                                               prompt_token_ids=[1, 520, 3412, 28], max_tokens=7))
+    finally:
+        await pol.aclose()
+    delta = serving_delta(before, scrape(vllm_tiny.base_url), wall_s=1.0)
+    assert len(gen.token_ids) == 7
+    assert delta["generation_tokens"] == 7 and delta["prompt_tokens"] == 4 and delta["requests"] == 1
