@@ -20,6 +20,7 @@ from typing import Any, Callable, TypeVar, get_type_hints
 
 from prefect import Task, task
 from prefect.cache_policies import NONE
+from prefect.context import get_run_context
 from pydantic import BaseModel
 
 from infra.storage import ArtifactStore, S3Settings
@@ -89,6 +90,26 @@ def artifact_key(campaign: str, stage: str, iteration: int | str | None = None) 
     return "-".join(n for n in map(norm, [campaign, *it, stage]) if n)
 
 
+def in_prefect_run() -> bool:
+    """Whether the caller runs inside a Prefect flow run or task run: the one "are we in a run?" check of the
+    pipeline. Every Prefect artifact (``create_*_artifact``, :class:`ProgressArtifact`) is written only when it
+    is True; outside a run the call is skipped.
+
+    Returns:
+        True when Prefect's run context is set (``prefect.context.get_run_context`` finds a ``FlowRunContext``
+        or a ``TaskRunContext``): in a flow or task that Prefect is running, and in what it calls. False
+        elsewhere: a direct ``task.fn(...)`` call, a test, a script. It is the check Prefect itself makes before
+        warning "Artifact creation outside of a flow or task run is deprecated" (a FutureWarning).
+
+    Never raises: an error while reading the context counts as "not in a run" (False).
+    """
+    try:
+        get_run_context()  # MissingContextError outside a flow or task run
+    except Exception:  # noqa: BLE001 - no usable run context, whatever the reason
+        return False
+    return True
+
+
 class ProgressArtifact:
     """A Prefect progress artifact (0-100 %) for one stage, fed by a library progress callback: an instance
     is the ``on_progress(done, total)`` that ``rao_core`` takes (``run_trees``, ``train``).
@@ -104,16 +125,14 @@ class ProgressArtifact:
         description: what is counted, e.g. ``"rollout trees"``: the artifact's description reads
             ``"<description>: <done>/<total>"``.
         min_interval_s: the shortest time between two updates, seconds.
-        enabled: None: only inside a Prefect flow or task run; True/False: force.
+        enabled: None: only inside a Prefect flow or task run (:func:`in_prefect_run`); True/False: force.
         clock: monotonic clock in seconds (tests pass a fake one).
     """
 
     def __init__(self, key: str, description: str, *, min_interval_s: float = 5.0, enabled: bool | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if enabled is None:
-            from prefect.context import FlowRunContext, TaskRunContext
-
-            enabled = FlowRunContext.get() is not None or TaskRunContext.get() is not None
+            enabled = in_prefect_run()
         self.key, self.description, self.min_interval_s = key, description, min_interval_s
         self.enabled, self.clock = enabled, clock
         self.artifact_id: Any = None

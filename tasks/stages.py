@@ -21,7 +21,7 @@ from rao_core.envs import Task, get_env, load_tasks, write_tasks
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
-from tasks.common import ProgressArtifact, RunContext, artifact_key, fetch, iter_key, stage
+from tasks.common import ProgressArtifact, RunContext, artifact_key, fetch, in_prefect_run, iter_key, stage
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
                            TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local
@@ -180,11 +180,13 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
     store = ctx.store()
     rep = store.put_bytes(json.dumps(report, indent=1, default=str).encode(),
                           iter_key(iteration, "validation/report.json"))
-    try:
-        create_markdown_artifact(key=artifact_key(ctx.name, "validation", iteration), markdown=report_markdown(report),
-                                 description="Training-data validation (great-expectations)")
-    except Exception:  # outside a flow run (direct calls) there is no artifact API context
-        pass
+    if in_prefect_run():  # outside a run (direct .fn() calls) there is no artifact to write
+        try:
+            create_markdown_artifact(key=artifact_key(ctx.name, "validation", iteration),
+                                     markdown=report_markdown(report),
+                                     description="Training-data validation (great-expectations)")
+        except Exception as e:  # noqa: BLE001 - the UI's report never fails the stage
+            _logger().warning(f"validation artifact: {type(e).__name__}: {e}")
     if ctx.campaign_run_id:
         it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
         if it_run:
@@ -306,11 +308,12 @@ def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, toke
     res = run_evaluation(ctx, served, tokenizer_path, iteration)
     report = res.model_dump(include={"metrics", "rows"})
     rep = ctx.store().put_bytes(json.dumps(report, indent=1).encode(), iter_key(iteration, "eval/report.json"))
-    try:
-        create_table_artifact(key=artifact_key(ctx.name, "eval", iteration), table=res.rows,
-                              description="Validation success by mode and difficulty (Wilson 95% CI)")
-    except Exception:
-        pass
+    if in_prefect_run():  # outside a run (direct .fn() calls) there is no artifact to write
+        try:
+            create_table_artifact(key=artifact_key(ctx.name, "eval", iteration), table=res.rows,
+                                  description="Validation success by mode and difficulty (Wilson 95% CI)")
+        except Exception as e:  # noqa: BLE001 - the UI's table never fails the stage
+            _logger().warning(f"eval artifact: {type(e).__name__}: {e}")
     res.report_uri = rep["uri"]
     return res
 

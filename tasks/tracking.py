@@ -32,7 +32,7 @@ from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.tree import ExecutionTree
-from tasks.common import RunContext, artifact_key, fetch
+from tasks.common import RunContext, artifact_key, fetch, in_prefect_run
 from tasks.records import EvalOutput, GenerateOutput, JudgeOutput, TrainOutput, ValidateOutput
 
 FLOW_RUN_TAG = "rao.prefect_flow_run_id"
@@ -170,20 +170,23 @@ def compare_with_champion(metrics: dict[str, float], champion: dict[str, float],
 def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], results: list[dict[str, Any]],
                    champion: dict[str, float], tolerance: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Log a nightly evaluation of ``ref`` (metrics, :func:`compare_with_champion` rows, Prefect table
-    artifacts ``artifact_key(name, "comparison")`` and ``"results"``) and end its run ``run_id``, FAILED when a metric
-    regressed; returns the comparison rows and the regressions."""
+    artifacts ``artifact_key(name, "comparison")`` and ``"results"`` inside a Prefect run) and end its run
+    ``run_id``, FAILED when a metric regressed; returns the comparison rows and the regressions."""
     from prefect.artifacts import create_table_artifact
 
     log_metrics(run_id, metrics)
     rows, bad = compare_with_champion(metrics, champion, tolerance)
     log_json(run_id, {"metrics": metrics, "comparison": rows}, "evaluation.json")
-    try:
-        create_table_artifact(key=artifact_key(name, "comparison"), table=rows or [{"metric": "none"}],
-                              description=f"{ref} vs champion (tolerance {tolerance})")
-        create_table_artifact(key=artifact_key(name, "results"), table=results or [{"result": "none"}],
-                              description=f"{ref}: success by env, mode and difficulty")
-    except Exception:
-        pass
+    if in_prefect_run():  # outside a run (direct .fn() calls) there is no artifact to write
+        try:
+            create_table_artifact(key=artifact_key(name, "comparison"), table=rows or [{"metric": "none"}],
+                                  description=f"{ref} vs champion (tolerance {tolerance})")
+            create_table_artifact(key=artifact_key(name, "results"), table=results or [{"result": "none"}],
+                                  description=f"{ref}: success by env, mode and difficulty")
+        except Exception as e:  # noqa: BLE001 - the UI's tables never fail the evaluation
+            import logging
+
+            logging.getLogger("rao").warning(f"evaluation artifacts {name}: {type(e).__name__}: {e}")
     _client().set_terminated(run_id, status="FAILED" if bad else "FINISHED")
     return rows, bad
 

@@ -183,6 +183,100 @@ def test_outside_a_flow_run_no_artifact_is_written(monkeypatch):
     assert not ui.enabled and calls == []
 
 
+def test_in_prefect_run_is_true_inside_a_flow_or_task_run_only(prefect_harness):
+    """The one "are we in a run?" check of the pipeline: Prefect's run context, set in a flow run and in a task
+    run, and in no direct ``.fn()`` call."""
+    from prefect import flow, task
+
+    from tasks.common import in_prefect_run
+
+    @task
+    def in_task() -> bool:
+        return in_prefect_run()
+
+    @flow
+    def in_flow() -> tuple[bool, bool]:
+        return in_prefect_run(), in_task()
+
+    assert in_prefect_run() is False
+    assert in_flow() == (True, True)  # the flow's own code, and a task run inside it
+    assert in_task.fn() is False and in_prefect_run() is False  # a direct call; no context left behind
+
+
+class _MemoryStore:
+    """Stands in for the campaign's ArtifactStore (S3): objects in a dict."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def exists(self, key: str) -> bool:
+        return key in self.objects
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.objects[key]
+
+    def put_bytes(self, data: bytes, key: str) -> dict:
+        self.objects[key] = data
+        return {"uri": f"mem://{key}"}
+
+
+def _evaluate_stage(monkeypatch, tmp_path):
+    """tasks.stages.evaluate with its evaluation and its store replaced; returns (stages, ctx) for a campaign of
+    its own (the Prefect harness is shared by the session)."""
+    import uuid
+
+    from rao_core.config import CampaignConfig
+    from tasks import stages
+    from tasks.common import RunContext
+    from tasks.records import EvalOutput
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    store = _MemoryStore()
+    monkeypatch.setattr(RunContext, "store", lambda self: store)
+    monkeypatch.setattr(stages, "run_evaluation", lambda ctx, served, tok, it: EvalOutput(
+        metrics={"eval/recursive/easy/success": 0.5}, rows=[{"mode": "recursive", "success": 0.5}]))
+    ctx = RunContext(config=CampaignConfig(name=f"ui-{uuid.uuid4().hex[:8]}"), s3={}, mlflow_uri="")
+    return stages, ctx
+
+
+def test_a_stage_called_outside_a_run_skips_its_artifact_without_a_prefect_warning(prefect_harness, monkeypatch,
+                                                                                   tmp_path):
+    """A direct ``.fn()`` call (tests, scripts) is in no Prefect run: the evaluate stage skips its table artifact
+    instead of writing it through Prefect's deprecated out-of-run path (a FutureWarning per call)."""
+    import warnings
+
+    from prefect.artifacts import Artifact
+
+    from tasks.common import artifact_key
+
+    stages, ctx = _evaluate_stage(monkeypatch, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = stages.evaluate.fn(ctx, 1, None, "tok")
+    prefect_future = [str(w.message) for w in caught
+                      if issubclass(w.category, FutureWarning) and "prefect" in str(w.filename)]
+    assert prefect_future == []
+    assert out.report_uri == "mem://iter-1/eval/report.json" and not out.resumed  # the stage itself ran
+    assert Artifact.get(artifact_key(ctx.name, "eval", 1)) is None
+
+
+def test_a_stage_inside_a_flow_run_still_writes_its_artifact(prefect_harness, monkeypatch, tmp_path):
+    from prefect import flow
+    from prefect.artifacts import Artifact
+
+    from tasks.common import artifact_key
+
+    stages, ctx = _evaluate_stage(monkeypatch, tmp_path)
+
+    @flow
+    def one_stage():
+        return stages.evaluate(ctx, 1, None, "tok")
+
+    assert one_stage().metrics == {"eval/recursive/easy/success": 0.5}
+    art = Artifact.get(artifact_key(ctx.name, "eval", 1))
+    assert art is not None and art.type == "table" and "recursive" in str(art.data)
+
+
 def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     """run_evaluation (evaluate stage, nightly) turns run_trees' per-mode counts into one progress over both
     modes, under the key artifact_key(campaign, 'evaluate-progress', iteration)."""

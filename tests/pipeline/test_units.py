@@ -25,12 +25,14 @@ def test_compare_with_champion_rows_and_regressions():
 
 def test_log_evaluation_logs_the_comparison_and_fails_the_run_on_a_regression(tmp_path, monkeypatch):
     """The nightly flow's logging task: metrics and evaluation.json on the run, which ends FAILED on a
-    regression and FINISHED otherwise; two Prefect table artifacts (recorded here: outside a flow run
-    Prefect would start a temporary API server for them)."""
+    regression and FINISHED otherwise; two Prefect table artifacts inside a Prefect run (recorded here: outside
+    a flow run Prefect would start a temporary API server for them), none outside one."""
     import mlflow
     import prefect.artifacts
 
     from infra.tracking import configure_mlflow
+    from tasks import tracking
+    from tasks.common import in_prefect_run
     from tasks.tracking import log_evaluation
 
     configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")
@@ -38,6 +40,7 @@ def test_log_evaluation_logs_the_comparison_and_fails_the_run_on_a_regression(tm
     exp = mlflow.create_experiment("nightly", artifact_location=(tmp_path / "a").as_uri())
     artifacts = []
     monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda key, **kw: artifacts.append(key))
+    monkeypatch.setattr(tracking, "in_prefect_run", lambda: True)  # as in the nightly flow's run
     m = "eval/recursive/easy/success"
     for value, status in ((0.5, "FAILED"), (0.7, "FINISHED")):
         run = client.create_run(exp).info.run_id
@@ -45,6 +48,10 @@ def test_log_evaluation_logs_the_comparison_and_fails_the_run_on_a_regression(tm
         assert bool(bad) == (status == "FAILED") and rows[0]["metric"] == m
         assert client.get_run(run).info.status == status and client.get_run(run).data.metrics[m] == value
         assert client.list_artifacts(run)[0].path == "evaluation.json"
+    assert artifacts == ["nightly-comparison", "nightly-results"] * 2
+    monkeypatch.setattr(tracking, "in_prefect_run", in_prefect_run)  # the real check: this test is in no run
+    run = client.create_run(exp).info.run_id
+    log_evaluation.fn(run, "nightly", "models:/p@candidate", {m: 0.7}, [], {m: 0.7}, 0.05)
     assert artifacts == ["nightly-comparison", "nightly-results"] * 2
 
 
