@@ -5,9 +5,12 @@
     same run: raw on one short prompt, and a raw replay of the trees' own prompts (target trees / replay
     >= 0.8), with the trees' requests-in-flight profile;
 (c) wall time of TextCraft hard tasks solved by the oracle with parallel vs forced-sequential children,
-    with a simulated policy latency per generation (target >= 2x).
+    with a simulated policy latency per generation (target >= 2x);
+(d) with --base-url and --replay TREES.jsonl: the server's speed on a campaign iteration's recorded
+    generation workload (same prompt ids, same completion lengths), to set beside the campaign's own figure.
 
 Usage: python scripts/bench_runtime.py [--base-url URL --model NAME --tokenizer PATH] [--skip-c]
+       [--replay var/campaigns/NAME/iter-K/trees.jsonl]
 """
 
 from __future__ import annotations
@@ -173,6 +176,43 @@ async def bench_throughput(base_url: str, model: str, tokenizer: str, n: int, ma
     await client.close()
 
 
+async def bench_replay(base_url: str, model: str, trees_path: str) -> None:
+    """(d): the server's own speed on a campaign's recorded generation workload. Every node of the
+    recorded trees (``trees.jsonl`` of an iteration) becomes one stream that sends its turns' recorded
+    prompt ids in order, each asking for exactly the recorded number of tokens (``ignore_eos``); all
+    streams run at once (no parent waits for its children, so at least as much concurrency as the
+    campaign had). Compare with the iteration's ``tokens/completion_total / time/generate_s``."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    from rao_core.jsonl import read_jsonl
+
+    trees = read_jsonl(trees_path, dict, "execution tree")
+    streams = [[(t["prompt_token_ids"], len(t["completion_token_ids"])) for t in node["turns"]
+                if t.get("prompt_token_ids") and t.get("completion_token_ids")]
+               for tree in trees for node in tree["nodes"]]
+    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=900)
+
+    async def stream(turns) -> int:
+        n = 0
+        for ids, k in turns:
+            r = await client.completions.create(model=model, prompt=ids, max_tokens=k, temperature=1.0,
+                                                extra_body={"ignore_eos": True})
+            n += r.usage.completion_tokens
+        return n
+
+    httpx.post(base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", timeout=30)
+    t0 = time.perf_counter()
+    total = sum(await asyncio.gather(*(stream(s) for s in streams)))
+    wall = time.perf_counter() - t0
+    recorded = max(tree["wall_s"] for tree in trees)
+    lens = sorted(len(ids) for s in streams for ids, _ in s)
+    print(f"(d) replay of {trees_path}: {len(trees)} trees, {len(streams)} node streams, "
+          f"{sum(len(s) for s in streams)} turns, prompts median {lens[len(lens) // 2]} tokens: {total} tokens in "
+          f"{wall:.1f} s = {total / wall:.1f} tok/s (the campaign's longest tree took {recorded:.1f} s)")
+    await client.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
@@ -184,6 +224,7 @@ def main() -> None:
     ap.add_argument("--delay", type=float, default=0.5, help="simulated policy latency per turn, seconds")
     ap.add_argument("--tasks", type=int, default=3)
     ap.add_argument("--skip-c", action="store_true")
+    ap.add_argument("--replay", default="", help="(d): a campaign iteration's trees.jsonl to replay on --base-url")
     args = ap.parse_args()
     asyncio.run(bench_sandbox(args.sandbox))
     if not args.skip_c:
@@ -193,6 +234,8 @@ def main() -> None:
 
         asyncio.run(bench_throughput(args.base_url, args.model, args.tokenizer or str(tiny_model_path()),
                                      args.concurrency, args.max_tokens))
+        if args.replay:
+            asyncio.run(bench_replay(args.base_url, args.model, args.replay))
     else:
         print("(b) skipped: pass --base-url of a running vLLM server")
 
