@@ -113,6 +113,14 @@ def calibrate_cmd(
     cfg = _config(config, base_url=base_url, model=model, cache_path=cache)
     if not trees.is_file():
         raise typer.BadParameter(f"tree file not found: {trees}", param_hint="--trees")
+    try:  # the file first: a bad one is its own error, before any server is contacted
+        tree_list = read_trees(trees)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not tree_list:
+        typer.echo(f"error: {trees}: holds no execution tree (nothing to calibrate)", err=True)
+        raise typer.Exit(2)
     from infra.process import ServiceError
     from infra.serving import wait_for_server
 
@@ -123,7 +131,7 @@ def calibrate_cmd(
                    "RAO_JUDGE_BASE_URL)", err=True)
         raise typer.Exit(2) from None
     try:
-        rep = calibrate_sync(read_trees(trees), cfg, env_name=env)
+        rep = calibrate_sync(tree_list, cfg, env_name=env)
     except (ValueError, JudgeEndpointError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

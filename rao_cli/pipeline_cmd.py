@@ -117,7 +117,8 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
 
 def _registered_model(base, model: str) -> str:
     """``models:/`` URI of ``--model`` (alias, version number or URI, as ``rao-evaluate`` reads it), checked
-    in the MLflow registry before any service starts. ``s3://`` and folder references pass as they are."""
+    (form, then the MLflow registry) before any service starts. ``s3://`` and folder references pass as they
+    are (an ``s3://`` one is checked by :func:`_checked_s3_checkpoint`)."""
     if model.startswith(("s3://", "/", ".")):
         return model
     import logging
@@ -132,8 +133,18 @@ def _registered_model(base, model: str) -> str:
     name = registered_model_name(base)
     ref = model if model.startswith("models:/") else (f"models:/{name}/{model}" if model.isdigit()
                                                        else f"models:/{name}@{model}")
-    uri = configure_mlflow(base.tracking.tracking_uri)
     body = ref.removeprefix("models:/")
+    if "@" in body:
+        reg, _, alias = body.partition("@")
+        well_formed = bool(reg and alias)
+    else:
+        reg, _, version = body.partition("/")
+        well_formed = bool(reg) and version.isdigit()
+    if not well_formed:  # before MLflow is asked (it failed with a TypeError or its own message)
+        raise typer.BadParameter(
+            f"{model!r} is not a model reference: expected models:/<name>/<version>, models:/<name>@<alias>, "
+            f"a version number or an alias of {name}", param_hint="'--model'")
+    uri = configure_mlflow(base.tracking.tracking_uri)
     quiet = [logging.getLogger(n) for n in ("mlflow", "alembic")]  # "Creating initial MLflow database tables..."
     levels = [lg.level for lg in quiet]
     try:
@@ -151,6 +162,57 @@ def _registered_model(base, model: str) -> str:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
     return ref
+
+
+def _check_s3_checkpoint(s3, ref: str, model: str) -> None:
+    """ValueError unless objects lie under the ``s3://BUCKET/KEY`` checkpoint folder ``ref`` in the storage
+    ``s3`` (:class:`infra.storage.S3Settings`; the bucket is the URI's), listed as the fetch lists it."""
+    from dataclasses import replace
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from infra.storage import ArtifactStore
+
+    bucket, _, key = ref.removeprefix("s3://").strip("/").partition("/")
+    parent, _, leaf = key.rpartition("/")
+    where = s3.endpoint_url or "AWS S3"
+    try:
+        found = bool(bucket and parent) and bool(ArtifactStore(replace(s3, bucket=bucket), parent).list(leaf + "/"))
+    except ClientError as e:
+        if str(e.response.get("Error", {}).get("Code")) not in ("NoSuchBucket", "404", "NotFound"):
+            raise ValueError(f"--model {model}: cannot list {ref} at {where}: {e}") from None
+        found = False
+    except BotoCoreError as e:
+        raise ValueError(f"--model {model}: cannot list {ref} at {where}: {e}") from None
+    if not found:
+        raise ValueError(f"--model {model}: no objects under {ref} at {where} (expected a checkpoint folder a "
+                         "campaign uploaded: s3://BUCKET/CAMPAIGN/iter-K/checkpoint)")
+
+
+@contextlib.contextmanager
+def _checked_s3_checkpoint(base, ref: str, model: str):
+    """For an ``s3://`` ``--model``: the evaluation's storage (the configured endpoint, that of `rao services
+    up`, or an embedded SeaweedFS started here) is opened and the checkpoint checked before Prefect and MLflow
+    start; the flow then uses the same storage (its endpoint is exported while it runs: no second SeaweedFS).
+    Other references: nothing to do."""
+    if not ref.startswith("s3://"):
+        yield
+        return
+    from flows.campaign import storage
+
+    with storage(base) as s3:
+        _check_s3_checkpoint(s3, ref, model)
+        env = s3.env()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def kill_campaign_runs(cfg, since_ms: int) -> list[str]:
@@ -341,7 +403,7 @@ def register(app: typer.Typer) -> None:
 
         params = EvaluateParams(config=config, model=ref, suite=suite, tolerance=tolerance)
         try:  # Ctrl-C / SIGTERM: the evaluation's MLflow run KILLED, children stopped, one line, exit 130 / 143
-            with _prefect_failures_quiet():
+            with _checked_s3_checkpoint(base, ref, model), _prefect_failures_quiet():
                 out = run_interruptible(lambda: rao_evaluate(params), _evaluation_interrupted(base, ref))
         except RegressionError as e:
             console.print(f"[red]regression:[/red] {e}", soft_wrap=True)

@@ -56,6 +56,24 @@ def remove_temporaries(out: Path) -> str:
     return str(log) if log.exists() else ""
 
 
+def check_campaign_file(path: Path, raw: object) -> None:
+    """``rao sft --config`` checked whole, as ``rao run`` checks it (:func:`rao_cli.train_cmd.load_campaign_file`:
+    one ConfigError line for a typo anywhere). DemoConfig fields written directly in ``warm_start`` (this
+    command's shorter spelling of ``warm_start.options``) are checked as options; DemoConfig checks them."""
+    from rao_cli.train_cmd import load_campaign_file
+    from rao_core.config import WarmStartSettings
+    from rao_core.warmstart import DemoConfig
+
+    ws = raw.get("warm_start") if isinstance(raw, dict) else None
+    direct = set(DemoConfig.model_fields) - set(WarmStartSettings.model_fields)
+    if not (isinstance(ws, dict) and direct & set(ws)):
+        load_campaign_file(path)
+        return
+    options = ws.get("options") if isinstance(ws.get("options"), dict) else {}
+    ws = {k: v for k, v in ws.items() if k not in direct} | {"options": {k: ws[k] for k in ws if k in direct} | options}
+    load_campaign_file(path, raw | {"warm_start": ws})
+
+
 def register(app: typer.Typer) -> None:
     """Add ``rao sft`` to the top-level app."""
 
@@ -65,23 +83,27 @@ def register(app: typer.Typer) -> None:
         n_tasks: int = typer.Option(None, "--n-tasks", help="Demonstration tasks (default: DemoConfig's)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the tasks and of the expert's variety."),
         model: Path = typer.Option(None, "--model", help="Checkpoint to fine-tune (default: SmolLM2-135M)."),
-        out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (replaced atomically)."),
+        out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (an existing checkpoint there is replaced atomically; a folder holding anything else is refused)."),
         epochs: int = typer.Option(None, "--epochs", help="SFT epochs (default: the warm-start default)."),
         lr: float = typer.Option(None, "--lr", help="Learning rate (default: the warm-start default)."),
         difficulties: list[str] = typer.Option(None, "--difficulty", help="Repeat for several (default: easy, "
                                                "medium where the environment has them, else its first)."),
-        config: Path = typer.Option(None, "--config", help="YAML with `warm_start` (DemoConfig fields + `trainer`: SFT TrainerConfig fields) and `runtime`."),
+        config: Path = typer.Option(None, "--config", help="Campaign config (validated whole, as `rao run` does): its `warm_start` (DemoConfig fields + `trainer`: SFT TrainerConfig fields) and `runtime`."),
         trees: Path = typer.Option(None, "--trees", help="Also write the demonstration trees (JSON lines) here."),
     ) -> None:
         """Build demonstrations with the expert and fine-tune MODEL on them (loss_type sft); prints stats."""
         import json
 
+        from rao_cli.train_cmd import check_out
         from rao_core.config import read_yaml
         from rao_core.paths import default_model_path
         from rao_core.warmstart import (DemoConfig, default_sft_trainer_config, recommended_runtime_config,
                                         run_warm_start)
 
+        check_out(out)  # before the demonstrations: nothing but a checkpoint is replaced at --out
         raw = (read_yaml(config) or {}) if config else {}  # one error line: file, line, duplicate key
+        if config:
+            check_campaign_file(config, raw)
         demo = dict(raw.get("warm_start") or {})
         trainer = dict(demo.pop("trainer", None) or {})
         # a campaign config's warm_start section: its mode/checkpoint are the campaign's, options are DemoConfig's

@@ -105,6 +105,10 @@ def register(app: typer.Typer) -> None:
                                  if (p / "tokenizer.json").exists()), "")
         if not tok:
             raise typer.BadParameter("no tokenizer: pass --tokenizer or run `make setup`")
+        if policy == "endpoint":  # a server that does not answer is one error line, as in `rao eval`
+            from infra.serving import wait_for_server
+
+            wait_for_server(base_url)
         config = RuntimeConfig(max_depth=max_depth, delegation=max_depth > 0, sandbox=sandbox,
                                context_window=16384, max_new_tokens=2048)
 

@@ -3,8 +3,69 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+from typer._click.exceptions import ClickException  # typer >= 0.20 vendors click (as rao_cli.main uses it)
+
+if TYPE_CHECKING:
+    from rao_core.config import CampaignConfig
+    from rao_core.train import TrainerConfig
+
+
+class OutFolderRefused(ClickException):
+    """A ``--out`` that writing the checkpoint would destroy: ``error: <message>``, exit 2 (bad option value)."""
+
+    exit_code = 2
+
+
+def check_out(out: Path) -> None:
+    """:func:`rao_core.train.checkpoint.check_out_folder` for a command's ``--out``, before any work: a folder
+    that is not empty and not a checkpoint is refused (exit 2, one line); a checkpoint may be replaced."""
+    from rao_core.train.checkpoint import OutFolderError, check_out_folder
+
+    try:
+        check_out_folder(out)
+    except OutFolderError as e:
+        raise OutFolderRefused(str(e)) from None
+
+
+def load_campaign_file(path: Path, read_as: dict | None = None) -> CampaignConfig:
+    """``--config`` checked whole, as ``rao run --config`` checks it: :func:`rao_core.config.load_config`
+    (a typo anywhere is one ConfigError line naming file, key and value; the paths it names are not checked:
+    these commands take their model from --model). ``read_as``: the file's content as the command reads it
+    when that differs from the campaign's spelling (an older name of a section); it is validated in its
+    place, and errors still name ``path``."""
+    import tempfile
+
+    import yaml
+
+    from rao_core.config import ConfigError, load_config
+
+    if read_as is None:
+        return load_config(path, check_paths=False)
+    with tempfile.TemporaryDirectory(prefix="rao-config-") as d:
+        respelled = Path(d) / Path(path).name
+        respelled.write_text(yaml.safe_dump(read_as, sort_keys=False))
+        try:
+            return load_config(respelled, check_paths=False)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace(str(respelled), str(path))) from None
+
+
+def trainer_config(path: Path) -> TrainerConfig:
+    """The TrainerConfig of ``rao train --config``: a file of TrainerConfig fields only (what the campaign's
+    training child gets), else a campaign config, checked whole (:func:`load_campaign_file`), whose
+    ``trainer`` section is taken (its older name ``train:`` is read as ``trainer:``)."""
+    from rao_core.config import read_yaml
+    from rao_core.train import TrainerConfig
+
+    raw = read_yaml(path)  # one error line: file, line, duplicate key, empty file
+    if isinstance(raw, dict) and set(raw) <= set(TrainerConfig.model_fields):
+        return TrainerConfig.model_validate(raw)
+    if isinstance(raw, dict) and "train" in raw and "trainer" not in raw:
+        return load_campaign_file(path, {"trainer" if k == "train" else k: v for k, v in raw.items()}).trainer
+    return load_campaign_file(path).trainer
 
 
 def register(app: typer.Typer) -> None:
@@ -14,8 +75,8 @@ def register(app: typer.Typer) -> None:
     def train_cmd(
         samples: Path = typer.Option(..., "--samples", help="Training samples (.jsonl or .parquet)."),
         model: Path = typer.Option(..., "--model", help="Checkpoint folder to start from (full or LoRA)."),
-        out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (replaced atomically)."),
-        config: Path | None = typer.Option(None, "--config", help="YAML/JSON file: TrainerConfig fields, or a campaign config (its `trainer:` section)."),
+        out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (an existing checkpoint there is replaced atomically; a folder holding anything else is refused)."),
+        config: Path | None = typer.Option(None, "--config", help="YAML/JSON file: TrainerConfig fields, or a campaign config (validated whole, as `rao run` does; its `trainer:` section is used)."),
         iteration: int = typer.Option(0, "--iteration", help="RL iteration recorded in the manifest."),
         metrics_out: Path | None = typer.Option(
             None, "--metrics-out", help="Also append each step's metrics to this file as JSON lines "
@@ -27,15 +88,10 @@ def register(app: typer.Typer) -> None:
         import os
         import resource
 
-        from rao_core.config import read_yaml
         from rao_core.train import TrainerConfig, train
 
-        cfg = TrainerConfig()
-        if config is not None:
-            raw = read_yaml(config) or {}
-            if isinstance(raw, dict):  # a campaign config's `trainer:` section, or TrainerConfig fields
-                raw = raw.get("trainer", raw.get("train", raw))
-            cfg = TrainerConfig.model_validate(raw)
+        check_out(out)  # before any work: nothing but a checkpoint is replaced at --out
+        cfg = trainer_config(config) if config is not None else TrainerConfig()
 
         main_process = os.environ.get("RANK", "0") == "0"  # set by accelerate launch; absent in one process
         sink = metrics_out.open("a") if metrics_out is not None and main_process else None

@@ -58,12 +58,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def read_yaml(path: str | os.PathLike[str]) -> Any:
     """The YAML file at ``path``, parsed; ConfigError (one line naming the file, and the line where known)
-    for a missing file, a folder, text that is not UTF-8 or not YAML, and a key given twice in one mapping."""
+    for a missing file, a folder, text that is not UTF-8 or not YAML, a key given twice in one mapping, and a
+    file with no content (0 bytes, only comments, ``---`` or ``null``: it would silently mean all defaults)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file not found: {p}")
     try:
-        return yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except IsADirectoryError:
@@ -74,6 +75,9 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
         raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:  # nothing, only comments, a bare `---` or `null`: never "all defaults" by accident
+        raise ConfigError(f"{p}: the config file is empty")
+    return data
 
 
 class _Strict(BaseModel):

@@ -415,3 +415,133 @@ def test_run_errors_from_the_campaign_go_to_stderr(capsys, tmp_path, monkeypatch
         main(["run", "--set", "warm_start.mode=checkpoint", "--set", f"warm_start.checkpoint={ckpt}"])
     out, err = capsys.readouterr()
     assert e.value.code == 2 and _one_error_line(err) == "error: checkpoint unreadable: see the log" and out == ""
+
+
+# --- new-user findings: input checked before anything starts ----------------------------------------------
+
+@pytest.fixture
+def in_process_command(tmp_path, monkeypatch):
+    """For commands run in this process that set environment defaults and a SIGTERM handler (``rao run``,
+    ``rao evaluate``): a private RAO_HOME, and the environment and the handler restored afterwards."""
+    import os
+    import signal
+
+    saved_env, saved_term = dict(os.environ), signal.getsignal(signal.SIGTERM)
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RAO_DEBUG", raising=False)
+    yield
+    os.environ.clear()
+    os.environ.update(saved_env)
+    signal.signal(signal.SIGTERM, saved_term)
+
+
+@pytest.mark.parametrize("text", ["", "# only comments\n\n# here\n", "---\n"])
+def test_an_empty_config_file_is_refused_before_a_campaign_starts(capsys, tmp_path, monkeypatch,
+                                                                 in_process_command, text):
+    """A 0-byte or comments-only config started a whole campaign on the built-in defaults."""
+    import flows.campaign
+    from rao_core.config import ConfigError, read_yaml
+
+    f = tmp_path / "empty.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match="the config file is empty"):  # every command reads configs here
+        read_yaml(f)
+    monkeypatch.setattr(flows.campaign, "rao_campaign", lambda params: pytest.fail("a campaign started"))
+    code, err = _run(capsys, "run", "--config", str(f), "--name", "x")
+    assert code == 1 and _one_error_line(err) == f"error: {f}: the config file is empty"
+
+
+@pytest.mark.parametrize("model", ["models:/rao-policy-smoke", "models:/", "models:/bad uri",
+                                   "models:/rao-policy-smoke@", "models:/rao-policy-smoke/v1"])
+def test_evaluate_malformed_model_uri_is_one_line_before_services(capsys, tmp_path, monkeypatch,
+                                                                  in_process_command, model):
+    """Was ``error: TypeError: MlflowClient.get_model_version() missing 1 required positional argument``."""
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    code, err = _run(capsys, "evaluate", "--model", model)
+    line = _one_error_line(err)
+    assert code == 2 and (f"Invalid value for '--model': {model!r} is not a model reference: expected "
+                          "models:/<name>/<version>, models:/<name>@<alias>, a version number or an alias of "
+                          "rao-policy-smoke") in line, line
+    assert not db.exists()  # MLflow was not even opened
+
+
+def test_evaluate_s3_checkpoint_without_objects_is_one_line_before_prefect(capsys, tmp_path, monkeypatch,
+                                                                           in_process_command):
+    """An s3:// --model with nothing under it: one line, from the storage listing, before Prefect and MLflow
+    (it started a Prefect server, logged a retry and left a FAILED MLflow run); one with objects goes on to
+    the flow, which finds the same storage exported."""
+    import contextlib
+    import os
+
+    import flows.campaign
+    import flows.evaluate
+    from infra.storage import ArtifactStore, S3Settings
+
+    opened, listed, flow_saw = [], [], []
+
+    @contextlib.contextmanager
+    def fake_storage(cfg):
+        opened.append(cfg.storage.bucket)
+        yield S3Settings("http://127.0.0.1:9", "rao", "key", "secret")
+
+    def fake_list(self, key_prefix=""):
+        listed.append((self.settings.bucket, self.prefix, key_prefix))
+        return ["checkpoint/config.json"] if self.prefix == "smoke/iter-1" else []
+
+    def fake_flow(params):
+        flow_saw.append((params.model, os.environ.get("RAO_S3_ENDPOINT")))
+        return {"model": params.model, "champion": None, "comparison": []}
+
+    monkeypatch.delenv("RAO_S3_ENDPOINT", raising=False)
+    monkeypatch.setattr(flows.campaign, "storage", fake_storage)
+    monkeypatch.setattr(ArtifactStore, "list", fake_list)
+    monkeypatch.setattr(flows.evaluate, "rao_evaluate", fake_flow)
+    ref = "s3://rao/nosuch/iter-1/checkpoint"
+    code, err = _run(capsys, "evaluate", "--model", ref)
+    assert code == 1 and _one_error_line(err) == (
+        f"error: --model {ref}: no objects under {ref} at http://127.0.0.1:9 (expected a checkpoint folder a "
+        "campaign uploaded: s3://BUCKET/CAMPAIGN/iter-K/checkpoint)")
+    assert listed == [("rao", "nosuch/iter-1", "checkpoint/")] and flow_saw == []
+    ok = "s3://rao/smoke/iter-1/checkpoint"
+    code, err = _run(capsys, "evaluate", "--model", ok)
+    assert code == 0 and flow_saw == [(ok, "http://127.0.0.1:9")], err  # the checked storage, not a second one
+    assert "RAO_S3_ENDPOINT" not in os.environ and len(opened) == 2
+
+
+def test_solve_endpoint_without_a_server_is_one_line_before_the_rollout(capsys, one_task, monkeypatch):
+    """Was the tree, ``node 0 ended with policy_error: APIConnectionError`` and exit 1, with no error: line;
+    now the check of ``rao eval`` (infra.serving.wait_for_server), here cut to 1 s."""
+    import infra.serving
+
+    real, waited = infra.serving.wait_for_server, []
+
+    def short_wait(base_url, timeout_s=30.0):
+        waited.append((base_url, timeout_s))
+        real(base_url, timeout_s=1)
+
+    monkeypatch.setattr(infra.serving, "wait_for_server", short_wait)
+    url = "http://127.0.0.1:1/v1"
+    with pytest.raises(SystemExit) as e:
+        main(["solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "endpoint",
+              "--base-url", url, "--model", "policy"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and out == "" and waited == [(url, 30.0)]
+    assert _one_error_line(err).startswith(f"error: no OpenAI-compatible server at {url} after 1 s (")
+
+
+def test_judge_calibrate_reads_the_tree_file_before_contacting_the_server(capsys, tmp_path, monkeypatch):
+    """A file that is not trees JSONL waited for a judge server and said only that none answers."""
+    import infra.serving
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(infra.serving, "wait_for_server", lambda *a, **k: pytest.fail("a server was contacted"))
+    f = tmp_path / "garbage.jsonl"
+    f.write_text("garbage\n")
+    argv = ("judge", "calibrate", "--trees", str(f), "--base-url", "http://127.0.0.1:9/v1")
+    code, err = _run(capsys, *argv)
+    line = _one_error_line(err)
+    assert code == 2 and line.startswith(f"error: {f}:1: not a valid execution tree record: "), line
+    f.write_text("\n")
+    code, err = _run(capsys, *argv)
+    assert code == 2 and _one_error_line(err) == f"error: {f}: holds no execution tree (nothing to calibrate)"

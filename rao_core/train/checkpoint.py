@@ -10,7 +10,8 @@ A checkpoint folder is either
 Every folder holds ``rao-checkpoint.json`` (:data:`MANIFEST_NAME`): kind, parent checkpoint, base model,
 iteration, data hash, config hash, counts and versions. Writing goes to a hidden temporary sibling folder
 that is renamed into place, so a reader sees a complete checkpoint or none; an existing folder at the
-target is replaced (renamed away first, then deleted).
+target is replaced (renamed away first, then deleted). Only an empty folder or a checkpoint may be
+replaced: :func:`check_out_folder` refuses any other existing target before training starts.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from rao_core.samples import Sample
 
 MANIFEST_NAME = "rao-checkpoint.json"
 
-__all__ = ["MANIFEST_NAME", "data_hash", "read_manifest", "is_checkpoint", "is_lora_checkpoint", "atomic_folder"]
+__all__ = ["MANIFEST_NAME", "OutFolderError", "data_hash", "read_manifest", "is_checkpoint", "is_lora_checkpoint",
+           "is_replaceable", "check_out_folder", "atomic_folder"]
 
 
 def data_hash(samples: Iterable[Sample]) -> str:
@@ -55,6 +57,45 @@ def is_checkpoint(folder: str | os.PathLike[str]) -> bool:
 def is_lora_checkpoint(folder: str | os.PathLike[str]) -> bool:
     """True when ``folder`` holds a PEFT/LoRA adapter rather than full weights."""
     return (Path(folder) / "adapter_config.json").exists()
+
+
+class OutFolderError(ValueError):
+    """The output folder exists and holds something that writing a checkpoint there would delete."""
+
+
+def is_replaceable(folder: str | os.PathLike[str]) -> bool:
+    """True when writing a checkpoint at ``folder`` loses nothing: it does not exist, is an empty folder, or
+    is a checkpoint (this writer's manifest :data:`MANIFEST_NAME`, or model weights: ``config.json`` or
+    ``adapter_config.json`` with a ``*.safetensors`` file, e.g. a base model folder)."""
+    p = Path(folder)
+    if not p.exists():
+        return not p.is_symlink()
+    if not p.is_dir():
+        return False
+    if (p / MANIFEST_NAME).is_file() or not any(p.iterdir()):
+        return True
+    weights = (p / "config.json").is_file() or (p / "adapter_config.json").is_file()
+    return weights and any(p.glob("*.safetensors"))
+
+
+def check_out_folder(folder: str | os.PathLike[str], option: str = "--out") -> None:
+    """Refuse, before any work, an output folder that :class:`atomic_folder` would replace and that is not
+    :func:`is_replaceable`: an existing file, or a folder holding anything but a checkpoint. Replacing an
+    existing checkpoint (re-runs, campaigns) stays allowed.
+
+    Raises:
+        OutFolderError: one line ``OPTION FOLDER exists and is not a checkpoint (holds a, b, ...); choose
+            another folder or remove it`` (``option``: how the caller names the folder).
+    """
+    if is_replaceable(folder):
+        return
+    p = Path(folder)
+    if not p.is_dir():
+        raise OutFolderError(f"{option} {folder} exists and is not a folder; choose another folder or remove it")
+    names = sorted(x.name for x in p.iterdir())
+    held = ", ".join(names[:3]) + (f", ... ({len(names)} entries)" if len(names) > 3 else "")
+    raise OutFolderError(f"{option} {folder} exists and is not a checkpoint (holds {held}); choose another folder "
+                         "or remove it")
 
 
 class atomic_folder:

@@ -39,7 +39,8 @@ import torch
 
 from rao_core.progress import ProgressCallback, StepProgress
 from rao_core.samples import Sample, SampleBatch, read_samples
-from rao_core.train.checkpoint import MANIFEST_NAME, atomic_folder, data_hash, is_lora_checkpoint, read_manifest
+from rao_core.train.checkpoint import (MANIFEST_NAME, atomic_folder, check_out_folder, data_hash, is_lora_checkpoint,
+                                      read_manifest)
 from rao_core.train.config import TrainerConfig, cpu_has_bf16
 from rao_core.train.data import collate, make_micro_batches, validate_samples
 from rao_core.train.loss import (
@@ -255,7 +256,8 @@ def train(
         samples: a :class:`SampleBatch`, a list of :class:`Sample`, or a ``.jsonl``/``.parquet`` path.
         model_path: HF checkpoint folder (full weights), or a LoRA checkpoint folder written by this
             trainer (then ``config.lora`` must be set and training continues that adapter).
-        out_dir: the checkpoint folder to write (replaced atomically if it exists).
+        out_dir: the checkpoint folder to write (replaced atomically if it exists: only an empty folder or a
+            checkpoint, :func:`rao_core.train.checkpoint.check_out_folder`).
         config: :class:`TrainerConfig` (defaults if None).
         iteration: RL iteration number, recorded in the manifest.
         on_step: called with each step's metrics dict (main process only).
@@ -268,6 +270,7 @@ def train(
         :class:`TrainResult` with the checkpoint path, the per-step metrics and the manifest.
 
     Raises:
+        OutFolderError: ``out_dir`` exists and is not an empty folder or a checkpoint (before anything else).
         ValueError: bad samples (see :func:`rao_core.train.data.validate_samples`), a LoRA adapter as
             ``model_path`` without ``config.lora``, untied embeddings at save time; all before any step
             except the last.
@@ -275,6 +278,7 @@ def train(
     from transformers import AutoConfig
 
     cfg = config or TrainerConfig()
+    check_out_folder(out_dir, "out_dir")  # nothing but a checkpoint is replaced there
     model_path, out_dir = Path(model_path).resolve(), Path(out_dir).resolve()
     all_rows = _as_samples(samples)
     base_path, adapter_path = _resolve_base(model_path)

@@ -1,0 +1,188 @@
+"""``rao train`` / ``rao sft``: an existing ``--out`` that is not a checkpoint is refused before any work
+(its files stay), a checkpoint is still replaced; ``--config`` is validated whole, as ``rao run`` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rao_cli.main import main
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    return e.value.code, capsys.readouterr().err
+
+
+def _one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def _writes_checkpoint(out: Path) -> None:
+    """What the trainer does at the end: a checkpoint folder replaces ``out`` (atomic_folder)."""
+    from rao_core.train.checkpoint import MANIFEST_NAME, atomic_folder
+
+    with atomic_folder(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"new")
+        (tmp / MANIFEST_NAME).write_text("{}")
+
+
+class _Written(list):
+    configs: list
+
+
+@pytest.fixture
+def fake_training(monkeypatch):
+    """``rao train`` and ``rao sft`` with their training replaced by a plain atomic checkpoint write (no torch
+    work); the list records the folders written."""
+    import rao_core.train.trainer
+    import rao_core.warmstart
+
+    written = _Written()
+    written.configs = []  # the TrainerConfig each `rao train` got
+
+    def train(samples, model_path, out_dir, config=None, **kw):
+        _writes_checkpoint(Path(out_dir))
+        written.append(Path(out_dir))
+        written.configs.append(config)
+        return rao_core.train.trainer.TrainResult(checkpoint=Path(out_dir), metrics=[], manifest={})
+
+    def run_warm_start(env, model_path, out_dir, **kw):
+        _writes_checkpoint(Path(out_dir))
+        written.append(Path(out_dir))
+        return SimpleNamespace(checkpoint=Path(out_dir), stats={}, num_samples=0, num_tokens=0,
+                               num_assistant_tokens=0, demo_wall_s=0.0, sft_wall_s=0.0)
+
+    monkeypatch.setattr(rao_core.train.trainer, "train", train)
+    monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
+    return written
+
+
+def _argv(command: str, tmp_path: Path, out: Path, *extra: str) -> list[str]:
+    if command == "train":
+        return ["train", "--samples", str(tmp_path / "s.jsonl"), "--model", str(tmp_path / "m"), "--out", str(out),
+                *extra]
+    return ["sft", "--env", "example", "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_an_out_folder_that_is_not_a_checkpoint_is_refused_and_kept(capsys, tmp_path, fake_training, command):
+    out = tmp_path / "dir"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    code, err = _run(capsys, *_argv(command, tmp_path, out))
+    assert code == 2 and _one_error_line(err) == (f"error: --out {out} exists and is not a checkpoint (holds "
+                                                  "precious.txt); choose another folder or remove it")
+    assert (out / "precious.txt").read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == ["precious.txt"]
+    assert fake_training == []  # refused before any work
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_an_existing_checkpoint_is_still_replaced(capsys, tmp_path, fake_training, command):
+    from rao_core.train.checkpoint import MANIFEST_NAME, check_out_folder
+
+    out = tmp_path / "ck"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"old")
+    check_out_folder(out)  # accepted: a checkpoint (weights) may be replaced
+    code, err = _run(capsys, *_argv(command, tmp_path, out))
+    assert code == 0, err
+    assert fake_training == [out] and (out / "model.safetensors").read_bytes() == b"new" and (out / MANIFEST_NAME).exists()
+
+
+def test_the_check_accepts_checkpoints_and_empty_folders_and_refuses_anything_else(tmp_path):
+    from rao_core.train.checkpoint import MANIFEST_NAME, OutFolderError, check_out_folder
+
+    check_out_folder(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    check_out_folder(tmp_path / "empty")
+    for name, files in [("full", ["config.json", "model-00001-of-00002.safetensors", "tokenizer.json"]),
+                        ("lora", ["adapter_config.json", "adapter_model.safetensors"]),
+                        ("written", [MANIFEST_NAME, "config.json", ".complete"])]:
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text("{}")
+        check_out_folder(tmp_path / name)
+    (tmp_path / "notes").mkdir()
+    for f in ["config.json", "a.txt", "b.txt", "c.txt"]:  # a config.json without weights is not a checkpoint
+        (tmp_path / "notes" / f).write_text("x")
+    with pytest.raises(OutFolderError, match=r"holds a\.txt, b\.txt, c\.txt, \.\.\. \(4 entries\)\); choose another"):
+        check_out_folder(tmp_path / "notes")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutFolderError, match="exists and is not a folder"):
+        check_out_folder(tmp_path / "file", "--out")
+
+
+def test_the_trainer_itself_refuses_before_loading_anything(tmp_path):
+    """Library callers of train() get the same check (the model path does not even exist)."""
+    from rao_core.train.checkpoint import OutFolderError
+    from rao_core.train.trainer import train
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "precious.txt").write_text("keep me")
+    with pytest.raises(OutFolderError, match=r"out_dir .* exists and is not a checkpoint \(holds precious\.txt\)"):
+        train([], tmp_path / "no-model", tmp_path / "out")
+    assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("text", ["name: x\nn_taks: 3\ntrainer:\n  lr: 0.001\n",
+                                  "name: x\ntrainr:\n  lr: 0.001\n",
+                                  "warm_start:\n  trainer:\n    lr: fast\n",
+                                  "lrr: 0.001\n"])
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_config_is_validated_whole_as_rao_run_does(capsys, tmp_path, fake_training, command, text):
+    from rao_core.config import ConfigError, load_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as expected:  # what `rao run --config` says about the file
+        load_config(f, check_paths=False)
+    assert "unknown field" in str(expected.value) or "lr = 'fast'" in str(expected.value)
+    code, err = _run(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 1 and _one_error_line(err) == f"error: {expected.value}"
+    assert fake_training == []
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_a_typo_inside_a_section_names_the_file_and_key(capsys, tmp_path, fake_training, command):
+    f = tmp_path / "c.yaml"
+    f.write_text("warm_start:\n  n_taks: 3\n")
+    code, err = _run(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 1 and _one_error_line(err) == f"error: {f}: warm_start.n_taks = 3: unknown field"
+
+
+@pytest.mark.parametrize("text, lr", [('{"lr": 0.002, "loss_type": "reinforce"}', 0.002),  # the campaign child's
+                                      ("name: x\ntrainer:\n  lr: 0.003\n", 0.003),
+                                      ("name: x\ntrain:\n  lr: 0.004\n", 0.004)])  # the older name of `trainer:`
+def test_train_still_reads_its_trainer_settings(capsys, tmp_path, fake_training, text, lr):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    code, err = _run(capsys, *_argv("train", tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 0, err
+    assert [c.lr for c in fake_training.configs] == [lr]
+
+
+def test_a_typo_under_the_older_train_section_names_the_given_file(capsys, tmp_path, fake_training):
+    f = tmp_path / "c.yaml"
+    f.write_text("name: x\ntrain:\n  lrr: 1\n")
+    code, err = _run(capsys, *_argv("train", tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 1 and _one_error_line(err) == f"error: {f}: trainer.lrr = 1: unknown field"
+
+
+def test_sft_still_reads_demo_settings_written_directly_in_warm_start(capsys, tmp_path, fake_training):
+    """``warm_start.single_agent_fraction`` etc. (``rao sft``'s short form of ``warm_start.options``) pass the
+    campaign check; a bad value there is still DemoConfig's error."""
+    f = tmp_path / "c.yaml"
+    f.write_text("warm_start:\n  n_tasks: 2\n  single_agent_fraction: 0.25\n  trainer:\n    lr: 2.0e-4\n")
+    code, err = _run(capsys, *_argv("sft", tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 0, err
+    f.write_text("warm_start:\n  parallel_prob: 3\n")
+    code, err = _run(capsys, *_argv("sft", tmp_path, tmp_path / "ck2", "--config", str(f)))
+    assert code == 2 and "parallel_prob" in _one_error_line(err)
