@@ -7,10 +7,12 @@
 (c) wall time of TextCraft hard tasks solved by the oracle with parallel vs forced-sequential children,
     with a simulated policy latency per generation (target >= 2x);
 (d) with --base-url and --replay TREES.jsonl: the server's speed on a campaign iteration's recorded
-    generation workload (same prompt ids, same completion lengths), to set beside the campaign's own figure.
+    generation workload (same prompt ids, same completion lengths), to set beside the campaign's own figure;
+(e) with --base-url and --sweep NxL,...: the raw server's prefill and decode tok/s by concurrency N and
+    prompt length L.
 
 Usage: python scripts/bench_runtime.py [--base-url URL --model NAME --tokenizer PATH] [--skip-c]
-       [--replay var/campaigns/NAME/iter-K/trees.jsonl]
+       [--replay var/campaigns/NAME/iter-K/trees.jsonl] [--sweep 32x40,32x500,32x1500]
 """
 
 from __future__ import annotations
@@ -213,6 +215,32 @@ async def bench_replay(base_url: str, model: str, trees_path: str) -> None:
     await client.close()
 
 
+async def bench_sweep(base_url: str, model: str, loads: list[tuple[int, int]], max_tokens: int) -> None:
+    """(e): the raw server's prefill and decode speed by concurrency and prompt length. For each (n, L):
+    n distinct L-token prompts (no shared prefix) sent at once with ``max_tokens=1`` (prefill tok/s), then
+    the same prompts again for ``max_tokens`` new tokens (``ignore_eos``; the prompts now come from the
+    prefix cache, so this is decode at context L..L+max_tokens)."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=900)
+
+    async def wave(prompts, k) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        rs = await asyncio.gather(*(client.completions.create(model=model, prompt=p, max_tokens=k, temperature=1.0,
+                                                              extra_body={"ignore_eos": True}) for p in prompts))
+        return sum(r.usage.completion_tokens for r in rs), time.perf_counter() - t0
+
+    for n, length in loads:
+        httpx.post(base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", timeout=30)
+        prompts = [[(i * 7919 + j * 104729) % 40000 + 100 for j in range(length)] for i in range(n)]
+        _, prefill_s = await wave(prompts, 1)
+        tokens, decode_s = await wave(prompts, max_tokens)
+        print(f"(e) {n} streams x {length}-token prompts: prefill {n * length / prefill_s:.0f} tok/s; decode "
+              f"{tokens / decode_s:.0f} tok/s ({max_tokens} new tokens each, prompt cached)", flush=True)
+    await client.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
@@ -223,7 +251,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--delay", type=float, default=0.5, help="simulated policy latency per turn, seconds")
     ap.add_argument("--tasks", type=int, default=3)
+    ap.add_argument("--skip-b", action="store_true")
     ap.add_argument("--skip-c", action="store_true")
+    ap.add_argument("--sweep", default="", help="(e): loads NxL, comma-separated (e.g. 32x40,32x500,32x1500)")
     ap.add_argument("--replay", default="", help="(d): a campaign iteration's trees.jsonl to replay on --base-url")
     args = ap.parse_args()
     asyncio.run(bench_sandbox(args.sandbox))
@@ -232,10 +262,14 @@ def main() -> None:
     if args.base_url:
         from rao_core.paths import tiny_model_path
 
-        asyncio.run(bench_throughput(args.base_url, args.model, args.tokenizer or str(tiny_model_path()),
-                                     args.concurrency, args.max_tokens))
+        if not args.skip_b:
+            asyncio.run(bench_throughput(args.base_url, args.model, args.tokenizer or str(tiny_model_path()),
+                                         args.concurrency, args.max_tokens))
         if args.replay:
             asyncio.run(bench_replay(args.base_url, args.model, args.replay))
+        if args.sweep:
+            loads = [tuple(int(x) for x in load.split("x")) for load in args.sweep.split(",")]
+            asyncio.run(bench_sweep(args.base_url, args.model, loads, args.max_tokens))
     else:
         print("(b) skipped: pass --base-url of a running vLLM server")
 
