@@ -58,7 +58,7 @@ def sandbox_limits(config: RuntimeConfig) -> SandboxLimits:
         cpu_total_s=config.cell_cpu_s * config.max_steps_per_node, nproc=config.max_processes,
         fsize_mb=config.max_file_mb, output_cap=max(8 * config.observation_max_chars, 65536),
         result_max_bytes=config.result_max_bytes, result_max_depth=config.result_max_depth,
-        mode=config.sandbox, echo=config.echo_last_expression)
+        mode=config.sandbox, echo=config.echo_last_expression, nice=config.cell_nice)
 
 
 def system_prompt(env: Environment, config: RuntimeConfig, node: Node) -> str:

@@ -38,6 +38,9 @@ class RuntimeConfig(BaseModel):
     cell_memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of a node's REPL process, MiB.")
     cell_cpu_s: int = Field(60, ge=1, description="CPU seconds per cell (RLIMIT_CPU soft limit, reset "
                             "per cell); the hard limit is cell_cpu_s * max_steps_per_node per REPL.")
+    cell_nice: int = Field(10, ge=0, le=19, description="Scheduling niceness of each REPL process tree, set "
+                           "outside the sandbox (0: the orchestrator's own): a cell that loops gets about a tenth "
+                           "of a busy core instead of taking it from a CPU vLLM engine bound to every core.")
     max_processes: int = Field(32, ge=4, description="RLIMIT_NPROC per REPL (each REPL has its own uid).")
     max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a REPL, MiB (largest file it writes).")
     max_children_per_node: int = Field(8, ge=0, description="launch_subagent calls allowed per node.")

@@ -70,6 +70,7 @@ class SandboxLimits:
     result_max_bytes: int = 262_144  # a finish() value, as JSON text, characters
     result_max_depth: int = 64  # nesting of containers in a finish() value or tool / launch_subagent arguments
     echo: bool = False  # print the repr of a cell's bare last expression (notebook echo); off by default
+    nice: int = 10  # scheduling niceness of the REPL process tree (0: the orchestrator's own), set at exec
 
 
 def check_json_value(value: Any, what: str, *, max_depth: int, max_bytes: int | None) -> str:
@@ -179,6 +180,8 @@ class Repl:
         else:
             cmd, cwd = argv, str(self.workdir)
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.workdir), "LANG": "C.UTF-8"}
+        if self.limits.nice:  # set before the REPL runs, outside it; an unprivileged cell cannot lower it
+            cmd = [shutil.which("nice") or "nice", "-n", str(self.limits.nice), *cmd]
         try:
             # Not cancellable while it runs: asyncio (3.11) hangs forever in create_subprocess_exec when
             # cancelled before the pipes are connected; a cancellation is re-raised once self.proc is set.

@@ -61,6 +61,24 @@ async def test_infinite_loop_hits_wall_clock_limit_and_kills_repl():
         await r.close()
 
 
+async def test_cells_run_niced_and_cannot_lower_it():
+    """A looping cell must not take a core from a CPU vLLM engine bound to every core: the REPL tree runs at
+    niceness ``nice`` (10) relative to the orchestrator, set outside the sandbox, and the cell cannot undo it."""
+    base = os.nice(0)
+    r = await repl()
+    try:
+        res = await r.execute("import os\nprint(os.nice(0))\ntry:\n    os.nice(-5)\nexcept PermissionError:\n"
+                              "    print('denied')\nprint(os.nice(0))", no_calls)
+        assert res.output == f"{base + 10}\ndenied\n{base + 10}\n", res
+    finally:
+        await r.close()
+    r = await repl(nice=0)
+    try:
+        assert (await r.execute("import os\nprint(os.nice(0))", no_calls)).output == f"{base}\n"
+    finally:
+        await r.close()
+
+
 async def test_memory_bomb_raises_memory_error():
     r = await repl(memory_mb=256)
     try:
@@ -227,3 +245,18 @@ async def test_run_cell_once_and_command_line():
     cmd = bwrap_command(rao_home(), ["python3"])
     for flag in ("--unshare-net", "--unshare-pid", "--die-with-parent", "--clearenv"):
         assert flag in cmd
+
+
+async def test_errors_show_only_the_cell_never_a_host_path():
+    """A cell that does not compile reads as Python shows it (File "<cell>"), without the frame of the parser
+    on the host (it named the stdlib's ast.py); a runtime error keeps only the cell's own frames."""
+    r = await repl()
+    try:
+        bad = await r.execute("x = 1\ny = (", no_calls)
+        div = await r.execute("def f():\n    return 1 / 0\nf()", no_calls)
+    finally:
+        await r.close()
+    assert bad.status == div.status == CellStatus.ERROR
+    assert bad.error == '  File "<cell>", line 2\n    y = (\n        ^\nSyntaxError: \'(\' was never closed\n'
+    assert div.error == ('Traceback (most recent call last):\n  File "<cell>", line 3, in <module>\n'
+                         '  File "<cell>", line 2, in f\nZeroDivisionError: division by zero\n')
