@@ -263,10 +263,12 @@ class _Server:
             status, error = "memory", "MemoryError: the cell exceeded its memory limit"
         except BaseException as e:  # noqa: BLE001 - everything a cell raises is reported to the agent
             status = "error"
-            tb = traceback.extract_tb(e.__traceback__)
-            tb = [fr for fr in tb if fr.filename == "<cell>"] or tb[-1:]
-            error = "".join(traceback.format_list(tb)) + "".join(traceback.format_exception_only(e))
-            error = "Traceback (most recent call last):\n" + error
+            # only the cell's own frames: no host path (this file, the stdlib) reaches the model; a cell that
+            # does not compile (SyntaxError) has none and reads as Python shows it: File "<cell>", line N
+            tb = [fr for fr in traceback.extract_tb(e.__traceback__) if fr.filename == "<cell>"]
+            error = "".join(traceback.format_exception_only(e))
+            if tb:
+                error = "Traceback (most recent call last):\n" + "".join(traceback.format_list(tb)) + error
         finally:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         text = out.getvalue()
