@@ -132,7 +132,11 @@ def validate_training_data(trees: Sequence[ExecutionTree], batch: SampleBatch, *
     import great_expectations as gx
     import pandas as pd
 
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
     context = gx.get_context(mode="ephemeral")
+    # no tqdm "Calculating Metrics" bars in the stage's log (the context's `progress_bars` setting)
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     source = context.data_sources.add_pandas("rao")
     frames = {"nodes": node_table(trees), "samples": sample_table(batch)}
     # great-expectations skips NaN and also +-inf in range checks: a non-finite advantage or weight becomes

@@ -69,3 +69,12 @@ def test_single_tree_group_fails_group_size():
 
     rep = validate_training_data(trees, batch, max_depth=2, lam=0.5, context_window=100)
     assert any("group_size" in f for f in rep["failures"])
+
+
+def test_no_progress_bars_in_the_stage_log(capfd):
+    """great-expectations draws tqdm bars ("Calculating Metrics") by default, into piped logs of `rao run`;
+    the context's ``progress_bars`` setting turns them off."""
+    rep = _validate([_tree(0, 1.0), _tree(1, 0.0)])
+    got = capfd.readouterr()
+    assert rep["success"] is True
+    assert "Calculating Metrics" not in got.err + got.out and "it/s" not in got.err
