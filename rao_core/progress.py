@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 ProgressCallback = Callable[[int, int], None]
 """``on_progress(done, total)``: ``done`` of ``total`` units finished (called after each unit)."""
 
-__all__ = ["ProgressCallback", "StepProgress", "bar_enabled"]
+__all__ = ["ProgressCallback", "StepProgress", "bar_enabled", "every_tenth"]
 
 
 def bar_enabled(console: Console | None = None) -> bool:
@@ -28,6 +28,18 @@ def bar_enabled(console: Console | None = None) -> bool:
     if os.environ.get("RAO_PROGRESS", "1").strip() == "0":
         return False
     return (console or Console()).is_terminal
+
+
+def every_tenth(report: ProgressCallback) -> ProgressCallback:
+    """An ``on_progress(done, total)`` that passes a call on to ``report`` only at each tenth of ``total``
+    (every multiple of ``total // 10``; every unit when ``total < 20``) and at the last unit: periodic log lines
+    of a long loop where no bar is drawn (a log file, a pipe). Nothing is reported while ``done`` or ``total`` is 0."""
+
+    def report_tenths(done: int, total: int) -> None:
+        if done > 0 and total > 0 and (done >= total or done % max(1, total // 10) == 0):
+            report(done, total)
+
+    return report_tenths
 
 
 class StepProgress:

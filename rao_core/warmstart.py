@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rao_core.envs.base import Environment, Task
 from rao_core.policies.base import Generation, Policy, PolicyRequest
+from rao_core.progress import ProgressCallback, StepProgress
 from rao_core.runtime import RuntimeConfig, load_tokenizer, oracle_policy, run_tree
 from rao_core.samples import Sample, SampleBatch, SampleStats, node_sample, summarise
 from rao_core.task_sampling import sample_tasks, split_evenly
@@ -190,7 +191,8 @@ class Demonstrations(list):
 
 
 async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: DemoConfig, *, tokenizer: Any,
-                               runtime_config: RuntimeConfig) -> Demonstrations:
+                               runtime_config: RuntimeConfig,
+                               on_progress: ProgressCallback | None = None) -> Demonstrations:
     """Grow ``config.rollouts_per_task`` expert trees per task through the real runtime; keep verified ones.
 
     Args:
@@ -200,6 +202,8 @@ async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: 
         tokenizer: HF tokenizer or checkpoint folder of the model that will be fine-tuned (its chat
             template builds the token ids, so the samples are in that model's ids).
         runtime_config: the runtime limits (use the RL rollouts' settings, sandbox on).
+        on_progress: called with ``(trees finished, trees planned)`` after each tree; a rich bar
+            "demonstration trees" is drawn while they grow when stdout is a terminal (:class:`StepProgress`).
 
     Returns:
         :class:`Demonstrations` (a list of trees, task order, rollout index order) holding only trees
@@ -223,12 +227,14 @@ async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: 
         async with sem:
             tree = await run_tree(env, task, _EosTerminated(expert, tok), rc, tokenizer=tok,
                                   group_id=task.task_id, rollout_index=g)
+        bar.advance()
         tree.meta["demo_single_agent"] = single
         tree.meta["demo_expert"] = {k: v for k, v in vars(expert).items() if isinstance(v, (int, float, bool, str))}
         return tree
 
     jobs = [(t, g) for t in tasks for g in range(config.rollouts_per_task)]
-    trees = await asyncio.gather(*(one(t, g, i, single_agent_tree(config, i)) for i, (t, g) in enumerate(jobs)))
+    with StepProgress("demonstration trees", len(jobs), on_progress=on_progress) as bar:
+        trees = await asyncio.gather(*(one(t, g, i, single_agent_tree(config, i)) for i, (t, g) in enumerate(jobs)))
     out = Demonstrations(t for t in trees if (verifier_value(t.root) or 0.0) >= 1.0)
     out.attempted, out.rejected, out.wall_s = len(trees), len(trees) - len(out), time.perf_counter() - t0
     return out
@@ -352,7 +358,8 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
                    demo_config: DemoConfig | None = None, trainer_config: Any = None,
                    runtime_config: RuntimeConfig | None = None, trees_path: str | Path | None = None,
                    tasks_path: str | Path | None = None, samples_path: str | Path | None = None,
-                   on_step: Any = None) -> WarmStartResult:
+                   on_step: Any = None, on_demo_progress: ProgressCallback | None = None,
+                   on_train_progress: ProgressCallback | None = None) -> WarmStartResult:
     """Build demonstrations, then SFT ``model_path`` on them; the checkpoint goes to ``out_dir``.
 
     The one warm start of the project: ``rao sft``, the campaign's ``warm_start`` task and the sizing
@@ -360,7 +367,9 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
     code). ``trainer_config`` defaults to :func:`default_sft_trainer_config`; its ``loss_type`` must be
     ``'sft'``. ``runtime_config`` defaults to :func:`recommended_runtime_config`. ``tasks_path``,
     ``trees_path``, ``samples_path``: also write the demonstration tasks, the kept trees and the SFT
-    samples there (JSON lines).
+    samples there (JSON lines). ``on_step``: each SFT step's metrics; ``on_demo_progress``: ``(trees
+    finished, planned)`` after each demonstration tree; ``on_train_progress``: ``(SFT steps done, planned)``
+    after each step (terminal bars are drawn as well when stdout is a terminal).
 
     Raises:
         ValueError: ``loss_type`` is not ``'sft'`` (checked before any demonstration is built), or no
@@ -381,7 +390,7 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
     if tasks_path is not None:
         write_tasks(tasks_path, tasks)
     trees = asyncio.run(build_demonstrations(env, tasks, demo_config, tokenizer=str(model_path),
-                                             runtime_config=runtime_config))
+                                             runtime_config=runtime_config, on_progress=on_demo_progress))
     if not trees:
         raise ValueError(f"none of the {trees.attempted} demonstration trees succeeded; nothing to train on")
     if trees_path is not None:
@@ -391,7 +400,7 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
         write_samples(samples_path, batch)
     t0 = time.perf_counter()
     res = run_training(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step,
-                       samples_path=samples_path)
+                       on_progress=on_train_progress, samples_path=samples_path)
     sft_s = time.perf_counter() - t0
     stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes}
     return WarmStartResult(checkpoint=res.checkpoint, stats=stats, train_metrics=res.metrics,

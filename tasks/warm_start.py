@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 
 from rao_core.envs import get_env
+from rao_core.progress import every_tenth
 from tasks import tracking
 from tasks.common import RunContext, stage
 from tasks.records import Checkpoint, WarmStartOutput
-from tasks.stages import checkpoint_from_uri
+from tasks.stages import _logger, checkpoint_from_uri
 
 
 @stage("warm_start", name="warm-start")
@@ -33,9 +34,21 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
     demo_cfg = DemoConfig(n_tasks=ws.n_tasks, difficulties=ws.difficulties, seed=cfg.seed, **ws.options)
     out_dir = ctx.local("checkpoints/iter-0")
     tpath, spath = ctx.local("iter-0/demos.jsonl"), ctx.local("iter-0/demo_samples.jsonl")
+    log, steps = _logger(), []  # progress lines every tenth: minutes pass in a log with no bar drawn
+
+    def demo_line(done: int, total: int) -> None:
+        log.info(f"warm start: demonstration trees {done}/{total}")
+
+    def sft_line(done: int, total: int) -> None:
+        loss = f", loss {steps[-1]['train/loss']:.3f}" if steps and "train/loss" in steps[-1] else ""
+        log.info(f"warm start: SFT step {done}/{total}{loss}")
+
+    log.info(f"warm start: {demo_cfg.n_tasks * demo_cfg.rollouts_per_task} expert demonstration trees, then SFT "
+             f"of {cfg.model.path}")
     res = run_warm_start(env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer,
                          runtime_config=cfg.runtime, tasks_path=ctx.local("iter-0/demo_tasks.jsonl"),
-                         trees_path=tpath, samples_path=spath)
+                         trees_path=tpath, samples_path=spath, on_step=steps.append,
+                         on_demo_progress=every_tenth(demo_line), on_train_progress=every_tenth(sft_line))
     demo_s, sft_s, stats = res.demo_wall_s, res.sft_wall_s, res.stats
     store = ctx.store()
     demos = store.put_file(tpath, "iter-0/demos/trees.jsonl")

@@ -333,3 +333,56 @@ def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
     assert "RESUMED" in name["description"] and "new name for a new campaign" in name["description"]
     assert CampaignParams(name="").resolve().name == CampaignParams(name=None).resolve().name == "smoke"
     assert CampaignParams(name="fresh-1").resolve().name == "fresh-1"
+
+
+def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
+    """`rao run` piped prints no bar: the warm start (minutes on CPU) logs a line per tenth of its 32
+    demonstration trees (every 3, and the last) and per SFT step (fewer than 20: each), with the step's loss."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import rao_core.warmstart
+    from rao_core.config import CampaignConfig
+    from tasks.common import RunContext
+    import tasks.warm_start
+    from tasks.warm_start import warm_start
+
+    class Store:  # what the stage writes, nowhere
+        def exists(self, key):
+            return False
+
+        def put_bytes(self, data, key):
+            return {"uri": f"s3://mem/{key}"}
+
+        put_file = put_bytes
+
+        def put_dir(self, path, key):
+            return []
+
+        def write_manifest(self, key, entries):
+            return None
+
+        def uri(self, key):
+            return f"s3://mem/{key}"
+
+    def run_warm_start(env, model_path, out_dir, *, on_step, on_demo_progress, on_train_progress, **kw):
+        for done in range(1, 33):
+            on_demo_progress(done, 32)
+        for step in (1, 2):
+            on_step({"train/loss": 1.0 / step})
+            on_train_progress(step, 2)
+        Path(out_dir).mkdir(parents=True)
+        return SimpleNamespace(demo_wall_s=1.0, sft_wall_s=2.0, stats={}, train_metrics=[])
+
+    lines: list[str] = []
+    monkeypatch.setattr(tasks.warm_start, "_logger", lambda: SimpleNamespace(info=lines.append))  # the run logger
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    monkeypatch.setattr(RunContext, "store", lambda self: Store())
+    monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
+    ctx = RunContext(config=CampaignConfig(name="ws", warm_start={"mode": "demos", "n_tasks": 32}), s3={},
+                     mlflow_uri="")
+    assert warm_start.fn(ctx).mode == "demos"
+    assert lines == [
+        f"warm start: 32 expert demonstration trees, then SFT of {ctx.config.model.path}",
+        *(f"warm start: demonstration trees {d}/32" for d in (3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32)),
+        "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500"]

@@ -58,3 +58,18 @@ async def test_run_trees_reports_each_finished_tree_and_draws_rollouts_only_on_a
     assert sorted(g for _, _, g in seen) == sorted(t.group_id for t in trees) == ["a", "a", "b"]
     out = capsys.readouterr().out
     assert ("rollouts" in out and "3/3" in out) == terminal, out
+
+
+@pytest.mark.parametrize("total, reported", [
+    (32, [3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32]),  # every 32 // 10 = 3 units, and the last
+    (4, [1, 2, 3, 4]),  # fewer than 20: every unit
+    (0, []),  # nothing planned (yet): nothing to say
+])
+def test_every_tenth_passes_on_each_tenth_and_the_last(total, reported):
+    from rao_core.progress import every_tenth
+
+    got: list[tuple[int, int]] = []
+    report = every_tenth(lambda d, t: got.append((d, t)))
+    for done in range(0, max(total, 3) + 1):
+        report(done, total)
+    assert got == [(d, total) for d in reported]

@@ -250,3 +250,13 @@ async def test_warm_started_checkpoint_is_served_and_grows_a_tree(sft_checkpoint
     assert root.turns and root.token_ids and sum(root.assistant_mask) > 0
     assert root.end_reason in (EndReason.FINISHED, EndReason.MAX_STEPS, EndReason.CONTEXT_OVERFLOW)
     assert root.verifier in (0.0, 1.0)
+
+
+def test_demonstrations_report_each_finished_tree():
+    """``on_progress(done, total)`` after each tree (what the warm start's log lines count)."""
+    env = get_env("textcraft-synth")
+    cfg = DemoConfig(n_tasks=2, difficulties=["easy"], seed=3, rollouts_per_task=2)
+    seen: list[tuple[int, int]] = []
+    out = asyncio.run(build_demonstrations(env, demo_tasks(env, cfg), cfg, tokenizer=tiny_model_path(),
+                                           runtime_config=_rc(), on_progress=lambda d, t: seen.append((d, t))))
+    assert out.attempted == 4 and seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
