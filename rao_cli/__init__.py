@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 #: Width of command output that goes to a pipe or a file (rich would cut tables to 80 columns there).
 PIPED_WIDTH = 1000
+#: Width of ``--help`` that goes to a pipe or a file (rich would wrap it in 80 columns, eliding option names).
+PIPED_HELP_WIDTH = 160
 
 
 def make_console(**kwargs: Any):
@@ -19,3 +23,23 @@ def make_console(**kwargs: Any):
     if "width" not in kwargs and not os.environ.get("COLUMNS") and not (sys.stdout and sys.stdout.isatty()):
         kwargs["width"] = PIPED_WIDTH
     return Console(**kwargs)
+
+
+@contextlib.contextmanager
+def piped_help_width() -> Iterator[None]:
+    """Within the block, typer's rich ``--help`` is :data:`PIPED_HELP_WIDTH` columns wide when stdout is piped
+    or redirected and the user set no width (``COLUMNS``, ``TERMINAL_WIDTH``); typer's own width
+    (``typer.rich_utils.MAX_WIDTH``) is restored afterwards."""
+    import os
+    import sys
+
+    from typer import rich_utils
+
+    saved = rich_utils.MAX_WIDTH
+    user_width = os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH")
+    if not user_width and not (sys.stdout and sys.stdout.isatty()):
+        rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
+    try:
+        yield
+    finally:
+        rich_utils.MAX_WIDTH = saved

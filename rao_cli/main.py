@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     - anything else (a bug): exit 1, with the exception type named; Ctrl-C: ``error: interrupted``, 130.
 
     ``RAO_DEBUG=1`` re-raises instead, so the full traceback is shown. ``argv``: the arguments (default
-    ``sys.argv[1:]``). ``rao`` with no arguments prints the help and exits 2.
+    ``sys.argv[1:]``). ``rao`` with no arguments prints the help and exits 2. ``--help`` that goes to a pipe
+    or a file is :data:`rao_cli.PIPED_HELP_WIDTH` columns wide (:func:`rao_cli.piped_help_width`).
     """
     import os
     import sys
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from infra.models import ModelError
     from infra.process import ServiceError
+    from rao_cli import piped_help_width
 
     debug = bool(os.environ.get("RAO_DEBUG"))
 
@@ -86,9 +88,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(code)
 
     try:
-        rv = app(args=argv, prog_name="rao", standalone_mode=False)
+        with piped_help_width():  # piped `--help`: wider than rich's 80 columns
+            rv = app(args=argv, prog_name="rao", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:
-        print(e.format_message(), file=sys.stderr)
+        with piped_help_width():
+            print(e.format_message(), file=sys.stderr)
         sys.exit(2)
     except Abort:
         if debug:

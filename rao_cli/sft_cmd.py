@@ -56,6 +56,27 @@ def remove_temporaries(out: Path) -> str:
     return str(log) if log.exists() else ""
 
 
+def check_model(model: Path | None) -> Path:
+    """The checkpoint ``rao sft`` fine-tunes: ``model``, else :func:`rao_core.paths.default_model_path`, checked
+    before any demonstration is built (:func:`rao_core.train.checkpoint.is_checkpoint`: full weights or a LoRA
+    adapter).
+
+    Raises:
+        typer.BadParameter: one ``error:`` line, exit 2: the folder does not exist, or holds no ``config.json``
+            / ``adapter_config.json``.
+    """
+    from rao_core.paths import default_model_path
+    from rao_core.train.checkpoint import is_checkpoint
+
+    path = model or default_model_path()
+    if is_checkpoint(path):
+        return path
+    what = ("is not a checkpoint folder (no config.json or adapter_config.json)" if path.exists()
+            else "does not exist")
+    hint = "" if model else " (the default model; `make setup` installs it)"
+    raise typer.BadParameter(f"{path} {what}{hint}", param_hint="'--model'")
+
+
 def check_campaign_file(path: Path, raw: object) -> None:
     """``rao sft --config`` checked whole, as ``rao run`` checks it (:func:`rao_cli.train_cmd.load_campaign_file`:
     one ConfigError line for a typo anywhere). DemoConfig fields written directly in ``warm_start`` (this
@@ -96,11 +117,11 @@ def register(app: typer.Typer) -> None:
 
         from rao_cli.train_cmd import check_out
         from rao_core.config import read_yaml
-        from rao_core.paths import default_model_path
         from rao_core.warmstart import (DemoConfig, default_sft_trainer_config, recommended_runtime_config,
                                         run_warm_start)
 
         check_out(out)  # before the demonstrations: nothing but a checkpoint is replaced at --out
+        model_path = check_model(model)
         raw = (read_yaml(config) or {}) if config else {}  # one error line: file, line, duplicate key
         if config:
             check_campaign_file(config, raw)
@@ -122,13 +143,17 @@ def register(app: typer.Typer) -> None:
             from rao_core.jsonl import one_line_error
 
             raise typer.BadParameter(one_line_error(e)) from e
-        model_path = model or default_model_path()
         typer.echo(f"demonstrations: {dc.n_tasks} {env} tasks {dc.difficulties}; SFT {tc.epochs} epoch(s), "
                    f"lr {tc.lr} from {model_path}")
 
         def show(m: dict[str, float]) -> None:
             typer.echo(f"step {int(m['train/step'])} epoch {int(m['train/epoch'])} loss {m['train/loss']:.4f} "
                        f"({m['train/tokens_per_s']:.0f} tok/s)")
+
+        from rao_core.progress import bar_enabled, every_tenth
+
+        # no bar drawn (a pipe, a log file): a line every tenth of the demonstration trees instead
+        demo_lines = None if bar_enabled() else every_tenth(lambda d, t: typer.echo(f"demonstration trees {d}/{t}"))
 
         from infra.process import run_interruptible, stop_descendants
 
@@ -140,7 +165,8 @@ def register(app: typer.Typer) -> None:
 
         try:  # Ctrl-C / SIGTERM: children stopped, temporaries removed, one line, exit 130 / 143
             res = run_interruptible(lambda: run_warm_start(env, model_path, out, demo_config=dc, trainer_config=tc,
-                                                           runtime_config=rc, trees_path=trees, on_step=show),
+                                                           runtime_config=rc, trees_path=trees, on_step=show,
+                                                           on_demo_progress=demo_lines),
                                     on_interrupt)
         except Exception:
             remove_temporaries(out)  # a failed training names its log in its own message

@@ -92,10 +92,15 @@ def task_stats(path: str | Path) -> dict[str, Any]:
 
 @app.command()
 def stats(path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A task file (.jsonl).")) -> None:
-    """Print counts and size statistics of a task file, per environment, split and difficulty."""
+    """Print counts and size statistics of a task file, per environment, split and difficulty.
+
+    Raises ValueError (one ``error:`` line, exit 1) for a file that holds no task (empty or blank lines only).
+    """
     from rich.table import Table
 
     rows = task_stats(path)
+    if not rows:
+        raise ValueError(f"{path}: holds no task (no non-blank line); `rao tasks generate` writes task files")
     cols = sorted({k for r in rows.values() for k in r if k != "n"})
     table = Table(title=str(path))
     for c in ["group", "n", *cols]:
