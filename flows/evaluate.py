@@ -59,14 +59,17 @@ class EvaluateParams(BaseModel):
     campaign: str | None = Field(None, description="Campaign whose registered model is evaluated (its "
                                  "model.registered_model); default: the config's campaign name.")
 
+    def flow_run_name(self) -> str:
+        """Prefect flow-run name of this evaluation: ``<name>-<model>``, e.g. ``nightly-candidate``."""
+        return f"{self.name}-{self.model}".replace("models:/", "")
+
 
 def evaluate_run_name() -> str:
-    """Prefect flow-run name of an evaluation: ``<name>-<model>``, e.g. ``nightly-candidate``."""
+    """Prefect flow-run name of an evaluation (:meth:`EvaluateParams.flow_run_name`)."""
     from prefect.runtime import flow_run
 
     p = flow_run.parameters.get("params") or {}
-    p = p if isinstance(p, EvaluateParams) else EvaluateParams.model_validate(p)
-    return f"{p.name}-{p.model}".replace("models:/", "")
+    return (p if isinstance(p, EvaluateParams) else EvaluateParams.model_validate(p)).flow_run_name()
 
 
 @flow(name="rao-evaluate", log_prints=True, flow_run_name=evaluate_run_name, **FLOW_END_HOOKS)

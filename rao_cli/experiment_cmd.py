@@ -13,15 +13,16 @@ console = make_console()
 
 def _run(experiment: str, config: str, iterations: int | None, arm: list[str], write_docs: bool,
          override: list[str]) -> None:
-    from rao_cli.pipeline_cmd import _prefect_env
+    from rao_cli.pipeline_cmd import _prefect_env, params_from_options
 
     _prefect_env()
     from flows.campaign import CampaignParams
     from flows.experiment import ExperimentParams, rao_experiment
 
-    params = ExperimentParams(experiment=experiment, config=config, iterations=iterations, arms=list(arm),
-                              write_docs=write_docs, overrides=list(override))
-    # a config mistake is one ConfigError line (printed by rao_cli.main) before any service starts
+    # a bad option names it (--iterations, --arm); a config mistake is one ConfigError line (printed by
+    # rao_cli.main); both before any service starts
+    params = params_from_options(ExperimentParams, experiment=experiment, config=config, iterations=iterations,
+                                 arms=list(arm), write_docs=write_docs, overrides=list(override))
     CampaignParams(config=config, iterations=iterations, overrides=list(override)).resolve()
     out = rao_experiment(params)
     console.print(out["markdown"])

@@ -34,6 +34,26 @@ def _prefect_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def prefect_hint() -> str:
+    """The end-of-run line saying where the campaign's Prefect runs are: the UI of the API they went to
+    (``PREFECT_API_URL``: the server of ``rao services up --prefect-server``, another one, Prefect Cloud), else
+    how to serve the embedded API's database (``PREFECT_HOME``): ``rao services up --prefect-server`` serves
+    ``$RAO_HOME/prefect`` (:func:`infra.orchestration.prefect_env`); a plain ``prefect server start`` would
+    read ``~/.prefect`` and show none of them."""
+    from infra.orchestration import prefect_bin, prefect_env
+
+    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
+    if "api.prefect.cloud" in api:
+        return "Prefect:   https://app.prefect.cloud  (the Prefect Cloud workspace of PREFECT_API_URL)"
+    if api:
+        return f"Prefect:   {api.removesuffix('/api')}  (the UI of PREFECT_API_URL)"
+    home = os.environ.get("PREFECT_HOME", "")
+    if home == prefect_env()["PREFECT_HOME"]:
+        return (f"Prefect:   .venv/bin/rao services up --prefect-server  then open the printed URL (it serves "
+                f"{home}, where these runs are; later runs report to it)")
+    return f"Prefect:   PREFECT_HOME={home} {prefect_bin()} server start  then open the printed URL"
+
+
 def _summary_table(summary: dict) -> Table:
     t = Table(title=f"campaign {summary['campaign']}: validation success by iteration")
     for c in ("iter", "train success", "signal (samples / groups)", "eval (mode/difficulty: success [95% CI])",
@@ -87,18 +107,47 @@ def _key_values(values: list[str]) -> list[str]:
     return values
 
 
+_OPTION_OF_FIELD = {"overrides": "--set", "arms": "--arm"}
+
+
+def params_from_options(model, **options):
+    """``model(**options)``: the parameters model of a flow (``flows.campaign.CampaignParams``,
+    ``flows.experiment.ExperimentParams``) built from a command's options. Raises typer.BadParameter (one
+    ``error:`` line, exit 2) naming the option the user wrote (``--iterations``; ``--set`` for ``overrides``,
+    ``--arm`` for ``arms``) for a value the model refuses, where pydantic's error named the model's class."""
+    from pydantic import ValidationError
+
+    from rao_core.jsonl import short_repr
+
+    try:
+        return model(**options)
+    except ValidationError as e:
+        first, *rest = e.errors()
+        field = str(first["loc"][0]) if first["loc"] else ""
+        option = _OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+        more = f"; and {len(rest)} more" if rest else ""
+        raise typer.BadParameter(f"{first['msg']} (got {short_repr(first.get('input'))}){more}",
+                                 param_hint=f"'{option}'") from None
+
+
 def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) -> list:
     """The nightly suite of ``rao evaluate``: one ``SuiteEntry`` per environment (default: the config's).
 
     The config's environment gets the config's ``eval`` difficulties, task count and modes unless given,
     so its metrics are the ones the campaign recorded on the champion. Another environment needs
-    ``--difficulty``. Every difficulty is checked against its environment here, before any service starts.
+    ``--difficulty``. Every environment and difficulty is checked here, before any service starts: raises
+    typer.BadParameter naming ``--env`` for an unknown environment (listing the known ones), ``--difficulty``
+    (or ``eval.difficulties``) for a difficulty the environment does not have.
     """
     from flows.evaluate import SuiteEntry
     from rao_core.envs import get_env
 
     entries = []
     for e in envs or [base.tasks.env]:
+        try:  # first: an unknown environment was reported as a --difficulty problem
+            env = get_env(e)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="'--env'") from None
         own = e == base.tasks.env
         if not difficulties and not own:
             raise typer.BadParameter(f"environment {e!r} is not the config's ({base.tasks.env!r}): name its "
@@ -106,7 +155,7 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
         ds = list(difficulties) or list(base.eval.difficulties)
         for d in ds:
             try:
-                get_env(e).check_difficulty(d)
+                env.check_difficulty(d)
             except ValueError as err:
                 hint = "'--difficulty'" if difficulties else "eval.difficulties"
                 raise typer.BadParameter(str(err), param_hint=hint) from None
@@ -235,11 +284,65 @@ def kill_campaign_runs(cfg, since_ms: int) -> list[str]:
     return ended
 
 
-def _interrupt_handler(kill, since_ms: int, subject: str, tail: str = ""):
+def _embedded_prefect_api_checked() -> None:
+    """With Prefect's embedded API (no ``PREFECT_API_URL``): forget this process's API server if it no longer
+    answers (a Ctrl-C in a terminal reaches its process group too), so that the next client starts another one
+    on the same database (``PREFECT_HOME``)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    import httpx
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the one instance of this process (the flows' own), if started
+    if server.server_process is None:
+        return
+    try:
+        httpx.get(f"{server.api_url}/health", timeout=5).raise_for_status()
+    except httpx.HTTPError:
+        server.stop()
+
+
+def cancel_flow_runs(flows: list[str], since_ms: int, names=lambda name: True) -> list[str]:
+    """Set CANCELLED the runs of the Prefect flows named ``flows`` that started at or after ``since_ms``, are
+    still RUNNING, PENDING, PAUSED or CANCELLING and whose name passes ``names``; returns their names.
+
+    The state is forced (``set_flow_run_state(..., force=True)``): the process running them is stopping and
+    no engine will report their end, so they would stay RUNNING in the UI. The embedded API is started again
+    if the interrupt stopped it (:func:`_embedded_prefect_api_checked`). Raises the client's errors
+    (``httpx.HTTPError``, ...) when the API does not answer a request within 10 s."""
+    from datetime import datetime, timezone
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import (FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime,
+                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    _embedded_prefect_api_checked()
+    live = [StateType.RUNNING, StateType.PENDING, StateType.PAUSED, StateType.CANCELLING]
+    started = FlowRunFilterStartTime(after_=datetime.fromtimestamp(since_ms / 1000, timezone.utc))
+    with get_client(httpx_settings={"timeout": 10.0}, sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=list(flows))),
+                                     flow_run_filter=FlowRunFilter(start_time=started, state=FlowRunFilterState(
+                                         type=FlowRunFilterStateType(any_=live))))
+        mine = [r for r in runs if names(r.name)]
+        for r in mine:
+            client.set_flow_run_state(r.id, Cancelled(message="interrupted (Ctrl-C or SIGTERM)"), force=True)
+    return sorted(r.name for r in mine)
+
+
+def _interrupt_handler(kill, since_ms: int, subject: str, tail: str = "", cancel=None):
     """``on_interrupt`` for :func:`infra.process.run_interruptible`: ``kill(since_ms)`` marks the MLflow runs
-    the command started KILLED (a remote MLflow that is down fails in seconds); returns the one-line message
-    ``interrupted (SIGNAL): <subject> stopped, <which runs were marked><tail>``."""
+    the command started KILLED (a remote MLflow that is down fails in seconds), then ``cancel(since_ms)``
+    (if given) marks its Prefect flow runs CANCELLED (:func:`cancel_flow_runs`); returns the one-line message
+    ``interrupted (SIGNAL): <subject> stopped, <which runs were marked>[, <which flow runs>]<tail>``. Neither
+    raises: what could not be marked is said in the message."""
     import signal
+
+    def first_line(e: Exception) -> str:
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
     def on_interrupt(signum: int) -> str:
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
@@ -249,20 +352,30 @@ def _interrupt_handler(kill, since_ms: int, subject: str, tail: str = ""):
             runs = f"MLflow run{'s' * (len(ended) > 1)} {', '.join(ended)} marked KILLED" if ended else \
                 "no MLflow run was running"
         except Exception as e:  # noqa: BLE001 - the interrupt is still reported on one line
-            first = (str(e).splitlines() or [""])[0][:200]
-            runs = f"its MLflow runs could not be marked KILLED ({type(e).__name__}: {first})"
-        return f"interrupted ({signal.Signals(signum).name}): {subject} stopped, {runs}{tail}"
+            runs = f"its MLflow runs could not be marked KILLED ({first_line(e)})"
+        try:
+            cancelled = cancel(since_ms) if cancel else []
+            flows = f", Prefect flow run{'s' * (len(cancelled) > 1)} {', '.join(cancelled)} marked CANCELLED" \
+                if cancelled else ""
+        except Exception as e:  # noqa: BLE001 - as above
+            flows = f", its Prefect flow runs could not be marked CANCELLED ({first_line(e)})"
+        return f"interrupted ({signal.Signals(signum).name}): {subject} stopped, {runs}{flows}{tail}"
 
     return on_interrupt
 
 
 def _interrupted(cfg):
-    """``on_interrupt`` of ``rao run``: the campaign's MLflow runs become KILLED (those started up to 20 s
-    before the signal: it came before the flow's 5 s grace period)."""
+    """``on_interrupt`` of ``rao run``: the campaign's MLflow runs become KILLED and its Prefect flow runs
+    (``rao-campaign`` named ``cfg.name``, ``rao-iteration`` named ``<name>-iter-K``) CANCELLED: those started
+    up to 20 s before the signal (it came before the flow's 5 s grace period)."""
     import time
 
+    def mine(run_name: str) -> bool:
+        return run_name == cfg.name or run_name.startswith(f"{cfg.name}-iter-")
+
     return _interrupt_handler(lambda since: kill_campaign_runs(cfg, since), int(time.time() * 1000) - 20_000,
-                              f"campaign {cfg.name!r}", "; re-run the same command to resume")
+                              f"campaign {cfg.name!r}", "; re-run the same command to resume",
+                              cancel=lambda since: cancel_flow_runs(["rao-campaign", "rao-iteration"], since, mine))
 
 
 def kill_evaluation_runs(cfg, since_ms: int) -> list[str]:
@@ -284,12 +397,14 @@ def kill_evaluation_runs(cfg, since_ms: int) -> list[str]:
     return ended
 
 
-def _evaluation_interrupted(cfg, ref: str):
-    """``on_interrupt`` of ``rao evaluate``: the evaluation runs it started become KILLED."""
+def _evaluation_interrupted(cfg, ref: str, flow_run_name: str):
+    """``on_interrupt`` of ``rao evaluate``: the evaluation runs it started become KILLED, its ``rao-evaluate``
+    flow run ``flow_run_name`` CANCELLED."""
     import time
 
     return _interrupt_handler(lambda since: kill_evaluation_runs(cfg, since), int(time.time() * 1000),
-                              f"evaluation of {ref}")
+                              f"evaluation of {ref}", cancel=lambda since: cancel_flow_runs(
+                                  ["rao-evaluate"], since, lambda run_name: run_name == flow_run_name))
 
 
 @contextlib.contextmanager
@@ -331,8 +446,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run (or resume) a RAO campaign: the main job. Defaults: SmolLM2-135M on TextCraft-Synth tier1.
 
-        Ctrl-C or SIGTERM stops it within seconds: its MLflow runs are marked KILLED, every process it
-        started is stopped, one error: line is printed (exit 130 / 143); the same command resumes.
+        Ctrl-C or SIGTERM stops it within seconds: its MLflow runs are marked KILLED and its Prefect flow
+        runs CANCELLED, every process it started is stopped, one error: line is printed (exit 130 / 143); the
+        same command resumes.
         """
         if plan:  # nothing is started: no Prefect, S3, MLflow or vLLM
             from infra.plan import run_plan
@@ -345,7 +461,8 @@ def register(app: typer.Typer) -> None:
         from flows.campaign import CampaignParams, rao_campaign
         from infra.models import ModelError, require_model
 
-        params = CampaignParams(config=config, name=name, iterations=iterations, overrides=list(override))
+        params = params_from_options(CampaignParams, config=config, name=name, iterations=iterations,
+                                     overrides=list(override))
         # every config mistake is one ConfigError line here (rao_cli.main prints it), before any service starts
         cfg = params.resolve()
         if cfg.warm_start.mode != "checkpoint":
@@ -354,7 +471,7 @@ def register(app: typer.Typer) -> None:
         from infra.process import run_interruptible
         from rao_core.train.launch import TrainingProcessError
 
-        try:  # Ctrl-C / SIGTERM: MLflow runs KILLED, children stopped, one line, exit 130 / 143
+        try:  # Ctrl-C / SIGTERM: MLflow runs KILLED, flow runs CANCELLED, children stopped, one line, 130 / 143
             summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
         except ModelError as e:  # on stderr, like every error (rao_cli.main)
             typer.echo(f"error: {' '.join(str(e).split())}", err=True)
@@ -369,8 +486,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"wall time: {summary['wall_s']} s")
         console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
         console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
-        console.print("Prefect:   .venv/bin/rao services up --prefect-server  then open the printed URL "
-                      "(or `.venv/bin/prefect server start`)")
+        console.print(prefect_hint())
 
     @app.command()
     def evaluate(
@@ -389,8 +505,8 @@ def register(app: typer.Typer) -> None:
         The suite defaults to the config's own evaluation (environment, difficulties, task count, modes), so
         every metric has a champion score to compare with. Config, suite and model reference are checked
         before any service starts; a failure is one ``error:`` line (``RAO_DEBUG=1``: Prefect's log and the
-        traceback). Ctrl-C or SIGTERM stops it within seconds: its MLflow run is marked KILLED, every process
-        it started is stopped, one error: line is printed (exit 130 / 143).
+        traceback). Ctrl-C or SIGTERM stops it within seconds: its MLflow run is marked KILLED and its Prefect
+        flow run CANCELLED, every process it started is stopped, one error: line is printed (exit 130 / 143).
         """
         _prefect_env()
         from flows.campaign import CampaignParams
@@ -402,9 +518,10 @@ def register(app: typer.Typer) -> None:
         from infra.process import run_interruptible
 
         params = EvaluateParams(config=config, model=ref, suite=suite, tolerance=tolerance)
-        try:  # Ctrl-C / SIGTERM: the evaluation's MLflow run KILLED, children stopped, one line, exit 130 / 143
+        try:  # Ctrl-C / SIGTERM: MLflow run KILLED, flow run CANCELLED, children stopped, one line, 130 / 143
             with _checked_s3_checkpoint(base, ref, model), _prefect_failures_quiet():
-                out = run_interruptible(lambda: rao_evaluate(params), _evaluation_interrupted(base, ref))
+                out = run_interruptible(lambda: rao_evaluate(params),
+                                        _evaluation_interrupted(base, ref, params.flow_run_name()))
         except RegressionError as e:
             console.print(f"[red]regression:[/red] {e}", soft_wrap=True)
             raise typer.Exit(1) from None

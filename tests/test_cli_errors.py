@@ -545,3 +545,55 @@ def test_judge_calibrate_reads_the_tree_file_before_contacting_the_server(capsys
     f.write_text("\n")
     code, err = _run(capsys, *argv)
     assert code == 2 and _one_error_line(err) == f"error: {f}: holds no execution tree (nothing to calibrate)"
+
+
+# --- new-user findings of `rao run` / `rao evaluate` (h24) -----------------------------------------------------
+
+def test_a_run_option_the_parameters_refuse_is_named_as_written(capsys, monkeypatch, in_process_command):
+    """Was ``error: CampaignParams: iterations: Input should be ...`` (the pydantic class, exit 1)."""
+    import flows.campaign
+    import flows.experiment
+
+    monkeypatch.setattr(flows.campaign, "rao_campaign", lambda params: pytest.fail("a campaign started"))
+    monkeypatch.setattr(flows.experiment, "rao_experiment", lambda params: pytest.fail("an experiment started"))
+    code, err = _run(capsys, "run", "--iterations", "-1", "--name", "x")
+    assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--iterations': Input should be greater "
+                                                  "than or equal to 0 (got -1) (see `rao run --help`)")
+    code, err = _run(capsys, "experiment", "textcraft-tier1", "--arm", "both")
+    assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--arm': Input should be 'recursive' or "
+                                                  "'single' (got 'both') (see `rao experiment textcraft-tier1 --help`)")
+
+
+@pytest.mark.parametrize("extra", [[], ["--difficulty", "easy"]])
+def test_evaluate_unknown_environment_is_named_with_the_known_ones(capsys, in_process_command, extra):
+    """Was reported as a difficulty problem: ``Invalid value for '--difficulty': environment 'nosuchenv' is not
+    the config's`` (without --difficulty) or ``... '--difficulty': unknown environment`` (with it)."""
+    from rao_core.envs import ENV_NAMES
+
+    code, err = _run(capsys, "evaluate", "--env", "nosuchenv", *extra)
+    assert code == 2 and _one_error_line(err) == (f"error: Invalid value for '--env': unknown environment "
+                                                  f"'nosuchenv'; expected one of {ENV_NAMES} (see `rao evaluate "
+                                                  "--help`)")
+
+
+def test_the_end_of_run_prefect_hint_names_a_server_of_this_campaigns_database(tmp_path, monkeypatch,
+                                                                              in_process_command):
+    """It offered ``.venv/bin/prefect server start``, which reads ~/.prefect: none of the campaign's runs."""
+    import os
+
+    from infra.orchestration import configure_prefect, prefect_bin, prefect_env
+    from rao_cli.pipeline_cmd import prefect_hint
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    configure_prefect()  # as `rao run`: the embedded API keeps its database under PREFECT_HOME
+    home = str(tmp_path / "home" / "prefect")
+    # the server of `rao services up --prefect-server` (infra.orchestration.PrefectServer) gets the same home
+    assert os.environ["PREFECT_HOME"] == prefect_env()["PREFECT_HOME"] == home
+    assert prefect_hint() == ("Prefect:   .venv/bin/rao services up --prefect-server  then open the printed URL "
+                              f"(it serves {home}, where these runs are; later runs report to it)")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "own"))  # the user's own home: services up would not serve it
+    assert prefect_hint() == (f"Prefect:   PREFECT_HOME={tmp_path / 'own'} {prefect_bin()} server start  then open "
+                              "the printed URL")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4242/api/")  # the runs went to that server
+    assert prefect_hint() == "Prefect:   http://127.0.0.1:4242  (the UI of PREFECT_API_URL)"

@@ -1,6 +1,7 @@
 """An interrupted ``rao run`` (Ctrl-C or SIGTERM) stops at once: its child processes are stopped, the
-campaign's MLflow runs are marked KILLED, one ``error:`` line is printed and the exit status is 130 / 143
-(issue 16: it took ~80 s, printed a traceback and left the MLflow run RUNNING)."""
+campaign's MLflow runs are marked KILLED and its Prefect flow runs CANCELLED, one ``error:`` line is printed
+and the exit status is 130 / 143 (issue 16: it took ~80 s, printed a traceback and left the MLflow run
+RUNNING; later the Prefect flow runs stayed RUNNING)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,76 @@ def test_an_interrupted_run_stops_its_children_and_says_so_on_one_line(tmp_path,
     time.sleep(0.2)
     assert not [p for p in children if pid_alive(p)]  # the service (own session) and the trainer are gone
     assert took < (5 if mode == "loop" else 8)
+
+
+# ``rao run``'s own ``on_interrupt`` (``rao_cli.pipeline_cmd._interrupted``) around a stand-in campaign: the flow
+# ``rao-campaign`` run ``camp`` and its subflow ``rao-iteration`` run ``camp-iter-1`` (blocked until stopped),
+# on Prefect's embedded API; another campaign's run ``other`` is RUNNING on the same API.
+PREFECT_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from prefect import flow, get_client
+    from prefect.states import Running
+    import rao_cli.pipeline_cmd as pipeline_cmd
+    from infra.process import run_interruptible
+    from rao_core.config import load_config
+
+    out = Path(sys.argv[1])
+    pipeline_cmd.kill_campaign_runs = lambda cfg, since: []  # MLflow: test_kill_campaign_runs_...
+    cfg = load_config("configs/cpu-smoke.yaml", overrides=["name=camp"])
+
+    @flow(name="rao-iteration", flow_run_name="camp-iter-1")
+    def iteration():
+        (out / "started").write_text("")
+        time.sleep(600)  # blocked in C (as in a stage's I/O): the engine cannot report the crash meanwhile
+
+    @flow(name="rao-campaign", flow_run_name="camp")
+    def campaign():
+        iteration()
+
+    with get_client(sync_client=True) as client:
+        other = client.create_flow_run(campaign, name="other")
+        client.set_flow_run_state(other.id, Running())
+    run_interruptible(campaign, pipeline_cmd._interrupted(cfg), grace_s=1.0, stop_timeout_s=2.0)
+""")
+
+# The flow runs' states as Prefect's API gives them (a fresh embedded API on the same PREFECT_HOME).
+READ_STATES = textwrap.dedent("""
+    import json
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        print(json.dumps({r.name: r.state.type.value for r in client.read_flow_runs()}))
+""")
+
+
+def test_ctrl_c_of_rao_run_leaves_its_prefect_flow_runs_cancelled(tmp_path):
+    """Ctrl-C in a terminal reaches the whole process group, Prefect's embedded API server included, so the
+    flow engine cannot report the end: the campaign's flow runs stayed RUNNING in the UI forever. Now the
+    interrupt marks them CANCELLED (through a new embedded API on the same database); other runs keep theirs."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "RAO_DEBUG"}
+    env.update(PYTHONPATH=str(REPO_ROOT), RAO_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "prefect"),
+               PREFECT_LOGGING_LEVEL="WARNING", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    proc = subprocess.Popen([sys.executable, "-c", PREFECT_SCRIPT, str(tmp_path)], env=env, cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the script and its Prefect API server
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip().splitlines()[-1] == ("error: interrupted (SIGINT): campaign 'camp' stopped, no MLflow run was "
+                                            "running, Prefect flow runs camp, camp-iter-1 marked CANCELLED; re-run "
+                                            "the same command to resume"), err
+    r = subprocess.run([sys.executable, "-c", READ_STATES], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"camp": "CANCELLED", "camp-iter-1": "CANCELLED",
+                                                             "other": "RUNNING"}
 
 
 def test_a_result_or_an_error_of_the_work_comes_back_unchanged():
