@@ -9,16 +9,19 @@
 (d) with --base-url and --replay TREES.jsonl: the server's speed on a campaign iteration's recorded
     generation workload (same prompt ids, same completion lengths), to set beside the campaign's own figure;
 (e) with --base-url and --sweep NxL,...: the raw server's prefill and decode tok/s by concurrency N and
-    prompt length L.
+    prompt length L;
+(f) with --base-url and --busy-cell: the raw load alone vs while one sandboxed cell loops, at niceness 0
+    and at the sandbox's default.
 
 Usage: python scripts/bench_runtime.py [--base-url URL --model NAME --tokenizer PATH] [--skip-c]
-       [--replay var/campaigns/NAME/iter-K/trees.jsonl] [--sweep 32x40,32x500,32x1500]
+       [--replay var/campaigns/NAME/iter-K/trees.jsonl] [--sweep 32x40,32x500,32x1500] [--busy-cell]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import statistics
 import time
 
@@ -172,8 +175,11 @@ async def bench_throughput(base_url: str, model: str, tokenizer: str, n: int, ma
           f"{gen / wall:.1f} tok/s; raw replay of the trees' prompts: {rep:.1f} tok/s")
     print(f"(b) trees / replay {gen / wall / rep:.2f} (the runtime's own cost; target >= 0.8); "
           f"trees / one-prompt raw {gen / wall / raw:.2f}; replay / raw {rep / raw:.2f} (the prompts' cost)")
+    cells = [tr.execution_s or 0.0 for ts in turns for tr in ts]
+    status = collections.Counter(str(getattr(tr.cell_status, "value", tr.cell_status)) for ts in turns for tr in ts)
     print(f"(b) trees profile: mean requests in flight {area / wall:.1f} of {n}; first request after "
-          f"{first * 1000:.0f} ms; wall {wall:.2f} s")
+          f"{first * 1000:.0f} ms; wall {wall:.2f} s; cells {len(cells)} ({dict(status)}), execution "
+          f"{sum(cells):.1f} s in all, longest {max(cells):.2f} s")
     await pol.aclose()
     await client.close()
 
@@ -241,6 +247,56 @@ async def bench_sweep(base_url: str, model: str, loads: list[tuple[int, int]], m
     await client.close()
 
 
+async def bench_busy_cell(base_url: str, model: str, n: int, max_tokens: int, repeats: int = 5) -> None:
+    """(f): what one model-written cell that loops costs the server: the raw load of (b) (n streams of one
+    short prompt, ``max_tokens`` new tokens each) alone, then while one sandboxed REPL cell runs
+    ``while True: pass`` at niceness 0 (the orchestrator's) and at ``SandboxLimits.nice`` (the default);
+    ``repeats`` interleaved rounds, min / median / max tok/s of each."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    from rao_core.envs.base import ToolError
+    from rao_core.runtime.sandbox import Repl, SandboxLimits
+
+    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=600)
+    reset_url = base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache"
+
+    async def load() -> float:
+        httpx.post(reset_url, timeout=30)
+        t0 = time.perf_counter()
+        rs = await asyncio.gather(*(client.completions.create(
+            model=model, prompt="Write Python code that prints numbers.", max_tokens=max_tokens,
+            temperature=1.0, extra_body={"ignore_eos": True}) for _ in range(n)))
+        return sum(r.usage.completion_tokens for r in rs) / (time.perf_counter() - t0)
+
+    async def no_calls(name, args, kwargs):
+        raise ToolError("none")
+
+    async def with_busy_cell(nice: int) -> float:
+        r = await Repl(SandboxLimits(nice=nice, cell_timeout_s=600)).start()
+        await r.init([], False, {})
+        cell = asyncio.create_task(r.execute("while True:\n    pass", no_calls))
+        await asyncio.sleep(0.5)
+        try:
+            return await load()
+        finally:
+            cell.cancel()
+            await r.kill()
+            await r.close()
+
+    nice = SandboxLimits().nice
+    runs: dict[str, list[float]] = {"alone": [], "busy cell, nice 0": [], f"busy cell, nice {nice}": []}
+    await load()  # warm-up
+    for _ in range(repeats):
+        runs["alone"].append(await load())
+        runs["busy cell, nice 0"].append(await with_busy_cell(0))
+        runs[f"busy cell, nice {nice}"].append(await with_busy_cell(nice))
+    for k, v in runs.items():
+        print(f"(f) raw {n} x {max_tokens} tokens, {k}: {min(v):.0f} / {statistics.median(v):.0f} / {max(v):.0f} "
+              f"tok/s (min / median / max of {repeats})", flush=True)
+    await client.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
@@ -254,6 +310,7 @@ def main() -> None:
     ap.add_argument("--skip-b", action="store_true")
     ap.add_argument("--skip-c", action="store_true")
     ap.add_argument("--sweep", default="", help="(e): loads NxL, comma-separated (e.g. 32x40,32x500,32x1500)")
+    ap.add_argument("--busy-cell", action="store_true", help="(f): the raw load with a looping sandboxed cell")
     ap.add_argument("--replay", default="", help="(d): a campaign iteration's trees.jsonl to replay on --base-url")
     args = ap.parse_args()
     asyncio.run(bench_sandbox(args.sandbox))
@@ -267,6 +324,8 @@ def main() -> None:
                                          args.concurrency, args.max_tokens))
         if args.replay:
             asyncio.run(bench_replay(args.base_url, args.model, args.replay))
+        if args.busy_cell:
+            asyncio.run(bench_busy_cell(args.base_url, args.model, args.concurrency, args.max_tokens))
         if args.sweep:
             loads = [tuple(int(x) for x in load.split("x")) for load in args.sweep.split(",")]
             asyncio.run(bench_sweep(args.base_url, args.model, loads, args.max_tokens))

@@ -70,6 +70,11 @@ async def test_cells_run_niced_and_cannot_lower_it():
         res = await r.execute("import os\nprint(os.nice(0))\ntry:\n    os.nice(-5)\nexcept PermissionError:\n"
                               "    print('denied')\nprint(os.nice(0))", no_calls)
         assert res.output == f"{base + 10}\ndenied\n{base + 10}\n", res
+        if Path("/proc/self/autogroup").exists():  # autogroup scheduling: the session's CPU group is niced too
+            group = await r.execute("print(open('/proc/self/autogroup').read().split()[-1])\ntry:\n"
+                                    "    open('/proc/self/autogroup', 'w').write('0')\nexcept OSError:\n"
+                                    "    print('denied')", no_calls)
+            assert group.output == f"{base + 10}\ndenied\n", group
     finally:
         await r.close()
     r = await repl(nice=0)
