@@ -42,18 +42,29 @@ def generate(
     seed: int = typer.Option(0, "--seed", help="Generation seed: the same seed gives a byte-identical file."),
     difficulty: str | None = typer.Option(None, "--difficulty", help=DIFFICULTY_HELP),
     split: str = typer.Option("train", "--split", help="train | validation | test."),
-    out: Path = typer.Option(..., "--out", dir_okay=False, help="Output .jsonl file (written atomically)."),
+    out: Path = typer.Option(..., "--out", dir_okay=False, help="Output .jsonl file (written atomically; an "
+                             "existing task file is replaced, any other existing file is refused)."),
     option: list[str] = typer.Option([], "--option", "-o", help="Generator option KEY=VALUE (JSON value), "
                                      "e.g. -o target_tokens=64000 (Oolong) or -o graph_seed=1 (TextCraft)."),
 ) -> None:
     """Generate ``n`` seeded tasks with ``get_env(env).generate_tasks(...)`` and write them to ``out``.
 
-    Options are checked (names, types, bounds) by the generator before anything is written.
+    Options are checked (names, types, bounds) by the generator before anything is written. An existing
+    ``out`` is replaced only when it is empty or a task file (every line a task): anything else is refused
+    (exit 2) and left as it was.
     """
     from pydantic import ValidationError
 
-    from rao_core.envs import get_env, write_tasks
+    from rao_core.envs import get_env, load_tasks, write_tasks
     from rao_core.jsonl import one_line_error
+
+    if out.exists():
+        try:
+            load_tasks(out)
+        except (ValueError, OSError) as e:
+            typer.echo(f"error: --out {out} exists and is not a task file ({one_line_error(e)}); choose another "
+                       "file or remove it", err=True)
+            raise typer.Exit(2) from None
 
     try:
         environment = get_env(env)

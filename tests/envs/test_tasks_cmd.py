@@ -36,6 +36,25 @@ def test_generate_passes_options_and_reports_errors(tmp_path):
     assert bad_env.exit_code == 2 and "unknown environment" in bad_env.output
 
 
+def test_generate_replaces_a_task_file_but_refuses_any_other_existing_file(tmp_path):
+    """A new user's `--out README.md` replaced the README with tasks: only a task file (or an empty one) is
+    replaced; any other file is refused with one line, exit 2, and keeps its bytes."""
+    args = ["generate", "--env", "textcraft-synth", "--n", "2", "--seed", "1"]
+    tasks = tmp_path / "t.jsonl"
+    assert runner.invoke(app, [*args, "--out", str(tasks)]).exit_code == 0
+    assert runner.invoke(app, [*args[:4], "3", *args[5:], "--out", str(tasks)]).exit_code == 0
+    assert len(load_tasks(tasks)) == 3  # a task file is regenerated in place
+    notes = tmp_path / "notes.md"
+    notes.write_text("precious\n")
+    res = runner.invoke(app, [*args, "--out", str(notes)])
+    assert res.exit_code == 2 and notes.read_text() == "precious\n"
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out {notes} exists and is not a task file ("), lines
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert runner.invoke(app, [*args, "--out", str(empty)]).exit_code == 0 and len(load_tasks(empty)) == 2
+
+
 def test_stats_piped_keeps_every_column_whole(capsys, monkeypatch, tmp_path):
     """Piped output (not a terminal) is not cut to rich's default 80 columns (issue 16): every header whole."""
     import pytest
