@@ -115,8 +115,18 @@ class SeaweedFSServer(ServiceMixin):
             f"-admin.port.grpc={p['admin.grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]
         log_dir = Path(self.log_dir or rao_home() / "services")
-        self.process = ManagedProcess("seaweedfs", cmd, log_dir / f"seaweedfs-{self.s3_port}.log",
-                                      health_url=f"{self.endpoint_url}/", start_timeout_s=60, cwd=data).start()
+        log_path = log_dir / f"seaweedfs-{self.s3_port}.log"
+        try:
+            self.process = ManagedProcess("seaweedfs", cmd, log_path, health_url=f"{self.endpoint_url}/",
+                                          start_timeout_s=60, cwd=data).start()
+        except ServiceError:
+            held = log_path.exists() and "resource temporarily unavailable" in log_path.read_text(errors="replace")
+            if held:  # its filer's LevelDB lock: another SeaweedFS (another rao command) serves this folder
+                raise ServiceError(
+                    f"the embedded S3 store {data} is in use by another process (a `rao` command running now "
+                    "started its own SeaweedFS on it); run `rao services up` first so that commands share one "
+                    f"S3 server, or wait for the other command to end (log {log_path})") from None
+            raise
         try:
             self._create_bucket()
         except BaseException:  # also Ctrl-C: never leave the server behind

@@ -40,6 +40,24 @@ def test_seaweedfs_roundtrip_with_multipart(tmp_path):
 
 
 @pytest.mark.services
+def test_a_second_seaweedfs_on_the_same_store_says_it_is_in_use(tmp_path):
+    """A second `rao` command during a campaign started its own SeaweedFS on the same folder and reported only
+    ``seaweedfs exited with code 255 during start-up``; the cause (the filer's lock) is now the message."""
+    from infra.process import ServiceError
+    from infra.storage import SeaweedFSServer
+
+    first = SeaweedFSServer(data_dir=tmp_path / "sw", log_dir=tmp_path).start()
+    try:
+        with pytest.raises(ServiceError) as e:
+            SeaweedFSServer(data_dir=tmp_path / "sw", log_dir=tmp_path).start()
+        assert str(e.value).startswith(f"the embedded S3 store {tmp_path / 'sw'} is in use by another process")
+        assert "\n" not in str(e.value) and "rao services up" in str(e.value)
+        assert first.settings().client().head_bucket(Bucket="rao")  # the first one still serves
+    finally:
+        first.stop()
+
+
+@pytest.mark.services
 def test_mlflow_sqlite_log_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
