@@ -13,6 +13,7 @@ Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedF
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,15 @@ class CampaignParams(BaseModel):
     @classmethod
     def _none_is_empty(cls, v: Any) -> Any:
         return "" if v is None else v
+
+    @field_validator("name")
+    @classmethod
+    def _campaign_name(cls, v: str) -> str:
+        """The config's rule for a name (``CampaignConfig.name``), checked here so that a bad ``--name`` is
+        named as the user wrote it, not as the ``--set name=...`` override it becomes in :meth:`resolve`."""
+        if v and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", v):
+            raise ValueError("a campaign name is lowercase letters, digits and dashes, starting with a letter or digit")
+        return v
 
     def resolve(self) -> CampaignConfig:
         """Load the config file and apply the set fields; raises ConfigError with a one-line message."""

@@ -559,6 +559,11 @@ def test_a_run_option_the_parameters_refuse_is_named_as_written(capsys, monkeypa
     code, err = _run(capsys, "run", "--iterations", "-1", "--name", "x")
     assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--iterations': Input should be greater "
                                                   "than or equal to 0 (got -1) (see `rao run --help`)")
+    for name in ("../x", "Smoke"):  # was ``--set name=../x: ... String should match pattern '^[a-z0-9]...'``
+        code, err = _run(capsys, "run", "--name", name)
+        assert code == 2 and _one_error_line(err) == (
+            "error: Invalid value for '--name': Value error, a campaign name is lowercase letters, digits and "
+            f"dashes, starting with a letter or digit (got {name!r}) (see `rao run --help`)")
     code, err = _run(capsys, "experiment", "textcraft-tier1", "--arm", "both")
     assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--arm': Input should be 'recursive' or "
                                                   "'single' (got 'both') (see `rao experiment textcraft-tier1 --help`)")
