@@ -88,7 +88,7 @@ def check_campaign_file(path: Path, raw: object) -> None:
     ws = raw.get("warm_start") if isinstance(raw, dict) else None
     direct = set(DemoConfig.model_fields) - set(WarmStartSettings.model_fields)
     if not (isinstance(ws, dict) and direct & set(ws)):
-        load_campaign_file(path)
+        load_campaign_file(path, raw)
         return
     options = ws.get("options") if isinstance(ws.get("options"), dict) else {}
     ws = {k: v for k, v in ws.items() if k not in direct} | {"options": {k: ws[k] for k in ws if k in direct} | options}

@@ -36,21 +36,9 @@ def load_campaign_file(path: Path, read_as: dict | None = None) -> CampaignConfi
     these commands take their model from --model). ``read_as``: the file's content as the command reads it
     when that differs from the campaign's spelling (an older name of a section); it is validated in its
     place, and errors still name ``path``."""
-    import tempfile
+    from rao_core.config import load_config
 
-    import yaml
-
-    from rao_core.config import ConfigError, load_config
-
-    if read_as is None:
-        return load_config(path, check_paths=False)
-    with tempfile.TemporaryDirectory(prefix="rao-config-") as d:
-        respelled = Path(d) / Path(path).name
-        respelled.write_text(yaml.safe_dump(read_as, sort_keys=False))
-        try:
-            return load_config(respelled, check_paths=False)
-        except ConfigError as e:
-            raise ConfigError(str(e).replace(str(respelled), str(path))) from None
+    return load_config(path, check_paths=False, data=read_as)
 
 
 def trainer_config(path: Path) -> TrainerConfig:
@@ -65,7 +53,7 @@ def trainer_config(path: Path) -> TrainerConfig:
         return TrainerConfig.model_validate(raw)
     if isinstance(raw, dict) and "train" in raw and "trainer" not in raw:
         return load_campaign_file(path, {"trainer" if k == "train" else k: v for k, v in raw.items()}).trainer
-    return load_campaign_file(path).trainer
+    return load_campaign_file(path, raw).trainer
 
 
 def register(app: typer.Typer) -> None:

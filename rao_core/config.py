@@ -18,6 +18,7 @@ Stage configs: ``runtime`` -> :class:`rao_core.runtime.RuntimeConfig`, ``trainer
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -241,10 +242,14 @@ class TrackingSettings(_Strict):
     max_traces_per_iteration: int = Field(64, ge=0, description="Cap of traces logged per iteration.")
 
 
+#: A campaign's (or experiment's) name: an S3 prefix, MLflow run name and resume key.
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+
+
 class CampaignConfig(_Strict):
     """Everything a campaign needs. Field groups are documented in their own classes."""
 
-    name: str = Field("smoke", pattern=r"^[a-z0-9][a-z0-9-]*$", description="Campaign name: S3 prefix, MLflow "
+    name: str = Field("smoke", pattern=NAME_PATTERN, description="Campaign name: S3 prefix, MLflow "
                       "run name, resume key (lowercase letters, digits, dashes).")
     iterations: int = Field(2, ge=0, description="RL iterations to run.")
     seed: int = Field(0, description="Master seed (task sampling, generation seeds).")
@@ -474,22 +479,21 @@ def _override_items(overrides: dict[str, Any] | list[str]) -> list[tuple[str, An
 
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | list[str] | None = None,
-                *, check_paths: bool = True) -> CampaignConfig:
+                *, check_paths: bool = True, data: Any = None) -> CampaignConfig:
     """Load a YAML config (or defaults if ``path`` is None), apply overrides, validate.
 
     ``overrides``: ``{"algo.G": 8}`` or ``["algo.G=8", ...]`` (values parsed as YAML scalars).
     ``check_paths``: also check that the folders and files the config names exist
     (:meth:`CampaignConfig.check_paths`); False for a config prepared for another machine.
+    ``data``: the content of ``path`` as the caller already read it (:func:`read_yaml`), possibly respelled
+    (an older section name); validated instead of reading the file again, errors still naming ``path``.
     Raises ConfigError (one line: file, field path, value, expectation).
     """
     source = str(path) if path else "<defaults>"
-    data: dict[str, Any] = {}
-    if path:
-        p = Path(path)
-        loaded = read_yaml(p) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
-        data = loaded
+    loaded: Any = copy.deepcopy(data) if data is not None else (read_yaml(path) if path else {})
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(loaded).__name__}")
+    data = loaded
     sets: dict[str, str] = {}  # dotted key -> "KEY=VALUE" as given: errors about it name the --set
     for k, v, given in _override_items(overrides or []):
         _deep_set(data, k, v, given)
