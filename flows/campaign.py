@@ -21,7 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field, field_validator
 
-from rao_core.config import CampaignConfig, load_config
+from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
 from tasks import tracking
 from tasks.common import RunContext, done_key
 from tasks.records import Checkpoint, EvalOutput, ServedEndpoint
@@ -67,7 +67,7 @@ class CampaignParams(BaseModel):
     def _campaign_name(cls, v: str) -> str:
         """The config's rule for a name (``CampaignConfig.name``), checked here so that a bad ``--name`` is
         named as the user wrote it, not as the ``--set name=...`` override it becomes in :meth:`resolve`."""
-        if v and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", v):
+        if v and not re.fullmatch(NAME_PATTERN, v):
             raise ValueError("a campaign name is lowercase letters, digits and dashes, starting with a letter or digit")
         return v
 

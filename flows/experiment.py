@@ -27,6 +27,7 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
 from flows.campaign import CampaignParams, rao_campaign
+from rao_core.config import NAME_PATTERN
 from tasks.experiment import write_results
 from tasks.serve import STOP_SERVER_HOOKS
 
@@ -34,7 +35,7 @@ from tasks.serve import STOP_SERVER_HOOKS
 class ExperimentParams(BaseModel):
     """Parameters of the experiment (a Prefect UI form)."""
 
-    experiment: str = Field("textcraft-cpu", pattern=r"^[a-z0-9][a-z0-9-]*$",
+    experiment: str = Field("textcraft-cpu", pattern=NAME_PATTERN,
                             description="Experiment name: docs/results/<experiment>.json, docs/img/<experiment>.png.")
     config: str = Field("configs/experiment-textcraft-cpu.yaml", description="Campaign config of both arms.")
     name: str | None = Field(None, description="Prefix of the two campaign names (default: the config's name).")
