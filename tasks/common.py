@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar, get_type_hints
 
-from prefect import Task, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.context import get_run_context
 from pydantic import BaseModel
@@ -88,6 +88,17 @@ def artifact_key(campaign: str, stage: str, iteration: int | str | None = None) 
                          f"got {campaign!r} and {stage!r}")
     it = [] if iteration is None else [iteration if isinstance(iteration, str) else f"iter-{iteration}"]
     return "-".join(n for n in map(norm, [campaign, *it, stage]) if n)
+
+
+def run_logger():
+    """Prefect's logger of the current flow or task run (its lines reach the run's log in the UI); outside a
+    run (a direct ``.fn()`` call, a test) the standard ``logging`` logger ``rao``."""
+    try:
+        return get_run_logger()
+    except Exception:  # outside a run context
+        import logging
+
+        return logging.getLogger("rao")
 
 
 def in_prefect_run() -> bool:

@@ -12,16 +12,18 @@ import json
 import random
 import time
 from pathlib import Path
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
+from rao_core.progress import every_tenth
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
-from tasks.common import ProgressArtifact, RunContext, artifact_key, fetch, in_prefect_run, iter_key, stage
+from tasks.common import (ProgressArtifact, RunContext, artifact_key, fetch, in_prefect_run, iter_key, run_logger,
+                          stage)
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
                            TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local
@@ -31,15 +33,6 @@ IO_RETRIES = {"retries": 2, "retry_delay_seconds": [5, 20]}
 
 class ValidationFailed(RuntimeError):
     """The training data failed the great-expectations suite; training did not run."""
-
-
-def _logger():
-    try:
-        return get_run_logger()
-    except Exception:  # outside a run context (direct .fn() calls in tests)
-        import logging
-
-        return logging.getLogger("rao")
 
 
 def training_pool(ctx: RunContext) -> list[Task]:
@@ -94,7 +87,7 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI."""
     from rao_core.runtime import load_tokenizer, run_trees
 
-    log = _logger()
+    log = run_logger()
     env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
     tasks = iteration_tasks(ctx, iteration)
     G = ctx.config.algo.G
@@ -108,6 +101,9 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     ui = ProgressArtifact(artifact_key(ctx.name, "generate-progress", iteration), "rollout trees finished")
     ui(0, total)
 
+    log_tenths = every_tenth(lambda done, total_: log.info(
+        f"rollouts {done}/{total_}  solved {counts['solved']}  crashed {counts['crashed']}"))
+
     def progress(done: int, total_: int, tree) -> None:
         journal.write(tree_json_line(tree) + "\n")
         journal.flush()
@@ -115,8 +111,7 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
         counts["done"] = done
         counts["crashed"] += int(bool(tree.error))
         counts["solved"] += int(tree.root.verifier == 1.0)
-        if done == total_ or done % max(1, total_ // 10) == 0:
-            log.info(f"rollouts {done}/{total_}  solved {counts['solved']}  crashed {counts['crashed']}")
+        log_tenths(done, total_)
 
     from infra.vllm_metrics import scrape, serving_delta
 
@@ -186,7 +181,7 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
                                      markdown=report_markdown(report),
                                      description="Training-data validation (great-expectations)")
         except Exception as e:  # noqa: BLE001 - the UI's report never fails the stage
-            _logger().warning(f"validation artifact: {type(e).__name__}: {e}")
+            run_logger().warning(f"validation artifact: {type(e).__name__}: {e}")
     if ctx.campaign_run_id:
         it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
         if it_run:
@@ -208,7 +203,7 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
 
     from tasks.serve import gpus_released
 
-    log = _logger()
+    log = run_logger()
     samples_path = fetch(ctx, samples_uri, f"iter-{iteration}/samples.jsonl")
     batch = read_samples(samples_path)
     name = f"iter-{iteration}"
@@ -313,7 +308,7 @@ def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, toke
             create_table_artifact(key=artifact_key(ctx.name, "eval", iteration), table=res.rows,
                                   description="Validation success by mode and difficulty (Wilson 95% CI)")
         except Exception as e:  # noqa: BLE001 - the UI's table never fails the stage
-            _logger().warning(f"eval artifact: {type(e).__name__}: {e}")
+            run_logger().warning(f"eval artifact: {type(e).__name__}: {e}")
     res.report_uri = rep["uri"]
     return res
 

@@ -14,9 +14,9 @@ import json
 from rao_core.envs import get_env
 from rao_core.progress import every_tenth
 from tasks import tracking
-from tasks.common import RunContext, stage
+from tasks.common import RunContext, run_logger, stage
 from tasks.records import Checkpoint, WarmStartOutput
-from tasks.stages import _logger, checkpoint_from_uri
+from tasks.stages import checkpoint_from_uri
 
 
 @stage("warm_start", name="warm-start")
@@ -34,7 +34,7 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
     demo_cfg = DemoConfig(n_tasks=ws.n_tasks, difficulties=ws.difficulties, seed=cfg.seed, **ws.options)
     out_dir = ctx.local("checkpoints/iter-0")
     tpath, spath = ctx.local("iter-0/demos.jsonl"), ctx.local("iter-0/demo_samples.jsonl")
-    log, steps = _logger(), []  # progress lines every tenth: minutes pass in a log with no bar drawn
+    log, steps = run_logger(), []  # progress lines every tenth: minutes pass in a log with no bar drawn
 
     def demo_line(done: int, total: int) -> None:
         log.info(f"warm start: demonstration trees {done}/{total}")

@@ -375,7 +375,7 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
         return SimpleNamespace(demo_wall_s=1.0, sft_wall_s=2.0, stats={}, train_metrics=[])
 
     lines: list[str] = []
-    monkeypatch.setattr(tasks.warm_start, "_logger", lambda: SimpleNamespace(info=lines.append))  # the run logger
+    monkeypatch.setattr(tasks.warm_start, "run_logger", lambda: SimpleNamespace(info=lines.append))  # the run logger
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.setattr(RunContext, "store", lambda self: Store())
     monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
