@@ -44,14 +44,33 @@ class ExperimentParams(BaseModel):
                                                        description="Arms to run; the first builds the warm start.")
     write_docs: bool = Field(True, description="Write docs/results.md and docs/img/learning_curve.png.")
     overrides: list[str] = Field(default_factory=list, description="KEY=VALUE overrides for both arms.")
+    seed: int | None = Field(None, description="Seed of the whole run (task pool and sampling: `seed`; the "
+                             "demonstrations; the RL and SFT trainers: `trainer.seed`, `warm_start.trainer.seed`). "
+                             "None = the config's. Another seed than the config's runs as campaigns "
+                             "`<prefix>-seed<S>-<arm>` with the record `docs/results/<experiment>-seed<S>.json`; "
+                             "the held-out evaluation tasks (`eval.seed`) stay the same for every seed.")
+    single_max_steps: int | None = Field(None, ge=1, description="Steps of the single-agent arm's node; None = "
+                                         "runtime.max_steps_per_node x (1 + runtime.max_children_per_node), "
+                                         "no fewer than a whole recursive tree may take.")
+
+    def seeded_name(self, base_seed: int) -> str:
+        """The record's name: ``experiment``, or ``<experiment>-seed<S>`` for a seed other than ``base_seed``."""
+        return self.experiment if self.seed is None or self.seed == base_seed else f"{self.experiment}-seed{self.seed}"
+
+    def seed_overrides(self) -> list[str]:
+        """``KEY=VALUE`` overrides that set every seed of a campaign to ``seed`` (none when it is None)."""
+        if self.seed is None:
+            return []
+        return [f"seed={self.seed}", f"trainer.seed={self.seed}", f"warm_start.trainer.seed={self.seed}"]
 
 
-def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_checkpoint: str | None
-                  ) -> list[str]:
+def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_checkpoint: str | None,
+                  single_max_steps: int | None = None) -> list[str]:
     """Config overrides (``KEY=VALUE``) of one arm, after the user's ``overrides``.
 
     ``single``: delegation off, single-mode evaluation, its own registered model (the arm's campaign name
     fills ``{campaign}``; a fixed name gets ``-single``), so its champion never moves the recursive agent's.
+    With ``single_max_steps`` the single arm's node may take that many steps (``runtime.max_steps_per_node``).
     ``recursive``: recursive-mode evaluation. With ``shared_checkpoint`` (the first arm's iteration-0
     folder) the arm starts from it instead of building its own warm start. Raises ValueError for another
     arm name.
@@ -60,6 +79,7 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
     if arm == "single":
         extra += ["runtime.delegation=false", "eval.modes=[single]"]
         extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-single"]
+        extra += [f"runtime.max_steps_per_node={single_max_steps}"] if single_max_steps else []
     elif arm == "recursive":
         extra += ["eval.modes=[recursive]"]
     else:
@@ -97,31 +117,38 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     t0 = time.monotonic()
     # the commit the run STARTED from (files may change on disk while a long run goes on)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    base = CampaignParams(config=params.config, iterations=params.iterations, overrides=params.overrides).resolve()
-    prefix = params.name or base.name
+    overrides = params.seed_overrides() + list(params.overrides)
+    cfg0 = CampaignParams(config=params.config, iterations=params.iterations, overrides=params.overrides).resolve()
+    base = CampaignParams(config=params.config, iterations=params.iterations, overrides=overrides).resolve()
+    experiment = params.seeded_name(cfg0.seed)
+    prefix = params.name or (base.name if experiment == params.experiment else f"{base.name}-seed{base.seed}")
+    single_steps = params.single_max_steps or (base.runtime.max_steps_per_node
+                                               * (1 + base.runtime.max_children_per_node))
     rows: list[dict[str, Any]] = []
     summaries = {}
     checkpoints: dict[tuple[str, int], str | None] = {}
     shared_ckpt: str | None = None
     for arm in params.arms:
-        extra = arm_overrides(arm, params.overrides, base.model.registered_model, shared_ckpt)
+        extra = arm_overrides(arm, overrides, base.model.registered_model, shared_ckpt, single_steps)
         summaries[arm] = rao_campaign(CampaignParams(config=params.config, name=f"{prefix}-{arm}",
                                                      iterations=params.iterations, overrides=extra))
+        log.info(f"arm {arm}: campaign {prefix}-{arm} finished")
         rows += _rows(arm, summaries[arm])
         checkpoints[(arm, 0)] = summaries[arm].get("warm_start", {}).get("checkpoint_local")
         for it in summaries[arm]["iterations"]:
             checkpoints[(arm, it["iteration"])] = it.get("checkpoint_local")
         shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
-        log.info(f"arm {arm} done")
     wall = time.monotonic() - t0
     sets = "".join(f" --set {o}" for o in params.overrides)
     iters = f" --iterations {params.iterations}" if params.iterations is not None else ""
-    meta = {"command": f"rao experiment {params.experiment} --config {params.config}{iters}{sets}",
+    seed = f" --seed {params.seed}" if params.seed is not None else ""
+    arms = "".join(f" --arm {a}" for a in params.arms) if params.arms != ["recursive", "single"] else ""
+    meta = {"command": f"rao experiment {params.experiment} --config {params.config}{iters}{seed}{arms}{sets}",
             "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,
-            "n_tasks": base.eval.n_tasks}
-    out = write_results(params.experiment, rows, meta, checkpoints, base.model_dump(mode="json"),
+            "n_tasks": base.eval.n_tasks, "single_max_steps": single_steps if "single" in params.arms else None}
+    out = write_results(experiment, rows, meta, checkpoints, base.model_dump(mode="json"),
                         summaries[params.arms[0]]["mlflow_run_id"], write_docs=params.write_docs,
                         out_root=None if params.write_docs else Path(base.name))
     md = out["markdown"]
-    return {"rows": rows, "meta": meta, "markdown": md, "summaries": json.loads(json.dumps(summaries, default=str))}
+    return {"rows": rows, "meta": meta, "markdown": md, "record": out["record"], "summaries": json.loads(json.dumps(summaries, default=str))}

@@ -40,7 +40,8 @@ def register(app: typer.Typer) -> None:
         mode: str = typer.Option("recursive", "--mode", help="recursive (delegation on) | single (off)."),
         n: int = typer.Option(None, "--n", min=1, help="Evaluate the first N tasks of the file (default: all)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object {n, successes, success, "
-                                     "ci95, mean_depth, delegation_rate} on stdout."),
+                                     "ci95, mean_depth, delegation_rate, child_success, tree_wall_s, "
+                                     "tokens_per_success} on stdout."),
         base_url: str = typer.Option(None, "--base-url", help="Use this running OpenAI-compatible server "
                                      "(serving --model) instead of starting vLLM."),
         served_name: str = typer.Option(None, "--served-model-name", help="Model name sent to --base-url "

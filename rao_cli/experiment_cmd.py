@@ -1,4 +1,4 @@
-"""``rao experiment textcraft-tier1|textcraft-cpu``: learning-curve experiments (recursive vs single agent on CPU)."""
+"""``rao experiment textcraft-tier1x|textcraft-tier1|textcraft-cpu``: learning-curve experiments (recursive vs single agent on CPU)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,58 @@ console = make_console()
 
 
 def _run(experiment: str, config: str, iterations: int | None, arm: list[str], write_docs: bool,
-         override: list[str]) -> None:
+         override: list[str], seeds: list[int] | None = None, single_max_steps: int | None = None) -> None:
+    """Run ``experiment`` once per seed (``seeds``; none = the config's), then, for several seeds, write the
+    side-by-side and pooled section (``tasks.experiment.seeds_markdown``)."""
     from rao_cli.pipeline_cmd import _prefect_env, params_from_options
 
     _prefect_env()
     from flows.campaign import CampaignParams
     from flows.experiment import ExperimentParams, rao_experiment
 
-    # a bad option names it (--iterations, --arm); a config mistake is one ConfigError line (printed by
-    # rao_cli.main); both before any service starts
-    params = params_from_options(ExperimentParams, experiment=experiment, config=config, iterations=iterations,
-                                 arms=list(arm), write_docs=write_docs, overrides=list(override))
-    CampaignParams(config=config, iterations=iterations, overrides=list(override)).resolve()
-    out = rao_experiment(params)
-    console.print(out["markdown"])
+    # a bad option names it (--iterations, --arm, --seed); a config mistake is one ConfigError line (printed
+    # by rao_cli.main); both before any service starts
+    runs = [params_from_options(ExperimentParams, experiment=experiment, config=config, iterations=iterations,
+                                arms=list(arm), write_docs=write_docs, overrides=list(override), seed=s,
+                                single_max_steps=single_max_steps) for s in (seeds or [None])]
+    for p in runs:
+        CampaignParams(config=config, iterations=iterations, overrides=p.seed_overrides() + list(override)).resolve()
+    records = []
+    for p in runs:
+        out = rao_experiment(p)
+        console.print(out["markdown"])
+        records.append(out["record"])
+    if len(records) > 1:
+        from rao_core.paths import REPO_ROOT
+        from tasks.experiment import replace_section, seeds_markdown
+
+        md = seeds_markdown(experiment, records)
+        if write_docs:
+            replace_section(REPO_ROOT / "docs/results.md", f"## Seeds: {experiment}", md)
+        console.print(md)
+
+
+SEED_HELP = ("Seed of the run (task pool, demonstrations, sampling, trainers); repeat for several seeds, reported "
+             "side by side and pooled (default: the config's seed).")
+
+
+@app.command("textcraft-tier1x")
+def textcraft_tier1x(
+    config: str = typer.Option("configs/experiment-textcraft-tier1x.yaml", help="Config of both arms."),
+    iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
+    arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
+    seed: list[int] = typer.Option([], help=SEED_HELP),
+    single_max_steps: int = typer.Option(None, help="Steps of the single agent's node (default: max_steps_per_node "
+                                         "x (1 + max_children_per_node), a whole recursive tree's)."),
+    write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1x.json and "
+                                    "docs/img/textcraft-tier1x.png."),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override for both arms (repeatable)."),
+) -> None:
+    """The delegation experiment: warm-start SmolLM2-135M on TextCraft-Synth tier1x<K> tasks (K tier-1
+    sub-goals that do not fit one node's window), run RAO iterations, evaluate 50 held-out tasks per split
+    after each (K = 3, and K = 5: harder than trained), recursive arm then the single-agent arm."""
+    _run("textcraft-tier1x", config, iterations, arm, write_docs, override, seed, single_max_steps)
 
 
 @app.command("textcraft-tier1")
@@ -33,6 +71,7 @@ def textcraft_tier1(
     config: str = typer.Option("configs/experiment-textcraft-tier1.yaml", help="Config of both arms."),
     iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
     arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
+    seed: list[int] = typer.Option([], help=SEED_HELP),
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1.json and "
                                     "docs/img/textcraft-tier1.png."),
     override: list[str] = typer.Option([], "--set", callback=_key_values,
@@ -40,7 +79,7 @@ def textcraft_tier1(
 ) -> None:
     """The CPU-scale learning curve: warm-start SmolLM2-135M on TextCraft-Synth tier1 tasks, run RAO
     iterations, evaluate 50 held-out tasks after each (recursive arm, then the single-agent arm)."""
-    _run("textcraft-tier1", config, iterations, arm, write_docs, override)
+    _run("textcraft-tier1", config, iterations, arm, write_docs, override, seed)
 
 
 @app.command("textcraft-cpu")

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rao_core.envs.base import Environment, Task
+from rao_core.metrics import parallel_share
 from rao_core.policies.base import Policy
 from rao_core.runtime import RuntimeConfig, run_trees
 from rao_core.tree import ExecutionTree, verifier_value
@@ -144,6 +145,10 @@ class EvalRow(BaseModel):
     mean_tokens: float = 0.0  # generated (assistant) tokens of all nodes of a tree
     mean_context_tokens: float = 0.0  # trajectory tokens (prompt + generated) of all nodes of a tree
     mean_tree_wall_s: float = 0.0
+    child_nodes: int = 0  # depth-1 nodes over all trees
+    child_success: float | None = None  # mean verifier value of the depth-1 nodes (None: no child)
+    parallel_share: float = 0.0  # fraction of depth-1 nodes whose run overlapped a sibling's (asyncio.gather)
+    tokens_per_success: float | None = None  # generated tokens of all trees / successes (None: no success)
     wall_s: float = 0.0  # wall-clock of the evaluate_policy call that grew these trees
     end_reasons: dict[str, int] = Field(default_factory=dict)  # root end reasons
 
@@ -154,20 +159,31 @@ class EvalRow(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         """The JSON summary printed by ``rao eval --json``: ``{"n", "successes", "success", "ci95",
-        "mean_depth", "delegation_rate"}``. ``n`` = scored trees (the denominator), ``successes`` = count
+        "mean_depth", "delegation_rate", "child_success", "tree_wall_s", "tokens_per_success"}``
+        (child_success: depth-1 nodes' mean verifier value, None without children; tokens_per_success: None
+        without a success). ``n`` = scored trees (the denominator), ``successes`` = count
         (an int when it is whole) or sum of graded values, ``ci95`` = ``[low, high]`` (Wilson 95%)."""
         succ = int(self.successes) if float(self.successes).is_integer() else round(self.successes, 6)
         return {"n": self.scored, "successes": succ, "success": round(self.success, 6),
                 "ci95": [round(self.ci_low, 6), round(self.ci_high, 6)], "mean_depth": round(self.mean_depth, 6),
-                "delegation_rate": round(self.delegation_rate, 6)}
+                "delegation_rate": round(self.delegation_rate, 6),
+                "child_success": None if self.child_success is None else round(self.child_success, 6),
+                "tree_wall_s": round(self.mean_tree_wall_s, 3),
+                "tokens_per_success": None if self.tokens_per_success is None else round(self.tokens_per_success, 1)}
 
     def table_row(self) -> dict[str, Any]:
         """Rounded row of the pipeline's tables (Prefect artifact, summary, docs/results.md): mode,
-        difficulty, n, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth, delegation_rate, wall_s."""
+        difficulty, n, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth, delegation_rate, wall_s,
+        child_success (None without children), parallel_share, tree_wall_s, tokens_per_success (None without
+        a success)."""
         return {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "successes": round(self.successes, 4),
                 "success": round(self.success, 3), "ci95": f"[{self.ci_low:.2f}, {self.ci_high:.2f}]",
                 "mean_depth": round(self.mean_depth, 2), "delegation_rate": round(self.delegation_rate, 2),
-                "wall_s": round(self.wall_s, 1)}
+                "wall_s": round(self.wall_s, 1),
+                "child_success": None if self.child_success is None else round(self.child_success, 3),
+                "child_nodes": self.child_nodes, "parallel_share": round(self.parallel_share, 2),
+                "tree_wall_s": round(self.mean_tree_wall_s, 1),
+                "tokens_per_success": None if self.tokens_per_success is None else round(self.tokens_per_success)}
 
 
 class EvalReport(BaseModel):
@@ -188,14 +204,21 @@ class EvalReport(BaseModel):
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics: ``eval/<mode>/<difficulty>/<name>`` with names ``success``, ``success_ci_low``,
-        ``success_ci_high``, ``depth``, ``delegation_rate``, ``nodes``, ``tokens``, ``wall_s``, ``n``."""
+        ``success_ci_high``, ``depth``, ``delegation_rate``, ``nodes``, ``tokens``, ``wall_s``, ``n``,
+        ``tree_wall_s`` (mean per tree), ``parallel_share``, and where defined ``child_success`` (depth-1
+        nodes) and ``tokens_per_success``."""
         out: dict[str, float] = {}
         for r in self.rows:
             p = f"eval/{r.mode}/{r.difficulty}"
             out.update({f"{p}/success": r.success, f"{p}/success_ci_low": r.ci_low,
                         f"{p}/success_ci_high": r.ci_high, f"{p}/depth": r.mean_depth,
                         f"{p}/delegation_rate": r.delegation_rate, f"{p}/nodes": r.mean_nodes,
-                        f"{p}/tokens": r.mean_tokens, f"{p}/wall_s": r.wall_s, f"{p}/n": float(r.n)})
+                        f"{p}/tokens": r.mean_tokens, f"{p}/wall_s": r.wall_s, f"{p}/n": float(r.n),
+                        f"{p}/tree_wall_s": r.mean_tree_wall_s, f"{p}/parallel_share": r.parallel_share})
+            if r.child_success is not None:
+                out[f"{p}/child_success"] = r.child_success
+            if r.tokens_per_success is not None:
+                out[f"{p}/tokens_per_success"] = r.tokens_per_success
         return out
 
     def pooled(self, mode: str) -> EvalRow:
@@ -225,6 +248,9 @@ def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, gra
         return sum(xs) / len(xs) if xs else 0.0
 
     ends = Counter(t.root.end_reason.value for t in trees)
+    kids = [x for t in trees for x in t.nodes if x.depth == 1]
+    kid_vals = [v for x in kids if (v := verifier_value(x)) is not None]
+    tokens = float(sum(x.num_completion_tokens for t in trees for x in t.nodes))
     return EvalRow(
         mode=mode, difficulty=difficulty, n=n, unscored=n - len(scored), successes=succ,
         success=succ / len(scored) if scored else 0.0, ci_low=lo, ci_high=hi, mean_score=mean(scored),
@@ -234,6 +260,8 @@ def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, gra
         mean_tokens=mean([float(sum(x.num_completion_tokens for x in t.nodes)) for t in trees]),
         mean_context_tokens=mean([float(sum(len(x.token_ids) for x in t.nodes)) for t in trees]),
         mean_tree_wall_s=mean([t.wall_s for t in trees]), wall_s=wall_s, end_reasons=dict(sorted(ends.items())),
+        child_nodes=len(kids), child_success=mean(kid_vals) if kid_vals else None,
+        parallel_share=parallel_share(trees), tokens_per_success=tokens / succ if succ > 0 else None,
     )
 
 

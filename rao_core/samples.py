@@ -86,6 +86,9 @@ class SampleStats(BaseModel):
     dropped_nodes_of_dropped_trees: int = 0  # every node of the two kinds of dropped trees above
     dropped_empty_nodes: int = 0  # scored nodes without assistant tokens
     samples_per_depth: dict[int, int] = Field(default_factory=dict)
+    signal_samples_per_depth: dict[int, int] = Field(default_factory=dict)  # num_signal_samples by depth
+    mean_abs_advantage_per_depth: dict[int, float] = Field(default_factory=dict)  # mean |A_n| by depth
+    assistant_tokens_per_depth: dict[int, int] = Field(default_factory=dict)  # num_assistant_tokens by depth
     mean_abs_advantage: float = 0.0  # mean |A_n| over the samples
     num_assistant_tokens: int = 0  # tokens with a gradient, over the samples
     num_signal_samples: int = 0  # samples whose coefficient w_d * A_n is not 0 (the ones that move the policy)
@@ -154,6 +157,14 @@ def summarise(samples: Sequence[Sample], stats: SampleStats | None = None) -> Sa
     stats.mean_abs_advantage = sum(abs(s.advantage) for s in samples) / len(samples) if samples else 0.0
     stats.num_assistant_tokens = sum(s.num_assistant_tokens for s in samples)
     stats.num_signal_samples = sum(1 for s in samples if s.advantage * s.weight != 0.0)
+    by_depth: dict[int, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_depth[s.depth].append(s)
+    stats.signal_samples_per_depth = {d: sum(1 for s in ss if s.advantage * s.weight != 0.0)
+                                      for d, ss in sorted(by_depth.items())}
+    stats.mean_abs_advantage_per_depth = {d: sum(abs(s.advantage) for s in ss) / len(ss)
+                                          for d, ss in sorted(by_depth.items())}
+    stats.assistant_tokens_per_depth = {d: sum(s.num_assistant_tokens for s in ss) for d, ss in sorted(by_depth.items())}
     return stats
 
 

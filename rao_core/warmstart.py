@@ -75,6 +75,9 @@ class DemoConfig(BaseModel):
     delegate_min_depths: list[int] = Field(default_factory=lambda: [2, 3], description="Delegate threshold: "
                                            "each tree draws the smallest crafting depth of an ingredient "
                                            "that the expert hands to a sub-agent from this list.")
+    split_targets_min: int = Field(0, ge=0, description="A node that may delegate and has at least this many "
+                                   "targets launches one sub-agent per target (the tier1x<K> delegation shape; "
+                                   "TextCraftExpert.split_targets_min); 0 = never.")
     only_successful_nodes: bool = Field(True, description="Train only on nodes the verifier accepted "
                                         "(verifier >= 1); False keeps every node of a kept tree.")
     max_concurrent_trees: int = Field(8, ge=1, description="Demonstration trees grown at once.")
@@ -152,8 +155,8 @@ def expert_for_tree(env_name: str, config: DemoConfig, index: int, runtime_confi
     """The scripted expert of demonstration tree ``index`` (seeded draw of variety settings).
 
     TextCraft-Synth: a ``TextCraftExpert`` with ``seed = config.seed * 100003 + index``, the config's
-    parallel/sub-optimal probabilities and wording variety, a delegate threshold drawn from
-    ``config.delegate_min_depths``, and the runtime's max depth. Other environments: their oracle
+    parallel/sub-optimal probabilities, wording variety and ``split_targets_min``, a delegate threshold drawn
+    from ``config.delegate_min_depths``, and the runtime's max depth. Other environments: their oracle
     policy (``rao_core.runtime.oracle_policy``) as is.
     """
     if env_name != "textcraft-synth":
@@ -166,7 +169,8 @@ def expert_for_tree(env_name: str, config: DemoConfig, index: int, runtime_confi
                            delegate_min_depth=rng.choice(config.delegate_min_depths),
                            max_depth=runtime_config.effective_max_depth,
                            max_children=runtime_config.max_children_per_node,
-                           child_steps=runtime_config.max_steps_per_node)
+                           child_steps=runtime_config.max_steps_per_node,
+                           split_targets_min=config.split_targets_min)
 
 
 def single_agent_tree(config: DemoConfig, index: int) -> bool:
@@ -271,12 +275,12 @@ def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool 
 def _launch_kind(tree: ExecutionTree, node: Node) -> str | None:
     """'parallel' when two of ``node``'s children ran at overlapping times, 'sequential' when it has
     children that never overlapped, None without children."""
-    kids = tree.children_of(node.node_id)
+    from rao_core.metrics import overlapping_children
+
+    over, kids = overlapping_children(tree, node.node_id)
     if not kids:
         return None
-    spans = sorted((k.timings.started_at, k.timings.started_at + k.timings.wall_s) for k in kids)
-    overlap = any(spans[i + 1][0] < spans[i][1] for i in range(len(spans) - 1))
-    return "parallel" if overlap else "sequential"
+    return "parallel" if over else "sequential"
 
 
 def demo_stats(trees: Sequence[ExecutionTree]) -> dict[str, Any]:

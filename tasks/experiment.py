@@ -34,6 +34,8 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
     points = [{"arm": r["arm"], "iteration": r["iteration"], "difficulty": r["difficulty"], "mode": r["mode"],
                "n": r["n"], "successes": r["successes"], "success": r["success"], "ci95": r.get("ci95"),
                "mean_depth": r.get("mean_depth"), "delegation_rate": r.get("delegation_rate"),
+               **{k: r[k] for k in ("child_success", "child_nodes", "parallel_share", "tree_wall_s",
+                                    "tokens_per_success") if k in r},
                "checkpoint": rel(checkpoints.get((r["arm"], r["iteration"])))} for r in rows]
     test: dict[str, Any] = {}
     rec = [p for p in points if p["arm"] == "recursive" and p["mode"] == "recursive"]
@@ -49,7 +51,28 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
                 "test": "pooled two-proportion z-test, one-sided (final > baseline)", **t}
     return {"experiment": experiment, "command": meta["command"], "config": meta["config"], "seed": meta["seed"],
             "commit": meta["commit"], "date": meta["date"], "wall_s": round(meta["wall_s"], 1),
-            "config_values": config, "points": points, "test": test}
+            "config_values": config, "points": points, "test": test, "arm_tests": arm_tests(points)}
+
+
+def arm_tests(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recursive arm (recursive mode) vs single arm (single mode) at each arm's last iteration, per
+    difficulty: one-sided pooled two-proportion z-test of H1: recursive > single. Empty without both arms."""
+    out = []
+    for diff in dict.fromkeys(p["difficulty"] for p in points):
+        arms = {}
+        for arm in ("recursive", "single"):
+            ps = [p for p in points if p["arm"] == arm and p["mode"] == arm and p["difficulty"] == diff]
+            if ps:
+                arms[arm] = max(ps, key=lambda p: p["iteration"])
+        if len(arms) < 2:
+            continue
+        r, sg = arms["recursive"], arms["single"]
+        t = two_proportion_test(sg["successes"], sg["n"], r["successes"], r["n"])
+        out.append({"difficulty": diff, "recursive": [r["successes"], r["n"]], "recursive_iteration": r["iteration"],
+                    "single": [sg["successes"], sg["n"]], "single_iteration": sg["iteration"],
+                    "difference": r["success"] - sg["success"],
+                    "test": "pooled two-proportion z-test, one-sided (recursive > single)", **t})
+    return out
 
 
 def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -59,7 +82,23 @@ def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    depth1 = [r for r in rows if r.get("child_success") is not None]
+    if depth1:  # a second panel: success of the depth-1 nodes (sub-agents) by iteration
+        fig, (ax, ax1) = plt.subplots(1, 2, figsize=(11, 4))
+        d1: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        for r in depth1:
+            d1.setdefault((r["arm"], r["mode"], r["difficulty"]), []).append(r)
+        for (arm, mode, diff), rs in sorted(d1.items()):
+            rs = sorted(rs, key=lambda r: r["iteration"])
+            ax1.plot([r["iteration"] for r in rs], [r["child_success"] for r in rs], marker="s",
+                     linestyle="-" if arm == "recursive" else "--", label=f"{arm} / {diff}: depth-1 nodes")
+        ax1.set_xlabel("iteration (0 = warm start)")
+        ax1.set_ylabel("depth-1 node success (sub-agents)")
+        ax1.set_ylim(-0.02, 1.02)
+        ax1.grid(alpha=0.3)
+        ax1.legend(fontsize=7)
+    else:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
     series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         series.setdefault((r["arm"], r["mode"], r["difficulty"]), []).append(r)
@@ -72,7 +111,8 @@ def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
                     linestyle="-" if arm == "recursive" else "--", label=f"{arm} agent / eval {mode} / {diff}")
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for a in fig.axes:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration (0 = warm start)")
     ax.set_ylabel("validation success")
     ax.set_ylim(-0.02, 1.02)
@@ -92,26 +132,97 @@ def _section_title(experiment: str) -> str:
 
 
 def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experiment: str = "textcraft-cpu",
-                     img: str = "learning_curve.png", test: dict[str, Any] | None = None) -> str:
-    """The results section of docs/results.md for ``experiment``."""
+                     img: str = "learning_curve.png", test: dict[str, Any] | None = None,
+                     arm_tests_: list[dict[str, Any]] | None = None) -> str:
+    """The results section of docs/results.md for ``experiment`` (``arm_tests_``: :func:`arm_tests`)."""
+    arm_tests_ = arm_tests_ or []
     lines = [
         _section_title(experiment), "",
         f"Command: `{meta['command']}`  ", f"Config: `{meta['config']}` (seed {meta['seed']}), commit `{meta['commit']}`, "
         f"run on {meta['date']}, total wall time {meta['wall_s'] / 60:.1f} min.  ",
         f"Validation: {meta['n_tasks']} held-out tasks per difficulty (targets never seen in training); success with "
         "Wilson 95% intervals.", "", f"![learning curve](img/{img})", "",
-        "| arm | iteration | eval mode | difficulty | n | success | 95% CI | mean depth | delegation rate | iteration wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    # the delegation columns appear when some evaluated tree has children (older records: the old table)
+    wide = any(r.get("child_success") is not None for r in rows)
+    if wide:
+        lines += ["| arm | iteration | eval mode | difficulty | n | success | 95% CI | mean depth | delegation rate | "
+                  "depth-1 success | parallel share | tree wall (s) | tokens per success | iteration wall (s) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    else:
+        lines += ["| arm | iteration | eval mode | difficulty | n | success | 95% CI | mean depth | delegation rate | "
+                  "iteration wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(v: Any) -> str:
+        return "" if v is None else str(v)
+
     for r in rows:
+        mid = (f" {cell(r.get('child_success'))} | {cell(r.get('parallel_share'))} | {cell(r.get('tree_wall_s'))} | "
+               f"{cell(r.get('tokens_per_success'))} |" if wide else "")
         lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | {r['n']} | {r['success']:.2f} | "
-                     f"{r['ci95']} | {r['mean_depth']} | {r.get('delegation_rate', '')} | {r.get('iteration_wall_s', '')} |")
+                     f"{r['ci95']} | {r['mean_depth']} | {r.get('delegation_rate', '')} |{mid} "
+                     f"{r.get('iteration_wall_s', '')} |")
     if test:
         lines += ["", f"Test ({test['test']}): recursive arm, {test['difficulty']}, iteration {test['final_iteration']} "
                   f"({test['final'][0]:g}/{test['final'][1]}) vs iteration {test['baseline_iteration']} "
                   f"({test['baseline'][0]:g}/{test['baseline'][1]}): difference {test['difference']:+.3f}, "
                   f"z = {test['z']:.2f}, p = {test['p_value']:.4f} (two-sided {test['p_value_two_sided']:.4f}). "
                   f"Record: `docs/results/{experiment}.json`."]
+    for a in arm_tests_:
+        lines += ["", f"Arms ({a['test']}), {a['difficulty']}: recursive iteration {a['recursive_iteration']} "
+                  f"({a['recursive'][0]:g}/{a['recursive'][1]}) vs single iteration {a['single_iteration']} "
+                  f"({a['single'][0]:g}/{a['single'][1]}): difference {a['difference']:+.3f}, z = {a['z']:.2f}, "
+                  f"p = {a['p_value']:.4f}."]
+    return "\n".join(lines) + "\n"
+
+
+def replace_section(doc: Path, title: str, md: str) -> None:
+    """Replace the ``title`` section of markdown file ``doc`` (from the title to the next ``## `` section) by
+    ``md``, or append it; other sections are kept; the file is replaced atomically."""
+    from rao_core.jsonl import atomic_path
+
+    old = doc.read_text() if doc.exists() else "# Results\n"
+    head, _, rest = old.partition(title)
+    nxt = rest.find("\n## ")  # keep any later sections (other experiments)
+    tail = rest[nxt:] if (rest and nxt >= 0) else ""
+    with atomic_path(doc) as tmp:
+        Path(tmp).write_text(head.rstrip() + "\n\n" + md + tail)
+
+
+def seeds_markdown(experiment: str, records: list[dict[str, Any]]) -> str:
+    """Side-by-side and pooled results of several seeds of one experiment (``records``: their
+    ``docs/results/*.json`` records): per seed, the recursive arm's warm start vs last iteration and the
+    arms at the last iteration on the first difficulty; pooled: successes summed over seeds, with the
+    same one-sided two-proportion z-tests on the sums (seeds treated as one larger sample)."""
+    from rao_core.evaluation import wilson_interval
+
+    lines = [f"## Seeds: {experiment}", "",
+             "| seed | record | recursive: warm start | recursive: last | p (last > warm start) | single: last | "
+             "p (recursive > single) |", "|---|---|---|---|---|---|---|"]
+    tot = {"base": [0.0, 0], "final": [0.0, 0], "single": [0.0, 0]}
+
+    def frac(x: list) -> str:
+        lo, hi = wilson_interval(min(x[0], x[1]), x[1])
+        return f"{x[0]:g}/{x[1]} = {x[0] / x[1]:.2f} [{lo:.2f}, {hi:.2f}]" if x[1] else ""
+
+    for rec in records:
+        t = rec.get("test") or {}
+        arm = next((a for a in rec.get("arm_tests", []) if a["difficulty"] == t.get("difficulty")), None)
+        if t:
+            for k, v in (("base", t["baseline"]), ("final", t["final"])):
+                tot[k][0] += v[0]
+                tot[k][1] += v[1]
+        if arm:
+            tot["single"][0] += arm["single"][0]
+            tot["single"][1] += arm["single"][1]
+        lines.append(f"| {rec['seed']} | `docs/results/{rec['experiment']}.json` | {frac(t['baseline']) if t else ''} | "
+                     f"{frac(t['final']) if t else ''} | {t.get('p_value', float('nan')):.4f} | "
+                     f"{frac(arm['single']) if arm else ''} | {arm['p_value'] if arm else float('nan'):.4f} |")
+    if len(records) > 1 and tot["base"][1] and tot["final"][1]:
+        p1 = two_proportion_test(*tot["base"], *tot["final"])["p_value"]
+        p2 = (two_proportion_test(*tot["single"], *tot["final"])["p_value"] if tot["single"][1] else float("nan"))
+        lines.append(f"| pooled | {len(records)} seeds | {frac(tot['base'])} | {frac(tot['final'])} | {p1:.4f} | "
+                     f"{frac(tot['single']) if tot['single'][1] else ''} | {p2:.4f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,15 +248,10 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
     rec_path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(rec_path) as tmp:
         Path(tmp).write_text(json.dumps(record, indent=2) + "\n")
-    md = results_markdown(rows, meta, experiment=experiment, img=img_name, test=record["test"])
+    md = results_markdown(rows, meta, experiment=experiment, img=img_name, test=record["test"],
+                          arm_tests_=record["arm_tests"])
     if write_docs:
-        doc = root / "docs/results.md"
-        old = doc.read_text() if doc.exists() else "# Results\n"
-        head, _, rest = old.partition(_section_title(experiment))
-        nxt = rest.find("\n## ")  # keep any later sections (other experiments)
-        tail = rest[nxt:] if (rest and nxt >= 0) else ""
-        with atomic_path(doc) as tmp:
-            Path(tmp).write_text(head.rstrip() + "\n\n" + md + tail)
+        replace_section(root / "docs/results.md", _section_title(experiment), md)
     import mlflow
 
     from tasks import tracking

@@ -117,13 +117,14 @@ def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOut
                   val: ValidateOutput, tr: TrainOutput, ev: EvalOutput, times: dict[str, float]) -> dict[str, float]:
     """Log iteration ``iteration``'s metrics to its run ``run_id`` and the campaign run, with its plots and
     traces (module docstring); returns the metrics."""
-    from rao_core.metrics import depth_histogram, tree_metrics
+    from rao_core.metrics import depth_histogram, sample_depth_metrics, tree_metrics
     from rao_core.tree import read_trees
 
     trees = read_trees(fetch(ctx, judged.scored_uri, f"iter-{iteration}/scored.jsonl"))
     m = tree_metrics(trees)
     m.update({f"judge/{k}": v for k, v in judged.judge.items() if isinstance(v, (int, float))})
     m.update({f"samples/{k}": v for k, v in val.sample_stats.items() if isinstance(v, (int, float))})
+    m.update(sample_depth_metrics(val.sample_stats))  # samples/depth_<d>/...: which level carried the signal
     m.update(tr.last_step)
     m.update(ev.metrics)
     m.update({f"time/{k}_s": v for k, v in times.items()})
@@ -142,7 +143,8 @@ def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOut
                    "plots/depth_histogram.png")
         if ctx.config.tracking.log_traces:
             log_trees_as_traces(run_id, ctx.mlflow_experiment_id, trees, ctx.config.tracking.max_traces_per_iteration)
-    keys = [k for k in m if k.startswith("eval/") and k.endswith("/success")] + ["success/root"]
+    keys = ([k for k in m if k.startswith("eval/") and k.endswith(("/success", "/child_success"))]
+            + sorted(k for k in m if k.startswith("success/depth_")))
     log_figure(ctx.campaign_run_id, learning_curve_figure(ctx.campaign_run_id, keys, f"{ctx.name}: learning curve"),
                "plots/learning_curve.png")
     return m

@@ -16,6 +16,13 @@ its own ``get_info`` cells). It never looks at the recipe graph. Per node:
 4. checks the printed counts and calls ``finish``; on an error it runs one programmatic repair cell that
    reuses intermediates already held (its own partial work).
 
+Split by sub-goal (``split_targets_min``, used by the ``tier1x<K>`` delegation shape): a node that may
+delegate and has at least that many targets reads nothing first; its one cell snapshots the targets'
+counts, launches one sub-agent per target (``asyncio.gather`` with probability ``parallel_prob``, else a
+loop awaiting each), prints the children's results (their finish messages, kept in the REPL variable
+``results``) and checks the counts; then it finishes (or, if a child failed, crafts what is missing itself
+once, as in step 4). Its context no longer grows with the number of targets beyond one line per child.
+
 Needs are aggregated over the node's whole local sub-tree before rounding up to recipe yields, and a
 node never relies on items it did not craft itself (siblings share the inventory), so its use of base
 materials stays within the task's starting inventory (see ``rao_core.envs.textcraft.tasks``).
@@ -99,6 +106,8 @@ class TextCraftExpert(Policy):
         max_explicit_crafts: most explicit ``craft`` calls in one cell; beyond, a program crafts.
         child_steps: ``num_steps`` requested for each sub-agent.
         wording_variety: vary the reasoning text between equivalent phrasings.
+        split_targets_min: a node that may delegate and has at least this many targets launches one
+            sub-agent per target (module docstring); 0 = never.
     """
 
     name = "textcraft-expert"
@@ -106,9 +115,10 @@ class TextCraftExpert(Policy):
     def __init__(self, *, seed: int = 0, parallel_prob: float = 0.7, delegate_min_depth: int = 3,
                  max_depth: int = 2, max_children: int = 6, suboptimal_prob: float = 0.1,
                  explicit_max_depth: int = 3, max_explicit_crafts: int = 16, child_steps: int = 10,
-                 wording_variety: bool = True):
-        if delegate_min_depth < 1 or max_depth < 0 or max_children < 0 or child_steps < 1:
-            raise ValueError("delegate_min_depth >= 1, max_depth >= 0, max_children >= 0, child_steps >= 1")
+                 wording_variety: bool = True, split_targets_min: int = 0):
+        if delegate_min_depth < 1 or max_depth < 0 or max_children < 0 or child_steps < 1 or split_targets_min < 0:
+            raise ValueError("delegate_min_depth >= 1, max_depth >= 0, max_children >= 0, child_steps >= 1, "
+                             "split_targets_min >= 0")
         for name, p in (("parallel_prob", parallel_prob), ("suboptimal_prob", suboptimal_prob)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {p}")
@@ -116,6 +126,7 @@ class TextCraftExpert(Policy):
         self.max_depth, self.max_children, self.suboptimal_prob = max_depth, max_children, suboptimal_prob
         self.explicit_max_depth, self.max_explicit_crafts = explicit_max_depth, max_explicit_crafts
         self.child_steps, self.wording_variety = child_steps, wording_variety
+        self.split_targets_min = split_targets_min
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _say(self, rng: random.Random, *options: str) -> str:
@@ -167,6 +178,9 @@ class TextCraftExpert(Policy):
         last_obs = next((str(m.get("content", "")) for m in reversed(node.messages) if m.get("role") != "assistant"),
                         "")
         tnames = list(targets)
+        if (self.split_targets_min and len(targets) >= self.split_targets_min and node.depth < self.max_depth
+                and 0 < len(targets) <= self.max_children):
+            return self._split_turn(targets, assistant_turns, last_obs, rng)
 
         # 1. recipes of the targets (and the start counts, for the final check)
         if any(t not in info for t in tnames):
@@ -268,6 +282,42 @@ class TextCraftExpert(Policy):
         lines.append("print('ALL-TARGETS-OK' if all(now[t] - start.get(t, 0) >= c for t, c in goal.items()) "
                      "else 'STILL-MISSING', now)")
         return code_message(" ".join(reasons), "\n".join(lines))
+
+    def _split_turn(self, targets: dict[str, int], assistant_turns: list[str], last_obs: str,
+                    rng: random.Random) -> Generation:
+        """One turn of the split-by-sub-goal route (module docstring): launch, then finish or repair once."""
+        check = ("now = {r['item']: r['held'] for r in get_info(list(goal))}\n"
+                 "print('ALL-TARGETS-OK' if all(now[t] - start[t] >= c for t, c in goal.items()) "
+                 "else 'STILL-MISSING', now)")
+        done = ", ".join(f"{c} x {i}" for i, c in targets.items())
+        if not any("# craft-phase" in t for t in assistant_turns):
+            lines = ["# craft-phase", "import asyncio", f"goal = {targets!r}",
+                     "start = {r['item']: r['held'] for r in get_info(list(goal))}"]
+            if len(targets) > 1 and rng.random() < self.parallel_prob:
+                lines.append(f"results = await asyncio.gather(*(launch_subagent({{t: c}}, {self.child_steps}) "
+                             "for t, c in goal.items()))")
+                why = self._say(rng, f"My {len(targets)} targets are independent, so one sub-agent per target "
+                                     "crafts them in parallel.",
+                                "Each target is its own sub-goal: I launch one sub-agent per target at once.")
+            else:
+                lines += ["results = []", "for t, c in goal.items():",
+                          f"    results.append(await launch_subagent({{t: c}}, {self.child_steps}))"]
+                why = self._say(rng, "I hand each target to its own sub-agent, one after another.",
+                                "One sub-agent per target, launched in turn.")
+            lines += ["print(results)", check]
+            return code_message(why, "\n".join(lines))
+        ok = "ALL-TARGETS-OK" in last_obs
+        if not ok and not any("# repair" in t for t in assistant_turns):
+            code = ("# repair\n" + _PROGRAM + "\nnow = {r['item']: r['held'] for r in get_info(list(goal))}\n"
+                    "missing = {t: c - (now[t] - start[t]) for t, c in goal.items() if now[t] - start[t] < c}\n"
+                    "print('missing', missing)\nif missing:\n    craft_from_scratch(missing, use_held=True)\n"
+                    + check)
+            return code_message("A sub-agent did not deliver; I craft what is still missing myself.", code)
+        msg = f"Crafted {done}." if ok else f"Could not craft all of {done}."
+        return code_message(self._say(rng, "The sub-agents delivered every target; I am done.",
+                                      "All targets are in the inventory; finishing.")
+                            if ok else "I could not complete the targets; reporting that honestly.",
+                            f"finish({msg!r})")
 
 
 __all__ = ["TextCraftExpert"]

@@ -70,7 +70,8 @@ def test_json_is_one_object_with_graded_wilson_interval(capsys, tmp_path, script
     assert scripted[0] == [("http://127.0.0.1:9/v1", "m")] and scripted[1] == ["m"]  # the library function
     (line,) = out.strip().splitlines()  # exactly one JSON object on stdout
     got = json.loads(line)
-    assert list(got) == ["n", "successes", "success", "ci95", "mean_depth", "delegation_rate"]
+    assert list(got) == ["n", "successes", "success", "ci95", "mean_depth", "delegation_rate", "child_success",
+                       "tree_wall_s", "tokens_per_success"]
     # 1 + 0.75 + 0.75^2 = 2.3125 of 3; Wilson with p = 0.770833, n = 3, z^2 = 3.841459:
     # centre 1.411076, half 1.959964 * sqrt(0.058883 + 0.106707) = 0.797564, denominator 2.280486
     assert got["n"] == 3 and got["successes"] == pytest.approx(2.3125)

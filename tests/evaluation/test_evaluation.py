@@ -92,7 +92,8 @@ def test_graded_equals_fraction_solved_for_binary_verifiers():
 def test_row_summary_is_the_eval_json():
     trees = [_tree(0, 1.0, children=1), _tree(1, 0.0), _tree(2, None), _tree(3, 1.0)]
     s = summarise(trees, mode="recursive", difficulty="all").summary()
-    assert list(s) == ["n", "successes", "success", "ci95", "mean_depth", "delegation_rate"]
+    assert list(s) == ["n", "successes", "success", "ci95", "mean_depth", "delegation_rate", "child_success",
+                       "tree_wall_s", "tokens_per_success"]
     lo, hi = wilson_interval(2, 3)
     assert s == {"n": 3, "successes": 2, "success": round(2 / 3, 6), "ci95": [round(lo, 6), round(hi, 6)],
                  "mean_depth": 0.25, "delegation_rate": 0.25}

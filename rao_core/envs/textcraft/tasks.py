@@ -20,6 +20,11 @@ Difficulties: the paper's four levels by target crafting depth (``easy`` 2-3, ``
 docs/environments.md): one or two targets of tier 1, each crafted straight from base materials by one
 recipe. It exists so that a 135M policy on a 2-core CPU succeeds some of the time after its warm start,
 which the paper's levels do not allow (docs/results.md); ids stay opaque and the verifier exact.
+``tier1x<K>`` (K = 2..12; e.g. ``tier1x3``, ``tier1x6``) is the CPU-scale *delegation* shape, also NOT in
+the paper (project addition, issue 25, docs/environments.md): exactly K distinct tier-1 targets, each a
+``tier1``-sized sub-goal (one recipe from base materials, 1-3 units). The sub-goals are independent, so
+one sub-agent per target solves the root; with the experiment's small context window one node that
+crafts all K itself runs out of the window (measured in docs/environments.md, "The tier1xK shape").
 ``"mixed"`` cycles through the paper's four levels only.
 
 Split: per tier, a seeded 20% of the items (``VALIDATION_FRACTION``) are validation-only targets; train
@@ -39,7 +44,11 @@ from rao_core.envs.textcraft.graph import GRAPH_VERSION, MAX_TIER, RecipeGraph, 
 PAPER_DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 6), "hard": (7, 9),
                                                   "extreme": (10, 12)}
 #: difficulty -> (lowest, highest) target tier; ``tier1`` is the CPU-scale shape (module docstring).
-DIFFICULTIES: dict[str, tuple[int, int]] = {"tier1": (1, 1), **PAPER_DIFFICULTIES}
+#: ``tier1x<K>``: exactly K distinct tier-1 targets (module docstring), K in ``MULTI_TARGET_RANGE``.
+MULTI_TARGET_RANGE = range(2, 13)
+MULTI_TARGET: dict[str, int] = {f"tier1x{k}": k for k in MULTI_TARGET_RANGE}
+DIFFICULTIES: dict[str, tuple[int, int]] = {"tier1": (1, 1), **{d: (1, 1) for d in MULTI_TARGET},
+                                            **PAPER_DIFFICULTIES}
 VALIDATION_FRACTION = 0.2
 ENV_NAME = "textcraft-synth"
 #: Bounds of the generator's graph options: ``items_per_tier`` items per domain and tier (13 tiers, 5 domains),
@@ -133,6 +142,8 @@ def split_items(graph: RecipeGraph) -> dict[str, dict[int, list[str]]]:
 
 def _max_targets(difficulty: str) -> tuple[int, int]:
     # (max number of target items, max count per target)
+    if difficulty in MULTI_TARGET:
+        return (MULTI_TARGET[difficulty], 3)  # exactly K targets (see generate_textcraft_tasks)
     if difficulty == "tier1":
         return (2, 3)  # one target (75%) or two independent ones, each one recipe from base materials
     return (1, 3) if difficulty in ("easy", "medium") else (1, 2)
@@ -153,7 +164,7 @@ def generate_textcraft_tasks(
         n: number of tasks (>= 1).
         seed: task sampling seed.
         difficulty: "easy" | "medium" | "hard" | "extreme", None / "mixed" to cycle through those four, or
-            "tier1" (CPU-scale shape, module docstring).
+            "tier1" or "tier1x<K>" (CPU-scale shapes, module docstring).
         split: "train" or "validation" ("test" is treated as "validation": held-out targets).
         graph_seed: seed of the recipe graph (shared by train and validation tasks; keep it fixed).
         items_per_tier: items per domain and tier of the recipe graph, in
@@ -178,12 +189,16 @@ def generate_textcraft_tasks(
         lo, hi = DIFFICULTIES[level]
         depth = rng.randint(lo, hi)
         max_targets, max_count = _max_targets(level)
-        n_targets = 1 if max_targets == 1 or rng.random() < 0.75 else 2
-        first = rng.choice(pool_split[depth])
-        targets = {first: rng.randint(1, max_count)}
-        if n_targets == 2:
-            other = rng.choice([i for t in range(lo, depth + 1) for i in pool_split[t] if i != first])
-            targets[other] = rng.randint(1, max_count)
+        if level in MULTI_TARGET:  # K distinct sub-goals of tier 1
+            items = rng.sample(pool_split[depth], max_targets)
+            targets = {i: rng.randint(1, max_count) for i in items}
+        else:
+            n_targets = 1 if max_targets == 1 or rng.random() < 0.75 else 2
+            first = rng.choice(pool_split[depth])
+            targets = {first: rng.randint(1, max_count)}
+            if n_targets == 2:
+                other = rng.choice([i for t in range(lo, depth + 1) for i in pool_split[t] if i != first])
+                targets[other] = rng.randint(1, max_count)
         key = repr(sorted(targets.items()))
         if key in seen and attempts < 20 * n:
             continue
