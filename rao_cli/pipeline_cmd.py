@@ -565,9 +565,11 @@ def register(app: typer.Typer) -> None:
         _prefect_env()
         from infra.orchestration import check_api, deploy as _deploy, worker_command
 
-        check_api(os.environ.get("PREFECT_API_URL"))  # no server or none answering: one error line
-        rc = _deploy(pool)
+        from rao_cli.prefect_hints import prefect_hints_rewritten
+
+        api = check_api(os.environ.get("PREFECT_API_URL"))  # no server or none answering: one error line
+        with prefect_hints_rewritten(api):  # Prefect's own hints lack PREFECT_API_URL: the one below is right
+            rc = _deploy(pool)
         if rc:
             raise typer.Exit(rc)
-        console.print(f"deployments created; start a worker: {worker_command(os.environ['PREFECT_API_URL'], pool)}",
-                      soft_wrap=True)
+        console.print(f"deployments created; start a worker: {worker_command(api, pool)}", soft_wrap=True)
