@@ -53,26 +53,29 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Evaluate a checkpoint on a task file: success with its Wilson 95% interval (one tree per task)."""
         from infra.models import ModelError
+        from rao_cli import InputError, input_errors
         from rao_core.envs import get_env, load_tasks
         from rao_core.evaluation import EvalConfig, render_report, run_evaluation
         from rao_core.runtime import load_tokenizer
 
         if mode not in ("recursive", "single"):
             raise typer.BadParameter(f"must be 'recursive' or 'single', got {mode!r}", param_hint="'--mode'")
-        cfg = _load(config, override)
+        cfg = _load(config, override)  # ConfigError: exit 2
         if not (model / "config.json").exists():
             raise ModelError(f"model not found: {model} has no config.json (a checkpoint folder is expected)")
-        tasks = load_tasks(task_file)
-        envs = sorted({t.env for t in tasks})
-        if not tasks:
-            raise ValueError(f"{task_file} holds no task")
-        if len(envs) > 1:
-            raise ValueError(f"{task_file} mixes environments {envs}; rao eval takes one environment per file")
-        env = get_env(envs[0], **(cfg.tasks.env_options if cfg.tasks.env == envs[0] else {}))
-        tasks = load_tasks(task_file, env)  # every record checked against its environment
+        with input_errors():  # the reader names the file and the line
+            tasks = load_tasks(task_file)
+            envs = sorted({t.env for t in tasks})
+            if not tasks:
+                raise InputError(f"{task_file} holds no task")
+            if len(envs) > 1:
+                raise InputError(f"{task_file} mixes environments {envs}; rao eval takes one environment per file")
+            env = get_env(envs[0], **(cfg.tasks.env_options if cfg.tasks.env == envs[0] else {}))
+            tasks = load_tasks(task_file, env)  # every record checked against its environment
         if n is not None:
             if n > len(tasks):
-                raise ValueError(f"--n {n}: {task_file} has only {len(tasks)} tasks")
+                raise typer.BadParameter(f"{n} is more than the {len(tasks)} tasks of {task_file}",
+                                         param_hint="'--n'")
             tasks = tasks[:n]
         ev = EvalConfig(modes=[mode], graded=cfg.eval.graded)  # the tasks are given: only modes/graded matter
         tokenizer = load_tokenizer(str(model))

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from rao_cli import make_console
+from rao_cli import InputError, env_option, input_errors, make_console
 
 app = typer.Typer(help="Score execution trees (verifier, LLM judge, proxy) and calibrate the judge.",
                   no_args_is_help=True)
@@ -75,16 +75,18 @@ def trees_cmd(
     from rao_core.judge import JudgeEndpointError, judge_trees_sync
     from rao_core.tree import read_trees, write_trees
 
+    if env is not None:
+        env_option(env)  # an unknown name: exit 2, before the file is read
     cfg = _config(config, base_url=base_url, model=model, cache_path=cache, max_requests=max_requests,
                   max_cost_usd=max_cost_usd, enabled=False if no_judge else None)
     if not inp.is_file():
         raise typer.BadParameter(f"tree file not found: {inp}", param_hint="--in")
-    trees = read_trees(inp)
+    with input_errors():  # the reader names the file and the line
+        trees = read_trees(inp)
     try:
         scored, stats = judge_trees_sync(trees, env, cfg)
-    except JudgeEndpointError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    except JudgeEndpointError as e:  # the endpoint refused the configuration (key, model, URL): exit 2
+        raise InputError(str(e)) from None
     write_trees(out, scored)
     table = Table(title=f"judging {len(trees)} trees -> {out}")
     table.add_column("metric")
@@ -110,31 +112,27 @@ def calibrate_cmd(
     from rao_core.judge import JudgeEndpointError, calibrate_sync
     from rao_core.tree import read_trees
 
+    env_option(env)  # an unknown name: exit 2, before the file is read
     cfg = _config(config, base_url=base_url, model=model, cache_path=cache)
     if not trees.is_file():
         raise typer.BadParameter(f"tree file not found: {trees}", param_hint="--trees")
-    try:  # the file first: a bad one is its own error, before any server is contacted
+    with input_errors():  # the file first: a bad one is its own error, before any server is contacted
         tree_list = read_trees(trees)
-    except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
     if not tree_list:
-        typer.echo(f"error: {trees}: holds no execution tree (nothing to calibrate)", err=True)
-        raise typer.Exit(2)
+        raise InputError(f"{trees}: holds no execution tree (nothing to calibrate)")
     from infra.process import ServiceError
     from infra.serving import wait_for_server
 
-    try:
+    try:  # a server that does not answer is a failure while working (exit 1), as in `rao eval` and `rao solve`
         wait_for_server(cfg.base_url, timeout_s=5)
     except ServiceError:
         typer.echo(f"error: no judge server answers at {cfg.base_url} (start one, or pass --base-url / set "
                    "RAO_JUDGE_BASE_URL)", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(1) from None
     try:
         rep = calibrate_sync(tree_list, cfg, env_name=env)
-    except (ValueError, JudgeEndpointError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    except (ValueError, JudgeEndpointError) as e:  # trees without verifier truth; a refused configuration
+        raise InputError(str(e)) from None
     table = Table(title=f"judge calibration: {rep.model} on {env} ({rep.prompt_version})")
     for col in ("nodes", "n", "accuracy", "false-pos rate", "false-neg rate", "TP", "FP", "TN", "FN"):
         table.add_column(col, justify="right" if col != "nodes" else "left")

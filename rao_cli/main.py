@@ -59,18 +59,25 @@ def _usage_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point. Every error is ONE line ``error: ...`` on stderr and a non-zero exit:
+    """Console entry point: the exit-code rule of every command (:mod:`rao_cli`). Every error is ONE line
+    ``error: ...`` on stderr:
 
-    - usage errors (bad option values, missing arguments, unknown commands): exit 2;
-    - user errors (bad input, missing files, services that fail: ValueError, FileNotFoundError, OSError,
-      ModelError, ServiceError, pydantic ValidationError, ImportError): exit 1;
-    - anything else (a bug): exit 1, with the exception type named; Ctrl-C: ``error: interrupted``, 130.
+    - exit 2, a usage or input error: bad option values, missing arguments, unknown commands (click),
+      :class:`rao_cli.InputError` (a file, folder or reference the user named), ``ConfigError`` (a config
+      file or ``--set``), ``ModelError`` (a model folder missing or incomplete);
+    - exit 1, a failure while working: services that fail or do not answer (``ServiceError``, OSError),
+      anything else a command raises (ValueError, ...); an exception no command expects (a bug) is named
+      with its type;
+    - exit 130 (Ctrl-C: ``error: interrupted (SIGINT)``) or 143 (SIGTERM: ``error: interrupted (SIGTERM)``);
+      commands that stop services or children on an interrupt (``infra.process.run_interruptible``) say
+      more on their own line.
 
     ``RAO_DEBUG=1`` re-raises instead, so the full traceback is shown. ``argv``: the arguments (default
     ``sys.argv[1:]``). ``rao`` with no arguments prints the help and exits 2. ``--help`` that goes to a pipe
     or a file is :data:`rao_cli.PIPED_HELP_WIDTH` columns wide (:func:`rao_cli.piped_help_width`).
     """
     import os
+    import signal
     import sys
 
     from pydantic import ValidationError
@@ -80,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     from infra.models import ModelError
     from infra.process import ServiceError
     from rao_cli import piped_help_width
+    from rao_core.config import ConfigError
 
     debug = bool(os.environ.get("RAO_DEBUG"))
 
@@ -87,38 +95,56 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {text}", file=sys.stderr)
         sys.exit(code)
 
-    try:
-        with piped_help_width():  # piped `--help`: wider than rich's 80 columns
-            rv = app(args=argv, prog_name="rao", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as e:
-        with piped_help_width():
-            print(e.format_message(), file=sys.stderr)
-        sys.exit(2)
-    except Abort:
-        if debug:
-            raise
-        fail("aborted", 1)
-    except click.exceptions.ClickException as e:  # usage errors, BadParameter raised inside commands
-        if debug:
-            raise
-        fail(_usage_line(e) if isinstance(e, click.exceptions.UsageError) else _one_line(e), e.exit_code)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        fail("interrupted", 130)
-    except (ValueError, OSError, ModelError, ServiceError, ValidationError, ImportError) as e:
-        if debug:
-            raise
-        if isinstance(e, ValidationError):
-            from rao_core.jsonl import one_line_error
+    def terminated(signum, frame) -> None:  # SIGTERM: unwind (finally blocks run), one line, 143
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+        fail("interrupted (SIGTERM)", 128 + signum)
 
-            fail(f"{e.title}: {one_line_error(e)}", 1)
-        fail(_one_line(e), 1)
-    except Exception as e:  # noqa: BLE001 - still one line; RAO_DEBUG=1 shows where
-        if debug:
-            raise
-        fail(f"{type(e).__name__}: {_one_line(e)} (unexpected; RAO_DEBUG=1 shows the traceback)", 1)
-    # standalone_mode=False returns typer.Exit's code (or the command's return value, always None here)
+    own_term = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if own_term:  # commands that handle it themselves (rao run, rao evaluate) replace this handler
+        signal.signal(signal.SIGTERM, terminated)
+    try:
+        try:
+            with piped_help_width():  # piped `--help`: wider than rich's 80 columns
+                rv = app(args=argv, prog_name="rao", standalone_mode=False)
+        except click.exceptions.NoArgsIsHelpError as e:
+            with piped_help_width():
+                print(e.format_message(), file=sys.stderr)
+            sys.exit(2)
+        except Abort:
+            if debug:
+                raise
+            fail("aborted", 1)
+        except click.exceptions.ClickException as e:  # usage errors, BadParameter and InputError raised in commands
+            if debug:
+                raise
+            fail(_usage_line(e) if isinstance(e, click.exceptions.UsageError) else _one_line(e), e.exit_code)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            fail("interrupted (SIGINT)", 130)
+        except (ConfigError, ModelError) as e:  # the config or the model the user named: input errors
+            if debug:
+                raise
+            fail(_one_line(e), 2)
+        except (ValueError, OSError, ServiceError, ValidationError, ImportError) as e:
+            if debug:
+                raise
+            if isinstance(e, ValidationError):
+                from rao_core.jsonl import one_line_error
+
+                fail(f"{e.title}: {one_line_error(e)}", 1)
+            fail(_one_line(e), 1)
+        except Exception as e:  # noqa: BLE001 - still one line; RAO_DEBUG=1 shows where
+            if debug:
+                raise
+            fail(f"{type(e).__name__}: {_one_line(e)} (unexpected; RAO_DEBUG=1 shows the traceback)", 1)
+    finally:
+        if own_term and signal.getsignal(signal.SIGTERM) == terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # standalone_mode=False returns typer.Exit's code (or the command's return value, always None here);
+    # typer turns a KeyboardInterrupt inside a command into Exit(130), silently: no command exits 130 itself
+    if rv == 130:
+        fail("interrupted (SIGINT)", 130)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

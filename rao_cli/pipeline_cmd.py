@@ -9,7 +9,7 @@ import sys
 import typer
 from rich.table import Table
 
-from rao_cli import make_console
+from rao_cli import InputError, make_console
 
 console = make_console()
 
@@ -130,6 +130,20 @@ def params_from_options(model, **options):
                                  param_hint=f"'{option}'") from None
 
 
+def _config_fields(**values):
+    """The set ``values`` checked by the rules of the top-level fields of the same names of
+    :class:`rao_core.config.CampaignConfig` (``name``, ``iterations``; ``flows.campaign.CampaignParams``
+    mirrors them, without importing Prefect here); pydantic's ValidationError otherwise, located at the
+    field. For :func:`params_from_options` where no parameters model is built (``rao run --plan``)."""
+    from rao_core.config import CampaignConfig
+
+    config = CampaignConfig.model_construct()
+    for field, value in values.items():
+        if value is not None:
+            CampaignConfig.__pydantic_validator__.validate_assignment(config, field, value)
+    return config
+
+
 def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) -> list:
     """The nightly suite of ``rao evaluate``: one ``SuiteEntry`` per environment (default: the config's).
 
@@ -140,14 +154,11 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
     (or ``eval.difficulties``) for a difficulty the environment does not have.
     """
     from flows.evaluate import SuiteEntry
-    from rao_core.envs import get_env
+    from rao_cli import env_option
 
     entries = []
     for e in envs or [base.tasks.env]:
-        try:  # first: an unknown environment was reported as a --difficulty problem
-            env = get_env(e)
-        except ValueError as err:
-            raise typer.BadParameter(str(err), param_hint="'--env'") from None
+        env = env_option(e)  # first: an unknown environment was reported as a --difficulty problem
         own = e == base.tasks.env
         if not difficulties and not own:
             raise typer.BadParameter(f"environment {e!r} is not the config's ({base.tasks.env!r}): name its "
@@ -205,7 +216,7 @@ def _registered_model(base, model: str) -> str:
             MlflowClient().get_model_version(*body.split("/", 1))
     except MlflowException as e:
         first = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"--model {model}: {ref} is not in the MLflow registry at {uri} ({first}); run a "
+        raise InputError(f"--model {model}: {ref} is not in the MLflow registry at {uri} ({first}); run a "
                          "campaign first (`rao run`) or pass a registered version") from None
     finally:
         for lg, level in zip(quiet, levels):
@@ -214,8 +225,9 @@ def _registered_model(base, model: str) -> str:
 
 
 def _check_s3_checkpoint(s3, ref: str, model: str) -> None:
-    """ValueError unless objects lie under the ``s3://BUCKET/KEY`` checkpoint folder ``ref`` in the storage
-    ``s3`` (:class:`infra.storage.S3Settings`; the bucket is the URI's), listed as the fetch lists it."""
+    """InputError (exit 2) unless objects lie under the ``s3://BUCKET/KEY`` checkpoint folder ``ref`` in the
+    storage ``s3`` (:class:`infra.storage.S3Settings`; the bucket is the URI's), listed as the fetch lists it;
+    ValueError (exit 1) when the storage cannot be listed."""
     from dataclasses import replace
 
     from botocore.exceptions import BotoCoreError, ClientError
@@ -233,8 +245,8 @@ def _check_s3_checkpoint(s3, ref: str, model: str) -> None:
         found = False
     except BotoCoreError as e:
         raise ValueError(f"--model {model}: cannot list {ref} at {where}: {e}") from None
-    if not found:
-        raise ValueError(f"--model {model}: no objects under {ref} at {where} (expected a checkpoint folder a "
+    if not found:  # a reference to nothing: an input error (exit 2); a storage that fails: exit 1
+        raise InputError(f"--model {model}: no objects under {ref} at {where} (expected a checkpoint folder a "
                          "campaign uploaded: s3://BUCKET/CAMPAIGN/iter-K/checkpoint)")
 
 
@@ -453,6 +465,19 @@ def register(app: typer.Typer) -> None:
         if plan:  # nothing is started: no Prefect, S3, MLflow or vLLM
             from infra.plan import run_plan
 
+            # named as written (--iterations, --name), not as the `--set` overrides run_plan makes of them
+            params_from_options(_config_fields, name=name, iterations=iterations)
+            if gpus is None or gpu_mem_gib is None:  # the target machine: this one's GPUs, else a usage error
+                from infra.plan import detect_gpus
+
+                seen = detect_gpus()
+                if seen is None:
+                    missing = ("--gpus N --gpu-mem-gib M" if gpus is None and gpu_mem_gib is None else
+                               "--gpu-mem-gib M" if gpu_mem_gib is None else "--gpus N")
+                    raise typer.BadParameter(f"no NVIDIA GPU visible here: give the target machine as {missing}",
+                                             param_hint="'--gpus' / '--gpu-mem-gib'")
+                gpus, gpu_mem_gib = gpus or seen[0], gpu_mem_gib or seen[1]
+
             run_plan(config, list(override), name=name, iterations=iterations, gpus=gpus, gpu_mem_gib=gpu_mem_gib)
             return
         if gpus is not None or gpu_mem_gib is not None:  # they describe a target machine, only for the plan
@@ -540,9 +565,11 @@ def register(app: typer.Typer) -> None:
         _prefect_env()
         from infra.orchestration import check_api, deploy as _deploy, worker_command
 
-        check_api(os.environ.get("PREFECT_API_URL"))  # no server or none answering: one error line
-        rc = _deploy(pool)
+        from rao_cli.prefect_hints import prefect_hints_rewritten
+
+        api = check_api(os.environ.get("PREFECT_API_URL"))  # no server or none answering: one error line
+        with prefect_hints_rewritten(api):  # Prefect's own hints lack PREFECT_API_URL: the one below is right
+            rc = _deploy(pool)
         if rc:
             raise typer.Exit(rc)
-        console.print(f"deployments created; start a worker: {worker_command(os.environ['PREFECT_API_URL'], pool)}",
-                      soft_wrap=True)
+        console.print(f"deployments created; start a worker: {worker_command(api, pool)}", soft_wrap=True)

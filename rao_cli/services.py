@@ -37,6 +37,12 @@ def up(
     line naming its log."""
     from infra.services import up as _up
 
+    if model:  # before any service starts: a folder that is not a checkpoint is a usage error (exit 2)
+        from pathlib import Path
+
+        from rao_cli.sft_cmd import check_model
+
+        check_model(Path(model))
     _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, prefect_port=prefect_port,
         model=model, max_model_len=max_model_len)
     console.print(_table())

@@ -14,12 +14,13 @@ def demo_difficulties(env: str, given: list[str] | None) -> list[str]:
     environment with no expert to demonstrate (oolong) and for a difficulty it does not know."""
     import importlib
 
-    from rao_core.envs import REGISTRY, canonical_name, get_env
+    from rao_cli import env_option
+    from rao_core.envs import REGISTRY, canonical_name
     from rao_core.warmstart import DemoConfig
 
     entry = REGISTRY.get(canonical_name(env))
     if entry is None:
-        get_env(env)  # ValueError naming the known environments
+        env_option(env)  # a usage error naming the known environments
     if entry.expert is None:
         known = sorted(n for n, e in REGISTRY.items() if e.expert)
         raise typer.BadParameter(f"environment {env!r} has no expert to demonstrate with; one of {known}",

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import Field
 
-from rao_cli import make_console
+from rao_cli import InputError, env_option, input_errors, make_console
 
 #: ``--script``: the assistant messages a scripted policy replays (turn k gets message k, the last repeats).
 Script = Annotated[list[str], Field(min_length=1)]
@@ -74,17 +74,25 @@ def register(app: typer.Typer) -> None:
 
         from rich.live import Live
 
-        from rao_core.envs import get_env, load_tasks
+        from rao_cli.pipeline_cmd import params_from_options
+        from rao_core.envs import load_tasks
         from rao_core.paths import default_model_path, tiny_model_path
         from rao_core.runtime import RuntimeConfig, oracle_policy, run_tree
         from rao_core.tree import write_trees
 
         console = make_console()
-        environment = get_env(env)
-        tasks = load_tasks(task_file, environment)  # every record checked (env, validate_task) up front
+        environment = env_option(env)  # as `rao evaluate --env`: exit 2 naming the known environments
+        with input_errors():  # the reader names the file and the line
+            tasks = load_tasks(task_file, environment)  # every record checked (env, validate_task) up front
+        if not tasks:
+            raise InputError(f"{task_file}: holds no task; `rao tasks generate` writes task files")
         if not 0 <= task_index < len(tasks):
-            raise typer.BadParameter(f"--task-index {task_index} out of range: {task_file} has {len(tasks)} tasks")
+            raise typer.BadParameter(f"{task_index} is out of range: {task_file} has {len(tasks)} tasks",
+                                     param_hint="'--task-index'")
         task = tasks[task_index]
+        # an option RuntimeConfig refuses is named as written (--max-depth, --sandbox), exit 2
+        config = params_from_options(RuntimeConfig, max_depth=max_depth, delegation=max_depth > 0, sandbox=sandbox,
+                                     context_window=16384, max_new_tokens=2048)
         if policy == "oracle":
             pol = oracle_policy(env)
         elif policy == "scripted":
@@ -92,7 +100,8 @@ def register(app: typer.Typer) -> None:
 
             if script is None:
                 raise typer.BadParameter("--policy scripted needs --script FILE (a JSON list of messages)")
-            pol = ReplayPolicy(default=_read_script(script))
+            with input_errors():
+                pol = ReplayPolicy(default=_read_script(script))
         elif policy == "endpoint":
             from rao_core.policies.openai_policy import OpenAIPolicy
 
@@ -109,8 +118,6 @@ def register(app: typer.Typer) -> None:
             from infra.serving import wait_for_server
 
             wait_for_server(base_url)
-        config = RuntimeConfig(max_depth=max_depth, delegation=max_depth > 0, sandbox=sandbox,
-                               context_window=16384, max_new_tokens=2048)
 
         async def go():
             if not console.is_terminal:  # piped: no live view (rich would print it again when it stops)

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from rao_cli import make_console
+from rao_cli import InputError, env_option, input_errors, make_console
 
 app = typer.Typer(help="Generate and inspect RL task files (JSON lines, one task per line).",
                   no_args_is_help=True)
@@ -55,7 +55,7 @@ def generate(
     """
     from pydantic import ValidationError
 
-    from rao_core.envs import get_env, load_tasks, write_tasks
+    from rao_core.envs import load_tasks, write_tasks
     from rao_core.jsonl import one_line_error
 
     if out.exists():
@@ -66,8 +66,8 @@ def generate(
                        "file or remove it", err=True)
             raise typer.Exit(2) from None
 
+    environment = env_option(env)  # exit 2 naming the known environments
     try:
-        environment = get_env(env)
         tasks = environment.generate_tasks(n=n, seed=seed, difficulty=difficulty, split=split,
                                            **_parse_options(option))
     except (ValueError, NotImplementedError) as e:
@@ -105,13 +105,15 @@ def task_stats(path: str | Path) -> dict[str, Any]:
 def stats(path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A task file (.jsonl).")) -> None:
     """Print counts and size statistics of a task file, per environment, split and difficulty.
 
-    Raises ValueError (one ``error:`` line, exit 1) for a file that holds no task (empty or blank lines only).
+    A file that is not a task file (a record that is not a task, text that is not UTF-8) or holds no task
+    (empty or blank lines only) is an input error: one ``error:`` line naming the file (and the line), exit 2.
     """
     from rich.table import Table
 
-    rows = task_stats(path)
+    with input_errors():
+        rows = task_stats(path)
     if not rows:
-        raise ValueError(f"{path}: holds no task (no non-blank line); `rao tasks generate` writes task files")
+        raise InputError(f"{path}: holds no task (no non-blank line); `rao tasks generate` writes task files")
     cols = sorted({k for r in rows.values() for k in r if k != "n"})
     table = Table(title=str(path))
     for c in ["group", "n", *cols]:

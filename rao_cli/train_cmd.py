@@ -6,17 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from typer._click.exceptions import ClickException  # typer >= 0.20 vendors click (as rao_cli.main uses it)
+
+from rao_cli import InputError, input_errors
 
 if TYPE_CHECKING:
     from rao_core.config import CampaignConfig
     from rao_core.train import TrainerConfig
-
-
-class OutFolderRefused(ClickException):
-    """A ``--out`` that writing the checkpoint would destroy: ``error: <message>``, exit 2 (bad option value)."""
-
-    exit_code = 2
 
 
 def check_out(out: Path) -> None:
@@ -27,7 +22,7 @@ def check_out(out: Path) -> None:
     try:
         check_out_folder(out)
     except OutFolderError as e:
-        raise OutFolderRefused(str(e)) from None
+        raise InputError(str(e)) from None
 
 
 def load_campaign_file(path: Path, read_as: dict | None = None) -> CampaignConfig:
@@ -45,12 +40,18 @@ def trainer_config(path: Path) -> TrainerConfig:
     """The TrainerConfig of ``rao train --config``: a file of TrainerConfig fields only (what the campaign's
     training child gets), else a campaign config, checked whole (:func:`load_campaign_file`), whose
     ``trainer`` section is taken (its older name ``train:`` is read as ``trainer:``)."""
-    from rao_core.config import read_yaml
+    from pydantic import ValidationError
+
+    from rao_core.config import ConfigError, read_yaml
+    from rao_core.jsonl import one_line_error
     from rao_core.train import TrainerConfig
 
     raw = read_yaml(path)  # one error line: file, line, duplicate key, empty file
     if isinstance(raw, dict) and set(raw) <= set(TrainerConfig.model_fields):
-        return TrainerConfig.model_validate(raw)
+        try:
+            return TrainerConfig.model_validate(raw)
+        except ValidationError as e:
+            raise ConfigError(f"{path}: {one_line_error(e)}") from None
     if isinstance(raw, dict) and "train" in raw and "trainer" not in raw:
         return load_campaign_file(path, {"trainer" if k == "train" else k: v for k, v in raw.items()}).trainer
     return load_campaign_file(path, raw).trainer
@@ -76,10 +77,18 @@ def register(app: typer.Typer) -> None:
         import os
         import resource
 
+        from rao_cli.sft_cmd import check_model
+        from rao_core.samples import read_samples
         from rao_core.train import TrainerConfig, train
 
-        check_out(out)  # before any work: nothing but a checkpoint is replaced at --out
-        cfg = trainer_config(config) if config is not None else TrainerConfig()
+        # every input checked before any work (exit 2, one line): --out, --model, --config, --samples
+        check_out(out)  # nothing but a checkpoint is replaced at --out
+        cfg = trainer_config(config) if config is not None else TrainerConfig()  # ConfigError: exit 2
+        check_model(model)
+        with input_errors():  # the readers name the file (and the line)
+            rows = read_samples(samples).samples
+        if not rows:
+            raise InputError(f"{samples}: holds no training sample")
 
         main_process = os.environ.get("RANK", "0") == "0"  # set by accelerate launch; absent in one process
         sink = metrics_out.open("a") if metrics_out is not None and main_process else None
@@ -94,7 +103,7 @@ def register(app: typer.Typer) -> None:
             record({"step": m})
 
         try:
-            res = train(samples, model, out, cfg, iteration=iteration, on_step=show,
+            res = train(rows, model, out, cfg, iteration=iteration, on_step=show,
                         on_progress=lambda done, total: record({"progress": {"done": done, "total": total}}))
             # ru_maxrss is in KiB on Linux
             record({"end": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

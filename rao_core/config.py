@@ -57,6 +57,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _yaml_error(path: Path, e: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error: the file, the line and column where PyYAML found the problem (1-based,
+    as editors count), the problem and what it was reading (``while scanning a quoted scalar``), e.g.
+    ``configs/x.yaml: line 4, column 7: not valid YAML: mapping values are not allowed here``."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    context = getattr(e, "context", None)
+    return f"{path}: {where}not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
 def read_yaml(path: str | os.PathLike[str]) -> Any:
     """The YAML file at ``path``, parsed; ConfigError (one line naming the file, and the line where known)
     for a missing file, a folder, text that is not UTF-8 or not YAML, a key given twice in one mapping, and a
@@ -73,9 +84,9 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
     except yaml.constructor.ConstructorError as e:
         if e.problem and "duplicate key" in e.problem:
             raise ConfigError(f"{p}: {e.problem}") from None
-        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(_yaml_error(p, e)) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(_yaml_error(p, e)) from None
     if data is None:  # nothing, only comments, a bare `---` or `null`: never "all defaults" by accident
         raise ConfigError(f"{p}: the config file is empty")
     return data

@@ -48,14 +48,14 @@ def test_task_for_another_env_is_one_line(capsys, tmp_path):
     f.write_text(json.dumps({"task_id": "o1", "env": "oolong", "data": {}}) + "\n")
     code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(f))
     line = _one_error_line(err)
-    assert code == 1 and f"{f}:1:" in line and "env:" in line and "'textcraft-synth'" in line
+    assert code == 2 and f"{f}:1:" in line and "env:" in line and "'textcraft-synth'" in line  # input: exit 2
 
 
 def test_bad_task_record_is_one_line(capsys, tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"task_id": 123, "env": "textcraft-synth"}) + "\n")
     code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(f))
-    assert code == 1 and "task_id: Input should be a valid string" in _one_error_line(err)
+    assert code == 2 and "task_id: Input should be a valid string" in _one_error_line(err)
 
 
 def test_unexpected_exception_is_one_line_and_debug_keeps_traceback(capsys, monkeypatch, tmp_path):
@@ -119,7 +119,7 @@ def test_non_utf8_task_file_names_file_and_line(capsys, tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_bytes(b'{"task_id": "a", "env": "textcraft-synth"}\n{"task_id": "caf\xe9"}\n')
     code, err = _run(capsys, "tasks", "stats", str(f))
-    assert code == 1 and _one_error_line(err) == f"error: {f}:2: not UTF-8 text (invalid continuation byte at byte 16)"
+    assert code == 2 and _one_error_line(err) == f"error: {f}:2: not UTF-8 text (invalid continuation byte at byte 16)"
 
 
 # --- rao solve ---------------------------------------------------------------------------------------------
@@ -143,11 +143,11 @@ def test_bad_script_is_one_line_naming_the_file(capsys, tmp_path, one_task, scri
     code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
                      "--script", str(s))
     line = _one_error_line(err)
-    assert code == 1 and line.startswith(f"error: --script {s}: expected a non-empty JSON list of assistant "
+    assert code == 2 and line.startswith(f"error: --script {s}: expected a non-empty JSON list of assistant "
                                          f"messages (strings): {expected}"), line
     code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
                      "--script", str(tmp_path / "missing.json"))
-    assert code == 1 and _one_error_line(err) == f"error: --script file not found: {tmp_path / 'missing.json'}"
+    assert code == 2 and _one_error_line(err) == f"error: --script file not found: {tmp_path / 'missing.json'}"
 
 
 def test_solve_piped_prints_the_tree_once(capsys, tmp_path, one_task):
@@ -236,7 +236,7 @@ def test_evaluate_unregistered_model_is_one_line(tmp_path):
     r = _rao(tmp_path, "evaluate", PREFECT_API_URL="http://127.0.0.1:9/api", RAO_S3_ENDPOINT="http://127.0.0.1:9",
              MLFLOW_TRACKING_URI=f"sqlite:///{db}")
     line = _one_error_line(r.stderr)
-    assert r.returncode == 1 and r.stdout == ""
+    assert r.returncode == 2 and r.stdout == ""  # a reference to nothing: an input error
     assert line.startswith("error: --model candidate: models:/rao-policy-smoke@candidate is not in the MLflow "
                            f"registry at sqlite:///{db} (")
 
@@ -448,7 +448,7 @@ def test_an_empty_config_file_is_refused_before_a_campaign_starts(capsys, tmp_pa
         read_yaml(f)
     monkeypatch.setattr(flows.campaign, "rao_campaign", lambda params: pytest.fail("a campaign started"))
     code, err = _run(capsys, "run", "--config", str(f), "--name", "x")
-    assert code == 1 and _one_error_line(err) == f"error: {f}: the config file is empty"
+    assert code == 2 and _one_error_line(err) == f"error: {f}: the config file is empty"
 
 
 @pytest.mark.parametrize("model", ["models:/rao-policy-smoke", "models:/", "models:/bad uri",
@@ -499,7 +499,7 @@ def test_evaluate_s3_checkpoint_without_objects_is_one_line_before_prefect(capsy
     monkeypatch.setattr(flows.evaluate, "rao_evaluate", fake_flow)
     ref = "s3://rao/nosuch/iter-1/checkpoint"
     code, err = _run(capsys, "evaluate", "--model", ref)
-    assert code == 1 and _one_error_line(err) == (
+    assert code == 2 and _one_error_line(err) == (
         f"error: --model {ref}: no objects under {ref} at http://127.0.0.1:9 (expected a checkpoint folder a "
         "campaign uploaded: s3://BUCKET/CAMPAIGN/iter-K/checkpoint)")
     assert listed == [("rao", "nosuch/iter-1", "checkpoint/")] and flow_saw == []

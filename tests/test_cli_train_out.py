@@ -41,6 +41,7 @@ class _Written(list):
 def fake_training(monkeypatch):
     """``rao train`` and ``rao sft`` with their training replaced by a plain atomic checkpoint write (no torch
     work); the list records the folders written."""
+    import rao_core.samples
     import rao_core.train.trainer
     import rao_core.warmstart
 
@@ -61,11 +62,15 @@ def fake_training(monkeypatch):
 
     monkeypatch.setattr(rao_core.train.trainer, "train", train)
     monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
+    # `rao train` reads --samples before any work: one stand-in sample (the fake train does not look at it)
+    monkeypatch.setattr(rao_core.samples, "read_samples", lambda path: SimpleNamespace(samples=[object()]))
     return written
 
 
 def _argv(command: str, tmp_path: Path, out: Path, *extra: str) -> list[str]:
-    if command == "train":
+    if command == "train":  # --model is checked before any work: a folder with a config.json
+        (tmp_path / "m").mkdir(exist_ok=True)
+        (tmp_path / "m" / "config.json").write_text("{}")
         return ["train", "--samples", str(tmp_path / "s.jsonl"), "--model", str(tmp_path / "m"), "--out", str(out),
                 *extra]
     return ["sft", "--env", "example", "--out", str(out), *extra]
@@ -146,7 +151,7 @@ def test_config_is_validated_whole_as_rao_run_does(capsys, tmp_path, fake_traini
         load_config(f, check_paths=False)
     assert "unknown field" in str(expected.value) or "lr = 'fast'" in str(expected.value)
     code, err = _run(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
-    assert code == 1 and _one_error_line(err) == f"error: {expected.value}"
+    assert code == 2 and _one_error_line(err) == f"error: {expected.value}"
     assert fake_training == []
 
 
@@ -155,7 +160,7 @@ def test_a_typo_inside_a_section_names_the_file_and_key(capsys, tmp_path, fake_t
     f = tmp_path / "c.yaml"
     f.write_text("warm_start:\n  n_taks: 3\n")
     code, err = _run(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
-    assert code == 1 and _one_error_line(err) == f"error: {f}: warm_start.n_taks = 3: unknown field"
+    assert code == 2 and _one_error_line(err) == f"error: {f}: warm_start.n_taks = 3: unknown field"
 
 
 @pytest.mark.parametrize("text, lr", [('{"lr": 0.002, "loss_type": "reinforce"}', 0.002),  # the campaign child's
@@ -173,7 +178,7 @@ def test_a_typo_under_the_older_train_section_names_the_given_file(capsys, tmp_p
     f = tmp_path / "c.yaml"
     f.write_text("name: x\ntrain:\n  lrr: 1\n")
     code, err = _run(capsys, *_argv("train", tmp_path, tmp_path / "ck", "--config", str(f)))
-    assert code == 1 and _one_error_line(err) == f"error: {f}: trainer.lrr = 1: unknown field"
+    assert code == 2 and _one_error_line(err) == f"error: {f}: trainer.lrr = 1: unknown field"
 
 
 def test_sft_still_reads_demo_settings_written_directly_in_warm_start(capsys, tmp_path, fake_training):

@@ -29,7 +29,7 @@ def test_stats_of_a_task_file_with_no_task_is_one_error_line(capsys, tmp_path, c
     f = tmp_path / "t.jsonl"
     f.write_text(content)
     code, out, err = _run(capsys, "tasks", "stats", str(f))
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""  # an input error (exit-code rule of rao_cli)
     assert _one_error_line(err) == f"error: {f}: holds no task (no non-blank line); `rao tasks generate` writes task files"
 
 

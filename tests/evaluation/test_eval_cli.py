@@ -95,7 +95,7 @@ def test_binary_scoring_from_the_config(capsys, tmp_path, scripted):
 
 @pytest.mark.parametrize("args,code,needle", [
     (["--mode", "both"], 2, "must be 'recursive' or 'single', got 'both'"),
-    (["--n", "5"], 1, "--n 5: "),
+    (["--n", "5"], 2, "Invalid value for '--n': 5 is more than the 2 tasks of "),
     (["--n", "0"], 2, "'--n'"),
 ])
 def test_bad_input_is_one_error_line(capsys, tmp_path, args, code, needle):
@@ -111,12 +111,12 @@ def test_missing_model_and_mixed_file_are_one_error_line(capsys, tmp_path):
 
     f = write_tasks(tmp_path / "t.jsonl", oolong_tasks(["1"]))
     code, _, err = _run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task-file", str(f))
-    assert code == 1 and err.strip() == f"error: model not found: {tmp_path / 'nope'} has no config.json " \
+    assert code == 2 and err.strip() == f"error: model not found: {tmp_path / 'nope'} has no config.json " \
                                         "(a checkpoint folder is expected)"
     mixed = write_tasks(tmp_path / "m.jsonl", oolong_tasks(["1"]) + get_env("textcraft-synth").generate_tasks(
         n=1, seed=0, difficulty="easy"))
     code, _, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(mixed))
-    assert code == 1 and "mixes environments ['oolong', 'textcraft-synth']" in err and len(err.splitlines()) == 1
+    assert code == 2 and "mixes environments ['oolong', 'textcraft-synth']" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.vllm

@@ -175,17 +175,17 @@ def _one_error_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_cli_bad_config_is_one_line_exit_1(tmp_path):
+def test_cli_bad_config_is_one_line_exit_2(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("algo:\n  G: 1\n")
     r = _rao("run", "--config", str(f), env={"RAO_HOME": str(tmp_path), **NOWHERE})
-    assert r.returncode == 1 and "algo.G = 1" in _one_error_line(r)
+    assert r.returncode == 2 and "algo.G = 1" in _one_error_line(r)
 
 
-def test_cli_missing_model_is_one_line_exit_1(tmp_path):
+def test_cli_missing_model_is_one_line_exit_2(tmp_path):
     r = _rao("run", "--set", f"model.path={tmp_path / 'no-model'}", env={"RAO_HOME": str(tmp_path), **NOWHERE})
     line = _one_error_line(r)
-    assert r.returncode == 1 and "model.path" in line and "model not found" in line and "no-model" in line
+    assert r.returncode == 2 and "model.path" in line and "model not found" in line and "no-model" in line
 
 
 @pytest.mark.parametrize("override, key", [
@@ -200,7 +200,7 @@ def test_cli_run_refuses_a_bad_config_before_any_service(tmp_path, override, key
     are touched (all point nowhere) and before anything is written under RAO_HOME."""
     extra = ["--set", "warm_start.mode=checkpoint"] if override.startswith("warm_start.checkpoint") else []
     r = _rao("run", "--set", override, *extra, env={"RAO_HOME": str(tmp_path / "home"), **NOWHERE})
-    assert r.returncode == 1 and key in _one_error_line(r)
+    assert r.returncode == 2 and key in _one_error_line(r)
     assert not (tmp_path / "home" / "campaigns").exists()
 
 

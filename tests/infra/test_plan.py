@@ -123,7 +123,7 @@ def test_rao_run_plan_prints_and_starts_nothing(capsys, monkeypatch):
     monkeypatch.setattr(plan_mod, "detect_gpus", lambda: None)
     with pytest.raises(SystemExit) as e:
         main(["run", "--config", GPU8, "--plan"])
-    assert e.value.code == 1 and "give the target machine as --gpus N --gpu-mem-gib M" in capsys.readouterr().err
+    assert e.value.code == 2 and "give the target machine as --gpus N --gpu-mem-gib M" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # without --plan they would be ignored by a real campaign
         main(["run", "--config", GPU8, "--gpus", "8", "--gpu-mem-gib", "80"])
     err = capsys.readouterr().err
@@ -137,7 +137,7 @@ def test_the_refusal_is_one_error_line_from_the_cli(capsys):
         main(["run", "--config", GPU8, "--plan", "--gpus", "8", "--gpu-mem-gib", "80",
               "--set", "serving.base_url=http://h/v1", "--set", "serving.switch=reload"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 1 and len(err) == 1
+    assert e.value.code == 2 and len(err) == 1  # a config mistake: an input error
     assert err[0].startswith("error: ") and "serving.switch 'reload'" in err[0]
 
 

@@ -60,5 +60,5 @@ def test_calibrate_without_a_server_fails_naming_the_url(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     res = runner.invoke(app, ["calibrate", "--env", "textcraft-synth", "--trees", str(src), "--base-url", url,
                               "--model", "m", "--cache", str(tmp_path / "c.sqlite")])
-    assert res.exit_code == 2
+    assert res.exit_code == 1  # a server that does not answer: a failure while working (exit-code rule of rao_cli)
     assert f"no judge server answers at {url}" in res.output
