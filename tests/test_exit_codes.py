@@ -68,6 +68,7 @@ CASES = [
     ("judge calibrate --trees {garbage} --base-url http://127.0.0.1:9/v1", 2,
      "error: {garbage}:1: not a valid execution tree record"),
     ("experiment textcraft-tier1 --arm both", 2, "Invalid value for '--arm'"),
+    ("experiment textcraft-tier1x --single-max-steps 0", 2, "Invalid value for '--single-max-steps'"),
     ("experiment textcraft-cpu --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
     ("solve --env nosuchenv --task-file {garbage}", 2, "Invalid value for '--env': unknown environment 'nosuchenv'"),
     ("solve --env textcraft-synth --task-file {garbage}", 2, "error: {garbage}:1: not a valid task record"),

@@ -92,6 +92,14 @@ def test_wide_tree_weights_7_175_04375():
     assert s["A", "r"].advantage == pytest.approx(1.5) and s["A", "c0g0"].advantage == pytest.approx(1.0)
     assert s["B", "c2"].advantage == pytest.approx(-1.5)
     assert batch.stats.samples_per_depth == {0: 2, 1: 8, 2: 32}
+    # per depth (issue 25): |A| is 1.5 at depths 0 and 1; depth 2: 16 x 1.0 (tree A) and 16 x 1.5 (tree B)
+    assert batch.stats.signal_samples_per_depth == {0: 2, 1: 8, 2: 32}
+    assert batch.stats.mean_abs_advantage_per_depth == pytest.approx({0: 1.5, 1: 1.5, 2: 1.25})
+    from rao_core.metrics import sample_depth_metrics
+
+    m = sample_depth_metrics(batch.stats.model_dump(mode="json"))  # JSON: the depths became strings
+    assert m["samples/depth_2/samples"] == 32 and m["samples/depth_2/mean_abs_advantage"] == pytest.approx(1.25)
+    assert m["samples/depth_1/assistant_tokens"] == batch.stats.assistant_tokens_per_depth[1] > 0
 
 
 def test_nan_nodes_and_empty_nodes_dropped_and_counted():

@@ -89,6 +89,34 @@ def test_graded_equals_fraction_solved_for_binary_verifiers():
                                                                            difficulty="x", graded=False)
 
 
+def test_depth1_success_parallel_share_and_tokens_per_success():
+    """The delegation columns of an evaluation row (issue 25): depth-1 nodes' success, the share of them that
+    ran beside a sibling, generated tokens per solved root."""
+    from rao_core.metrics import overlapping_children, parallel_share
+
+    trees = [_tree(0, 1.0, children=3), _tree(1, 0.0, children=2), _tree(2, 0.0)]
+    for t, verdicts in zip(trees, ([1.0, 1.0, 0.0], [0.0, None])):
+        for n, v in zip(t.nodes[1:], verdicts):
+            n.verifier = v
+    a, b, c = trees[0].nodes[1:]
+    a.timings.started_at, a.timings.wall_s = 0.0, 5.0  # a and b overlap, c runs after both
+    b.timings.started_at, b.timings.wall_s = 1.0, 3.0
+    c.timings.started_at, c.timings.wall_s = 6.0, 1.0
+    for i, n in enumerate(trees[1].nodes[1:]):  # one after the other
+        n.timings.started_at, n.timings.wall_s = 10.0 * i, 1.0
+    assert overlapping_children(trees[0], "0") == (2, 3)
+    assert overlapping_children(trees[1], "0") == (0, 2)
+    assert parallel_share(trees) == pytest.approx(2 / 5)
+    r = summarise(trees, mode="recursive", difficulty="tier1x3")
+    assert r.child_nodes == 5
+    assert r.child_success == pytest.approx(1 / 2)  # 1, 1, 0, 0 over the 4 scored children
+    assert r.tokens_per_success == pytest.approx((2 + 3 * 2 + 2 + 2 * 2 + 2) / 1)
+    assert summarise([_tree(0, 0.0)], mode="single", difficulty="x").tokens_per_success is None
+    m = EvalReport(rows=[r]).metrics()
+    assert m["eval/recursive/tier1x3/child_success"] == pytest.approx(0.5)
+    assert m["eval/recursive/tier1x3/parallel_share"] == pytest.approx(0.4)
+
+
 def test_row_summary_is_the_eval_json():
     trees = [_tree(0, 1.0, children=1), _tree(1, 0.0), _tree(2, None), _tree(3, 1.0)]
     s = summarise(trees, mode="recursive", difficulty="all").summary()
@@ -96,7 +124,8 @@ def test_row_summary_is_the_eval_json():
                        "tree_wall_s", "tokens_per_success"]
     lo, hi = wilson_interval(2, 3)
     assert s == {"n": 3, "successes": 2, "success": round(2 / 3, 6), "ci95": [round(lo, 6), round(hi, 6)],
-                 "mean_depth": 0.25, "delegation_rate": 0.25}
+                 "mean_depth": 0.25, "delegation_rate": 0.25, "child_success": None, "tree_wall_s": 2.0,
+                 "tokens_per_success": 5.0}  # an unscored child; 10 generated tokens / 2 solved
     assert isinstance(s["successes"], int)  # whole counts print as integers
     graded = summarise([_tree(0, 0.75), _tree(1, 1.0)], mode="single", difficulty="all").summary()
     assert graded["successes"] == 1.75 and graded["n"] == 2

@@ -128,3 +128,47 @@ def test_write_results_rewrites_only_its_own_section_and_logs_to_mlflow(tmp_path
     assert (tmp_path / "docs/img/tier-x.png").stat().st_size > 1000
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "experiment")}
     assert arts == {"experiment/results.json", "experiment/tier-x.png"}
+
+
+def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
+    """Issue 25: recursive vs single at the last iteration per difficulty, the seeded run's names and
+    overrides, the single arm's step limit, the side-by-side / pooled seeds table, the depth-1 columns."""
+    from tasks.experiment import arm_tests, experiment_record, seeds_markdown
+
+    def row(arm, it, diff, s, child=None):
+        return {"arm": arm, "iteration": it, "mode": arm, "difficulty": diff, "n": 50, "successes": s,
+                "success": s / 50, "ci95": "[0, 1]", "mean_depth": 1.0 if arm == "recursive" else 0.0,
+                "delegation_rate": 1.0 if arm == "recursive" else 0.0, "child_success": child,
+                "parallel_share": 0.5, "tree_wall_s": 30.0, "tokens_per_success": 900}
+
+    rows = [row("recursive", 0, "tier1x3", 5, 0.4), row("recursive", 0, "tier1x5", 1, 0.3),
+            row("recursive", 2, "tier1x3", 20, 0.7), row("recursive", 2, "tier1x5", 8, 0.6),
+            row("single", 0, "tier1x3", 0), row("single", 2, "tier1x3", 2), row("single", 2, "tier1x5", 0)]
+    tests = arm_tests(rows)
+    assert [(t["difficulty"], t["recursive"], t["single"]) for t in tests] == [
+        ("tier1x3", [20, 50], [2, 50]), ("tier1x5", [8, 50], [0, 50])]
+    assert tests[0]["p_value"] < 0.001 and tests[0]["difference"] == pytest.approx(0.36)
+    assert arm_tests([r for r in rows if r["arm"] == "recursive"]) == []
+    meta = {"command": "rao experiment textcraft-tier1x", "config": "c.yaml", "seed": 0, "commit": "abc",
+            "date": "2026-12-02", "wall_s": 60.0, "n_tasks": 50}
+    rec = experiment_record("textcraft-tier1x", rows, meta, {}, {})
+    assert rec["arm_tests"] == tests and rec["points"][2]["child_success"] == 0.7
+    md = results_markdown(rows, meta, experiment="textcraft-tier1x", test=rec["test"], arm_tests_=tests)
+    assert "depth-1 success" in md and "| recursive | 2 | recursive | tier1x3 | 50 | 0.40 | [0, 1] | 1.0 | 1.0 | 0.7 |" in md
+    assert "Arms (pooled two-proportion z-test, one-sided (recursive > single)), tier1x3" in md
+    png = learning_curve_png(rows, tmp_path / "c.png")  # two panels: roots, and depth-1 nodes
+    assert png.stat().st_size > 5000
+
+    rec1 = dict(rec, seed=1, experiment="textcraft-tier1x-seed1")
+    seeds = seeds_markdown("textcraft-tier1x", [rec, rec1])
+    assert "| pooled | 2 seeds | 10/100 = 0.10" in seeds and "40/100 = 0.40" in seeds and "4/100 = 0.04" in seeds
+
+    p = ExperimentParams(experiment="textcraft-tier1x", seed=1)
+    assert p.seeded_name(0) == "textcraft-tier1x-seed1" and p.seeded_name(1) == "textcraft-tier1x"
+    assert ExperimentParams(experiment="e").seed_overrides() == []
+    cfg = CampaignParams(config="configs/experiment-textcraft-tier1x.yaml", overrides=p.seed_overrides()).resolve()
+    assert (cfg.seed, cfg.trainer.seed, cfg.warm_start.trainer.seed) == (1, 1, 1)
+    assert cfg.eval.seed == 1234  # the held-out tasks are the same for every seed
+    single = arm_overrides("single", [], "rao-policy-{campaign}", None, single_max_steps=42)
+    assert "runtime.max_steps_per_node=42" in single
+    assert not any("max_steps" in o for o in arm_overrides("recursive", [], "m", None, single_max_steps=42))
