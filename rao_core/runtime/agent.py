@@ -490,7 +490,8 @@ async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, 
 
     ``tasks_with_rollouts``: pairs (task, G). Each tree gets ``group_id = task.task_id`` and
     ``rollout_index`` g. All trees share one policy-request semaphore (``max_concurrent_requests``)
-    and one REPL pool.
+    and one REPL pool; at most ``config.max_concurrent_trees`` trees grow at once (the others wait before
+    their clock starts).
 
     ``progress``: a callback ``progress(done, total, tree)`` called as each tree finishes (``done`` trees
     of ``total`` finished), or True/None; unless it is False, a rich bar "rollouts done/total" is drawn
@@ -506,9 +507,12 @@ async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, 
     done_count = 0
     bar = StepProgress("rollouts", total, show=progress is not False)
 
+    gate = asyncio.Semaphore(config.max_concurrent_trees or max(1, total))
+
     async def one(task: Task, g: int) -> ExecutionTree:
         nonlocal done_count
-        tree = await _run_one(env, task, shared, None, task.task_id, g, None)
+        async with gate:  # the tree's clock (wall_s, tree_timeout_s) starts inside
+            tree = await _run_one(env, task, shared, None, task.task_id, g, None)
         done_count += 1
         bar.advance(done=done_count)
         if callable(progress):

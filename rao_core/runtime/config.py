@@ -56,6 +56,10 @@ class RuntimeConfig(BaseModel):
                                   "still running end with TREE_TIMEOUT.")
     max_concurrent_requests: int = Field(64, ge=1, description="Policy requests in flight at once, over "
                                          "all trees of one run_trees call.")
+    max_concurrent_trees: int | None = Field(None, ge=1, description="Trees grown at once by one run_trees "
+                                             "call (None: all). A tree's wall-clock and tree_timeout_s start when "
+                                             "it starts, so with many wide trees this keeps the timeout a limit on "
+                                             "the tree, not on its wait behind the others.")
     policy_timeout_s: float = Field(300.0, gt=0, description="Seconds one generation may take (including "
                                     "retries) before the node ends with POLICY_ERROR.")
     delegation: bool = Field(True, description="False = single-agent baseline: max depth 0 and no "
