@@ -243,11 +243,9 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
             for k in range(1, cfg.iterations + 1):
                 out = rao_iteration(ctx, k, ckpt)
                 ckpt = out["checkpoint"]
-                if cfg.checkpoints.keep_last:  # old checkpoints go; resume and the registry keep theirs
-                    from infra.retention import prune_campaign
+                from infra.retention import prune_campaign  # checkpoints.*: resume and the registry keep theirs
 
-                    prune_campaign(ctx.store(), cfg.checkpoints.keep_last, out["register"]["model"],
-                                   ctx.local("checkpoints"))
+                prune_campaign(ctx.store(), cfg.checkpoints, out["register"]["model"], ctx.local("checkpoints"))
                 summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
                                               "register": out["register"], "eval_rows": out["eval_rows"],
                                               "checkpoint_local": ckpt.local})

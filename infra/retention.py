@@ -1,29 +1,45 @@
-"""Checkpoint retention: delete old iteration checkpoints, keeping what resume and the registry need.
+"""Checkpoint retention: bounded disk by default, keeping what users come back to and what resume needs.
 
-A full-weight checkpoint of a 4B model is 8 GB on S3 and again in the local cache, every iteration
-(issue 18). With ``checkpoints.keep_last: N`` the campaign calls :func:`prune_campaign` after each
-iteration; it keeps
+A full-weight checkpoint of SmolLM2-135M is 1.6 GB with its optimizer state (0.54 GB of weights, twice that
+of Adam moments), a 4B model's 8 GB, on S3 and again in the local cache, every iteration (issues 18, 27).
+After each iteration the campaign calls :func:`prune_campaign` with the ``checkpoints`` settings
+(``rao_core.config.CheckpointSettings``). The default policy:
 
-- the newest ``N`` iteration checkpoints (the newest is the parent of the next iteration, so resume works),
-- iteration 0 (the warm-start checkpoint: the base model of LoRA adapters and the KL reference),
-- every checkpoint a registry alias points at (``champion``, ``candidate``: their S3 sources),
+- **S3** (the store) keeps the checkpoints of iteration 0 (the warm start: the base of LoRA adapters and
+  the KL reference), of the newest ``keep_last`` iterations (1: the newest is the parent of the next
+  iteration, so resume works) and of every version a registry alias (``champion``, ``candidate``) points
+  at; the others go (the objects under ``iter-K/checkpoint/``, then ``iter-K/checkpoint.manifest.json``)
+  with their local folder, and their model versions get the tag ``rao.pruned = true``.
+- **Optimizer state** (a checkpoint's ``optimizer/`` folder) is kept for the newest checkpoint only
+  (``optimizer_state: latest``): the next iteration continues from it; an older one is never read again.
+  The manifest is rewritten without those objects first, so a fetch never asks for a deleted object.
+- **Local copies** (``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``) are removed once their upload is
+  verified (``local_copies: none``): the manifest exists, every object it lists is on S3 with the SHA-256
+  recorded at upload, and every local file is listed there with its size. A stage that needs a checkpoint
+  fetches it again (``tasks.serve.checkpoint_local`` -> ``tasks.common.fetch_dir``). Folders that
+  ``fetch_dir`` downloaded (``.complete``, any other name) are copies of S3 and go too.
 
-and deletes the others: the objects under ``iter-K/checkpoint/``, ``iter-K/checkpoint.manifest.json``
-and the local cache folder ``checkpoints/iter-K``. Model versions whose source was deleted get the tag
-``rao.pruned = true``, so the registry says which versions can no longer be loaded. Trees, samples,
-reports and completion markers are kept (they are small).
+Trees, samples, reports and completion markers are kept (they are small). ``rao campaigns list`` /
+``rao campaigns rm NAME`` (``rao_cli.campaigns_cmd``) show and free what a whole campaign holds.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra.storage import ArtifactStore
 
-__all__ = ["checkpoint_iterations", "prune_checkpoints", "prune_campaign", "registry_sources"]
+__all__ = ["RetentionReport", "apply_retention", "checkpoint_iterations", "drop_optimizer_state",
+           "prune_checkpoints", "prune_campaign", "registry_sources", "remove_local_copies", "upload_verified",
+           "folder_bytes"]
+
+OPTIMIZER_DIR = "optimizer"  # rao_core.train.trainer.OPTIMIZER_DIR (not imported: no torch here)
 
 _CKPT_KEY = re.compile(r"^iter-(\d+)/checkpoint(/|\.manifest\.json$)")
 
@@ -90,11 +106,162 @@ def _tag_pruned_versions(store: ArtifactStore, model_name: str, pruned: list[int
             client.set_model_version_tag(model_name, mv.version, "rao.pruned", "true")
 
 
-def prune_campaign(store: ArtifactStore, keep_last: int, registered_model: str, local_root: Path) -> list[int]:
-    """:func:`prune_checkpoints` protecting the registry's aliased versions; tags the versions whose
-    checkpoint was deleted ``rao.pruned = true``. Returns the pruned iterations."""
-    pruned = prune_checkpoints(store, keep_last, protected_uris=registry_sources(registered_model),
-                               local_root=local_root)
-    if pruned:
-        _tag_pruned_versions(store, registered_model, pruned)
-    return pruned
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (0 when it does not exist)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def _manifest_key(k: int) -> str:
+    return f"iter-{k}/checkpoint.manifest.json"
+
+
+def _object_bytes(store: ArtifactStore, key_prefix: str) -> int:
+    """Bytes of the objects under ``key_prefix`` (relative to the store's prefix)."""
+    full, total, token = store._key(key_prefix), 0, None
+    while True:
+        kw: dict[str, Any] = {"Bucket": store.settings.bucket, "Prefix": full}
+        if token:
+            kw["ContinuationToken"] = token
+        r = store.client.list_objects_v2(**kw)
+        total += sum(o["Size"] for o in r.get("Contents", []))
+        if not r.get("IsTruncated"):
+            return total
+        token = r["NextContinuationToken"]
+
+
+def drop_optimizer_state(store: ArtifactStore, k: int, local_root: Path | None = None) -> int:
+    """Delete the optimizer state of iteration ``k``'s checkpoint (``iter-K/checkpoint/optimizer/``) on S3,
+    and in ``local_root/iter-K`` when given. The manifest is rewritten without those objects before they are
+    deleted (a fetch reads exactly the manifest's objects). Returns the S3 bytes freed."""
+    prefix = f"iter-{k}/checkpoint/{OPTIMIZER_DIR}/"
+    keys = store.list(prefix)
+    freed = _object_bytes(store, prefix) if keys else 0
+    if keys and store.exists(_manifest_key(k)):
+        entries = json.loads(store.get_bytes(_manifest_key(k)))["objects"]
+        opt_uri = store.uri(prefix)
+        kept = [e for e in entries if not e["uri"].startswith(opt_uri)]
+        if len(kept) != len(entries):
+            store.write_manifest(_manifest_key(k), kept)
+    for key in keys:
+        store.delete(key)
+    if local_root is not None:
+        folder = local_root / f"iter-{k}" / OPTIMIZER_DIR
+        if folder.is_dir():
+            shutil.rmtree(folder)
+    return freed
+
+
+def upload_verified(store: ArtifactStore, k: int, folder: Path) -> bool:
+    """True when ``folder`` (a local copy of iteration ``k``'s checkpoint) is safely on S3: its manifest
+    exists, every object the manifest lists is there with the SHA-256 recorded at upload
+    (``ArtifactStore.verify_manifest``), and every file of the folder (but the ``.complete`` marker) is
+    listed with its size."""
+    if not store.exists(_manifest_key(k)):
+        return False
+    if store.verify_manifest(_manifest_key(k)):
+        return False
+    base = store.uri(f"iter-{k}/checkpoint/")
+    listed = {e["uri"][len(base):]: e.get("bytes") for e in json.loads(store.get_bytes(_manifest_key(k)))["objects"]
+              if e["uri"].startswith(base)}
+    for p in folder.rglob("*"):
+        if p.is_file() and p.name != ".complete":
+            rel = p.relative_to(folder).as_posix()
+            if rel not in listed or (listed[rel] is not None and listed[rel] != p.stat().st_size):
+                return False
+    return True
+
+
+def remove_local_copies(store: ArtifactStore, local_root: Path, keep: Iterable[int] = ()) -> dict[str, int]:
+    """Remove the local checkpoint folders under ``local_root`` that S3 holds: ``iter-K`` whose upload is
+    verified (:func:`upload_verified`), except the iterations in ``keep``; and folders of other names that
+    ``tasks.common.fetch_dir`` downloaded whole (their ``.complete`` marker: a checked copy of an S3 folder).
+    A folder that is not verified (an upload cut short) stays. Returns {folder name: bytes freed}."""
+    freed: dict[str, int] = {}
+    if not local_root.is_dir():
+        return freed
+    keep = set(keep)
+    for folder in sorted(local_root.iterdir()):
+        if not folder.is_dir():
+            continue
+        m = re.fullmatch(r"iter-(\d+)", folder.name)
+        if m:
+            k = int(m.group(1))
+            if k in keep or not upload_verified(store, k, folder):
+                continue
+        elif not (folder / ".complete").exists():
+            continue
+        freed[folder.name] = folder_bytes(folder)
+        shutil.rmtree(folder)
+    return freed
+
+
+@dataclass
+class RetentionReport:
+    """What one :func:`apply_retention` did."""
+
+    pruned: list[int] = field(default_factory=list)  # iterations whose checkpoint was deleted from S3
+    optimizer_dropped: list[int] = field(default_factory=list)  # iterations whose optimizer state was deleted
+    local_removed: dict[str, int] = field(default_factory=dict)  # local folder -> bytes freed
+    s3_freed: int = 0  # bytes freed on S3 (pruned checkpoints and optimizer states)
+
+    def line(self) -> str:
+        """One log line (empty when nothing was done)."""
+        parts = []
+        if self.pruned:
+            parts.append("deleted checkpoints " + ", ".join(f"iter-{k}" for k in self.pruned))
+        if self.optimizer_dropped:
+            parts.append("optimizer state of " + ", ".join(f"iter-{k}" for k in self.optimizer_dropped))
+        if self.local_removed:
+            parts.append("local copies " + ", ".join(self.local_removed) + " (on S3)")
+        if not parts:
+            return ""
+        local = sum(self.local_removed.values())
+        return (f"retention: {'; '.join(parts)}: freed {self.s3_freed / 1e6:.0f} MB on S3, "
+                f"{local / 1e6:.0f} MB local")
+
+
+def _settings(policy: Any) -> Any:
+    from rao_core.config import CheckpointSettings
+
+    if policy is None:
+        return CheckpointSettings()
+    if isinstance(policy, int):  # the former signature: prune_campaign(store, keep_last, ...)
+        return CheckpointSettings(keep_last=policy, optimizer_state="all", local_copies="all")
+    return policy
+
+
+def apply_retention(store: ArtifactStore, policy: Any, local_root: Path | None = None,
+                    protected_uris: Iterable[str] = ()) -> RetentionReport:
+    """Apply ``policy`` (a ``CheckpointSettings``; None: its defaults) to one campaign: prune old checkpoints
+    (``keep_last``; iteration 0 and ``protected_uris`` stay), drop the optimizer state of every checkpoint
+    but the newest (``optimizer_state: latest``), remove verified local copies (``local_copies``)."""
+    cs = _settings(policy)
+    rep = RetentionReport()
+    before = {k: _object_bytes(store, f"iter-{k}/checkpoint/") for k in checkpoint_iterations(store)}
+    if cs.keep_last:
+        rep.pruned = prune_checkpoints(store, cs.keep_last, protected_uris=protected_uris, local_root=local_root)
+        rep.s3_freed += sum(before.get(k, 0) for k in rep.pruned)
+    iters = checkpoint_iterations(store)
+    if cs.optimizer_state == "latest" and iters:
+        for k in iters[:-1]:
+            freed = drop_optimizer_state(store, k, local_root)
+            if freed:
+                rep.optimizer_dropped.append(k)
+                rep.s3_freed += freed
+    if local_root is not None and cs.local_copies != "all":
+        keep = {iters[-1]} if cs.local_copies == "latest" and iters else set()
+        rep.local_removed = remove_local_copies(store, local_root, keep)
+    return rep
+
+
+def prune_campaign(store: ArtifactStore, policy: Any, registered_model: str, local_root: Path,
+                   *, log: Any = print) -> list[int]:
+    """:func:`apply_retention` with ``policy`` (``CheckpointSettings``; an int is the former ``keep_last``
+    alone), protecting the registry's aliased versions; tags the versions whose checkpoint was deleted
+    ``rao.pruned = true``; logs one line of what was freed. Returns the pruned iterations."""
+    rep = apply_retention(store, policy, local_root, protected_uris=registry_sources(registered_model))
+    if rep.pruned:
+        _tag_pruned_versions(store, registered_model, rep.pruned)
+    if log is not None and rep.line():
+        log(rep.line())
+    return rep.pruned

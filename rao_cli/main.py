@@ -21,6 +21,7 @@ _SUBAPPS = [
     ("rao_cli.sandbox_cmd", "sandbox"),
     ("rao_cli.judge_cmd", "judge"),
     ("rao_cli.experiment_cmd", "experiment"),
+    ("rao_cli.campaigns_cmd", "campaigns"),
 ]
 # modules that add top-level commands with @app.command via register(app)
 _COMMANDS = [

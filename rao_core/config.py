@@ -162,12 +162,25 @@ class GpuPlacement(_Strict):
 
 
 class CheckpointSettings(_Strict):
-    """Retention of iteration checkpoints (infra.retention.prune_checkpoints, after every iteration)."""
+    """Retention of iteration checkpoints: ``infra.retention.prune_campaign`` after every iteration.
 
-    keep_last: int | None = Field(None, ge=1, description="Keep the newest N iteration checkpoints (S3 and the "
-                                  "local cache); older ones are deleted, except iteration 0 (the base of LoRA "
-                                  "adapters) and every version a registry alias (champion, candidate) points at. "
-                                  "None: keep all.")
+    The default keeps what users come back to and what resume needs, and bounds the disk: on S3 iteration 0
+    (the warm start), the newest iteration (the parent of the next one), every version a registry alias
+    (champion, candidate) points at; the optimizer state of the newest checkpoint only; no local copy of a
+    checkpoint whose upload is verified (a stage that needs one fetches it from S3)."""
+
+    keep_last: int | None = Field(1, ge=1, description="Keep the newest N iteration checkpoints on S3; older "
+                                  "ones are deleted (S3 and the local cache), except iteration 0 (the warm start, "
+                                  "the base of LoRA adapters) and every version a registry alias (champion, "
+                                  "candidate) points at. None: keep all.")
+    optimizer_state: Literal["latest", "all"] = Field(
+        "latest", description="Whose optimizer state (the checkpoint's `optimizer/` folder, twice the weights "
+        "with Adam) is kept: 'latest': the newest checkpoint's only (the next iteration continues from it); "
+        "'all': every kept checkpoint's.")
+    local_copies: Literal["none", "latest", "all"] = Field(
+        "none", description="Local copies (RAO_HOME/campaigns/NAME/checkpoints) kept after an iteration: 'none': "
+        "each one is removed once its upload to S3 is verified (S3 is the store; a stage that needs one fetches "
+        "it); 'latest': the newest iteration's stays; 'all': none is removed.")
 
 
 class TaskSettings(_Strict):

@@ -78,9 +78,12 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
     _mixed(monkeypatch)
     summary = rao_campaign(_params("e2e", tiny_model_path))
     it = summary["iterations"][0]
-    # 1. parameters changed
-    ckpt = Path(os.environ["RAO_HOME"]) / "campaigns/e2e/checkpoints/iter-1"
-    new, old = load_file(ckpt / "model.safetensors"), load_file(tiny_model_path / "model.safetensors")
+    store = ArtifactStore(S3Settings(os.environ["RAO_S3_ENDPOINT"], "rao", os.environ["AWS_ACCESS_KEY_ID"],
+                                     os.environ["AWS_SECRET_ACCESS_KEY"]), "e2e")
+    # 1. parameters changed (retention's default: the verified local copy is gone, S3 holds the checkpoint)
+    assert not (Path(os.environ["RAO_HOME"]) / "campaigns/e2e/checkpoints/iter-1").exists()
+    new = load_file(store.get_file("iter-1/checkpoint/model.safetensors", campaign_env / "iter-1.safetensors"))
+    old = load_file(tiny_model_path / "model.safetensors")
     changed = [k for k in old if not (new[k] == old[k]).all()]
     assert changed, "training did not change any parameter"
     # 2. model version with both aliases
@@ -92,8 +95,6 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
     assert cand.source.startswith("s3://rao/e2e/iter-1/checkpoint")
     assert cand.tags["rao.iteration"] == "1"
     # 3. S3 objects with valid checksums
-    store = ArtifactStore(S3Settings(os.environ["RAO_S3_ENDPOINT"], "rao", os.environ["AWS_ACCESS_KEY_ID"],
-                                     os.environ["AWS_SECRET_ACCESS_KEY"]), "e2e")
     keys = set(store.list())
     for k in ["iter-1/trees/trees.jsonl", "iter-1/trees/scored.jsonl", "iter-1/samples/samples.jsonl",
               "iter-1/validation/report.json", "iter-1/checkpoint/model.safetensors", "iter-1/eval/report.json",

@@ -1,0 +1,179 @@
+"""``rao campaigns list`` / ``rao campaigns rm NAME``: the disk a campaign holds, local and on S3, and freeing it.
+
+A campaign holds ``$RAO_HOME/campaigns/NAME`` (a cache: trees, samples, checkpoint copies) and everything under
+``s3://BUCKET/NAME/`` (the store: checkpoints, trees, reports, completion markers). ``list`` shows both sizes,
+the checkpoints on S3 and the registered champion a campaign's checkpoint is; ``rm`` deletes both, except the
+checkpoint a registered model's ``champion`` alias points at (its objects and manifest stay on S3, so the
+champion can still be loaded and evaluated) unless ``--force``; model versions whose checkpoint was deleted get
+the tag ``rao.pruned = true``. MLflow runs are kept (they are small). The S3 store is the config's (``--config``;
+``RAO_S3_ENDPOINT``, the one of ``rao services up``, or an embedded SeaweedFS started for the command).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from rao_cli import InputError, make_console
+
+app = typer.Typer(help="Show and free the disk campaigns hold (local cache and S3).", no_args_is_help=True)
+console = make_console()
+
+_CONFIG_HELP = "Campaign config whose storage and tracking are used (bucket, endpoint, MLflow)."
+
+
+def _config(config: str | None):
+    from rao_core.config import load_config
+    from rao_core.paths import REPO_ROOT
+
+    path = None
+    if config:
+        path = Path(config)
+        if not path.is_absolute() and not path.exists():
+            path = REPO_ROOT / path
+    return load_config(path).with_env_overrides()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"
+
+
+def _objects(s3, prefix: str = "", delimiter: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(objects with Key and Size, common prefixes) under ``prefix`` of the bucket."""
+    client, objs, prefixes, token = s3.client(), [], [], None
+    while True:
+        kw: dict[str, Any] = {"Bucket": s3.bucket, "Prefix": prefix}
+        if delimiter:
+            kw["Delimiter"] = delimiter
+        if token:
+            kw["ContinuationToken"] = token
+        r = client.list_objects_v2(**kw)
+        objs += r.get("Contents", [])
+        prefixes += [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+        if not r.get("IsTruncated"):
+            return objs, prefixes
+        token = r["NextContinuationToken"]
+
+
+def _local_root() -> Path:
+    from rao_core.paths import rao_home
+
+    return rao_home() / "campaigns"
+
+
+def _champions(bucket: str) -> dict[str, list[tuple[str, str, str]]]:
+    """{campaign: [(registered model, version, checkpoint key under the bucket)]} of every ``champion`` alias
+    whose source is ``s3://BUCKET/CAMPAIGN/...``."""
+    from mlflow import MlflowClient
+
+    client, out = MlflowClient(), {}
+    for rm in client.search_registered_models():
+        aliases = rm.aliases if isinstance(rm.aliases, dict) else {a.alias: a.version for a in rm.aliases}
+        if "champion" not in aliases:
+            continue
+        mv = client.get_model_version(rm.name, aliases["champion"])
+        src = mv.source.rstrip("/")
+        if src.startswith(f"s3://{bucket}/"):
+            key = src[len(f"s3://{bucket}/"):]
+            out.setdefault(key.partition("/")[0], []).append((rm.name, str(mv.version), key))
+    return out
+
+
+def _with_services(cfg):
+    from flows.campaign import storage
+    from infra.tracking import configure_mlflow
+
+    configure_mlflow(cfg.tracking.tracking_uri)
+    return storage(cfg)
+
+
+@app.command("list")
+def list_cmd(config: str = typer.Option(None, "--config", help=_CONFIG_HELP)) -> None:
+    """Every campaign (local folders and S3 prefixes) with the bytes it holds locally and on S3, its checkpoints
+    on S3 and the champion it holds."""
+    from rich.table import Table
+
+    from infra.retention import folder_bytes
+
+    cfg = _config(config)
+    root = _local_root()
+    with _with_services(cfg) as s3:
+        _, prefixes = _objects(s3, "", "/")
+        names = sorted({p.rstrip("/") for p in prefixes}
+                       | ({p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()))
+        champions = _champions(s3.bucket)
+        t = Table(title=f"campaigns (local {root}, S3 s3://{s3.bucket}/)")
+        for col in ("campaign", "local", "S3", "checkpoints on S3", "champion"):
+            t.add_column(col)
+        tot_local = tot_s3 = 0
+        for name in names:
+            objs, _ = _objects(s3, f"{name}/")
+            s3_bytes, local = sum(o["Size"] for o in objs), folder_bytes(root / name)
+            ckpts = sorted(int(m.group(1)) for o in objs
+                           if (m := re.fullmatch(rf"{re.escape(name)}/iter-(\d+)/checkpoint\.manifest\.json", o["Key"])))
+            champ = ", ".join(f"{m} v{v} ({k.removeprefix(name + '/').removesuffix('/checkpoint')})"
+                              for m, v, k in champions.get(name, []))
+            t.add_row(name, _mb(local), _mb(s3_bytes), ", ".join(f"iter-{k}" for k in ckpts) or "-", champ or "-")
+            tot_local, tot_s3 = tot_local + local, tot_s3 + s3_bytes
+        t.add_row("total", _mb(tot_local), _mb(tot_s3), "", "")
+    console.print(t)
+
+
+@app.command("rm")
+def rm_cmd(
+    name: str = typer.Argument(..., help="Campaign name (as `rao campaigns list` shows it)."),
+    force: bool = typer.Option(False, "--force", help="Also delete the checkpoint a registered champion points at."),
+    config: str = typer.Option(None, "--config", help=_CONFIG_HELP),
+) -> None:
+    """Delete a campaign's local folder and its S3 objects; the registered champion's checkpoint stays on S3
+    unless --force."""
+    from mlflow import MlflowClient
+
+    from infra.retention import folder_bytes
+    from rao_core.config import NAME_PATTERN
+
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise typer.BadParameter(f"{name!r} is not a campaign name (lower-case letters, digits, '-')",
+                                 param_hint="'NAME'")
+    cfg = _config(config)
+    local = _local_root() / name
+    with _with_services(cfg) as s3:
+        objs, _ = _objects(s3, f"{name}/")
+        if not objs and not local.exists():
+            raise InputError(f"no campaign {name!r}: nothing under {local} nor s3://{s3.bucket}/{name}/ "
+                             "(`rao campaigns list` shows the campaigns)")
+        champs = _champions(s3.bucket).get(name, [])
+        kept = [] if force else [k for _, _, k in champs]
+
+        def protected(key: str) -> bool:
+            return any(key.startswith(k + "/") or key == k + ".manifest.json" for k in kept)
+
+        gone = [o for o in objs if not protected(o["Key"])]
+        client = s3.client()
+        for o in gone:
+            client.delete_object(Bucket=s3.bucket, Key=o["Key"])
+        local_bytes = folder_bytes(local)
+        if local.exists():
+            shutil.rmtree(local)
+        # versions whose checkpoint is gone can no longer be loaded: the registry says so
+        deleted = {o["Key"] for o in gone}
+        mlc = MlflowClient()
+        for rm in mlc.search_registered_models():
+            for mv in mlc.search_model_versions(f"name = '{rm.name}'"):
+                src = mv.source.rstrip("/")
+                key = src[len(f"s3://{s3.bucket}/"):] if src.startswith(f"s3://{s3.bucket}/") else None
+                if key and key.startswith(f"{name}/") and f"{key}.manifest.json" in deleted:
+                    mlc.set_model_version_tag(rm.name, mv.version, "rao.pruned", "true")
+    console.print(f"campaign {name}: freed {_mb(local_bytes)} local ({local}), "
+                  f"{_mb(sum(o['Size'] for o in gone))} on S3 ({len(gone)} objects)", highlight=False)
+    for m, v, k in champs:
+        if force:
+            console.print(f"deleted the champion of {m} (version {v}, {k}): tagged rao.pruned", highlight=False)
+        else:
+            size = sum(o["Size"] for o in objs if protected(o["Key"]) and o["Key"].startswith(k))
+            console.print(f"kept s3://{s3.bucket}/{k} ({_mb(size)}): the champion of {m} (version {v}); "
+                          "--force deletes it too", highlight=False)

@@ -1,0 +1,88 @@
+"""``rao campaigns list`` / ``rao campaigns rm NAME`` (issue 27, item 1) on a real S3 server (SeaweedFS) and an
+MLflow registry (SQLite): sizes local and on S3, and a registered champion never deleted without ``--force``."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from rao_cli.main import main
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def env(s3_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("COLUMNS", "250")
+    for k, v in s3_server.settings().env().items():
+        monkeypatch.setenv(k, v)
+    return tmp_path
+
+
+def _make(s3_server, tmp_path, name: str, iterations=(1, 2)) -> None:
+    """A campaign: checkpoints (1000 + 2 bytes each) with manifests and a marker on S3, 500 bytes locally."""
+    from infra.storage import ArtifactStore
+    from rao_core.paths import rao_home
+
+    store = ArtifactStore(s3_server.settings(), name)
+    for k in iterations:
+        src = tmp_path / f"src-{name}-{k}"
+        src.mkdir()
+        (src / "config.json").write_text("{}")
+        (src / "model.safetensors").write_bytes(b"w" * 1000)
+        store.write_manifest(f"iter-{k}/checkpoint.manifest.json", store.put_dir(src, f"iter-{k}/checkpoint"))
+        store.put_bytes(b"{}", f"iter-{k}/_done/train.json")
+    local = rao_home() / "campaigns" / name / "iter-1"
+    local.mkdir(parents=True)
+    (local / "trees.jsonl").write_bytes(b"t" * 500)
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_list_and_rm_keep_the_champion_without_force(env, s3_server, capsys):
+    import mlflow
+
+    from infra.storage import ArtifactStore
+    from infra.tracking import configure_mlflow
+
+    a, b = f"camp-{uuid.uuid4().hex[:6]}", f"camp-{uuid.uuid4().hex[:6]}"
+    _make(s3_server, env, a)
+    _make(s3_server, env, b, iterations=(1,))
+    configure_mlflow()
+    c = mlflow.MlflowClient()
+    c.create_registered_model(f"rao-policy-{a}")
+    v1 = c.create_model_version(f"rao-policy-{a}", source=f"s3://rao/{a}/iter-1/checkpoint").version
+    v2 = c.create_model_version(f"rao-policy-{a}", source=f"s3://rao/{a}/iter-2/checkpoint").version
+    c.set_registered_model_alias(f"rao-policy-{a}", "champion", v1)
+
+    code, out, err = _run(capsys, "campaigns", "list")
+    assert code == 0, err
+    row = next(ln for ln in out.splitlines() if a in ln)
+    assert "iter-1, iter-2" in row and f"rao-policy-{a} v{v1} (iter-1)" in row
+    assert any(b in ln and "iter-1" in ln for ln in out.splitlines())
+
+    code, out, err = _run(capsys, "campaigns", "rm", a)
+    assert code == 0, err
+    assert "freed 0.0 MB local" in out and "kept s3://rao/" + a + "/iter-1/checkpoint" in out and "--force" in out
+    store = ArtifactStore(s3_server.settings(), a)
+    assert sorted(store.list()) == ["iter-1/checkpoint.manifest.json", "iter-1/checkpoint/config.json",
+                                    "iter-1/checkpoint/model.safetensors"]
+    assert store.verify_manifest("iter-1/checkpoint.manifest.json") == []  # the champion can still be loaded
+    assert c.get_model_version(f"rao-policy-{a}", v2).tags.get("rao.pruned") == "true"
+    assert c.get_model_version(f"rao-policy-{a}", v1).tags.get("rao.pruned") is None
+
+    code, out, err = _run(capsys, "campaigns", "rm", a, "--force")
+    assert code == 0 and "deleted the champion" in out, err
+    assert store.list() == [] and c.get_model_version(f"rao-policy-{a}", v1).tags.get("rao.pruned") == "true"
+    assert ArtifactStore(s3_server.settings(), b).list() != []  # the other campaign is untouched
+
+    code, out, err = _run(capsys, "campaigns", "rm", a)
+    assert code == 2 and err.strip().startswith(f"error: no campaign '{a}'") and len(err.strip().splitlines()) == 1
