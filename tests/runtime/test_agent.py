@@ -216,6 +216,37 @@ async def test_run_trees_groups(tok):
     assert len({t.tree_id for t in trees}) == 5
 
 
+class SlowPolicy(Policy):
+    """Finishes after 0.2 s; counts the trees whose first turn is in flight at once."""
+
+    def __init__(self):
+        self.live, self.peak = 0, 0
+
+    async def generate(self, request):
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        await asyncio.sleep(0.2)
+        self.live -= 1
+        return Generation(text="```python\nfinish(1)\n```")
+
+
+async def test_max_concurrent_trees_gates_trees_and_their_clocks(tok):
+    """At most max_concurrent_trees trees grow at once (issue 25); a waiting tree's clock has not started, so
+    each tree's wall-clock is its own ~0.2 s, not the 3 x 0.2 s of the queue before it."""
+    import time
+
+    pol = SlowPolicy()
+    t0 = time.perf_counter()
+    trees = await run_trees(FakeEnv(), [(task(task_id="a"), 6)], pol, cfg(max_concurrent_trees=2), tokenizer=tok,
+                            progress=False)
+    elapsed = time.perf_counter() - t0
+    assert pol.peak == 2 and all(t.root.result == 1 for t in trees)
+    assert max(t.wall_s for t in trees) < elapsed / 2  # 3 waves: no tree's clock ran through the others' turns
+    ungated = SlowPolicy()
+    await run_trees(FakeEnv(), [(task(task_id="a"), 6)], ungated, cfg(), tokenizer=tok, progress=False)
+    assert ungated.peak == 6
+
+
 def test_system_prompt_lists_tools():
     env = FakeEnv()
     from rao_core.tree import Node
