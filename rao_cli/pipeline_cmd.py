@@ -99,6 +99,31 @@ def stage_table(summary: dict) -> Table:
     return t
 
 
+def print_summary(summary: dict) -> None:
+    """Print a campaign's summary (``rao_campaign``'s return value, or the stored one of a complete campaign):
+    the results table, the wall time per stage, and where its artifacts, MLflow runs and Prefect runs are."""
+    from rao_core.paths import rao_home
+
+    console.print(_summary_table(summary))
+    console.print(stage_table(summary))
+    console.print(f"wall time: {summary['wall_s']} s")
+    console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
+    console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
+    console.print(prefect_hint())
+
+
+def completed_campaign(cfg) -> dict | None:
+    """The stored summary of campaign ``cfg`` when it is already complete (``flows.campaign.completed_summary``:
+    every iteration asked for has run), else None. Opens the campaign's storage (the configured endpoint, that of
+    ``rao services up``, or an embedded SeaweedFS for the duration of the check) and reads one object: no
+    Prefect API, no policy server, nothing written to MLflow."""
+    from flows.campaign import completed_summary, storage
+    from infra.storage import ArtifactStore
+
+    with storage(cfg) as s3:
+        return completed_summary(ArtifactStore(s3, cfg.name), cfg)
+
+
 def _key_values(values: list[str]) -> list[str]:
     """typer callback of ``--set``: every value is KEY=VALUE."""
     for v in values:
@@ -468,6 +493,13 @@ def register(app: typer.Typer) -> None:
         if cfg.warm_start.mode != "checkpoint":
             require_model(cfg.model.path)  # the default checkpoint (a set model.path is checked by resolve)
 
+        done = completed_campaign(cfg)  # complete already: its summary, no Prefect, vLLM or MLflow write
+        if done is not None:
+            from flows.campaign import already_complete_line
+
+            console.print(already_complete_line(done), soft_wrap=True)
+            print_summary(done)
+            return
         from infra.process import run_interruptible
         from rao_core.train.launch import TrainingProcessError
 
@@ -479,14 +511,7 @@ def register(app: typer.Typer) -> None:
         except TrainingProcessError as e:  # one line: the training child's own error and its last stderr lines
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
-        console.print(_summary_table(summary))
-        console.print(stage_table(summary))
-        from rao_core.paths import rao_home
-
-        console.print(f"wall time: {summary['wall_s']} s")
-        console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
-        console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
-        console.print(prefect_hint())
+        print_summary(summary)
 
     @app.command()
     def evaluate(
