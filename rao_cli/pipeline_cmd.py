@@ -164,7 +164,7 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
     typer.BadParameter naming ``--env`` for an unknown environment (listing the known ones), ``--difficulty``
     (or ``eval.difficulties``) for a difficulty the environment does not have.
     """
-    from flows.evaluate import SuiteEntry
+    from flows.evaluate import SuiteEntry, champion_suite
     from rao_core.envs import get_env
 
     entries = []
@@ -184,8 +184,11 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
             except ValueError as err:
                 hint = "'--difficulty'" if difficulties else "eval.difficulties"
                 raise typer.BadParameter(str(err), param_hint=hint) from None
-        extra = {"modes": list(base.eval.modes)} if own else {}
-        entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.n_tasks, **extra))
+        if own:  # the nightly deployment's rule: the config's own evaluation, difficulties as given
+            entries.append(champion_suite(base, n_tasks).model_copy(update={"difficulties": ds}))
+        else:
+            entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.n_tasks,
+                                      modes=["recursive", "single"]))
     return entries
 
 
@@ -504,7 +507,8 @@ def register(app: typer.Typer) -> None:
         from rao_core.train.launch import TrainingProcessError
 
         try:  # Ctrl-C / SIGTERM: MLflow runs KILLED, flow runs CANCELLED, children stopped, one line, 130 / 143
-            summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
+            with _prefect_failures_quiet():  # a failed stage is one error: line (RAO_DEBUG=1: Prefect's report)
+                summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
         except ModelError as e:  # on stderr, like every error (rao_cli.main)
             typer.echo(f"error: {' '.join(str(e).split())}", err=True)
             raise typer.Exit(2) from None
@@ -535,7 +539,7 @@ def register(app: typer.Typer) -> None:
         """
         _prefect_env()
         from flows.campaign import CampaignParams
-        from flows.evaluate import EvaluateParams, RegressionError, rao_evaluate
+        from flows.evaluate import EvaluateParams, NothingCompared, RegressionError, rao_evaluate
 
         base = CampaignParams(config=config).resolve()
         suite = _suite(base, env, difficulty, n_tasks)
@@ -549,6 +553,9 @@ def register(app: typer.Typer) -> None:
                                         _evaluation_interrupted(base, ref, params.flow_run_name()))
         except RegressionError as e:
             console.print(f"[red]regression:[/red] {e}", soft_wrap=True)
+            raise typer.Exit(1) from None
+        except NothingCompared as e:  # it could not catch a regression: not an "ok"
+            typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
         t = Table(title=f"{out['model']} vs champion (v{out['champion']})")
         for c in ("metric", "champion", "value", "delta", "status"):

@@ -217,7 +217,8 @@ def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], 
                    champion: dict[str, float], tolerance: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Log a nightly evaluation of ``ref`` (metrics, :func:`compare_with_champion` rows, Prefect table
     artifacts ``artifact_key(name, "comparison")`` and ``"results"`` inside a Prefect run) and end its run
-    ``run_id``, FAILED when a metric regressed; returns the comparison rows and the regressions."""
+    ``run_id``, FAILED when a metric regressed or none had a champion value to compare with; returns the
+    comparison rows and the regressions."""
     from prefect.artifacts import create_table_artifact
 
     log_metrics(run_id, metrics)
@@ -233,7 +234,8 @@ def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], 
             import logging
 
             logging.getLogger("rao").warning(f"evaluation artifacts {name}: {type(e).__name__}: {e}")
-    _client().set_terminated(run_id, status="FAILED" if bad else "FINISHED")
+    compared = any(r["status"] != "new" for r in rows)  # none: it could not catch a regression
+    _client().set_terminated(run_id, status="FAILED" if bad or not compared else "FINISHED")
     return rows, bad
 
 
