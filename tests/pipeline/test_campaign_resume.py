@@ -139,6 +139,7 @@ def test_a_killed_vllm_fails_generation_naming_it_and_the_rerun_completes_the_it
                     rf"ended by infrastructure failures \(policy_error \d\): the vLLM server \(pid {killed}\) exited "
                     rf"with status -9 \(SIGKILL\); log \S+vllm\S*\.log; last error: .+; no completion marker written: "
                     rf"re-run to redo it on a fresh server$", lines[-1]), lines[-1]
+    print(f"dead-server drill: {lines[-1]}")
     store = ArtifactStore(S3Settings(os.environ["RAO_S3_ENDPOINT"], "rao", os.environ["AWS_ACCESS_KEY_ID"],
                                      os.environ["AWS_SECRET_ACCESS_KEY"]), "drill")
     assert not store.exists("iter-1/_done/generate.json")
