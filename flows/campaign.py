@@ -3,7 +3,10 @@ register, each iteration a subflow whose tasks pass S3 URIs (not objects) to eac
 
 Resume: a campaign re-run with the same name skips every stage whose completion marker exists on S3
 (``tasks.common.stage``), so it continues after the last completed iteration, and an interrupted
-iteration is redone from its first unfinished stage.
+iteration is redone from its first unfinished stage, starting a policy server only for a stage that still
+generates or evaluates. Each (metric, step) reaches MLflow once however often it is resumed (the ``log``
+stage's marker, and ``tasks.tracking.log_metrics``). A campaign already complete (``_done/campaign.json``)
+returns its stored summary at once (:func:`completed_summary`).
 
 Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedFS server of
 ``rao services up`` if one runs, else starts one for its own duration (data kept under

@@ -148,3 +148,30 @@ def test_a_killed_vllm_fails_generation_naming_it_and_the_rerun_completes_the_it
     assert store.exists("iter-1/_done/generate.json") and store.exists("iter-1/_done/register.json")
     trees = read_trees(store.get_file("iter-1/trees/trees.jsonl", campaign_env / "trees.jsonl"))
     assert len(trees) == 4 and not [t for t in trees if t.root.end_reason == "policy_error"]
+
+
+def test_a_nightly_that_compares_no_metric_fails_instead_of_reporting_ok(campaign_env, tiny_model_path, vllm_tiny,
+                                                                        monkeypatch):
+    """The champion was scored on other tasks (``tier1``) than the suite evaluates (``easy``): nothing can be
+    compared, so the flow run fails with ``NothingCompared`` naming both, and its MLflow run is FAILED."""
+    import mlflow
+
+    from flows.evaluate import EvaluateParams, NothingCompared, SuiteEntry, rao_evaluate
+    from infra.tracking import configure_mlflow
+    from tasks import tracking
+
+    monkeypatch.setenv("RAO_POLICY_BASE_URL", vllm_tiny.base_url)
+    configure_mlflow()
+    exp = mlflow.create_experiment("rao", artifact_location=(campaign_env / "art").as_uri())
+    run = mlflow.MlflowClient().create_run(exp).info.run_id
+    version = tracking.register_version("rao-policy-smoke", str(tiny_model_path), run,
+                                        {"eval/recursive/tier1/success": 0.5})
+    assert tracking.promote("rao-policy-smoke", version, 0.5, "eval/recursive/tier1/success")
+    params = EvaluateParams(model="candidate", name="nightly-none",
+                            suite=[SuiteEntry(difficulties=["easy"], n_tasks=2, modes=["recursive"])])
+    with pytest.raises(NothingCompared, match=r"no metric compared with the champion, so no regression could be "
+                       r"caught: champion v1 of rao-policy-smoke has scores for eval/recursive/tier1/success; this "
+                       r"evaluation measured eval/recursive/easy/success"):
+        rao_evaluate(params)
+    runs = mlflow.MlflowClient().search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
+    assert [r.info.status for r in runs] == ["FAILED"]
