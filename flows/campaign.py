@@ -3,7 +3,10 @@ register, each iteration a subflow whose tasks pass S3 URIs (not objects) to eac
 
 Resume: a campaign re-run with the same name skips every stage whose completion marker exists on S3
 (``tasks.common.stage``), so it continues after the last completed iteration, and an interrupted
-iteration is redone from its first unfinished stage.
+iteration is redone from its first unfinished stage, starting a policy server only for a stage that still
+generates or evaluates. Each (metric, step) reaches MLflow once however often it is resumed (the ``log``
+stage's marker, and ``tasks.tracking.log_metrics``). A campaign already complete (``_done/campaign.json``)
+returns its stored summary at once (:func:`completed_summary`).
 
 Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedFS server of
 ``rao services up`` if one runs, else starts one for its own duration (data kept under
@@ -13,6 +16,7 @@ Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedF
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field, field_validator
 
+from infra.storage import ArtifactStore
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
 from tasks import tracking
 from tasks.common import RunContext, done_key
@@ -154,18 +159,23 @@ def campaign_run_name() -> str:
 
 @flow(name="rao-iteration", log_prints=True, flow_run_name="{ctx.name}-iter-{iteration}", **tracking.END_HOOKS)
 def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str, Any]:
-    """One RL iteration; returns the new checkpoint, evaluation metrics, stage timings."""
+    """One RL iteration; returns the new checkpoint, evaluation metrics, stage timings.
+
+    Resumed, it starts a policy server only for a stage that still has to run: generation (serving the
+    parent ``ckpt``) or evaluation (serving the new checkpoint); a completed iteration starts none, and its
+    metrics come from the ``log`` stage's marker (MLflow is not written again)."""
     import mlflow
 
     log = get_run_logger()
     it_run = iteration_run(ctx, iteration)
     times: dict[str, float] = {}
+    store = ctx.store()
+    todo = {s: not store.exists(done_key(iteration, s)) for s in ("generate", "evaluate")}
     t = time.monotonic()
-    # A completed iteration replayed on resume needs no server: its parent checkpoint may have been pruned.
-    done = ctx.store().exists(done_key(iteration, "register"))
-    served = ServedEndpoint() if done else serve_checkpoint(ctx, ckpt)
+    # A stage replayed on resume needs no server: its parent checkpoint may even have been pruned.
+    served = serve_checkpoint(ctx, ckpt) if todo["generate"] else ServedEndpoint()
     times["serve"] = time.monotonic() - t
-    tok = "" if done else _tokenizer_path(ctx, ckpt)
+    tok = _tokenizer_path(ctx, ckpt) if todo["generate"] else ""
     gen = generate_trees(ctx, iteration, served, tok)
     judged = judge_trees(ctx, iteration, gen.trees_uri)
     val = validate_dataset(ctx, iteration, judged.scored_uri)
@@ -173,20 +183,43 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str
     ev = EvalOutput()
     if ctx.config.eval.enabled:
         t = time.monotonic()
-        served2 = ServedEndpoint() if done else serve_checkpoint(ctx, tr.checkpoint)
+        served2 = serve_checkpoint(ctx, tr.checkpoint) if todo["evaluate"] else ServedEndpoint()
         times["serve_new"] = time.monotonic() - t
-        ev = evaluate(ctx, iteration, served2, tok)
+        ev = evaluate(ctx, iteration, served2, _tokenizer_path(ctx, tr.checkpoint) if todo["evaluate"] else "")
     reg = register_checkpoint(ctx, iteration, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0)
     for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
                       ("register", reg)]:
         if out.stage_s is not None:
             times[name] = out.stage_s
-    m = tracking.log_iteration(ctx, iteration, it_run, gen, judged, val, tr, ev, times)
+    logged = tracking.log_iteration(ctx, iteration, it_run, gen, judged, val, tr, ev, times)
+    m, times = logged.metrics, logged.times or times  # a resumed log: the times of the run that logged them
     log.info(f"iteration {iteration}: root success {m.get('success/root', float('nan')):.3f}, "
              f"model version {reg.version} (champion moved: {reg.champion})")
     mlflow.MlflowClient().set_terminated(it_run)
     return {"checkpoint": tr.checkpoint, "metrics": m, "times": times, "register": reg.model_dump(by_alias=True),
             "eval_rows": ev.rows}
+
+
+CAMPAIGN_DONE_KEY = "_done/campaign.json"  # the summary of the run that completed the campaign
+
+
+def completed_summary(store: Any, cfg: CampaignConfig) -> dict[str, Any] | None:
+    """The stored summary of campaign ``cfg.name`` when it is complete for ``cfg`` (its marker
+    ``CAMPAIGN/_done/campaign.json`` exists and records ``cfg.iterations`` iterations), else None.
+
+    ``store`` is the campaign's ``infra.storage.ArtifactStore``. A campaign asked for more iterations than it
+    ran is not complete: it resumes with the next one."""
+    if not store.exists(CAMPAIGN_DONE_KEY):
+        return None
+    summary = json.loads(store.get_bytes(CAMPAIGN_DONE_KEY))
+    return summary if summary.get("iterations_planned") == cfg.iterations else None
+
+
+def already_complete_line(summary: dict[str, Any]) -> str:
+    """The log line of a re-run of a complete campaign: nothing was run, and where the summary comes from."""
+    return (f"campaign {summary['campaign']} is already complete ({summary['iterations_planned']} iterations, "
+            f"completed {summary.get('completed_at', '?')}): nothing to run, no server started, nothing logged; "
+            f"the summary below is that run's (use another --name, or more --iterations, to train further)")
 
 
 def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
@@ -198,12 +231,30 @@ def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
 
 @flow(name="rao-campaign", log_prints=True, flow_run_name=campaign_run_name, **FLOW_END_HOOKS)
 def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
-    """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look."""
-    import mlflow
+    """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look.
 
+    A campaign already complete for these parameters (:func:`completed_summary`) returns its stored summary
+    (``already_complete`` True) at once: no server is started and MLflow is not written."""
     cfg = params.resolve()
     check_task_pool(cfg)  # a bad task file stops the campaign here, before anything is served
     log = get_run_logger()
+    with storage(cfg) as s3:
+        done = completed_summary(ArtifactStore(s3, cfg.name), cfg)
+        if done is not None:
+            log.info(already_complete_line(done))
+            return {**done, "already_complete": True}
+        summary = _run_campaign(cfg, s3)
+        ArtifactStore(s3, cfg.name).put_bytes(json.dumps(summary, default=str).encode(), CAMPAIGN_DONE_KEY)
+    log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow run {summary['mlflow_run_id']}; "
+             f"artifacts {summary['s3_prefix']}")
+    return summary
+
+
+def _run_campaign(cfg: CampaignConfig, s3: Any) -> dict[str, Any]:
+    """The campaign's stages on storage ``s3`` (``infra.storage.S3Settings``): warm start, base evaluation,
+    iterations; each stage resumed from its marker when complete, each (metric, step) logged once."""
+    import mlflow
+
     uri, exp_id = _mlflow_setup(cfg)
     run_id = tracking.find_campaign_run(exp_id, cfg.name)
     if run_id is None:
@@ -216,45 +267,45 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
                                                             for k, v in list(flat.items())[i:i + 90]])
         tracking.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
     tracking.claim_run(run_id)
-    summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": []}
+    summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": [],
+                               "iterations_planned": cfg.iterations}
     t0 = time.monotonic()
-    with storage(cfg) as s3:
-        ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id,
-                         campaign_run_id=run_id)
-        summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
-        try:
-            ws = warm_start(ctx)
-            ckpt = ws.checkpoint
-            summary["warm_start"] = ws.model_dump(by_alias=True, exclude={"checkpoint"})
-            summary["warm_start"]["checkpoint_local"] = ckpt.local
-            base_metrics: dict[str, float] = {}
-            if cfg.eval.enabled:  # iteration 0: the starting checkpoint, for the learning curve
-                served = serve_checkpoint(ctx, ckpt)
-                ev0 = evaluate(ctx, 0, served, _tokenizer_path(ctx, ckpt))
-                base_metrics = ev0.metrics
-                tracking.log_metrics(run_id, base_metrics, step=0)
-                summary["base_eval"] = ev0.rows
-            if ws.mode == "demos":  # the warm-started checkpoint is the campaign's iteration 0
-                it0 = iteration_run(ctx, 0)
-                tracking.log_metrics(it0, base_metrics, step=0)
-                summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics,
-                                                                        it0).model_dump(by_alias=True)
-                mlflow.MlflowClient().set_terminated(it0)
-            for k in range(1, cfg.iterations + 1):
-                out = rao_iteration(ctx, k, ckpt)
-                ckpt = out["checkpoint"]
-                from infra.retention import prune_campaign  # checkpoints.*: resume and the registry keep theirs
+    ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id, campaign_run_id=run_id)
+    summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
+    try:
+        ws = warm_start(ctx)
+        ckpt = ws.checkpoint
+        summary["warm_start"] = ws.model_dump(by_alias=True, exclude={"checkpoint"})
+        summary["warm_start"]["checkpoint_local"] = ckpt.local
+        base_metrics: dict[str, float] = {}
+        if cfg.eval.enabled:  # iteration 0: the starting checkpoint, for the learning curve
+            todo = not ctx.store().exists(done_key(0, "evaluate"))  # resumed: no server to start
+            served = serve_checkpoint(ctx, ckpt) if todo else ServedEndpoint()
+            ev0 = evaluate(ctx, 0, served, _tokenizer_path(ctx, ckpt) if todo else "")
+            base_metrics = ev0.metrics
+            tracking.log_metrics(run_id, base_metrics, step=0)
+            summary["base_eval"] = ev0.rows
+        if ws.mode == "demos":  # the warm-started checkpoint is the campaign's iteration 0
+            it0 = iteration_run(ctx, 0)
+            tracking.log_metrics(it0, base_metrics, step=0)
+            summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics,
+                                                                    it0).model_dump(by_alias=True)
+            mlflow.MlflowClient().set_terminated(it0)
+        for k in range(1, cfg.iterations + 1):
+            out = rao_iteration(ctx, k, ckpt)
+            ckpt = out["checkpoint"]
+            from infra.retention import prune_campaign  # checkpoints.*: resume and the registry keep theirs
 
-                prune_campaign(ctx.store(), cfg.checkpoints, out["register"]["model"], ctx.local("checkpoints"))
-                summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
-                                              "register": out["register"], "eval_rows": out["eval_rows"],
-                                              "checkpoint_local": ckpt.local})
-        finally:
-            shutdown_server()
+            prune_campaign(ctx.store(), cfg.checkpoints, out["register"]["model"], ctx.local("checkpoints"))
+            summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
+                                          "register": out["register"], "eval_rows": out["eval_rows"],
+                                          "checkpoint_local": ckpt.local})
+    finally:
+        shutdown_server()
     summary["wall_s"] = round(time.monotonic() - t0, 1)
+    summary["completed_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     tracking.log_metrics(run_id, {"time/campaign_s": summary["wall_s"]})
     mlflow.MlflowClient().set_terminated(run_id)
-    log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow run {run_id}; artifacts {summary['s3_prefix']}")
     return summary
 
 

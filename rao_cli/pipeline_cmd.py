@@ -99,6 +99,31 @@ def stage_table(summary: dict) -> Table:
     return t
 
 
+def print_summary(summary: dict) -> None:
+    """Print a campaign's summary (``rao_campaign``'s return value, or the stored one of a complete campaign):
+    the results table, the wall time per stage, and where its artifacts, MLflow runs and Prefect runs are."""
+    from rao_core.paths import rao_home
+
+    console.print(_summary_table(summary))
+    console.print(stage_table(summary))
+    console.print(f"wall time: {summary['wall_s']} s")
+    console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
+    console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
+    console.print(prefect_hint())
+
+
+def completed_campaign(cfg) -> dict | None:
+    """The stored summary of campaign ``cfg`` when it is already complete (``flows.campaign.completed_summary``:
+    every iteration asked for has run), else None. Opens the campaign's storage (the configured endpoint, that of
+    ``rao services up``, or an embedded SeaweedFS for the duration of the check) and reads one object: no
+    Prefect API, no policy server, nothing written to MLflow."""
+    from flows.campaign import completed_summary, storage
+    from infra.storage import ArtifactStore
+
+    with storage(cfg) as s3:
+        return completed_summary(ArtifactStore(s3, cfg.name), cfg)
+
+
 def _key_values(values: list[str]) -> list[str]:
     """typer callback of ``--set``: every value is KEY=VALUE."""
     for v in values:
@@ -153,7 +178,7 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
     typer.BadParameter naming ``--env`` for an unknown environment (listing the known ones), ``--difficulty``
     (or ``eval.difficulties``) for a difficulty the environment does not have.
     """
-    from flows.evaluate import SuiteEntry
+    from flows.evaluate import SuiteEntry, champion_suite
     from rao_cli import env_option
 
     entries = []
@@ -170,8 +195,11 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
             except ValueError as err:
                 hint = "'--difficulty'" if difficulties else "eval.difficulties"
                 raise typer.BadParameter(str(err), param_hint=hint) from None
-        extra = {"modes": list(base.eval.modes)} if own else {}
-        entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.n_tasks, **extra))
+        if own:  # the nightly deployment's rule: the config's own evaluation, difficulties as given
+            entries.append(champion_suite(base, n_tasks).model_copy(update={"difficulties": ds}))
+        else:
+            entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.n_tasks,
+                                      modes=["recursive", "single"]))
     return entries
 
 
@@ -493,25 +521,26 @@ def register(app: typer.Typer) -> None:
         if cfg.warm_start.mode != "checkpoint":
             require_model(cfg.model.path)  # the default checkpoint (a set model.path is checked by resolve)
 
+        done = completed_campaign(cfg)  # complete already: its summary, no Prefect, vLLM or MLflow write
+        if done is not None:
+            from flows.campaign import already_complete_line
+
+            console.print(already_complete_line(done), soft_wrap=True)
+            print_summary(done)
+            return
         from infra.process import run_interruptible
         from rao_core.train.launch import TrainingProcessError
 
         try:  # Ctrl-C / SIGTERM: MLflow runs KILLED, flow runs CANCELLED, children stopped, one line, 130 / 143
-            summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
+            with _prefect_failures_quiet():  # a failed stage is one error: line (RAO_DEBUG=1: Prefect's report)
+                summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
         except ModelError as e:  # on stderr, like every error (rao_cli.main)
             typer.echo(f"error: {' '.join(str(e).split())}", err=True)
             raise typer.Exit(2) from None
         except TrainingProcessError as e:  # one line: the training child's own error and its last stderr lines
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
-        console.print(_summary_table(summary))
-        console.print(stage_table(summary))
-        from rao_core.paths import rao_home
-
-        console.print(f"wall time: {summary['wall_s']} s")
-        console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
-        console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
-        console.print(prefect_hint())
+        print_summary(summary)
 
     @app.command()
     def evaluate(
@@ -535,7 +564,7 @@ def register(app: typer.Typer) -> None:
         """
         _prefect_env()
         from flows.campaign import CampaignParams
-        from flows.evaluate import EvaluateParams, RegressionError, rao_evaluate
+        from flows.evaluate import EvaluateParams, NothingCompared, RegressionError, rao_evaluate
 
         base = CampaignParams(config=config).resolve()
         suite = _suite(base, env, difficulty, n_tasks)
@@ -549,6 +578,9 @@ def register(app: typer.Typer) -> None:
                                         _evaluation_interrupted(base, ref, params.flow_run_name()))
         except RegressionError as e:
             console.print(f"[red]regression:[/red] {e}", soft_wrap=True)
+            raise typer.Exit(1) from None
+        except NothingCompared as e:  # it could not catch a regression: not an "ok"
+            typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
         t = Table(title=f"{out['model']} vs champion (v{out['champion']})")
         for c in ("metric", "champion", "value", "delta", "status"):

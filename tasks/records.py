@@ -60,6 +60,7 @@ class GenerateOutput(StageRecord):
     sha256: str = ""
     num_trees: int = 0
     crashed: int = 0  # trees whose runtime failed
+    infra_failures: dict[str, int] = Field(default_factory=dict)  # trees per infrastructure failure (stages.py)
     generation_s: float | None = None  # rollouts alone (no set-up)
     serving: dict[str, float] = Field(default_factory=dict)  # vLLM /metrics over generation
 
@@ -98,6 +99,14 @@ class EvalOutput(StageRecord):
     metrics: dict[str, float] = Field(default_factory=dict)
     rows: list[dict[str, Any]] = Field(default_factory=list)
     report_uri: str = ""
+
+
+class LogOutput(StageRecord):
+    """``log``: what an iteration logged to MLflow (``tasks.tracking.log_iteration``), logged once: a re-run
+    reads it back from the marker instead of logging again."""
+
+    metrics: dict[str, float] = Field(default_factory=dict)
+    times: dict[str, float] = Field(default_factory=dict)  # wall seconds per stage of the run that logged them
 
 
 class RegisterOutput(StageRecord):

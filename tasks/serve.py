@@ -76,8 +76,10 @@ def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
         t0 = time.monotonic()
         src = checkpoint_local(ctx, ckpt)
         server: VLLMServer | None = _STATE["server"]
-        if server is not None and not server.alive():
+        if server is not None and not server.alive():  # died (killed, crashed): a fresh one is started
+            forget_server(server.pid)
             server, _STATE["server"] = None, None
+            _STATE.update(served=None, lora=None)
         if server is not None and _STATE["served"] == ckpt.name:
             return ServedEndpoint(base_url=server.base_url, model=_STATE["lora"] or server.model, how="same")
         served_dir = ctx.local("served")
@@ -151,6 +153,30 @@ def gpus_released(ctx: RunContext):
         yield
     finally:
         server.wake_up()
+
+
+def server_diagnosis(ctx: RunContext) -> str:
+    """What is known of the policy server this process serves from, for an error line: ``the vLLM server
+    (pid P) exited with status -9 (SIGKILL); log F``, ``the vLLM server (pid P) still runs; log F``, ``the
+    external policy server URL`` (``serving.base_url``), or that none was started. Never raises."""
+    import signal
+
+    try:
+        if ctx.config.serving.base_url:
+            return f"the external policy server {ctx.config.serving.base_url} (serving.base_url)"
+        server = _STATE["server"]
+        proc = getattr(server, "process", None)
+        if server is None or proc is None or proc.proc is None:
+            return "no vLLM server was started by this process"
+        rc = proc.proc.poll()
+        if rc is None:
+            state = "still runs (it failed requests)"
+        else:
+            name = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in {s.value for s in signal.Signals} else ""
+            state = f"exited with status {rc}{name}"
+        return f"the vLLM server (pid {proc.proc.pid}) {state}; log {proc.log_path}"
+    except Exception as e:  # noqa: BLE001 - a diagnosis never hides the failure it explains
+        return f"the policy server's state is unknown ({type(e).__name__}: {e})"
 
 
 def shutdown_server() -> None:

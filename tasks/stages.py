@@ -27,12 +27,71 @@ from tasks.common import (ProgressArtifact, RunContext, artifact_key, fetch, in_
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
                            TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local
+from infra.process import ServiceError
 
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": [5, 20]}
 
 
 class ValidationFailed(RuntimeError):
     """The training data failed the great-expectations suite; training did not run."""
+
+
+class InfrastructureFailure(ServiceError):
+    """Too many of a stage's trees ended by infrastructure failures (``runtime.max_infra_failure_share``): the
+    stage failed without a completion marker, so a re-run redoes it (on a fresh server)."""
+
+
+def infra_failure(tree) -> str | None:
+    """The infrastructure failure ``tree`` ended by, or None when its outcome is the policy's own: its root's
+    end reason when it is one of ``rao_core.judge.stage.INFRA_END_REASONS`` (the trees judging leaves
+    unscored: policy_error, sandbox_error, token_prefix_break, tree_timeout), else ``"crashed"`` when the
+    rollout itself raised (``tree.error``)."""
+    from rao_core.judge.stage import INFRA_END_REASONS
+
+    try:
+        reason = tree.root.end_reason
+    except KeyError:  # a crashed rollout without its root
+        reason = None
+    if reason in INFRA_END_REASONS:
+        return str(reason)
+    return "crashed" if tree.error else None
+
+
+def infra_counts(trees) -> dict[str, int]:
+    """Trees per infrastructure failure (:func:`infra_failure`), most frequent first; empty when none."""
+    from collections import Counter
+
+    return dict(Counter(r for r in map(infra_failure, trees) if r).most_common())
+
+
+def infra_text(counts: dict[str, int]) -> str:
+    """``"infrastructure failures 3 (policy_error 2, sandbox_error 1)"``, or ``"infrastructure failures 0"``."""
+    detail = ", ".join(f"{k} {v}" for k, v in counts.items())
+    return f"infrastructure failures {sum(counts.values())}" + (f" ({detail})" if detail else "")
+
+
+def check_infra_failures(ctx: RunContext, what: str, trees) -> dict[str, int]:
+    """Fail stage ``what`` (e.g. ``"iteration 1 generate"``) when more than ``runtime.max_infra_failure_share``
+    of ``trees`` ended by infrastructure failures; returns the counts (:func:`infra_counts`) otherwise.
+
+    Raises :class:`InfrastructureFailure`, one line: how many trees failed and why, the policy server's state
+    (its exit status and log file: ``tasks.serve.server_diagnosis``), the last error a node recorded, and that
+    a re-run redoes the stage."""
+    from tasks.serve import server_diagnosis
+
+    trees = list(trees)
+    counts = infra_counts(trees)
+    n, limit = sum(counts.values()), ctx.config.runtime.max_infra_failure_share
+    if not trees or n <= limit * len(trees):
+        return counts
+    errors = [x.error for t in trees if infra_failure(t) for x in t.nodes if x.error] + \
+        [t.error for t in trees if t.error]
+    last = " ".join(str(errors[-1]).split())[:300] if errors else "none recorded"
+    detail = ", ".join(f"{k} {v}" for k, v in counts.items())
+    raise InfrastructureFailure(
+        f"{what}: {n} of {len(trees)} trees ({n / len(trees):.0%}; limit {limit:.0%}, runtime.max_infra_failure_share) "
+        f"ended by infrastructure failures ({detail}): {server_diagnosis(ctx)}; last error: {last}; no completion "
+        f"marker written: re-run to redo it on a fresh server")
 
 
 def training_pool(ctx: RunContext) -> list[Task]:
@@ -93,6 +152,7 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     G = ctx.config.algo.G
     policy = _policy(ctx, served)
     counts = {"done": 0, "crashed": 0, "solved": 0}
+    infra: dict[str, int] = {}  # trees per infrastructure failure so far
     total = len(tasks) * G
     # Each tree is written on its own as it finishes (a crash mid-generation leaves the finished ones
     # here for inspection; resume regenerates the iteration); removed once trees.jsonl is complete.
@@ -102,7 +162,7 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     ui(0, total)
 
     log_tenths = every_tenth(lambda done, total_: log.info(
-        f"rollouts {done}/{total_}  solved {counts['solved']}  crashed {counts['crashed']}"))
+        f"rollouts {done}/{total_}  solved {counts['solved']}  {infra_text(infra)}"))
 
     def progress(done: int, total_: int, tree) -> None:
         journal.write(tree_json_line(tree) + "\n")
@@ -110,6 +170,8 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
         ui(done, total_)
         counts["done"] = done
         counts["crashed"] += int(bool(tree.error))
+        if (why := infra_failure(tree)) is not None:
+            infra[why] = infra.get(why, 0) + 1
         counts["solved"] += int(tree.root.verifier == 1.0)
         log_tenths(done, total_)
 
@@ -133,15 +195,17 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     serving = serving_delta(served_before, scrape(served.base_url), gen_s)
     for t in trees:
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
+    # a dead server fails the stage here (its trees stay in the journal), before anything is stored
+    infra = check_infra_failures(ctx, f"iteration {iteration} generate", trees)
     path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)  # one bad tree: a failed record
     journal_path.unlink(missing_ok=True)
     up = ctx.store().put_file(path, iter_key(iteration, "trees/trees.jsonl"))
-    log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s"
+    log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s; {infra_text(infra)}"
              + (f"; vLLM {serving['generation_tokens_per_s']:.0f} generated tok/s, prefix-cache hit rate "
                 f"{serving.get('prefix_cache_hit_rate', float('nan')):.2f}, {serving.get('preemptions', 0):.0f} "
                 f"preemptions" if "generation_tokens_per_s" in serving else ""))
     return GenerateOutput(trees_uri=up["uri"], sha256=up["sha256"], num_trees=len(trees), crashed=counts["crashed"],
-                          generation_s=round(gen_s, 3), serving=serving)
+                          infra_failures=infra, generation_s=round(gen_s, 3), serving=serving)
 
 
 @stage("judge", name="judge-trees")
@@ -286,6 +350,10 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
     ui(0, total)
     report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
                             tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served), progress=progress)
+    where = "evaluation" if iteration is None else f"iteration {str(iteration).removeprefix('iter-')} evaluate"
+    infra = check_infra_failures(ctx, where, report.trees)  # a dead server fails the stage, no marker written
+    if infra:
+        run_logger().warning(f"{where}: {len(report.trees)} trees, {infra_text(infra)} (left unscored)")
     return EvalOutput(metrics=report.metrics(), rows=[r.table_row() for r in report.rows])
 
 

@@ -32,8 +32,8 @@ from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.tree import ExecutionTree
-from tasks.common import RunContext, artifact_key, fetch, in_prefect_run
-from tasks.records import EvalOutput, GenerateOutput, JudgeOutput, TrainOutput, ValidateOutput
+from tasks.common import RunContext, artifact_key, fetch, in_prefect_run, stage
+from tasks.records import EvalOutput, GenerateOutput, JudgeOutput, LogOutput, TrainOutput, ValidateOutput
 
 FLOW_RUN_TAG = "rao.prefect_flow_run_id"
 
@@ -44,17 +44,36 @@ def _client():
     return MlflowClient()
 
 
-def log_metrics(run_id: str, metrics: dict[str, float], step: int | None = None) -> None:
-    """Log finite numeric metrics to ``run_id`` (NaN/inf skipped)."""
+def logged_steps(run_id: str, keys: Sequence[str]) -> dict[str, set[int]]:
+    """The steps at which each of ``keys`` already has a point in run ``run_id`` (keys with none are absent).
+
+    One ``get_run`` for the run's metric keys, then one ``get_metric_history`` per key the run already has,
+    so a run's first log costs one request."""
+    client = _client()
+    present = set(client.get_run(run_id).data.metrics) & set(keys)
+    return {k: {m.step for m in client.get_metric_history(run_id, k)} for k in sorted(present)}
+
+
+def log_metrics(run_id: str, metrics: dict[str, float], step: int | None = None) -> int:
+    """Log finite numeric metrics to ``run_id`` at ``step`` (default 0), each (metric, step) at most once.
+
+    NaN/inf values are skipped, and so is every metric that already has a point at ``step`` in the run
+    (:func:`logged_steps`): a resumed or re-run campaign logs again what it logged before, and MLflow keeps
+    the first point only, so counts, averages and charts stay those of one run. Returns the points logged.
+    """
     import time
 
     from mlflow.entities import Metric
 
-    ts = int(time.time() * 1000)
-    ms = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()
+    ts, step = int(time.time() * 1000), step or 0
+    ms = [Metric(k, float(v), ts, step) for k, v in metrics.items()
           if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    if ms:
+        seen = logged_steps(run_id, [m.key for m in ms])
+        ms = [m for m in ms if step not in seen.get(m.key, ())]
     for i in range(0, len(ms), 500):
         _client().log_batch(run_id, metrics=ms[i:i + 500])
+    return len(ms)
 
 
 def log_json(run_id: str, obj: Any, artifact_file: str) -> None:
@@ -112,11 +131,35 @@ def learning_curve_figure(run_id: str, keys: Sequence[str], title: str):
     return fig
 
 
-@task(name="log-iteration", cache_policy=NONE)
+def step_key(name: str) -> str:
+    """The MLflow key of a trainer metric per optimizer step (``train/loss`` -> ``train_step/loss``): its own
+    series in the iteration run (step = optimizer step), apart from the iteration's value (``train/loss`` at
+    step = iteration), so no (metric, step) holds two points."""
+    return "train_step/" + name.removeprefix("train/")
+
+
+def logged_tree_ids(run_id: str, experiment_id: str) -> set[str]:
+    """The ``rao.tree_id`` tags of the traces already linked to run ``run_id`` (spans not read)."""
+    client, ids, token = _client(), set(), None
+    while True:
+        page = client.search_traces(locations=[experiment_id], run_id=run_id, max_results=500, page_token=token,
+                                    include_spans=False)
+        ids |= {t.info.tags.get("rao.tree_id") for t in page}
+        token = page.token
+        if not token:
+            return ids - {None}
+
+
+@stage("log", name="log-iteration")
 def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOutput, judged: JudgeOutput,
-                  val: ValidateOutput, tr: TrainOutput, ev: EvalOutput, times: dict[str, float]) -> dict[str, float]:
+                  val: ValidateOutput, tr: TrainOutput, ev: EvalOutput, times: dict[str, float]) -> LogOutput:
     """Log iteration ``iteration``'s metrics to its run ``run_id`` and the campaign run, with its plots and
-    traces (module docstring); returns the metrics."""
+    traces (module docstring); returns the metrics and the stage times logged.
+
+    A resumable stage (``tasks.common.stage``, marker ``iter-K/_done/log.json``): a re-run returns what was
+    logged without asking MLflow anything. Interrupted half-way, the re-run logs only what is missing: each
+    (metric, step) at most once (:func:`log_metrics`) and no tree's trace twice (:func:`logged_tree_ids`).
+    """
     from rao_core.metrics import depth_histogram, sample_depth_metrics, tree_metrics
     from rao_core.tree import read_trees
 
@@ -135,19 +178,22 @@ def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOut
         m["time/train_peak_rss_mb"] = tr.peak_rss_mb
     log_metrics(run_id, m, step=iteration)
     log_metrics(ctx.campaign_run_id, m, step=iteration)
-    for i, step_m in enumerate(tr.metrics):
-        log_metrics(run_id, step_m, step=i)
-    if not (gen.resumed and judged.resumed):
-        hist = depth_histogram(trees)
-        log_figure(run_id, depth_histogram_figure(hist, f"iteration {iteration}: nodes per depth"),
-                   "plots/depth_histogram.png")
-        if ctx.config.tracking.log_traces:
-            log_trees_as_traces(run_id, ctx.mlflow_experiment_id, trees, ctx.config.tracking.max_traces_per_iteration)
+    for i, step_m in enumerate(tr.metrics):  # own keys: step = optimizer step, not iteration
+        log_metrics(run_id, {step_key(k): v for k, v in step_m.items()}, step=i)
+    hist = depth_histogram(trees)
+    log_figure(run_id, depth_histogram_figure(hist, f"iteration {iteration}: nodes per depth"),
+               "plots/depth_histogram.png")
+    if ctx.config.tracking.log_traces:
+        limit = ctx.config.tracking.max_traces_per_iteration
+        done = logged_tree_ids(run_id, ctx.mlflow_experiment_id)
+        todo = [t for t in trees[:limit] if t.tree_id not in done]
+        if todo:
+            log_trees_as_traces(run_id, ctx.mlflow_experiment_id, todo, limit)
     keys = ([k for k in m if k.startswith("eval/") and k.endswith(("/success", "/child_success"))]
             + sorted(k for k in m if k.startswith("success/depth_")))
     log_figure(ctx.campaign_run_id, learning_curve_figure(ctx.campaign_run_id, keys, f"{ctx.name}: learning curve"),
                "plots/learning_curve.png")
-    return m
+    return LogOutput(metrics=m, times=times)
 
 
 def compare_with_champion(metrics: dict[str, float], champion: dict[str, float], tolerance: float
@@ -173,7 +219,8 @@ def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], 
                    champion: dict[str, float], tolerance: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Log a nightly evaluation of ``ref`` (metrics, :func:`compare_with_champion` rows, Prefect table
     artifacts ``artifact_key(name, "comparison")`` and ``"results"`` inside a Prefect run) and end its run
-    ``run_id``, FAILED when a metric regressed; returns the comparison rows and the regressions."""
+    ``run_id``, FAILED when a metric regressed or none had a champion value to compare with; returns the
+    comparison rows and the regressions."""
     from prefect.artifacts import create_table_artifact
 
     log_metrics(run_id, metrics)
@@ -189,7 +236,8 @@ def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], 
             import logging
 
             logging.getLogger("rao").warning(f"evaluation artifacts {name}: {type(e).__name__}: {e}")
-    _client().set_terminated(run_id, status="FAILED" if bad else "FINISHED")
+    compared = any(r["status"] != "new" for r in rows)  # none: it could not catch a regression
+    _client().set_terminated(run_id, status="FAILED" if bad or not compared else "FINISHED")
     return rows, bad
 
 

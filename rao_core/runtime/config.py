@@ -62,6 +62,14 @@ class RuntimeConfig(BaseModel):
                                              "the tree, not on its wait behind the others.")
     policy_timeout_s: float = Field(300.0, gt=0, description="Seconds one generation may take (including "
                                     "retries) before the node ends with POLICY_ERROR.")
+    max_infra_failure_share: float = Field(
+        0.25, ge=0, le=1, description="Largest share of a campaign stage's trees (generation, evaluation) that "
+        "may end by an infrastructure failure (root policy_error, sandbox_error, token_prefix_break or "
+        "tree_timeout, or a crashed rollout) before the stage fails, naming the server's state and log, with no "
+        "completion marker (a re-run redoes it on a fresh server). 0.25 because the two cases are far apart: a "
+        "policy server that dies fails every tree still running (8 of 8 in the drill that motivated it), while a "
+        "healthy run loses a few percent to a killed REPL or a slow tree; a quarter lies between them and keeps "
+        "three quarters of each batch the policy's own, so most groups of G rollouts still compare.")
     delegation: bool = Field(True, description="False = single-agent baseline: max depth 0 and no "
                              "launch_subagent in the prompt or the REPL.")
     sandbox: Literal["bwrap", "none"] = Field("bwrap", description="'bwrap' (bubblewrap, default) or "

@@ -1,7 +1,9 @@
 """The README's Prefect workflow end to end (issue 17): on a real Prefect server started by ``rao services up
 --prefect-server``, ``rao deploy`` and the worker command it prints, the ``campaign`` deployment runs a cheap
 campaign (tiny model, 1 iteration) to COMPLETED, then the ``nightly-evaluation`` deployment, under another
-name, evaluates the checkpoint that campaign registered (fetched by its own S3 URI) to COMPLETED.
+name, evaluates the checkpoint that campaign registered (fetched by its own S3 URI) to COMPLETED with the
+deployment's default parameters (the config's own evaluation: >= 1 metric compared with the champion); with a
+champion tagged above what the checkpoint reaches, the next nightly FAILS with the regression table (issue 26).
 
 Both flows use the session's tiny vLLM server (``serving.base_url``, ``switch: none``), so the test starts
 no vLLM of its own; S3 is the session's SeaweedFS, MLflow a SQLite file of the test.
@@ -57,6 +59,16 @@ def _run_deployment(api: str, deployment_id: str, parameters: dict, timeout_s: f
     return run
 
 
+def _tables(api: str, key: str) -> list[list[dict]]:
+    """The rows of every version of the Prefect table artifact ``key``, oldest first."""
+    import json
+
+    r = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": [key]}}, "sort": "CREATED_DESC"},
+                   timeout=30)
+    r.raise_for_status()
+    return [json.loads(a["data"]) if isinstance(a["data"], str) else a["data"] for a in reversed(r.json())]
+
+
 def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_through_a_worker(
         prefect_up, vllm_tiny, s3_server, tmp_path):
     env, _, port = prefect_up
@@ -78,12 +90,23 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
         campaign = _run_deployment(api, deps["campaign"], {"params": {"config": str(config), "name": CAMPAIGN}},
                                    900)
         t_campaign = time.monotonic() - t0
-        nightly = None
-        if campaign["state"]["type"] == "COMPLETED":
-            suite = [{"env": "textcraft-synth", "difficulties": ["easy"], "n_tasks": 2, "modes": ["recursive"]}]
+        nightly = worse = None
+        if campaign["state"]["type"] == "COMPLETED":  # the deployment's defaults: no suite given
+            import mlflow
+
+            # the tiny model's iteration made no update, so it never became champion: make its version the
+            # champion (its tags hold the scores the campaign's evaluation recorded), as a real campaign's is
+            c = mlflow.MlflowClient(tracking_uri=mlflow_uri, registry_uri=mlflow_uri)
+            cand = c.get_model_version_by_alias(f"rao-policy-{CAMPAIGN}", "candidate")
+            c.set_registered_model_alias(cand.name, "champion", cand.version)
             nightly = _run_deployment(api, deps["nightly-evaluation"], {"params": {
-                "config": str(config), "model": "candidate", "campaign": CAMPAIGN, "name": NIGHTLY,
-                "suite": suite}}, 600)
+                "config": str(config), "model": "candidate", "campaign": CAMPAIGN, "name": NIGHTLY}}, 600)
+        if nightly and nightly["state"]["type"] == "COMPLETED":
+            # a champion scored above what the checkpoint reaches (the tiny model solves nothing): a regression
+            champ = c.get_model_version_by_alias(f"rao-policy-{CAMPAIGN}", "champion")
+            c.set_model_version_tag(champ.name, champ.version, "eval/recursive/easy/success", "1.0")
+            worse = _run_deployment(api, deps["nightly-evaluation"], {"params": {
+                "config": str(config), "model": "candidate", "campaign": CAMPAIGN, "name": NIGHTLY}}, 600)
     finally:
         kill_group(worker.pid)
         worker.wait(timeout=30)
@@ -93,6 +116,13 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     assert campaign["name"] == CAMPAIGN
     assert nightly["state"]["type"] == "COMPLETED", f"{nightly['state']['message']}\n{log}"
     assert nightly["name"] == f"{NIGHTLY}-candidate"
+    tables = _tables(api, f"{NIGHTLY}-comparison")  # oldest first: the nightly with defaults, then the worse one
+    assert [r["status"] for r in tables[0]] == ["ok"], tables[0]  # >= 1 metric compared with the champion
+    assert tables[0][0]["metric"] == "eval/recursive/easy/success"
+    assert worse["state"]["type"] == "FAILED", worse["state"]
+    assert "eval/recursive/easy/success: 0.000 < champion 1.000" in worse["state"]["message"]
+    assert tables[1] == [{"metric": "eval/recursive/easy/success", "champion": 1.0, "value": 0.0, "delta": -1.0,
+                          "status": "REGRESSION"}]
 
     # The evaluation ran under its own name on the version the campaign registered, fetched by its S3 URI
     # into the evaluation's own cache.
@@ -107,7 +137,9 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     fetched = home / f"campaigns/{NIGHTLY}/checkpoints/{model}-v{cand.version}"
     assert (fetched / "config.json").exists()
     exp = client.get_experiment_by_name("rao").experiment_id
-    runs = client.search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
-    assert [(x.info.status, x.data.tags["rao.model"]) for x in runs] == [("FINISHED", f"models:/{model}@candidate")]
+    runs = client.search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'", order_by=["start_time DESC"])
+    assert [(x.info.status, x.data.tags["rao.model"]) for x in runs] == [("FAILED", f"models:/{model}@candidate"),
+                                                                         ("FINISHED", f"models:/{model}@candidate")]
+    runs = runs[1:]  # the nightly with the deployment's defaults
     assert "eval/recursive/easy/success" in runs[0].data.metrics
     assert runs[0].data.tags.get("rao.prefect_flow_run_id") == nightly["id"]

@@ -151,14 +151,43 @@ def test_log_iteration_logs_the_iterations_metrics_and_plots(ctx, tmp_path):
     tr = TrainOutput(checkpoint=Checkpoint(name="iter-1"), steps=2, last_step={"train/loss": 0.5},
                      metrics=[{"train/loss": 0.7}, {"train/loss": 0.5}], peak_rss_mb=300.0)
     ev = EvalOutput(metrics={"eval/recursive/easy/success": 0.5})
-    m = log_iteration.fn(ctx, 1, it_run, gen, judged, val, tr, ev, {"generate": 4.0, "train": 1.0})
+    out = log_iteration.fn(ctx, 1, it_run, gen, judged, val, tr, ev, {"generate": 4.0, "train": 1.0})
+    m = out.metrics
+    assert out.times == {"generate": 4.0, "train": 1.0} and not out.resumed
     assert m["success/root"] == 0.5 and m["judge/fail_rate"] == 0.25 and "judge/model" not in m
     assert m["samples/num_samples"] == 2 and m["train/loss"] == 0.5 and m["eval/recursive/easy/success"] == 0.5
     assert (m["time/generate_s"], m["time/generation_model_s"], m["time/train_peak_rss_mb"]) == (4.0, 2.0, 300.0)
     assert m["serving/preemptions"] == 3.0
     logged = client.get_run(it_run).data.metrics
     assert logged["success/root"] == 0.5 and client.get_run(campaign_run).data.metrics["time/train_s"] == 1.0
-    history = sorted((x.step, x.value) for x in client.get_metric_history(it_run, "train/loss"))
-    assert history == [(0, 0.7), (1, 0.5), (1, 0.5)]  # the two steps, then the last one at the iteration's step
+    history = sorted((x.step, x.value) for x in client.get_metric_history(it_run, "train_step/loss"))
+    assert history == [(0, 0.7), (1, 0.5)]  # one point per optimizer step, in its own series
+    assert [(x.step, x.value) for x in client.get_metric_history(it_run, "train/loss")] == [(1, 0.5)]  # iteration 1
     assert {a.path for a in client.list_artifacts(it_run, "plots")} == {"plots/depth_histogram.png"}
     assert {a.path for a in client.list_artifacts(campaign_run, "plots")} == {"plots/learning_curve.png"}
+    # a second call (a resumed campaign) reads the marker: no MLflow point is added
+    points = {r: sum(len(client.get_metric_history(r, k)) for k in client.get_run(r).data.metrics)
+              for r in (it_run, campaign_run)}
+    again = log_iteration.fn(ctx, 1, it_run, gen, judged, val, tr, ev, {"generate": 9.0})
+    assert again.resumed and again.metrics == m and again.times == out.times
+    assert points == {r: sum(len(client.get_metric_history(r, k)) for k in client.get_run(r).data.metrics)
+                      for r in (it_run, campaign_run)}
+
+
+@pytest.mark.services
+def test_log_metrics_logs_each_metric_and_step_once(tmp_path):
+    """``tracking.log_metrics`` drops what the run already has at that step: a re-run logs nothing new, a
+    new step or a new key is logged, NaN is skipped."""
+    import mlflow
+
+    from infra.tracking import configure_mlflow, ensure_experiment
+    from tasks.tracking import log_metrics
+
+    configure_mlflow(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    run = client.create_run(ensure_experiment("once")).info.run_id
+    assert log_metrics(run, {"a": 1.0, "b": 2.0, "c": float("nan")}, step=1) == 2
+    assert log_metrics(run, {"a": 5.0, "b": 6.0}, step=1) == 0  # the same (metric, step): kept as first logged
+    assert log_metrics(run, {"a": 3.0, "d": 4.0}, step=2) == 2
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run, "a")) == [(1, 1.0), (2, 3.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run, "b")] == [(1, 2.0)]

@@ -302,7 +302,7 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
         for _mode in config.modes:
             for d in range(1, len(tasks) + 1):
                 progress(d, len(tasks), None)
-        return SimpleNamespace(metrics=lambda: {"eval/x": 1.0}, rows=[])
+        return SimpleNamespace(metrics=lambda: {"eval/x": 1.0}, rows=[], trees=[])
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
