@@ -40,6 +40,8 @@ def parallel_share(trees: Sequence[ExecutionTree]) -> float:
     over = total = 0
     for t in trees:
         for n in t.nodes:
+            if not n.children:
+                continue
             o, k = overlapping_children(t, n.node_id)
             over, total = over + o, total + k
     return over / total if total else 0.0

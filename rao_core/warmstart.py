@@ -39,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rao_core.envs.base import Environment, Task
+from rao_core.metrics import overlapping_children
 from rao_core.policies.base import Generation, Policy, PolicyRequest
 from rao_core.progress import ProgressCallback, StepProgress
 from rao_core.runtime import RuntimeConfig, load_tokenizer, oracle_policy, run_tree
@@ -275,8 +276,6 @@ def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool 
 def _launch_kind(tree: ExecutionTree, node: Node) -> str | None:
     """'parallel' when two of ``node``'s children ran at overlapping times, 'sequential' when it has
     children that never overlapped, None without children."""
-    from rao_core.metrics import overlapping_children
-
     over, kids = overlapping_children(tree, node.node_id)
     if not kids:
         return None

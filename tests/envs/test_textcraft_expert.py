@@ -8,7 +8,7 @@ import pytest
 
 from rao_core.envs.textcraft import TextCraftEnv
 from rao_core.policies.textcraft_expert import TextCraftExpert
-from tests.envs.textcraft_driver import FakeRuntime
+from tests.envs.textcraft_driver import FakeRuntime, LazyChildren
 
 ENV = TextCraftEnv()
 
@@ -66,12 +66,6 @@ async def test_single_agent_expert_without_delegation():
 async def test_expert_repairs_after_a_failed_child():
     """A child that never crafts: the parent's crafts fail, it repairs from scratch and still succeeds."""
     task = ENV.generate_tasks(n=1, seed=5, difficulty="medium")[0]
-
-    class LazyChildren(TextCraftExpert):
-        async def generate(self, request):
-            if request.node.depth > 0:
-                return self._msg("I give up.", "finish('nothing')")
-            return await super().generate(request)
 
     ep, rt, root = await _solve(task, LazyChildren(seed=1))
     if len(rt.nodes) > 1:

@@ -10,9 +10,8 @@ import pytest
 
 from rao_core.envs.textcraft import TextCraftEnv, split_items
 from rao_core.envs.textcraft.tasks import graph_of
-from rao_core.policies.base import code_message
 from rao_core.policies.textcraft_expert import TextCraftExpert
-from tests.envs.textcraft_driver import FakeRuntime
+from tests.envs.textcraft_driver import FakeRuntime, LazyChildren
 
 ENV = TextCraftEnv()
 
@@ -65,12 +64,6 @@ async def test_expert_without_split_crafts_all_targets_itself():
 
 async def test_expert_repairs_when_a_subagent_fails():
     task = ENV.generate_tasks(n=1, seed=7, difficulty="tier1x2")[0]
-
-    class LazyChildren(TextCraftExpert):
-        async def generate(self, request):
-            if request.node.depth > 0:
-                return code_message("I give up.", "finish('nothing')")
-            return await super().generate(request)
 
     ep = ENV.new_episode(task)
     rt = FakeRuntime(ENV, ep, LazyChildren(seed=1, split_targets_min=2, max_depth=1), max_depth=1)

@@ -15,7 +15,8 @@ import json
 import re
 import traceback
 
-from rao_core.policies.base import PolicyRequest
+from rao_core.policies.base import PolicyRequest, code_message
+from rao_core.policies.textcraft_expert import TextCraftExpert
 from rao_core.tree import EndReason, Node
 
 _CODE = re.compile(r"```(?:python|py)[^\n]*\n(.*?)\n?```", re.DOTALL)
@@ -100,3 +101,13 @@ class FakeRuntime:
             node.messages.append({"role": "user", "content": obs})
         node.end_reason = EndReason.FINISHED if state["finished"] else EndReason.MAX_STEPS
         env.on_node_end(ep, node)
+
+
+class LazyChildren(TextCraftExpert):
+    """The expert at the root; every sub-agent gives up at once (``finish('nothing')``), so the parent's
+    repair path runs."""
+
+    async def generate(self, request):
+        if request.node.depth > 0:
+            return code_message("I give up.", "finish('nothing')")
+        return await super().generate(request)
