@@ -292,7 +292,8 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
         ui = ProgressArtifact(artifact_key(ctx.name, "train-progress", iteration), "optimizer steps")
         run = run_training(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
                            on_step=steps.append, on_progress=ui, samples_path=samples_path,
-                           around_child=gpus_released(ctx))
+                           around_child=gpus_released(ctx),
+                           on_status=lambda line: log.info(f"iteration {iteration} train: {line}"))
         peak_rss_mb = run.peak_rss_mb
         train_s = time.monotonic() - t0
         log.info(f"trained {len(steps)} steps in {train_s:.1f} s ({tcfg.process}"
