@@ -385,4 +385,5 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
     assert lines == [
         f"warm start: 32 expert demonstration trees, then SFT of {ctx.config.model.path}",
         *(f"warm start: demonstration trees {d}/32" for d in (3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32)),
-        "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500"]
+        "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500",
+        "warm start: SFT done (2 s); uploading demonstrations and the checkpoint to s3://mem/iter-0"]
