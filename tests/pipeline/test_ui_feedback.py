@@ -387,3 +387,51 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
         *(f"warm start: demonstration trees {d}/32" for d in (3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32)),
         "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500",
         "warm start: SFT done (2 s); uploading demonstrations and the checkpoint to s3://mem/iter-0"]
+
+
+def test_the_end_of_run_table_has_every_stage_and_sums_to_the_wall_time():
+    """Issue 27, item 3: one table for the whole `rao run`: make's set-up check, start-up, Prefect's API, every
+    stage of the flow (warm start, first vLLM start, base evaluation, iterations, retention, ...) and Prefect's
+    end; the rows are consecutive intervals, so their sum is the wall time from make's start to the table."""
+    from rao_cli import pipeline_cmd
+    from rao_core.progress import Timeline
+
+    clock = iter([1000.0, 1001.5, 1030.0, 1290.25, 1420.0, 1456.5, 1458.0, 1700.0, 1703.0, 1710.0]).__next__
+    flow = Timeline(clock=clock)  # the flow's laps, as rao_campaign takes them (epoch seconds)
+    for stage in ("config and task-pool check", "S3 storage start, completion check", "warm start",
+                  "first vLLM start", "base evaluation (iteration 0)", "register iteration 0", "iteration 1",
+                  "retention after iteration 1", "vLLM stop"):
+        flow.lap(stage)
+    summary = {"campaign": "smoke", "iterations": [], "wall_s": round(flow.total, 1), "timeline": flow.to_dict()}
+    tl = pipeline_cmd.run_timeline(summary, process_start=990.0, called_at=995.0, returned_at=1712.5, now=1713.0,
+                                   make_started_at=988.0)
+    assert [r["stage"] for r in tl.rows] == [
+        "make run: set-up check (scripts/setup.sh)", "rao start-up: interpreter, imports, config and completion "
+        "checks", "Prefect: local API start, flow run created", "config and task-pool check",
+        "S3 storage start, completion check", "warm start", "first vLLM start", "base evaluation (iteration 0)",
+        "register iteration 0", "iteration 1", "retention after iteration 1", "vLLM stop", "Prefect: flow run end",
+        "end-of-run summary"]
+    assert [round(r["s"], 2) for r in tl.rows] == [2.0, 5.0, 5.0, 1.5, 28.5, 260.25, 129.75, 36.5, 1.5, 242.0,
+                                                   3.0, 7.0, 2.5, 0.5]
+    assert sum(r["s"] for r in tl.rows) == tl.total == 1713.0 - 988.0  # the wall time, exactly
+    # without make (rao run on its own) the first row is the start-up; a make mark after the start is ignored
+    alone = pipeline_cmd.run_timeline(summary, process_start=990.0, called_at=995.0, returned_at=1712.5,
+                                      now=1713.0, make_started_at=991.0)
+    assert alone.rows[0]["stage"].startswith("rao start-up") and alone.total == 1713.0 - 990.0
+
+    with pipeline_cmd.console.capture() as cap:
+        pipeline_cmd.console.print(pipeline_cmd.wall_time_table(tl.rows, tl.total, "t"))
+    text = cap.get()
+    assert "first vLLM start" in text and "129.8" in text and "17.9%" in text  # 129.75 / 725 s
+    assert "total (wall time)" in text and "725.0" in text and "sum of the 14 rows above" in text
+
+
+def test_an_iterations_row_names_its_stages_and_what_they_leave_out():
+    from flows.campaign import _iteration_detail
+
+    times = {"serve": 0.2, "generate": 86.0, "judge": 1.0, "validate": 2.0, "train": 91.0, "serve_new": 5.0,
+             "evaluate": 36.0, "register": 2.0}
+    assert _iteration_detail(times, 230.2, False) == ("serve 0 gen 86 judge 1 val 2 train 91 swap 5 eval 36 reg 2 "
+                                                      "log+other 7")
+    assert _iteration_detail({"generate": 86.0}, 3.0, True) == ("done by an earlier run (resumed from its "
+                                                                "markers): generate 86")
