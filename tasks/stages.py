@@ -277,6 +277,10 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
     if len(batch) == 0 or all(s.advantage == 0.0 for s in batch.samples):
         # Every advantage is 0 (e.g. all rollouts of every group scored alike): the update is a no-op.
         log.warning(f"iteration {iteration}: no non-zero advantage; checkpoint unchanged")
+        ProgressArtifact(artifact_key(ctx.name, "train-progress", iteration), "optimizer steps").finish(
+            f"no update: {'no training sample' if len(batch) == 0 else f'every advantage of the {len(batch)} samples is 0'}"
+            " (no group carried signal), 0 optimizer steps; the parent's weights were copied as this iteration's "
+            "checkpoint")
         src = checkpoint_local(ctx, parent)
         import shutil
 

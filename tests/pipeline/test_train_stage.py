@@ -208,3 +208,48 @@ def test_the_training_child_reports_its_phases_and_a_line_when_it_is_silent(tmp_
     assert "training process: still model and optimizer ready; first optimizer step running" in text[i + 2:]
     assert text[-1] == "training process: saving checkpoint"
     assert all(line.endswith(" s)") for line in lines)
+
+
+def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_path, monkeypatch):
+    """Issue 27, item 4: every advantage 0 -> no optimizer step; the train-progress artifact still appears,
+    complete, saying "no update" (it used to be missing, as if the stage had not run)."""
+    from tasks import stages
+
+    made: dict[str, list] = {}
+
+    class Recorder:
+        def __init__(self, key, description, **kw):
+            self.key = key
+            made[key] = []
+
+        def __call__(self, done, total):
+            made[self.key].append((done, total))
+
+        def finish(self, text):
+            made[self.key].append(text)
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    (parent / "config.json").write_text("{}")
+    monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
+    monkeypatch.setattr(stages, "checkpoint_local", lambda ctx, ckpt: parent)
+    zero = [s.model_copy(update={"advantage": 0.0}) for s in _samples()]
+    out = _run_zero_stage(tmp_path, monkeypatch, zero)
+    assert out.steps == 0 and (Path(out.checkpoint.local) / "config.json").exists()
+    assert made == {"stage-iter-1-train-progress": [
+        "no update: every advantage of the 2 samples is 0 (no group carried signal), 0 optimizer steps; the "
+        "parent's weights were copied as this iteration's checkpoint"]}
+
+
+def _run_zero_stage(tmp_path: Path, monkeypatch, samples):
+    from rao_core.config import CampaignConfig
+    from tasks import stages
+    from tasks.common import RunContext
+    from tasks.records import Checkpoint
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(RunContext, "store", lambda self: _FakeStore())
+    ctx = RunContext(config=CampaignConfig(name="stage"), s3={}, mlflow_uri="")
+    write_samples(ctx.local("iter-1/samples.jsonl"), samples)
+    return stages.train_policy.fn.__wrapped__(ctx, 1, "s3://fake/iter-1/samples/samples.jsonl",
+                                              Checkpoint(name="iter-0", local=str(tmp_path / "parent")))
