@@ -52,18 +52,21 @@ class CampaignParams(BaseModel):
                       "digits, dashes). A campaign of this name that already exists is RESUMED after its last "
                       "completed stage, not started again: give a new name for a new campaign. Empty: the config "
                       "file's name (cpu-smoke: 'smoke'), resumed the same way.")
-    env: str | None = Field(None, description="Environment, e.g. textcraft-synth.")
+    # Plain text fields like name (a `str | None` field needs its "None" toggle clicked in the form before it
+    # can be typed in); empty or None: the config file's value. The numeric fields below keep `X | None`:
+    # no number means "the file's value", and no number is typeable as that.
+    env: str = Field("", description="Environment, e.g. textcraft-synth. Empty: the config file's.")
     iterations: int | None = Field(None, ge=0, description="RL iterations.")
     tasks_per_iteration: int | None = Field(None, ge=1, description="RL tasks sampled per iteration.")
     G: int | None = Field(None, ge=2, description="Rollout trees per task (group size of Eq. 3).")
     lam: float | None = Field(None, ge=0, description="lambda of Eq. (1).")
     max_depth: int | None = Field(None, ge=0, description="Maximum recursion depth.")
     context_window: int | None = Field(None, ge=256, description="Tokens per agent node.")
-    model_path: str | None = Field(None, description="Initial checkpoint folder.")
+    model_path: str = Field("", description="Initial checkpoint folder. Empty: the config file's model.path.")
     seed: int | None = Field(None, description="Master seed.")
     overrides: list[str] = Field(default_factory=list, description="Extra KEY=VALUE overrides, e.g. trainer.lr=1e-5.")
 
-    @field_validator("name", mode="before")
+    @field_validator("name", "env", "model_path", mode="before")
     @classmethod
     def _none_is_empty(cls, v: Any) -> Any:
         return "" if v is None else v

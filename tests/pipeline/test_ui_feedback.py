@@ -435,3 +435,25 @@ def test_an_iterations_row_names_its_stages_and_what_they_leave_out():
                                                       "log+other 7")
     assert _iteration_detail({"generate": 86.0}, 3.0, True) == ("done by an earlier run (resumed from its "
                                                                 "markers): generate 86")
+
+
+def test_the_forms_optional_text_fields_are_plain_text_with_empty_meaning_the_configs():
+    """Issue 27, item 4: the text fields of the campaign, evaluation and experiment forms are strings (no
+    "None" toggle to click before typing); empty, or None from the CLI, means the config's value as before."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.campaign import CampaignParams, rao_campaign
+    from flows.evaluate import EvaluateParams, rao_evaluate
+    from flows.experiment import ExperimentParams, rao_experiment
+
+    for flow_fn, model, fields in ((rao_campaign, "CampaignParams", ("name", "env", "model_path")),
+                                   (rao_evaluate, "EvaluateParams", ("campaign",)),
+                                   (rao_experiment, "ExperimentParams", ("name",))):
+        props = parameter_schema(flow_fn.fn).model_dump()["definitions"][model]["properties"]
+        for f in fields:
+            assert props[f].get("type") == "string" and "anyOf" not in props[f] and props[f]["default"] == "", (model, f)
+    base = CampaignParams().resolve()
+    for p in (CampaignParams(env=None, model_path=None), CampaignParams(env="", model_path="")):
+        cfg = p.resolve()
+        assert (cfg.tasks.env, cfg.model.path) == (base.tasks.env, base.model.path)
+    assert EvaluateParams(campaign=None).campaign == "" and ExperimentParams(name=None).name == ""
