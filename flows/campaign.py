@@ -300,7 +300,7 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
         tracking.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
     tracking.claim_run(run_id)
     summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": [],
-                               "iterations_planned": cfg.iterations}
+                               "iterations_planned": cfg.iterations, "mlflow_experiment_id": exp_id}
     ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id, campaign_run_id=run_id)
     summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
     timeline.lap("MLflow experiment and campaign run")

@@ -54,6 +54,21 @@ def prefect_hint() -> str:
     return f"Prefect:   PREFECT_HOME={home} {prefect_bin()} server start  then open the printed URL"
 
 
+def mlflow_hint(summary: dict) -> str:
+    """The end-of-run lines saying where the campaign's MLflow runs are: the ``mlflow ui`` command and the page
+    of its experiment in the model-training view. MLflow 3's UI picks its view from a browser-wide switch
+    (GenAI by default), not from the experiment's ``mlflow.experimentKind`` tag: the ``workflowType`` query
+    parameter selects the runs table (``infra.tracking.MODEL_TRAINING_VIEW``)."""
+    from infra.tracking import MODEL_TRAINING_VIEW
+
+    line = f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})"
+    exp = summary.get("mlflow_experiment_id")
+    if exp:
+        line += (f"\n           then open http://127.0.0.1:5000/#/experiments/{exp}?{MODEL_TRAINING_VIEW} (the runs "
+                 "table; or pick \"Machine learning\" in the sidebar once: the browser remembers it)")
+    return line
+
+
 def _summary_table(summary: dict) -> Table:
     t = Table(title=f"campaign {summary['campaign']}: validation success by iteration")
     for c in ("iter", "train success", "signal (samples / groups)", "eval (mode/difficulty: success [95% CI])",
@@ -166,7 +181,7 @@ def print_summary(summary: dict, timeline=None) -> None:
         console.print(stage_table(summary))
         console.print(f"wall time: {summary['wall_s']} s")
     console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
-    console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
+    console.print(mlflow_hint(summary), soft_wrap=True)
     console.print(prefect_hint())
 
 
