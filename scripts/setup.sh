@@ -29,7 +29,7 @@ GPU=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then GPU=1; fi
 
 # 1. Main environment.
-if [ ! -x .venv/bin/python ]; then log "creating .venv"; "$PY" -m venv .venv; fi
+if [ ! -x .venv/bin/python ]; then log "creating .venv"; "$PY" -m venv .venv; rm -f "$STAMPS/main"; fi  # a new venv holds nothing the stamp says
 [ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q uv
 UV=.venv/bin/uv
 MLOCK=requirements/main.lock
