@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,7 @@ def test_the_window_fits_the_delegating_expert_but_not_one_node():
     """configs/experiment-textcraft-tier1x.yaml's window (1408 tokens, 256 for the reply), SmolLM2's tokenizer,
     the real runtime: at K = 2 (the trained and claimed K) the expert with delegation off runs out of the
     window, the one that delegates solves every task (docs/environments.md, "The tier1xK shape")."""
+    from rao_core.config import load_config
     from rao_core.paths import default_model_path
     from rao_core.runtime import RuntimeConfig, load_tokenizer
     from rao_core.tree import EndReason
@@ -85,12 +87,16 @@ def test_the_window_fits_the_delegating_expert_but_not_one_node():
 
     if not (default_model_path() / "tokenizer.json").exists():
         pytest.skip("SmolLM2 not prepared (make setup)")
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "experiment-textcraft-tier1x.yaml")
+    assert cfg.tasks.difficulties == ["tier1x2"] and cfg.eval.difficulties[0] == "tier1x2"  # trained, claimed K
+    assert (cfg.runtime.context_window, cfg.runtime.max_new_tokens) == (1408, 256)
     tok = load_tokenizer(str(default_model_path()))
     tasks = ENV.generate_tasks(n=3, seed=0, difficulty="tier1x2")
     demo = DemoConfig(split_targets_min=2, suboptimal_prob=0.0)
     rows = {}
     for arm in ("single", "recursive"):
-        rc = RuntimeConfig(context_window=1408, max_new_tokens=256, max_depth=1, delegation=arm == "recursive",
+        rc = RuntimeConfig(context_window=cfg.runtime.context_window, max_new_tokens=cfg.runtime.max_new_tokens,
+                           max_depth=1, delegation=arm == "recursive",
                            max_steps_per_node=40 if arm == "single" else 6,
                            sandbox="bwrap" if shutil.which("bwrap") else "none")
         rows[arm] = asyncio.run(arm_row(ENV, tasks, tok, rc, demo))
