@@ -85,6 +85,7 @@ class SampleStats(BaseModel):
     dropped_small_groups: int = 0  # groups left with < 2 scored roots
     dropped_nodes_of_dropped_trees: int = 0  # every node of the two kinds of dropped trees above
     dropped_empty_nodes: int = 0  # scored nodes without assistant tokens
+    dropped_child_nodes: int = 0  # warm start: children of demonstration trees not picked for SFT
     samples_per_depth: dict[int, int] = Field(default_factory=dict)
     signal_samples_per_depth: dict[int, int] = Field(default_factory=dict)  # num_signal_samples by depth
     mean_abs_advantage_per_depth: dict[int, float] = Field(default_factory=dict)  # mean |A_n| by depth

@@ -49,7 +49,7 @@ from rao_core.tree import ExecutionTree, Node, verifier_value
 
 __all__ = [
     "DemoConfig", "Demonstrations", "WarmStartResult", "build_demonstrations", "demo_loss", "demo_samples",
-    "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start",
+    "child_sample_tree_indices", "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start",
     "recommended_runtime_config", "single_agent_tree",
 ]
 
@@ -81,6 +81,13 @@ class DemoConfig(BaseModel):
                                    "TextCraftExpert.split_targets_min); 0 = never.")
     only_successful_nodes: bool = Field(True, description="Train only on nodes the verifier accepted "
                                         "(verifier >= 1); False keeps every node of a kept tree.")
+    child_sample_trees: int | None = Field(None, ge=0, description="Children's nodes become SFT samples in "
+                                           "only this many of the kept trees, spread evenly over them "
+                                           "(:func:`child_sample_tree_indices`); every kept root still does. "
+                                           "None = every tree. A delegating root's trajectory is short (a launch "
+                                           "cell, a finish), its children's are long: this buys many root "
+                                           "demonstrations (the delegation decision on many unseen goals) for "
+                                           "little SFT time.")
     max_concurrent_trees: int = Field(8, ge=1, description="Demonstration trees grown at once.")
     single_agent_fraction: float = Field(0.0, ge=0, le=1, description="Fraction of the demonstration trees "
                                          "grown with delegation disabled (single-agent system prompt, no "
@@ -245,8 +252,20 @@ async def build_demonstrations(env: Environment, tasks: Sequence[Task], config: 
     return out
 
 
-def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool = True) -> SampleBatch:
-    """One SFT sample per node of the demonstration trees.
+def child_sample_tree_indices(n_trees: int, child_sample_trees: int | None) -> set[int]:
+    """Indices of the trees (of ``n_trees``) whose children's nodes become SFT samples: all when
+    ``child_sample_trees`` is None or >= ``n_trees``, else ``child_sample_trees`` indices spread evenly
+    (``floor(j * n_trees / child_sample_trees)``, j = 0..child_sample_trees-1), so that every difficulty
+    keeps some."""
+    if child_sample_trees is None or child_sample_trees >= n_trees:
+        return set(range(n_trees))
+    return {j * n_trees // child_sample_trees for j in range(child_sample_trees)}
+
+
+def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool = True,
+                 child_sample_trees: int | None = None) -> SampleBatch:
+    """One SFT sample per node of the demonstration trees (children only of the trees picked by
+    :func:`child_sample_tree_indices` with ``child_sample_trees``; every root).
 
     Each sample is the node's trajectory exactly as recorded (``token_ids`` [T], ``assistant_mask`` [T]:
     1 on the node's own generated ids, 0 on system prompt, goal and observations;
@@ -260,8 +279,12 @@ def demo_samples(trees: Sequence[ExecutionTree], *, only_successful_nodes: bool 
     stats = SampleStats(num_trees=len(trees), num_groups=len({t.group_id or t.tree_id for t in trees}),
                         num_nodes=sum(len(t.nodes) for t in trees))
     out: list[Sample] = []
-    for t in trees:
+    with_children = child_sample_tree_indices(len(trees), child_sample_trees)
+    for i, t in enumerate(trees):
         for n in t.walk():
+            if n.depth > 0 and i not in with_children:
+                stats.dropped_child_nodes += 1
+                continue
             s = verifier_value(n) or 0.0
             sample = node_sample(t, n, success=s, reward=s, baseline=0.0, advantage=1.0, weight=1.0)
             if sample.num_assistant_tokens == 0:
@@ -398,14 +421,17 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
         raise ValueError(f"none of the {trees.attempted} demonstration trees succeeded; nothing to train on")
     if trees_path is not None:
         write_trees(trees_path, trees)
-    batch = demo_samples(trees, only_successful_nodes=demo_config.only_successful_nodes)
+    batch = demo_samples(trees, only_successful_nodes=demo_config.only_successful_nodes,
+                         child_sample_trees=demo_config.child_sample_trees)
     if samples_path is not None:
         write_samples(samples_path, batch)
     t0 = time.perf_counter()
     res = run_training(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step,
                        on_progress=on_train_progress, samples_path=samples_path)
     sft_s = time.perf_counter() - t0
-    stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes}
+    stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes,
+                                 "samples_per_depth": dict(sorted(batch.stats.samples_per_depth.items())),
+                                 "dropped_child_nodes": batch.stats.dropped_child_nodes}
     return WarmStartResult(checkpoint=res.checkpoint, stats=stats, train_metrics=res.metrics,
                            demo_wall_s=trees.wall_s, sft_wall_s=sft_s, num_samples=len(batch),
                            num_assistant_tokens=batch.stats.num_assistant_tokens,

@@ -76,7 +76,9 @@ def arm_tests(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Success vs iteration, one line per (arm, eval mode, difficulty), with Wilson 95% bars."""
+    """Success vs iteration, one line per (arm, eval mode, difficulty), with Wilson 95% bars; when some
+    evaluated tree delegated, a second panel with the depth-1 nodes' success (squares) and the share of
+    trees that delegated (triangles, dotted) per (arm, difficulty)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,10 +92,13 @@ def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
             d1.setdefault((r["arm"], r["mode"], r["difficulty"]), []).append(r)
         for (arm, mode, diff), rs in sorted(d1.items()):
             rs = sorted(rs, key=lambda r: r["iteration"])
-            ax1.plot([r["iteration"] for r in rs], [r["child_success"] for r in rs], marker="s",
-                     linestyle="-" if arm == "recursive" else "--", label=f"{arm} / {diff}: depth-1 nodes")
+            line, = ax1.plot([r["iteration"] for r in rs], [r["child_success"] for r in rs], marker="s",
+                             linestyle="-" if arm == "recursive" else "--", label=f"{arm} / {diff}: depth-1 success")
+            if all(r.get("delegation_rate") is not None for r in rs):
+                ax1.plot([r["iteration"] for r in rs], [r["delegation_rate"] for r in rs], marker="^",
+                         linestyle=":", color=line.get_color(), label=f"{arm} / {diff}: delegation rate")
         ax1.set_xlabel("iteration (0 = warm start)")
-        ax1.set_ylabel("depth-1 node success (sub-agents)")
+        ax1.set_ylabel("depth-1 node success / share of trees delegating")
         ax1.set_ylim(-0.02, 1.02)
         ax1.grid(alpha=0.3)
         ax1.legend(fontsize=7)

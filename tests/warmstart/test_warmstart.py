@@ -11,9 +11,9 @@ from rao_core.envs import get_env
 from rao_core.paths import tiny_model_path
 from rao_core.runtime import RuntimeConfig, load_tokenizer, run_tree
 from rao_core.tree import EndReason, ExecutionTree, Node, NodeTimings
-from rao_core.warmstart import (DemoConfig, Demonstrations, build_demonstrations, default_sft_trainer_config,
-                                demo_loss, demo_samples, demo_stats, demo_tasks, expert_for_tree, run_warm_start,
-                                single_agent_tree)
+from rao_core.warmstart import (DemoConfig, Demonstrations, build_demonstrations, child_sample_tree_indices,
+                                default_sft_trainer_config, demo_loss, demo_samples, demo_stats, demo_tasks,
+                                expert_for_tree, run_warm_start, single_agent_tree)
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 pytestmark = pytest.mark.skipif(not (tiny_model_path() / "tokenizer_config.json").exists(),
@@ -172,6 +172,24 @@ def test_demo_samples_drop_failed_and_empty_nodes_and_stats_count_launches():
     bad.assistant_mask = [0, 1]
     with pytest.raises(ValueError, match="differ in length"):
         demo_samples([ExecutionTree(tree_id="c", env="e", task_id="k", root_id="0", nodes=[bad])])
+
+
+def test_child_sample_trees_keeps_every_root_and_the_children_of_evenly_spread_trees():
+    trees = [ExecutionTree(tree_id=f"t{i}", env="textcraft-synth", task_id=f"k{i}", root_id="0", nodes=[
+        _node("0", None, 0, 1.0), _node("0.0", "0", 1, 1.0, start=1.0), _node("0.1", "0", 1, 1.0, start=1.0)])
+        for i in range(6)]
+    assert child_sample_tree_indices(6, None) == set(range(6)) == child_sample_tree_indices(6, 9)
+    assert child_sample_tree_indices(6, 2) == {0, 3} and child_sample_tree_indices(6, 3) == {0, 2, 4}
+    assert child_sample_tree_indices(6, 0) == set()
+    b = demo_samples(trees, child_sample_trees=2)
+    assert [(s.tree_id, s.node_id) for s in b.samples] == [
+        ("t0", "0"), ("t0", "0.0"), ("t0", "0.1"), ("t1", "0"), ("t2", "0"), ("t3", "0"), ("t3", "0.0"),
+        ("t3", "0.1"), ("t4", "0"), ("t5", "0")]
+    assert b.stats.dropped_child_nodes == 8 and b.stats.samples_per_depth == {0: 6, 1: 4}
+    assert len(demo_samples(trees)) == 18 and demo_samples(trees).stats.dropped_child_nodes == 0
+    assert [s.depth for s in demo_samples(trees, child_sample_trees=0).samples] == [0] * 6
+    with pytest.raises(ValueError):
+        DemoConfig(child_sample_trees=-1)
 
 
 def test_demo_stats_of_real_demonstrations(demos):
