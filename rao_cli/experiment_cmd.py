@@ -102,10 +102,8 @@ def seeds(
     <experiment>-seed<S>.json, e.g. seeds run in separate sessions or on other machines)."""
     from tasks.experiment import seed_records, write_seeds_section
 
-    from rao_cli import InputError
+    from rao_cli import input_errors
 
-    try:
+    with input_errors():  # no record, or one that is not JSON: one error: line naming it, exit 2
         records = seed_records(experiment)
-    except FileNotFoundError as e:
-        raise InputError(str(e)) from None
     console.print(write_seeds_section(experiment, records, write_docs))
