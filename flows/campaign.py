@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from infra.storage import ArtifactStore
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
+from rao_core.progress import Timeline
 from tasks import tracking
 from tasks.common import RunContext, done_key
 from tasks.records import Checkpoint, EvalOutput, ServedEndpoint
@@ -51,18 +52,21 @@ class CampaignParams(BaseModel):
                       "digits, dashes). A campaign of this name that already exists is RESUMED after its last "
                       "completed stage, not started again: give a new name for a new campaign. Empty: the config "
                       "file's name (cpu-smoke: 'smoke'), resumed the same way.")
-    env: str | None = Field(None, description="Environment, e.g. textcraft-synth.")
+    # Plain text fields like name (a `str | None` field needs its "None" toggle clicked in the form before it
+    # can be typed in); empty or None: the config file's value. The numeric fields below keep `X | None`:
+    # no number means "the file's value", and no number is typeable as that.
+    env: str = Field("", description="Environment, e.g. textcraft-synth. Empty: the config file's.")
     iterations: int | None = Field(None, ge=0, description="RL iterations.")
     tasks_per_iteration: int | None = Field(None, ge=1, description="RL tasks sampled per iteration.")
     G: int | None = Field(None, ge=2, description="Rollout trees per task (group size of Eq. 3).")
     lam: float | None = Field(None, ge=0, description="lambda of Eq. (1).")
     max_depth: int | None = Field(None, ge=0, description="Maximum recursion depth.")
     context_window: int | None = Field(None, ge=256, description="Tokens per agent node.")
-    model_path: str | None = Field(None, description="Initial checkpoint folder.")
+    model_path: str = Field("", description="Initial checkpoint folder. Empty: the config file's model.path.")
     seed: int | None = Field(None, description="Master seed.")
     overrides: list[str] = Field(default_factory=list, description="Extra KEY=VALUE overrides, e.g. trainer.lr=1e-5.")
 
-    @field_validator("name", mode="before")
+    @field_validator("name", "env", "model_path", mode="before")
     @classmethod
     def _none_is_empty(cls, v: Any) -> Any:
         return "" if v is None else v
@@ -234,27 +238,55 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look.
 
     A campaign already complete for these parameters (:func:`completed_summary`) returns its stored summary
-    (``already_complete`` True) at once: no server is started and MLflow is not written."""
+    (``already_complete`` True) at once: no server is started and MLflow is not written.
+
+    The summary's ``timeline`` (:class:`rao_core.progress.Timeline`) holds the flow's wall time stage by stage,
+    from its first line to its return (``wall_s`` = their sum); ``rao run`` adds what came before and after
+    (its start-up, Prefect's) for its end-of-run table."""
+    timeline = Timeline()
     cfg = params.resolve()
     check_task_pool(cfg)  # a bad task file stops the campaign here, before anything is served
     log = get_run_logger()
+    timeline.lap("config and task-pool check")
     with storage(cfg) as s3:
         done = completed_summary(ArtifactStore(s3, cfg.name), cfg)
         if done is not None:
             log.info(already_complete_line(done))
             return {**done, "already_complete": True}
-        summary = _run_campaign(cfg, s3)
+        timeline.lap("S3 storage start, completion check")
+        summary = _run_campaign(cfg, s3, timeline)
         ArtifactStore(s3, cfg.name).put_bytes(json.dumps(summary, default=str).encode(), CAMPAIGN_DONE_KEY)
+    timeline.lap("campaign marker, S3 storage stop")  # this run's own table; the stored one ends before it
+    summary.update(timeline=timeline.to_dict(), wall_s=round(timeline.total, 1))
     log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow run {summary['mlflow_run_id']}; "
              f"artifacts {summary['s3_prefix']}")
     return summary
 
 
-def _run_campaign(cfg: CampaignConfig, s3: Any) -> dict[str, Any]:
+def _seconds(phases: dict[str, float]) -> str:
+    """``weights loaded 24 s, compiled 120 s, ready 141 s``: a server start's phases (``ServedEndpoint.start_phases``)."""
+    return ", ".join(f"{p} {s:.0f} s" for p, s in phases.items() if p != "process up")
+
+
+def _iteration_detail(times: dict[str, float], wall: float, resumed: bool) -> str:
+    """The detail of an iteration's row: its stages' seconds and what no stage timed (MLflow logging, the
+    subflow's own start and end); ``resumed``: done by an earlier run (its times are that run's)."""
+    if resumed:
+        return "done by an earlier run (resumed from its markers): " + " ".join(
+            f"{k} {v:.0f}" for k, v in times.items())
+    short = {"serve": "serve", "generate": "gen", "judge": "judge", "validate": "val", "train": "train",
+             "serve_new": "swap", "evaluate": "eval", "register": "reg"}
+    parts = [f"{short.get(k, k)} {v:.0f}" for k, v in times.items()]
+    return " ".join(parts + [f"log+other {max(0.0, wall - sum(times.values())):.0f}"])
+
+
+def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None) -> dict[str, Any]:
     """The campaign's stages on storage ``s3`` (``infra.storage.S3Settings``): warm start, base evaluation,
-    iterations; each stage resumed from its marker when complete, each (metric, step) logged once."""
+    iterations; each stage resumed from its marker when complete, each (metric, step) logged once. Each stage
+    is a lap of ``timeline`` (a new one when None), kept in the summary."""
     import mlflow
 
+    timeline = timeline or Timeline()
     uri, exp_id = _mlflow_setup(cfg)
     run_id = tracking.find_campaign_run(exp_id, cfg.name)
     if run_id is None:
@@ -268,44 +300,57 @@ def _run_campaign(cfg: CampaignConfig, s3: Any) -> dict[str, Any]:
         tracking.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
     tracking.claim_run(run_id)
     summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": [],
-                               "iterations_planned": cfg.iterations}
-    t0 = time.monotonic()
+                               "iterations_planned": cfg.iterations, "mlflow_experiment_id": exp_id}
     ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id, campaign_run_id=run_id)
     summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
+    timeline.lap("MLflow experiment and campaign run")
     try:
         ws = warm_start(ctx)
         ckpt = ws.checkpoint
         summary["warm_start"] = ws.model_dump(by_alias=True, exclude={"checkpoint"})
         summary["warm_start"]["checkpoint_local"] = ckpt.local
+        timeline.lap("warm start", "done by an earlier run (resumed)" if ws.resumed else
+                     f"demonstrations {ws.demo_s or 0:.0f} s, SFT {ws.sft_s or 0:.0f} s ({ws.sft_steps} steps), "
+                     "upload and logging the rest" if ws.mode == "demos" else f"mode {ws.mode}")
         base_metrics: dict[str, float] = {}
         if cfg.eval.enabled:  # iteration 0: the starting checkpoint, for the learning curve
             todo = not ctx.store().exists(done_key(0, "evaluate"))  # resumed: no server to start
             served = serve_checkpoint(ctx, ckpt) if todo else ServedEndpoint()
+            timeline.lap("first vLLM start", _seconds(served.start_phases) or served.how or "not needed (resumed)")
             ev0 = evaluate(ctx, 0, served, _tokenizer_path(ctx, ckpt) if todo else "")
             base_metrics = ev0.metrics
             tracking.log_metrics(run_id, base_metrics, step=0)
             summary["base_eval"] = ev0.rows
+            timeline.lap("base evaluation (iteration 0)", "done by an earlier run (resumed)" if ev0.resumed else "")
         if ws.mode == "demos":  # the warm-started checkpoint is the campaign's iteration 0
             it0 = iteration_run(ctx, 0)
             tracking.log_metrics(it0, base_metrics, step=0)
             summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics,
                                                                     it0).model_dump(by_alias=True)
             mlflow.MlflowClient().set_terminated(it0)
+            timeline.lap("register iteration 0")
         for k in range(1, cfg.iterations + 1):
+            t_it = time.time()
+            resumed = ctx.store().exists(done_key(k, "log"))  # complete: its stages return their markers
             out = rao_iteration(ctx, k, ckpt)
             ckpt = out["checkpoint"]
+            timeline.lap(f"iteration {k}", _iteration_detail(out["times"], time.time() - t_it, resumed))
             from infra.retention import prune_campaign  # checkpoints.*: resume and the registry keep theirs
 
             prune_campaign(ctx.store(), cfg.checkpoints, out["register"]["model"], ctx.local("checkpoints"))
+            timeline.lap(f"retention after iteration {k}")
             summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
                                           "register": out["register"], "eval_rows": out["eval_rows"],
                                           "checkpoint_local": ckpt.local})
     finally:
         shutdown_server()
-    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    timeline.lap("vLLM stop")
+    summary["wall_s"] = round(timeline.total, 1)
     summary["completed_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     tracking.log_metrics(run_id, {"time/campaign_s": summary["wall_s"]})
     mlflow.MlflowClient().set_terminated(run_id)
+    timeline.lap("MLflow campaign run end")
+    summary.update(timeline=timeline.to_dict(), wall_s=round(timeline.total, 1))
     return summary
 
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from rao_core.config import CampaignConfig
 from rao_core.evaluation import EvalConfig, Mode
@@ -100,8 +100,14 @@ class EvaluateParams(BaseModel):
                                     "(champion_suite). A new entry starts from the default config's evaluation.")
     tolerance: float | None = Field(None, ge=0, description="Allowed drop vs champion (default: eval.tolerance).")
     name: str = Field("nightly", description="S3 prefix / MLflow run name of the evaluation.")
-    campaign: str | None = Field(None, description="Campaign whose registered model is evaluated (its "
-                                 "model.registered_model); default: the config's campaign name.")
+    # a plain text field (a `str | None` one needs its "None" toggle clicked in the form); empty = None
+    campaign: str = Field("", description="Campaign whose registered model is evaluated (its "
+                          "model.registered_model); empty: the config's campaign name.")
+
+    @field_validator("campaign", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v: Any) -> Any:
+        return "" if v is None else v
 
     def flow_run_name(self) -> str:
         """Prefect flow-run name of this evaluation: ``<name>-<model>``, e.g. ``nightly-candidate``."""

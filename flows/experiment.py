@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from flows.campaign import CampaignParams, rao_campaign
 from rao_core.config import NAME_PATTERN
@@ -38,7 +38,8 @@ class ExperimentParams(BaseModel):
     experiment: str = Field("textcraft-cpu", pattern=NAME_PATTERN,
                             description="Experiment name: docs/results/<experiment>.json, docs/img/<experiment>.png.")
     config: str = Field("configs/experiment-textcraft-cpu.yaml", description="Campaign config of both arms.")
-    name: str | None = Field(None, description="Prefix of the two campaign names (default: the config's name).")
+    # a plain text field (a `str | None` one needs its "None" toggle clicked in the form); empty = None
+    name: str = Field("", description="Prefix of the two campaign names (empty: the config's name).")
     iterations: int | None = Field(None, ge=0, description="RL iterations per arm.")
     arms: list[Literal["recursive", "single"]] = Field(default_factory=lambda: ["recursive", "single"],
                                                        description="Arms to run; the first builds the warm start.")
@@ -52,6 +53,11 @@ class ExperimentParams(BaseModel):
     single_max_steps: int | None = Field(None, ge=1, description="Steps of the single-agent arm's node; None = "
                                          "runtime.max_steps_per_node x (1 + runtime.max_children_per_node), "
                                          "no fewer than a whole recursive tree may take.")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v: Any) -> Any:
+        return "" if v is None else v
 
     def seeded_name(self, base_seed: int) -> str:
         """The record's name: ``experiment``, or ``<experiment>-seed<S>`` for a seed other than ``base_seed``."""

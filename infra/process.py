@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def _group_members(pgid: int) -> list[int]:
 class ManagedProcess:
     """One service process. Use as a context manager or call ``start()``/``stop()``.
 
-    ``health_url`` is polled (HTTP GET, any status < 500) until healthy or ``start_timeout_s`` seconds.
+    ``health_url`` is polled (HTTP GET, any status < 500) until healthy or ``start_timeout_s`` seconds;
+    ``on_wait`` (if set) is called after each poll while it waits (e.g. to report the start's phases from
+    the log, :class:`infra.serving.StartupWatch`).
     """
 
     name: str
@@ -98,6 +101,7 @@ class ManagedProcess:
     start_timeout_s: float = 300.0
     proc: subprocess.Popen | None = None
     start_seconds: float = 0.0
+    on_wait: Callable[[], None] | None = None
 
     def start(self) -> "ManagedProcess":
         """Start the process and wait until it is healthy; raises ServiceError with the log tail."""
@@ -131,6 +135,8 @@ class ManagedProcess:
                     return
             except httpx.HTTPError:
                 pass
+            if self.on_wait is not None:
+                self.on_wait()
             if time.monotonic() - t0 > self.start_timeout_s:
                 raise ServiceError(
                     f"{self.name} not healthy at {self.health_url} after {self.start_timeout_s:.0f} s; "

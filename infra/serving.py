@@ -22,20 +22,28 @@ log-prob returned for each sampled token is taken from the distribution the toke
 from (after temperature, top-k and top-p), not from the raw logits. The trainer recomputes the same
 quantity (``trainer.temperature`` = ``runtime.temperature``, enforced at config load), so the importance
 ratio of the policy-gradient loss starts at 1 (docs/algorithm.md, "Behaviour log-probs").
+
+Start-up: a start on 2 CPU cores takes minutes (loading, torch.compile, warm-up). :class:`StartupWatch` reads
+the server's log while it starts and reports each phase once (:data:`VLLM_START_PHASES`) and, between
+phases, a line every ``heartbeat_s`` seconds; the phase times are kept on the server (``start_phases``).
+The compile cache lives under ``$RAO_HOME`` (``VLLM_CACHE_ROOT``, :func:`rao_core.paths.vllm_cache_dir`),
+so a later start with the same model and settings loads the compiled graphs instead of compiling again.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
-from rao_core.paths import rao_home, vllm_python
+from rao_core.paths import rao_home, vllm_cache_dir, vllm_python
 from rao_core.train.config import cpu_has_bf16
 
 # vLLM's LoRAConfig.max_lora_rank accepts only these values (vllm/config/lora.py, MaxLoRARanks).
@@ -75,6 +83,106 @@ def has_cuda_gpu() -> bool:
         return False
 
 
+#: The phases of a vLLM start, in order, as its log shows them (vLLM 0.32's messages: ``vllm/v1/engine/core.py``,
+#: ``v1/worker/cpu_model_runner.py``, ``model_executor/model_loader/default_loader.py``,
+#: ``compilation/backends.py`` and ``monitor.py``, ``entrypoints/launchers/api_server/entry.py``; uvicorn's
+#: "Application startup complete"): (phase, regular expression searched in each new log line). A phase whose
+#: line never comes is simply not reported; the heartbeat still is.
+VLLM_START_PHASES: tuple[tuple[str, str], ...] = (
+    ("engine configured", r"Initializing a V1 LLM engine"),
+    ("loading weights", r"Starting to load model"),
+    ("weights loaded", r"Loading weights took|Model loading took"),
+    ("compiling (torch.compile)", r"Starting torch\.compile|Dynamo bytecode transform time"),
+    ("compiled graphs loaded from the cache", r"Directly load the compiled graph"),
+    ("compiled", r"torch\.compile took [\d.]+ s in total|Compiling a graph for compile range"),
+    ("warming up", r"Warming up model"),
+    ("engine ready (KV cache allocated, warmed up)", r"init engine \(profile, create kv cache, warmup model\) took"),
+    ("HTTP server up", r"Starting vLLM server on|Application startup complete"),
+)
+
+
+class StartupWatch:
+    """Progress lines of a server that is starting, from its log file and the clock.
+
+    Call :meth:`poll` while waiting for the server (``ManagedProcess.on_wait``): its first call reports the
+    process as up (``pid``, the log), and each call reads the lines the
+    server added to its log since the watch was made and reports each phase of ``phases`` the first time its
+    pattern matches (``vLLM start: weights loaded (24 s)``), and, when nothing was reported for
+    ``heartbeat_s`` seconds, one line saying how long it has been and the server's last log line. Call
+    :meth:`ready` once it answers: it reports the total and returns the phase times.
+
+    Args:
+        log_path: the server's log (appended to by each start: only what comes after its current end is read).
+        report: where lines go (e.g. a Prefect run logger's ``info``).
+        name: the server's name in the lines.
+        phases: (phase, regular expression) pairs, in order (:data:`VLLM_START_PHASES`).
+        heartbeat_s: the longest time without a line, seconds.
+        pid: returns the server's pid (for the first line); None: not named.
+        clock: monotonic clock in seconds (tests pass a fake one).
+    """
+
+    def __init__(self, log_path: Path, report: Callable[[str], None], *, name: str = "vLLM",
+                 phases: tuple[tuple[str, str], ...] = VLLM_START_PHASES, heartbeat_s: float = 20.0,
+                 pid: Callable[[], int | None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.log_path, self.report, self.name, self.pid = Path(log_path), report, name, pid
+        self.up = False
+        self.phases = [(p, re.compile(rx)) for p, rx in phases]
+        self.heartbeat_s, self.clock = heartbeat_s, clock
+        try:
+            self.offset = self.log_path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
+        self.t0 = self.last_report = clock()
+        self.times: dict[str, float] = {}  # phase -> seconds after the watch started
+        self.last_line = ""
+
+    def elapsed(self) -> float:
+        """Seconds since the watch started."""
+        return self.clock() - self.t0
+
+    def _say(self, text: str) -> None:
+        self.last_report = self.clock()
+        self.report(f"{self.name} start: {text}")
+
+    def poll(self) -> None:
+        """Report the phases the log reached since the last call, or a heartbeat after ``heartbeat_s``."""
+        if not self.up:
+            self.up = True
+            pid = self.pid() if self.pid is not None else None
+            self.times["process up"] = round(self.elapsed(), 1)
+            self._say(f"process up{f' (pid {pid})' if pid else ''}, log {self.log_path}")
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += end
+        for raw in data[:end].decode(errors="replace").splitlines():
+            line = raw.strip()
+            if not line:
+                continue
+            self.last_line = line
+            for phase, rx in self.phases:
+                if phase not in self.times and rx.search(line):
+                    self.times[phase] = round(self.elapsed(), 1)
+                    self._say(f"{phase} ({self.elapsed():.0f} s)")
+        if self.clock() - self.last_report >= self.heartbeat_s:
+            last = f"; its last log line: {self.last_line[:160]}" if self.last_line else ""
+            self._say(f"still starting, {self.elapsed():.0f} s, after {list(self.times)[-1]}{last}")
+
+    def ready(self) -> dict[str, float]:
+        """Report the start as complete; returns ``{phase: seconds}`` of the phases seen, plus ``ready``."""
+        self.poll()
+        self.times["ready"] = round(self.elapsed(), 1)
+        self._say(f"ready after {self.elapsed():.0f} s ({self._summary()})")
+        return dict(self.times)
+
+    def _summary(self) -> str:
+        return ", ".join(f"{p} {s:.0f} s" for p, s in self.times.items() if p != "ready") or "no phase in its log"
+
+
 @dataclass
 class VLLMServer(ServiceMixin):
     """A vLLM OpenAI-compatible server for one checkpoint folder, on 127.0.0.1.
@@ -97,6 +205,9 @@ class VLLMServer(ServiceMixin):
         logprobs_mode: ``processed_logprobs`` (default: after temperature/top-k/top-p, what the trainer
             reproduces) or ``raw_logprobs`` (vLLM's own default: before any sampling processing).
         log_dir: folder of ``vllm.log`` (default ``$RAO_HOME/services``).
+        on_progress: where the start's progress lines go (:class:`StartupWatch`); None: nowhere.
+    After :meth:`start`, ``start_phases`` holds the seconds at which each phase of the start was reached
+    (:data:`VLLM_START_PHASES`, plus ``ready``).
     Raises ServiceError (naming the log file) if the server does not become healthy.
     """
 
@@ -120,6 +231,8 @@ class VLLMServer(ServiceMixin):
     start_timeout_s: float = 600.0
     python: Path | None = None
     process: ManagedProcess | None = None
+    on_progress: Callable[[str], None] | None = None
+    start_phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -165,6 +278,8 @@ class VLLMServer(ServiceMixin):
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            # the compile cache under $RAO_HOME (reused by the next start), unless the caller chose one
+            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(vllm_cache_dir()),
         }
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
@@ -189,10 +304,13 @@ class VLLMServer(ServiceMixin):
         if not self.port:
             self.port = free_port()
         log_dir = Path(self.log_dir or rao_home() / "services")
+        log_path = log_dir / f"vllm-{self.port}.log"
+        watch = StartupWatch(log_path, self.on_progress or (lambda line: None), pid=lambda: self.pid)
         self.process = ManagedProcess(
-            name="vllm", cmd=self._cmd(), log_path=log_dir / f"vllm-{self.port}.log",
-            health_url=f"{self.url}/health", env=self._env(), start_timeout_s=self.start_timeout_s,
-        ).start()
+            name="vllm", cmd=self._cmd(), log_path=log_path, health_url=f"{self.url}/health", env=self._env(),
+            start_timeout_s=self.start_timeout_s, on_wait=watch.poll,
+        )
+        self.process.start()
         # /health answers before the model is fully ready on some versions: wait for /v1/models too.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -201,7 +319,9 @@ class VLLMServer(ServiceMixin):
                     break
             except httpx.HTTPError:
                 pass
+            watch.poll()
             time.sleep(0.5)
+        self.start_phases = watch.ready()
         return self
 
 

@@ -55,11 +55,17 @@ def artifact_root() -> str:
     return p.as_uri()
 
 
-#: Experiment tag read by MLflow's UI (3.x) to choose the experiment page: ``custom_model_development`` opens
-#: the model-training view (runs, metrics, registry); without it the UI infers ``genai_development_inferred``
-#: from the traces and opens the GenAI view. Values ending in ``_inferred`` are the UI's own guess.
+#: Experiment tag read by MLflow's UI (3.x before its workflow switch) to choose the experiment page:
+#: ``custom_model_development`` opens the model-training view (runs, metrics, registry); without it the UI
+#: infers ``genai_development_inferred`` from the traces. Values ending in ``_inferred`` are the UI's own guess.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+#: The query string of an MLflow UI link that opens the model-training view (runs, metrics, registry). MLflow 3.17's
+#: UI chooses the view from a browser-wide switch ("GenAI apps & agents" / "Machine learning" in its sidebar,
+#: stored in the browser as ``mlflow.workflowType``, GenAI by default) or this query parameter, and then
+#: ignores the experiment's kind tag above (read from its JavaScript bundle: the kind comes from the switch
+#: whenever the switch is shown); the tag is kept for MLflow versions and tools that read it.
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def ensure_experiment(name: str) -> str:

@@ -95,6 +95,7 @@ def register(app: typer.Typer) -> None:
                     server = server_from_config(cfg, model, switching=False)  # as the campaign serves (tasks/serve.py)
                     where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
                     say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
+                    server.on_progress = say  # its phases from its log, and a line every 20 s
                     server.start()
                     url, name = server.base_url, server.model
                 say(f"evaluating {len(tasks)} {env.name} tasks of {task_file}, mode {mode}")

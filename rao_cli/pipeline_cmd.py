@@ -54,6 +54,21 @@ def prefect_hint() -> str:
     return f"Prefect:   PREFECT_HOME={home} {prefect_bin()} server start  then open the printed URL"
 
 
+def mlflow_hint(summary: dict) -> str:
+    """The end-of-run lines saying where the campaign's MLflow runs are: the ``mlflow ui`` command and the page
+    of its experiment in the model-training view. MLflow 3's UI picks its view from a browser-wide switch
+    (GenAI by default), not from the experiment's ``mlflow.experimentKind`` tag: the ``workflowType`` query
+    parameter selects the runs table (``infra.tracking.MODEL_TRAINING_VIEW``)."""
+    from infra.tracking import MODEL_TRAINING_VIEW
+
+    line = f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})"
+    exp = summary.get("mlflow_experiment_id")
+    if exp:
+        line += (f"\n           then open http://127.0.0.1:5000/#/experiments/{exp}?{MODEL_TRAINING_VIEW} (the runs "
+                 "table; or pick \"Machine learning\" in the sidebar once: the browser remembers it)")
+    return line
+
+
 def _summary_table(summary: dict) -> Table:
     t = Table(title=f"campaign {summary['campaign']}: validation success by iteration")
     for c in ("iter", "train success", "signal (samples / groups)", "eval (mode/difficulty: success [95% CI])",
@@ -99,17 +114,92 @@ def stage_table(summary: dict) -> Table:
     return t
 
 
-def print_summary(summary: dict) -> None:
+MAKE_STARTED_AT = "RAO_MAKE_STARTED_AT"  # set by `make run` (epoch seconds) before its set-up check
+
+
+def run_timeline(summary: dict, *, process_start: float, called_at: float, returned_at: float,
+                 now: float | None = None, make_started_at: float | None = None):
+    """The whole ``rao run`` as one :class:`rao_core.progress.Timeline`: ``make run``'s set-up check (when
+    ``make_started_at`` is given), the process's start-up up to the flow call (``process_start`` to
+    ``called_at``), Prefect's local API and flow-run start (to the flow's first line), every stage of the flow
+    (``summary["timeline"]``), Prefect's flow-run end (to ``returned_at``) and this summary (to ``now``).
+    The rows are consecutive intervals, so they sum to the wall time from the first mark to ``now`` exactly
+    (epoch seconds throughout; ``now`` defaults to the current time)."""
+    import time
+
+    from rao_core.progress import Timeline
+
+    flow = Timeline.from_dict(summary["timeline"])
+    first = make_started_at if make_started_at is not None and make_started_at <= process_start else process_start
+    tl = Timeline(first)
+    if first < process_start:
+        tl.lap("make run: set-up check (scripts/setup.sh)", at=process_start)
+    tl.lap("rao start-up: interpreter, imports, config and completion checks", at=called_at)
+    tl.lap("Prefect: local API start, flow run created", at=flow.start)
+    for row in flow.rows:
+        tl.rows.append(dict(row))
+    tl.mark = flow.mark
+    tl.lap("Prefect: flow run end", at=returned_at)
+    tl.lap("end-of-run summary", at=time.time() if now is None else now)
+    return tl
+
+
+def wall_time_table(rows: list[dict], total: float, title: str) -> Table:
+    """One table of every stage: seconds, share of ``total`` and detail per row, then the total (the rows'
+    sum, which :func:`run_timeline` makes the wall time)."""
+    t = Table(title=title)
+    for c, j in (("stage", "left"), ("s", "right"), ("share", "right"), ("detail", "left")):
+        t.add_column(c, justify=j, overflow="fold")
+    for r in rows:
+        t.add_row(r["stage"], f"{r['s']:.1f}", f"{100 * r['s'] / total:.1f}%" if total > 0 else "-",
+                  r.get("detail", ""))
+    t.add_section()
+    t.add_row("total (wall time)", f"{total:.1f}", "100.0%", f"sum of the {len(rows)} rows above")
+    return t
+
+
+def print_summary(summary: dict, timeline=None) -> None:
     """Print a campaign's summary (``rao_campaign``'s return value, or the stored one of a complete campaign):
-    the results table, the wall time per stage, and where its artifacts, MLflow runs and Prefect runs are."""
+    the results table, one table of every stage's wall time, and where its artifacts, MLflow runs and Prefect
+    runs are. ``timeline``: this command's whole run (:func:`run_timeline`); without it, the flow's own
+    stages as stored (a summary from before the timeline existed: the per-iteration table)."""
     from rao_core.paths import rao_home
 
     console.print(_summary_table(summary))
-    console.print(stage_table(summary))
-    console.print(f"wall time: {summary['wall_s']} s")
+    if timeline is not None:
+        console.print(wall_time_table(timeline.rows, timeline.total,
+                                      "wall time per stage of this `rao run` (s); the rows sum to its wall time"))
+        console.print(f"wall time: {timeline.total:.1f} s (flow {summary['wall_s']} s)")
+    elif summary.get("timeline"):
+        from rao_core.progress import Timeline
+
+        flow = Timeline.from_dict(summary["timeline"])
+        console.print(wall_time_table(flow.rows, flow.total, "wall time per stage of the run that completed it "
+                                      f"({summary.get('completed_at', '?')}), inside its flow (s)"))
+        console.print(f"wall time: {summary['wall_s']} s (that run's flow)")
+    else:
+        console.print(stage_table(summary))
+        console.print(f"wall time: {summary['wall_s']} s")
     console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
-    console.print(f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})")
+    console.print(mlflow_hint(summary), soft_wrap=True)
     console.print(prefect_hint())
+
+
+def _process_start() -> float:
+    """When this process started (epoch seconds, ``psutil``): the first mark of ``rao run``'s table."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def _make_started_at() -> float | None:
+    """``RAO_MAKE_STARTED_AT`` (set by ``make run`` before its set-up check), removed from the environment so
+    that no child reads it; None when unset or not a number."""
+    value = os.environ.pop(MAKE_STARTED_AT, "")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
 
 
 def completed_campaign(cfg) -> dict | None:
@@ -531,6 +621,9 @@ def register(app: typer.Typer) -> None:
         from infra.process import run_interruptible
         from rao_core.train.launch import TrainingProcessError
 
+        import time
+
+        called_at = time.time()
         try:  # Ctrl-C / SIGTERM: MLflow runs KILLED, flow runs CANCELLED, children stopped, one line, 130 / 143
             with _prefect_failures_quiet():  # a failed stage is one error: line (RAO_DEBUG=1: Prefect's report)
                 summary = run_interruptible(lambda: rao_campaign(params), _interrupted(cfg))
@@ -540,7 +633,10 @@ def register(app: typer.Typer) -> None:
         except TrainingProcessError as e:  # one line: the training child's own error and its last stderr lines
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
-        print_summary(summary)
+        returned_at = time.time()
+        print_summary(summary, run_timeline(summary, process_start=_process_start(), called_at=called_at,
+                                            returned_at=returned_at, make_started_at=_make_started_at())
+                      if summary.get("timeline") and not summary.get("already_complete") else None)
 
     @app.command()
     def evaluate(

@@ -69,7 +69,8 @@ def register(app: typer.Typer) -> None:
         iteration: int = typer.Option(0, "--iteration", help="RL iteration recorded in the manifest."),
         metrics_out: Path | None = typer.Option(
             None, "--metrics-out", help="Also append each step's metrics to this file as JSON lines "
-            '{"step": {...}} and {"progress": {"done": D, "total": T}}, then {"end": {"peak_rss_mb": ...}} '
+            '{"step": {...}}, {"progress": {"done": D, "total": T}} and {"phase": "..."} (the phases before and '
+            'after the steps), then {"end": {"peak_rss_mb": ...}} '
             "(main process; used by the campaign's subprocess train stage)."),
     ) -> None:
         """Train the policy on SAMPLES from MODEL and save the checkpoint at OUT (works under accelerate launch)."""
@@ -103,8 +104,10 @@ def register(app: typer.Typer) -> None:
             record({"step": m})
 
         try:
+            record({"phase": f"started, {len(rows)} samples read"})
             res = train(rows, model, out, cfg, iteration=iteration, on_step=show,
-                        on_progress=lambda done, total: record({"progress": {"done": done, "total": total}}))
+                        on_progress=lambda done, total: record({"progress": {"done": done, "total": total}}),
+                        on_phase=lambda line: record({"phase": line}))
             # ru_maxrss is in KiB on Linux
             record({"end": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                             "steps": len(res.metrics)}})

@@ -31,3 +31,11 @@ def tiny_model_path() -> Path:
 def vllm_python() -> Path:
     """Python of the separate inference-server environment (env ``RAO_VLLM_PYTHON`` overrides)."""
     return Path(os.environ.get("RAO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))
+
+
+def vllm_cache_dir() -> Path:
+    """vLLM's cache root for the servers the project starts (``VLLM_CACHE_ROOT``, vLLM's own variable; vLLM's
+    default is ``~/.cache/vllm``): ``$RAO_HOME/cache/vllm``. Its ``torch_compile_cache/`` holds the compiled
+    graphs (and the inductor cache) keyed by vLLM's config, code and torch hash, so a second start of the same
+    model and settings loads them instead of compiling again; deleting ``var/`` deletes it too."""
+    return rao_home() / "cache" / "vllm"

@@ -1,4 +1,5 @@
-"""Progress of long library loops (rollouts, optimizer steps): a rich bar in the terminal and a callback.
+"""Progress of long library loops (rollouts, optimizer steps): a rich bar in the terminal and a callback; and
+:class:`Timeline`, a run's wall time as consecutive stages (the end-of-run table of ``rao run``).
 
 The library reports progress through an optional callback ``on_progress(done, total)`` (counts of finished
 units: trees, optimizer steps), so that callers outside ``rao_core`` (the Prefect tasks' progress artifacts)
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 ProgressCallback = Callable[[int, int], None]
 """``on_progress(done, total)``: ``done`` of ``total`` units finished (called after each unit)."""
 
-__all__ = ["ProgressCallback", "StepProgress", "bar_enabled", "every_tenth"]
+__all__ = ["ProgressCallback", "StepProgress", "Timeline", "bar_enabled", "every_tenth"]
 
 
 def bar_enabled(console: Console | None = None) -> bool:
@@ -104,3 +105,51 @@ class StepProgress:
         self.bar.update(self._task, completed=self.done)
         if self.on_progress is not None:
             self.on_progress(self.done, self.total)
+
+
+class Timeline:
+    """The wall time of a run as consecutive stages: each :meth:`lap` closes the stage that ran since the
+    previous one, so the rows always sum to the time from the start to the last lap (nothing falls between
+    two rows: what no stage names is still counted in the row whose lap follows it).
+
+    Args:
+        start: the start, seconds since the epoch (default: now); ``rows``: rows already taken (a timeline
+            continued in another function or process, :meth:`from_dict`).
+        clock: seconds since the epoch (``time.time``: the marks are compared across functions and with a
+            process's start time; tests pass a fake one).
+
+    A row is ``{"stage": name, "s": seconds, "detail": text}``; :meth:`to_dict` / :meth:`from_dict` carry a
+    timeline in a JSON summary.
+    """
+
+    def __init__(self, start: float | None = None, rows: list[dict[str, Any]] | None = None, *,
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.clock = clock or time.time
+        self.start = self.clock() if start is None else float(start)
+        self.rows: list[dict[str, Any]] = list(rows or [])
+        self.mark = self.start + sum(r["s"] for r in self.rows)
+
+    def lap(self, stage: str, detail: str = "", *, at: float | None = None) -> float:
+        """Close stage ``stage`` at ``at`` (default: now): a row of the seconds since the previous lap (or the
+        start); returns them."""
+        now = self.clock() if at is None else float(at)
+        seconds = now - self.mark
+        self.rows.append({"stage": stage, "s": seconds, "detail": detail})
+        self.mark = now
+        return seconds
+
+    @property
+    def total(self) -> float:
+        """Seconds from the start to the last lap (the sum of the rows)."""
+        return self.mark - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"start": epoch seconds, "rows": [...]}``."""
+        return {"start": self.start, "rows": [dict(r) for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, clock: Callable[[], float] | None = None) -> Timeline:
+        """The timeline :meth:`to_dict` wrote, to be continued."""
+        return cls(data["start"], data.get("rows") or [], clock=clock)

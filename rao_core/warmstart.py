@@ -32,7 +32,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -385,7 +385,8 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
                    runtime_config: RuntimeConfig | None = None, trees_path: str | Path | None = None,
                    tasks_path: str | Path | None = None, samples_path: str | Path | None = None,
                    on_step: Any = None, on_demo_progress: ProgressCallback | None = None,
-                   on_train_progress: ProgressCallback | None = None) -> WarmStartResult:
+                   on_train_progress: ProgressCallback | None = None,
+                   on_status: Callable[[str], None] | None = None) -> WarmStartResult:
     """Build demonstrations, then SFT ``model_path`` on them; the checkpoint goes to ``out_dir``.
 
     The one warm start of the project: ``rao sft``, the campaign's ``warm_start`` task and the sizing
@@ -395,7 +396,9 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
     ``trees_path``, ``samples_path``: also write the demonstration tasks, the kept trees and the SFT
     samples there (JSON lines). ``on_step``: each SFT step's metrics; ``on_demo_progress``: ``(trees
     finished, planned)`` after each demonstration tree; ``on_train_progress``: ``(SFT steps done, planned)``
-    after each step (terminal bars are drawn as well when stdout is a terminal).
+    after each step (terminal bars are drawn as well when stdout is a terminal); ``on_status``: one line
+    between the demonstrations and the SFT (what was kept, the samples) and the trainer's own phase lines
+    (loading, first step, saving, and a line every 20 s without one: :func:`rao_core.train.launch.run_training`).
 
     Raises:
         ValueError: ``loss_type`` is not ``'sft'`` (checked before any demonstration is built), or no
@@ -425,9 +428,13 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
                          child_sample_trees=demo_config.child_sample_trees)
     if samples_path is not None:
         write_samples(samples_path, batch)
+    if on_status is not None:
+        on_status(f"{len(trees)} of {trees.attempted} demonstration trees kept ({trees.wall_s:.0f} s), "
+                  f"{len(batch)} SFT samples ({batch.stats.num_assistant_tokens} assistant tokens); starting the "
+                  f"SFT ({trainer_config.process})")
     t0 = time.perf_counter()
     res = run_training(batch, model_path, out_dir, trainer_config, iteration=0, on_step=on_step,
-                       on_progress=on_train_progress, samples_path=samples_path)
+                       on_progress=on_train_progress, samples_path=samples_path, on_status=on_status)
     sft_s = time.perf_counter() - t0
     stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes,
                                  "samples_per_depth": batch.stats.samples_per_depth,  # sorted by summarise

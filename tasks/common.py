@@ -158,7 +158,15 @@ class ProgressArtifact:
         if self.artifact_id is not None and not final and now - self._last < self.min_interval_s:
             return
         percent = min(100.0, 100.0 * done / total) if total > 0 else 0.0
-        text = f"{self.description}: {done}/{total}"
+        self._write(percent, f"{self.description}: {done}/{total}", now, (done, total))
+
+    def finish(self, text: str) -> None:
+        """Write the artifact as complete (100 %) with ``text`` as its description, e.g. a stage that had
+        nothing to count: ``no update: ...`` (at once, whatever ``min_interval_s``; same rules otherwise)."""
+        if self.enabled:
+            self._write(100.0, text, self.clock(), (0, 0))
+
+    def _write(self, percent: float, text: str, now: float, sent: tuple[int, int]) -> None:
         try:
             from prefect import artifacts
 
@@ -173,7 +181,7 @@ class ProgressArtifact:
             logging.getLogger("rao").warning(f"progress artifact {self.key}: {type(e).__name__}: {e}; "
                                              f"no more progress updates for this stage")
             return
-        self._last, self.sent = now, (done, total)
+        self._last, self.sent = now, sent
 
 
 def done_key(iteration: int | str, stage: str) -> str:

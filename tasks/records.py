@@ -30,6 +30,7 @@ class ServedEndpoint(BaseModel):
     model: str = ""  # served model name (a LoRA adapter's name when one is loaded)
     switch_s: float = 0.0  # seconds spent switching to the checkpoint
     how: str = ""  # same, start, start+lora, lora, reload, restart, external, external-lora
+    start_phases: dict[str, float] = Field(default_factory=dict)  # a (re)start: seconds to each phase (infra.serving)
 
 
 class StageRecord(BaseModel):

@@ -28,7 +28,7 @@ from prefect.cache_policies import NONE
 
 from rao_core.paths import rao_home
 from rao_core.train.checkpoint import is_checkpoint, is_lora_checkpoint
-from tasks.common import RunContext, fetch_dir
+from tasks.common import RunContext, fetch_dir, run_logger
 from tasks.records import Checkpoint, ServedEndpoint
 
 _LOCK = threading.Lock()
@@ -91,6 +91,7 @@ def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
                 shutil.rmtree(served_dir)
             _copy_weights(base, served_dir)
             server = server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"))
+            server.on_progress = run_logger().info  # its phases, from its log: minutes on a CPU
             server.start()
             _STATE["server"] = server
             record_server(server.pid, base_url=server.base_url)
@@ -110,12 +111,15 @@ def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
             server.stop()
             forget_server(old_pid)
             _copy_weights(src, served_dir)
+            server.on_progress = run_logger().info
             server.start()
             record_server(server.pid, base_url=server.base_url)
             how = "restart"
         _STATE["served"] = ckpt.name
         model = _STATE["lora"] if how in ("lora", "start+lora") else server.model
-        return ServedEndpoint(base_url=server.base_url, model=model, switch_s=round(time.monotonic() - t0, 3), how=how)
+        phases = dict(server.start_phases) if how in ("start", "start+lora", "restart") else {}
+        return ServedEndpoint(base_url=server.base_url, model=model, switch_s=round(time.monotonic() - t0, 3), how=how,
+                              start_phases=phases)
 
 
 def _serve_external(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:

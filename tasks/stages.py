@@ -277,6 +277,10 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
     if len(batch) == 0 or all(s.advantage == 0.0 for s in batch.samples):
         # Every advantage is 0 (e.g. all rollouts of every group scored alike): the update is a no-op.
         log.warning(f"iteration {iteration}: no non-zero advantage; checkpoint unchanged")
+        ProgressArtifact(artifact_key(ctx.name, "train-progress", iteration), "optimizer steps").finish(
+            f"no update: {'no training sample' if len(batch) == 0 else f'every advantage of the {len(batch)} samples is 0'}"
+            " (no group carried signal), 0 optimizer steps; the parent's weights were copied as this iteration's "
+            "checkpoint")
         src = checkpoint_local(ctx, parent)
         import shutil
 
@@ -292,7 +296,8 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
         ui = ProgressArtifact(artifact_key(ctx.name, "train-progress", iteration), "optimizer steps")
         run = run_training(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
                            on_step=steps.append, on_progress=ui, samples_path=samples_path,
-                           around_child=gpus_released(ctx))
+                           around_child=gpus_released(ctx),
+                           on_status=lambda line: log.info(f"iteration {iteration} train: {line}"))
         peak_rss_mb = run.peak_rss_mb
         train_s = time.monotonic() - t0
         log.info(f"trained {len(steps)} steps in {train_s:.1f} s ({tcfg.process}"

@@ -48,9 +48,11 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
     res = run_warm_start(env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer,
                          runtime_config=cfg.runtime, tasks_path=ctx.local("iter-0/demo_tasks.jsonl"),
                          trees_path=tpath, samples_path=spath, on_step=steps.append,
-                         on_demo_progress=every_tenth(demo_line), on_train_progress=every_tenth(sft_line))
+                         on_demo_progress=every_tenth(demo_line), on_train_progress=every_tenth(sft_line),
+                         on_status=lambda line: log.info(f"warm start: {line}"))
     demo_s, sft_s, stats = res.demo_wall_s, res.sft_wall_s, res.stats
     store = ctx.store()
+    log.info(f"warm start: SFT done ({sft_s:.0f} s); uploading demonstrations and the checkpoint to {store.uri('iter-0')}")
     demos = store.put_file(tpath, "iter-0/demos/trees.jsonl")
     store.put_file(spath, "iter-0/demos/samples.jsonl")
     entries = store.put_dir(out_dir, "iter-0/checkpoint")

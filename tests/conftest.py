@@ -20,6 +20,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One vLLM compile cache for the whole suite (infra.serving: $RAO_HOME/cache/vllm otherwise): tests that start
+# servers under a temporary RAO_HOME reuse the graphs compiled by the first instead of compiling again.
+os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(__file__).resolve().parent.parent / "var" / "cache" / "vllm"))
 
 
 @dataclass

@@ -10,7 +10,9 @@ exits, all its memory is returned to the OS, so the flow process does not keep t
 vLLM serves the next checkpoint. The child writes one JSON line per optimizer step to ``J``
 (``{"step": {...}}``, read back while it runs and handed to ``on_step``), one ``{"progress": {"done": d,
 "total": t}}`` after each step (handed to ``on_progress`` and drawn as a rich bar here when stdout is a
-terminal: the child's own output goes to its log) and a last line
+terminal: the child's own output goes to its log), ``{"phase": "..."}`` as each phase begins (samples read,
+model loaded, saving: handed to ``on_status`` with the seconds since launch, and when nothing came for
+``heartbeat_s`` seconds a line saying what it is still doing, so a log shows no silent minute) and a last line
 ``{"end": {"peak_rss_mb": ...}}`` with its own peak resident memory (``ru_maxrss`` of the main training
 process; under multi-process launches, rank 0's). Its stdout/stderr go to a log file next to the output
 folder. A failure raises :class:`TrainingProcessError` whose one-line message carries the child's own
@@ -155,6 +157,8 @@ def train_in_subprocess(
     log_path: str | os.PathLike[str] | None = None,
     poll_s: float = 0.5,
     env: dict[str, str] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    heartbeat_s: float = 20.0,
 ) -> SubprocessTrainResult:
     """Train in a child process (module docstring); same inputs and checkpoint as :func:`rao_core.train.train`.
 
@@ -169,6 +173,10 @@ def train_in_subprocess(
         log_path: the child's stdout+stderr (default ``<out_dir>.train.log``, replaced each run).
         poll_s: how often the metrics file is read while the child runs, seconds.
         env: environment of the child (default: this process's).
+        on_status: called in this process with one line per phase the child reports (``training process:
+            model and optimizer ready; first optimizer step running (41 s)``) and, when neither a phase nor a
+            step came for ``heartbeat_s`` seconds, ``training process: still <phase> (N s)``.
+        heartbeat_s: the longest time without a line to ``on_status``, seconds.
 
     Returns:
         :class:`SubprocessTrainResult`.
@@ -192,13 +200,24 @@ def train_in_subprocess(
     end: dict[str, Any] = {}
     pos = 0
     bar = StepProgress("training steps", 0, on_progress=on_progress, show=show_progress)
+    t0 = time.monotonic()
+    status = {"phase": "starting (interpreter, torch and accelerate imports)", "at": t0}
+
+    def say(text: str) -> None:
+        status["at"] = time.monotonic()
+        if on_status is not None:
+            on_status(f"training process: {text} ({time.monotonic() - t0:.0f} s)")
 
     def drain() -> None:
         nonlocal pos
         records, pos = _read_new(metrics_path, pos)
         for r in records:
-            if "step" in r:
+            if "phase" in r:
+                status["phase"] = str(r["phase"])
+                say(status["phase"])
+            elif "step" in r:
                 steps.append(r["step"])
+                status["phase"] = f"training, {len(steps)} optimizer step{'s' * (len(steps) > 1)} done"
                 if on_step is not None:
                     on_step(r["step"])
             elif "progress" in r:
@@ -207,12 +226,14 @@ def train_in_subprocess(
             elif "end" in r:
                 end.update(r["end"])
 
-    t0 = time.monotonic()
     with log.open("w") as logf, bar:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        say(f"started (pid {proc.pid}), log {log}")
         try:
             while proc.poll() is None:
                 drain()
+                if time.monotonic() - status["at"] >= heartbeat_s:
+                    say(f"still {status['phase']}")
                 time.sleep(poll_s)
         except BaseException:  # interrupted (Ctrl-C, task cancelled): do not leave the child training
             proc.terminate()
@@ -250,7 +271,8 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
                  on_step: Callable[[dict[str, float]], None] | None = None,
                  on_progress: Callable[[int, int], None] | None = None,
                  samples_path: str | os.PathLike[str] | None = None,
-                 around_child: contextlib.AbstractContextManager | None = None) -> TrainingRun:
+                 around_child: contextlib.AbstractContextManager | None = None,
+                 on_status: Callable[[str], None] | None = None) -> TrainingRun:
     """Train ``batch`` from ``model_path`` into ``out_dir`` where ``config.process`` says: the one dispatch
     of the campaign's train stage and of the warm start.
 
@@ -259,12 +281,14 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
     (written to ``<out_dir>.samples.jsonl`` when None); ``around_child`` (e.g. the flow's vLLM server
     asleep) is entered around the child only. ``on_step`` gets each step's metrics, ``on_progress``
     ``(steps done, steps planned)`` after each step, in this process, in either mode; a rich bar of the
-    steps is drawn when stdout is a terminal.
+    steps is drawn when stdout is a terminal. ``on_status`` gets one line per phase of the trainer (loading,
+    first step, saving) and, from a child, a line whenever ``heartbeat_s`` (20) seconds pass without one.
     """
     if config.process != "subprocess":
         from rao_core.train import train
 
-        res = train(batch, model_path, out_dir, config, iteration=iteration, on_step=on_step, on_progress=on_progress)
+        res = train(batch, model_path, out_dir, config, iteration=iteration, on_step=on_step, on_progress=on_progress,
+                    on_phase=on_status)
         return TrainingRun(checkpoint=res.checkpoint, metrics=res.metrics)
     if samples_path is None:
         from rao_core.samples import write_samples
@@ -273,5 +297,5 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
         write_samples(samples_path, batch)
     with around_child or contextlib.nullcontext():
         sub = train_in_subprocess(samples_path, model_path, out_dir, config, iteration=iteration, on_step=on_step,
-                                  on_progress=on_progress)
+                                  on_progress=on_progress, on_status=on_status)
     return TrainingRun(checkpoint=sub.checkpoint, metrics=sub.metrics, peak_rss_mb=sub.peak_rss_mb)

@@ -243,6 +243,7 @@ def train(
     on_step: StepCallback | None = None,
     on_progress: ProgressCallback | None = None,
     show_progress: bool | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train the policy on ``samples`` starting from ``model_path``; save the new checkpoint at ``out_dir``.
 
@@ -265,6 +266,9 @@ def train(
             only); steps planned = ``epochs`` x steps per epoch, at most ``max_steps``.
         show_progress: False: no terminal bar; None/True: a rich bar "training steps" on the main process
             when stdout is a terminal (:class:`rao_core.progress.StepProgress`).
+        on_phase: called with one line as each phase begins (main process only): ``samples checked (N);
+            loading the model``, ``model and optimizer ready; first optimizer step running`` (loading takes a
+            while on a CPU, and so does one step), ``saving checkpoint``.
 
     Returns:
         :class:`TrainResult` with the checkpoint path, the per-step metrics and the manifest.
@@ -290,11 +294,19 @@ def train(
         save_dtype = getattr(torch, save_dtype)
     validate_samples(all_rows, vocab_size=int(hf_cfg.vocab_size), loss_type=cfg.loss_type,
                      max_length=getattr(hf_cfg, "max_position_embeddings", None))
+    main = os.environ.get("RANK", "0") == "0"  # before the accelerator exists: accelerate launch sets RANK
 
+    def phase(name: str) -> None:
+        if on_phase is not None and main:
+            on_phase(name)
+
+    phase(f"samples checked ({len(all_rows)}); loading the model")
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
     rows, skipped = _skip_zero_coefficient(all_rows, cfg)
+    phase("model and optimizer ready; first optimizer step running")
     metrics = _train_epochs(run, rows, skipped, iteration, on_step, on_progress,
                             show_progress is not False and run.accelerator.is_main_process)
+    phase("saving checkpoint")
     manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration)
     optim_state = None if run.sharded else {
         "optimizer": run.optimizer.state_dict(), "steps": run.warmup.steps_before + run.steps,

@@ -162,3 +162,94 @@ def test_killed_child_is_reported_as_killed_not_as_its_last_metric_line(tmp_path
     log.write_text('{"train/step": 1.0}\nTraceback (most recent call last):\nValueError: boom\n')
     msg, _ = _failure_message(1, log)
     assert "ValueError: boom" in msg and "killed from outside" not in msg
+
+
+def test_the_training_child_reports_its_phases_and_a_line_when_it_is_silent(tmp_path, monkeypatch):
+    """No silent minute while the trainer loads (issue 27, item 2): each phase the child writes becomes a line,
+    and a child that writes nothing for ``heartbeat_s`` gets a "still ..." line naming its last phase. The child
+    is a small script standing in for ``rao train`` (same protocol: JSON lines in the metrics file)."""
+    import sys
+    import textwrap
+
+    from rao_core.train import TrainerConfig
+    from rao_core.train import launch
+
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent('''
+        import json, pathlib, sys, time
+        out, metrics = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+        def rec(obj):
+            with metrics.open("a") as f:
+                f.write(json.dumps(obj) + "\\n")
+        time.sleep(0.8)                               # the imports: nothing written yet
+        rec({"phase": "started, 2 samples read"})
+        rec({"phase": "model and optimizer ready; first optimizer step running"})
+        time.sleep(0.8)                               # one long step
+        rec({"step": {"train/loss": 1.0}})
+        rec({"progress": {"done": 1, "total": 1}})
+        rec({"phase": "saving checkpoint"})
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_text("")
+        rec({"end": {"peak_rss_mb": 1.0}})
+    '''))
+    monkeypatch.setattr(launch, "launch_command", lambda samples, model, out, cfg, metrics, **kw:
+                        [sys.executable, str(child), str(out), str(metrics)])
+    monkeypatch.setattr(launch, "is_checkpoint", lambda path: (Path(path) / "config.json").exists())
+    lines: list[str] = []
+    res = launch.train_in_subprocess(tmp_path / "s.jsonl", tmp_path, tmp_path / "out", TrainerConfig(),
+                                     on_status=lines.append, heartbeat_s=0.5, poll_s=0.05, show_progress=False)
+    assert res.metrics == [{"train/loss": 1.0}]
+    text = [line.rsplit(" (", 1)[0] for line in lines]  # without the seconds
+    assert text[0].startswith("training process: started (pid ") and text[0].endswith(".train.log")
+    assert text[1] == "training process: still starting (interpreter, torch and accelerate imports)"
+    i = text.index("training process: started, 2 samples read")
+    assert text[i + 1] == "training process: model and optimizer ready; first optimizer step running"
+    assert "training process: still model and optimizer ready; first optimizer step running" in text[i + 2:]
+    assert text[-1] == "training process: saving checkpoint"
+    assert all(line.endswith(" s)") for line in lines)
+
+
+def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_path, monkeypatch):
+    """Issue 27, item 4: every advantage 0 -> no optimizer step; the train-progress artifact still appears,
+    complete, saying "no update" (it used to be missing, as if the stage had not run)."""
+    from tasks import stages
+
+    made: dict[str, list] = {}
+
+    class Recorder:
+        def __init__(self, key, description, **kw):
+            self.key = key
+            made[key] = []
+
+        def __call__(self, done, total):
+            made[self.key].append((done, total))
+
+        def finish(self, text):
+            made[self.key].append(text)
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    (parent / "config.json").write_text("{}")
+    monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
+    monkeypatch.setattr(stages, "checkpoint_local", lambda ctx, ckpt: parent)
+    zero = [s.model_copy(update={"advantage": 0.0}) for s in _samples()]
+    out = _run_zero_stage(tmp_path, monkeypatch, zero)
+    assert out.steps == 0 and (Path(out.checkpoint.local) / "config.json").exists()
+    assert made == {"stage-iter-1-train-progress": [
+        "no update: every advantage of the 2 samples is 0 (no group carried signal), 0 optimizer steps; the "
+        "parent's weights were copied as this iteration's checkpoint"]}
+
+
+def _run_zero_stage(tmp_path: Path, monkeypatch, samples):
+    from rao_core.config import CampaignConfig
+    from tasks import stages
+    from tasks.common import RunContext
+    from tasks.records import Checkpoint
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(RunContext, "store", lambda self: _FakeStore())
+    ctx = RunContext(config=CampaignConfig(name="stage"), s3={}, mlflow_uri="")
+    write_samples(ctx.local("iter-1/samples.jsonl"), samples)
+    return stages.train_policy.fn.__wrapped__(ctx, 1, "s3://fake/iter-1/samples/samples.jsonl",
+                                              Checkpoint(name="iter-0", local=str(tmp_path / "parent")))

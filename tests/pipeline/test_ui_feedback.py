@@ -385,4 +385,86 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
     assert lines == [
         f"warm start: 32 expert demonstration trees, then SFT of {ctx.config.model.path}",
         *(f"warm start: demonstration trees {d}/32" for d in (3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32)),
-        "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500"]
+        "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500",
+        "warm start: SFT done (2 s); uploading demonstrations and the checkpoint to s3://mem/iter-0"]
+
+
+def test_the_end_of_run_table_has_every_stage_and_sums_to_the_wall_time():
+    """Issue 27, item 3: one table for the whole `rao run`: make's set-up check, start-up, Prefect's API, every
+    stage of the flow (warm start, first vLLM start, base evaluation, iterations, retention, ...) and Prefect's
+    end; the rows are consecutive intervals, so their sum is the wall time from make's start to the table."""
+    from rao_cli import pipeline_cmd
+    from rao_core.progress import Timeline
+
+    clock = iter([1000.0, 1001.5, 1030.0, 1290.25, 1420.0, 1456.5, 1458.0, 1700.0, 1703.0, 1710.0]).__next__
+    flow = Timeline(clock=clock)  # the flow's laps, as rao_campaign takes them (epoch seconds)
+    for stage in ("config and task-pool check", "S3 storage start, completion check", "warm start",
+                  "first vLLM start", "base evaluation (iteration 0)", "register iteration 0", "iteration 1",
+                  "retention after iteration 1", "vLLM stop"):
+        flow.lap(stage)
+    summary = {"campaign": "smoke", "iterations": [], "wall_s": round(flow.total, 1), "timeline": flow.to_dict()}
+    tl = pipeline_cmd.run_timeline(summary, process_start=990.0, called_at=995.0, returned_at=1712.5, now=1713.0,
+                                   make_started_at=988.0)
+    assert [r["stage"] for r in tl.rows] == [
+        "make run: set-up check (scripts/setup.sh)", "rao start-up: interpreter, imports, config and completion "
+        "checks", "Prefect: local API start, flow run created", "config and task-pool check",
+        "S3 storage start, completion check", "warm start", "first vLLM start", "base evaluation (iteration 0)",
+        "register iteration 0", "iteration 1", "retention after iteration 1", "vLLM stop", "Prefect: flow run end",
+        "end-of-run summary"]
+    assert [round(r["s"], 2) for r in tl.rows] == [2.0, 5.0, 5.0, 1.5, 28.5, 260.25, 129.75, 36.5, 1.5, 242.0,
+                                                   3.0, 7.0, 2.5, 0.5]
+    assert sum(r["s"] for r in tl.rows) == tl.total == 1713.0 - 988.0  # the wall time, exactly
+    # without make (rao run on its own) the first row is the start-up; a make mark after the start is ignored
+    alone = pipeline_cmd.run_timeline(summary, process_start=990.0, called_at=995.0, returned_at=1712.5,
+                                      now=1713.0, make_started_at=991.0)
+    assert alone.rows[0]["stage"].startswith("rao start-up") and alone.total == 1713.0 - 990.0
+
+    with pipeline_cmd.console.capture() as cap:
+        pipeline_cmd.console.print(pipeline_cmd.wall_time_table(tl.rows, tl.total, "t"))
+    text = cap.get()
+    assert "first vLLM start" in text and "129.8" in text and "17.9%" in text  # 129.75 / 725 s
+    assert "total (wall time)" in text and "725.0" in text and "sum of the 14 rows above" in text
+
+
+def test_an_iterations_row_names_its_stages_and_what_they_leave_out():
+    from flows.campaign import _iteration_detail
+
+    times = {"serve": 0.2, "generate": 86.0, "judge": 1.0, "validate": 2.0, "train": 91.0, "serve_new": 5.0,
+             "evaluate": 36.0, "register": 2.0}
+    assert _iteration_detail(times, 230.2, False) == ("serve 0 gen 86 judge 1 val 2 train 91 swap 5 eval 36 reg 2 "
+                                                      "log+other 7")
+    assert _iteration_detail({"generate": 86.0}, 3.0, True) == ("done by an earlier run (resumed from its "
+                                                                "markers): generate 86")
+
+
+def test_the_forms_optional_text_fields_are_plain_text_with_empty_meaning_the_configs():
+    """Issue 27, item 4: the text fields of the campaign, evaluation and experiment forms are strings (no
+    "None" toggle to click before typing); empty, or None from the CLI, means the config's value as before."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.campaign import CampaignParams, rao_campaign
+    from flows.evaluate import EvaluateParams, rao_evaluate
+    from flows.experiment import ExperimentParams, rao_experiment
+
+    for flow_fn, model, fields in ((rao_campaign, "CampaignParams", ("name", "env", "model_path")),
+                                   (rao_evaluate, "EvaluateParams", ("campaign",)),
+                                   (rao_experiment, "ExperimentParams", ("name",))):
+        props = parameter_schema(flow_fn.fn).model_dump()["definitions"][model]["properties"]
+        for f in fields:
+            assert props[f].get("type") == "string" and "anyOf" not in props[f] and props[f]["default"] == "", (model, f)
+    base = CampaignParams().resolve()
+    for p in (CampaignParams(env=None, model_path=None), CampaignParams(env="", model_path="")):
+        cfg = p.resolve()
+        assert (cfg.tasks.env, cfg.model.path) == (base.tasks.env, base.model.path)
+    assert EvaluateParams(campaign=None).campaign == "" and ExperimentParams(name=None).name == ""
+
+
+def test_the_mlflow_hint_links_the_experiment_in_the_model_training_view():
+    """MLflow 3.17's UI opens its GenAI view unless the link or its sidebar switch says otherwise (the
+    experiment's kind tag is not read then): the end-of-run line gives the link with workflowType."""
+    from rao_cli.pipeline_cmd import mlflow_hint
+
+    lines = mlflow_hint({"mlflow_uri": "sqlite:///m.db", "mlflow_run_id": "r1", "mlflow_experiment_id": "7"})
+    assert lines.splitlines()[0] == "MLflow:    .venv/bin/mlflow ui --backend-store-uri sqlite:///m.db   (run r1)"
+    assert "http://127.0.0.1:5000/#/experiments/7?workflowType=machine_learning" in lines.splitlines()[1]
+    assert "\n" not in mlflow_hint({"mlflow_uri": "u", "mlflow_run_id": "r"})  # an older stored summary
