@@ -27,8 +27,14 @@ def test_rao_train_cli(tmp_path, section):
                                  "--metrics-out", str(tmp_path / "m.jsonl")])
     assert r.exit_code == 0, r.output
     records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert [next(iter(x)) for x in records] == ["step", "progress", "end"]  # what the campaign's parent reads
-    assert records[1] == {"progress": {"done": 1, "total": 1}}
+    # what the campaign's parent reads: the trainer's phases as they begin, then step, progress, end
+    phases = [x["phase"] for x in records if "phase" in x]
+    assert phases == ["started, 2 samples read", "samples checked (2); loading the model",
+                      "model and optimizer ready; first optimizer step running", "saving checkpoint"]
+    rest = [x for x in records if "phase" not in x]
+    assert [next(iter(x)) for x in rest] == ["step", "progress", "end"]
+    assert rest[1] == {"progress": {"done": 1, "total": 1}}
+    assert records[-1] is rest[-1]  # nothing is written after "end"
     line = next(x for x in r.output.splitlines() if '{"train/' in x)
     step = json.loads(line[line.index("{"):])
     assert step["train/tokens"] == 4 and step["train/samples"] == 2 and step["train/grad_norm"] > 0
