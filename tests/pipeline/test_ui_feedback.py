@@ -279,7 +279,9 @@ def test_a_stage_inside_a_flow_run_still_writes_its_artifact(prefect_harness, mo
 
 def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     """run_evaluation (evaluate stage, nightly) turns run_trees' per-mode counts into one progress over both
-    modes, under the key artifact_key(campaign, 'evaluate-progress', iteration)."""
+    modes, under the key artifact_key(campaign, 'evaluate-progress', iteration), and logs a line per unit
+    (every unit below 20 trees, else each tenth) with the roots solved so far (a piped log has no bar)."""
+
     from types import SimpleNamespace
 
     import rao_core.evaluation
@@ -301,11 +303,13 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     def fake_eval(config, *, tasks, progress, **kw):
         for _mode in config.modes:
             for d in range(1, len(tasks) + 1):
-                progress(d, len(tasks), None)
+                progress(d, len(tasks), SimpleNamespace(root=SimpleNamespace(verifier=float(d == 1))))
         return SimpleNamespace(metrics=lambda: {"eval/x": 1.0}, rows=[], trees=[])
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
+    lines: list[str] = []
+    monkeypatch.setattr(stages, "run_logger", lambda: SimpleNamespace(info=lines.append, warning=lines.append))
     monkeypatch.setattr(stages, "validation_tasks", lambda ctx: ["t1", "t2", "t3"])
     monkeypatch.setattr(stages, "get_env", lambda *a, **k: None)
     monkeypatch.setattr(stages, "_policy", lambda ctx, served: None)
@@ -317,6 +321,7 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     out = stages.run_evaluation(ctx, None, "tok", 2)
     assert out.metrics == {"eval/x": 1.0}
     assert made == {"smoke-b-iter-2-evaluate-progress": [(0, 6), (1, 6), (2, 6), (3, 6), (4, 6), (5, 6), (6, 6)]}
+    assert lines == [f"evaluation trees {d}/6  solved {1 + (d > 3)}" for d in range(1, 7)]
 
 
 def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
