@@ -249,6 +249,28 @@ class EvalSettings(EvalConfig):
                                        "(default: recursive success on the first difficulty).")
 
 
+class ExecutionSettings(_Strict):
+    """Where the generate stage grows its trees (issue 28; ``tasks/rollouts.py``). 'local': in the flow's own
+    process, as one ``run_trees`` call (no Ray process is started). 'ray': its groups (a task and its G rollouts;
+    a group is never split, the leave-one-out baseline needs all its trees) are cut into ``shards``, each one a
+    Ray task that grows its trees with its own REPL sandboxes and policy client and writes them to one S3 object;
+    the stage then reads exactly those objects. Every tree has the same task and sampling seed whatever the
+    backend and the shard count (``rao_core.task_sampling.rollout_seed``)."""
+
+    backend: Literal["local", "ray"] = Field("local", description="'local' (one process) or 'ray' (shards on a "
+                                             "Ray cluster).")
+    ray_address: str = Field("auto", min_length=1, description="Ray cluster to connect to: 'auto' (the cluster "
+                             "`rao services up --ray` or `ray start` runs on this machine) or a head node's "
+                             "address, e.g. 10.0.0.5:6379 (ray.init's address).")
+    shards: int = Field(4, ge=1, description="Shards per generate stage (at most one per group: min(shards, "
+                        "tasks.tasks_per_iteration)); Ray runs as many at once as its CPUs allow (cpus_per_shard).")
+    cpus_per_shard: float = Field(1.0, gt=0, description="Ray CPUs one shard holds (its rollout loop; the REPL "
+                                  "sandboxes it starts are not counted by Ray).")
+    max_retries: int = Field(2, ge=0, description="Ray task retries of a shard whose worker was lost (process "
+                                "killed, node gone); the retried shard regrows all its trees and overwrites its "
+                                "own object. An exception raised by the shard's code is not retried.")
+
+
 class StorageSettings(_Strict):
     """Artifacts on S3. Default: the embedded SeaweedFS server."""
 
@@ -276,7 +298,7 @@ class CampaignConfig(_Strict):
     name: str = Field("smoke", pattern=NAME_PATTERN, description="Campaign name: S3 prefix, MLflow "
                       "run name, resume key (lowercase letters, digits, dashes).")
     iterations: int = Field(2, ge=0, description="RL iterations to run.")
-    seed: int = Field(0, description="Master seed (task sampling, generation seeds).")
+    seed: int = Field(0, description="Master seed (task sampling, rollout sampling seeds).")
     model: ModelSettings = Field(default_factory=ModelSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     tasks: TaskSettings = Field(default_factory=TaskSettings)
@@ -290,6 +312,7 @@ class CampaignConfig(_Strict):
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     gpus: GpuPlacement = Field(default_factory=GpuPlacement)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
 
     @field_validator("tasks")
     @classmethod

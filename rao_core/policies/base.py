@@ -28,6 +28,7 @@ class PolicyRequest(BaseModel):
     env: str
     prompt_token_ids: list[int]
     max_tokens: int
+    seed: int | None = None  # sampling seed of this request (``agent.request_seed``); None: the server's own
 
 
 class Generation(BaseModel):
