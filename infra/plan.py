@@ -302,6 +302,27 @@ def _switch_times(cfg: CampaignConfig, shape: ModelShape, a: Assumptions) -> lis
     return out
 
 
+def rollout_placement(cfg: CampaignConfig) -> list[str]:
+    """Where an iteration's rollouts run (``execution``, issue 28): the shards and their groups
+    (``tasks.rollouts.plan_shards``' rule), the Ray workers that grow them, the policy server replicas."""
+    from rao_core.task_sampling import split_evenly
+
+    ex, n, G = cfg.execution, cfg.tasks.tasks_per_iteration, cfg.algo.G
+    if ex.backend == "local":
+        out = [f"rollouts       this process (execution.backend local, no Ray): {n} groups x G {G} = {n * G} "
+               f"trees per iteration, one run_trees"]
+    else:
+        sizes = split_evenly(n, min(ex.shards, n))
+        out = [f"rollouts       Ray at {ex.ray_address}: {n} groups x G {G} = {n * G} trees per iteration in "
+               f"{len(sizes)} shards of {', '.join(map(str, sizes))} groups (whole groups; the seeds of the local "
+               f"backend)",
+               f"Ray workers    one per shard running, {ex.cpus_per_shard:g} CPU each: the cluster's CPUs / "
+               f"{ex.cpus_per_shard:g} at once, at most {len(sizes)}; {ex.max_retries} retries of a shard whose "
+               f"worker is lost"]
+    where = f"external at {cfg.serving.base_url}" if cfg.serving.base_url else "vLLM"
+    return out + [f"policy server  1 replica ({where}): every shard's requests go to it"]
+
+
 def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_name: str = "",
                assumptions: Assumptions | None = None) -> Plan:
     """The plan of ``cfg`` on a machine of ``gpus`` GPUs of ``gpu_mem_gib`` GiB each (module docstring)."""
@@ -367,6 +388,7 @@ def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_nam
         plan.placement.append(f"shared GPUs    {_ranges(shared)}: "
                               + ("vLLM sleeps (level 1) while the trainer runs" if g.sleep_while_training
                                  else "vLLM stays resident while the trainer runs"))
+    plan.placement += rollout_placement(cfg)
     camp = rao_home() / "campaigns" / cfg.name  # iteration 1's paths (tasks/stages.py: _train)
     parent = cfg.model.path if cfg.warm_start.mode == "none" else camp / "checkpoints/iter-0"
     cmd = launch_command(camp / "iter-1/samples.jsonl", parent, camp / "checkpoints/iter-1",

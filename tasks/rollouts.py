@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -258,11 +259,17 @@ def worker_runtime_env() -> dict[str, Any]:
 
 def connect(address: str) -> dict[str, float]:
     """Join the Ray cluster at ``address`` (``execution.ray_address``) unless this process is connected already
-    (then its cluster is used as it is); returns the cluster's resources (``{"CPU": 4.0, ...}``).
+    (then its cluster is used as it is); returns the cluster's resources (``{"CPU": 4.0, ...}``). When a Ray
+    token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, where ``rao services
+    up --ray`` leaves it) and ``RAY_AUTH_MODE`` is unset, token authentication is used.
 
     Raises:
         ShardError: no cluster answers at ``address``: one line saying how to start one.
     """
+    token = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+             or (Path.home() / ".ray" / "auth_token").is_file())
+    if token and "ray" not in sys.modules:  # Ray reads the mode once, when it is imported
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray sends its token only in mode 'token'
     import ray
 
     if not ray.is_initialized():
