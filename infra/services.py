@@ -129,8 +129,23 @@ class RayHead:
 
     def stop(self) -> None:
         """Stop the head's process group: SIGTERM, then SIGKILL after 5 s (``ray start --block`` outlives a
-        SIGTERM; its GCS and raylet end at once)."""
+        SIGTERM; its GCS and raylet end at once); then :func:`forget_ray_head`."""
         self.process.stop(timeout_s=5.0)
+        forget_ray_head(self.port)
+
+
+def forget_ray_head(port: int) -> None:
+    """Remove Ray's note of the current cluster (``$TMPDIR/ray/ray_current_cluster``, which ``ray start``
+    writes and ``ray.init(address="auto")`` reads) when it names the head on ``port``: a stopped head is not
+    found again by 'auto', and ``ray.init()`` starts its own cluster again."""
+    import tempfile
+
+    note = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    try:
+        if note.read_text().strip().endswith(f":{port}"):
+            note.unlink()
+    except OSError:
+        pass
 
 
 def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = False, prefect_port: int = 0,
@@ -199,6 +214,8 @@ def down() -> list[str]:
         pid = info.get("pid")
         if pid and pid_alive(pid):
             kill_group(pid, 5.0 if name == "ray" else 15.0)  # `ray start --block` outlives a SIGTERM
+            if name == "ray":
+                forget_ray_head(int(str(info.get("url", ":0")).rsplit(":", 1)[-1]))
             stopped.append(name)
     save_state({})
     return stopped

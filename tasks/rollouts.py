@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -52,11 +52,12 @@ class ShardError(ServiceError):
 
 
 class RolloutGroup(BaseModel):
-    """One task's G rollouts, with the sampling seed of each (``seeds[g]`` for rollout index g)."""
+    """One task's G rollouts, with the sampling seed of each (``seeds[g]`` for rollout index g; None:
+    unseeded, as evaluation trees are)."""
 
     task: Task
     rollouts: int = Field(ge=1)
-    seeds: list[int]
+    seeds: list[int | None]
 
 
 class Shard(BaseModel):
@@ -67,12 +68,13 @@ class Shard(BaseModel):
     count: int = Field(ge=1)  # shards of the stage
     groups: list[RolloutGroup]
     key: str
+    mode: Literal["recursive", "single"] | None = None  # an evaluation shard's mode (delegation on/off)
 
     @property
     def num_trees(self) -> int:
         return sum(g.rollouts for g in self.groups)
 
-    def planned(self) -> list[tuple[str, int, int]]:
+    def planned(self) -> list[tuple[str, int, int | None]]:
         """(task id, rollout index, seed) of every tree the shard grows, in order."""
         return [(g.task.task_id, i, g.seeds[i]) for g in self.groups for i in range(g.rollouts)]
 
@@ -116,7 +118,7 @@ def plan_shards(tasks: Sequence[Task], rollouts: int, *, seed: int, iteration: i
     Raises:
         ValueError: ``shards`` < 1, ``rollouts`` < 1, or no task.
     """
-    from rao_core.task_sampling import rollout_seed, split_evenly
+    from rao_core.task_sampling import rollout_seed
 
     if shards < 1 or rollouts < 1 or not tasks:
         raise ValueError(f"cannot shard {len(tasks)} tasks x {rollouts} rollouts into {shards} shards "
@@ -124,11 +126,31 @@ def plan_shards(tasks: Sequence[Task], rollouts: int, *, seed: int, iteration: i
     groups = [RolloutGroup(task=t, rollouts=rollouts,
                            seeds=[rollout_seed(seed, iteration, t.task_id, g) for g in range(rollouts)])
               for t in tasks]
+    return _cut(groups, shards, lambda i, n: shard_key(iteration, i, n))
+
+
+def plan_eval_shards(tasks: Sequence[Task], *, mode: Literal["recursive", "single"], shards: int,
+                     folder: str) -> list[Shard]:
+    """The evaluation's shards of one mode: one unseeded tree per task (as ``rao_core.evaluation`` grows
+    them), ``min(shards, len(tasks))`` shards of consecutive tasks, objects
+    ``<folder>/eval/shards/<mode>-shard-<i>-of-<n>.jsonl`` (``folder``: ``iter-K`` or the nightly's folder).
+    Raises ValueError for no task or ``shards`` < 1."""
+    if shards < 1 or not tasks:
+        raise ValueError(f"cannot shard {len(tasks)} evaluation tasks into {shards} shards")
+    groups = [RolloutGroup(task=t, rollouts=1, seeds=[None]) for t in tasks]
+    return _cut(groups, shards, lambda i, n: f"{folder}/eval/shards/{mode}-shard-{i + 1}-of-{n}.jsonl", mode=mode)
+
+
+def _cut(groups: list[RolloutGroup], shards: int, key: Callable[[int, int], str], mode: str | None = None
+         ) -> list[Shard]:
+    """``groups`` in ``min(shards, len(groups))`` runs of consecutive groups, sizes by ``split_evenly``."""
+    from rao_core.task_sampling import split_evenly
+
     sizes = split_evenly(len(groups), min(shards, len(groups)))
     out, start = [], 0
     for i, n in enumerate(sizes):
-        out.append(Shard(index=i, count=len(sizes), groups=groups[start:start + n],
-                         key=shard_key(iteration, i, len(sizes))))
+        out.append(Shard(index=i, count=len(sizes), groups=groups[start:start + n], key=key(i, len(sizes)),
+                         mode=mode))
         start += n
     return out
 
@@ -151,8 +173,11 @@ def grow_shard(ctx: Any, iteration: int, shard: Shard, served: Any, tokenizer_pa
     from rao_core.envs import get_env
     from rao_core.runtime import load_tokenizer, run_trees
 
+    from rao_core.evaluation import mode_runtime
+
     cfg = ctx.config
-    runtime = cfg.runtime if work_root is None else cfg.runtime.model_copy(update={"work_root": str(work_root)})
+    runtime = cfg.runtime if shard.mode is None else mode_runtime(cfg.runtime, shard.mode)
+    runtime = runtime if work_root is None else runtime.model_copy(update={"work_root": str(work_root)})
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
     seeds = {(g.task.task_id, i): s for g in shard.groups for i, s in enumerate(g.seeds)}
     policy = make_policy(ctx, served)
@@ -214,11 +239,12 @@ def _solved(tree: ExecutionTree) -> int:
         return 0
 
 
-def read_shards(ctx: Any, iteration: int, shards: Sequence[Shard], results: Sequence[ShardResult]
+def read_shards(ctx: Any, what: str, shards: Sequence[Shard], results: Sequence[ShardResult]
                 ) -> list[ExecutionTree]:
     """The trees of ``shards``, in shard order: exactly the object each final result names (through the local
-    cache, ``iter-K/shards/``), checked against the SHA-256 that result returned, and holding exactly the
-    shard's planned (task id, rollout index, seed) triples.
+    cache, at the object's key), checked against the SHA-256 that result returned, and holding exactly the
+    shard's planned (task id, rollout index, seed) triples. ``what`` names the stage in errors
+    (``"iteration 1 generate"``).
 
     Raises:
         ShardError: a shard without its result, or an object whose trees are not the planned ones (a tree
@@ -232,15 +258,15 @@ def read_shards(ctx: Any, iteration: int, shards: Sequence[Shard], results: Sequ
     for s in shards:
         r = by_index.get(s.index)
         if r is None:
-            raise ShardError(f"iteration {iteration} generate: shard {s.index + 1}/{s.count} returned no result")
-        local = ctx.local(f"iter-{iteration}/shards/{Path(s.key).name}")
+            raise ShardError(f"{what}: shard {s.index + 1}/{s.count} returned no result")
+        local = ctx.local(s.key)
         local.unlink(missing_ok=True)  # never an earlier attempt's copy
         store.get_file(r.uri, local, sha256=r.sha256)
         got = read_trees(local)
         have = [(t.task_id, t.rollout_index, t.seed) for t in got]
         if have != s.planned():
             missing = sorted(set(s.planned()) - set(have))[:3]
-            raise ShardError(f"iteration {iteration} generate: {r.uri} holds {len(have)} trees, not the "
+            raise ShardError(f"{what}: {r.uri} holds {len(have)} trees, not the "
                              f"{s.num_trees} planned for shard {s.index + 1}/{s.count} (missing {missing}, "
                              f"{len(have) - len(set(have))} duplicated)")
         trees += got
@@ -283,14 +309,15 @@ def connect(address: str) -> dict[str, float]:
     return {k: float(v) for k, v in ray.cluster_resources().items()}
 
 
-def run_on_ray(ctx: Any, iteration: int, shards: Sequence[Shard], served: Any, tokenizer_path: str,
-               make_policy: PolicyFactory, on_result: Callable[[ShardResult], None] | None = None
-               ) -> list[ShardResult]:
+def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], served: Any, tokenizer_path: str,
+               make_policy: PolicyFactory, on_result: Callable[[ShardResult], None] | None = None,
+               what: str = "") -> list[ShardResult]:
     """Run every shard as a Ray task (:func:`run_shard`; ``execution.cpus_per_shard`` CPUs,
     ``execution.max_retries`` retries of a lost worker, none of an exception) on the cluster of
     :func:`connect`, calling ``on_result`` as each one completes; returns the results in shard order.
 
     ``make_policy`` must be importable by the workers (a module-level function): Ray sends it by reference.
+    ``what`` names the stage in errors (default ``"iteration K generate"``).
 
     Raises:
         ShardError: a shard failed for good (one line: which shard, why); the shards still running are
@@ -300,10 +327,11 @@ def run_on_ray(ctx: Any, iteration: int, shards: Sequence[Shard], served: Any, t
     from ray.exceptions import RayError, RayTaskError
 
     ex = ctx.config.execution
+    what = what or f"iteration {iteration} generate"
     connect(ex.ray_address)
     task = ray.remote(run_shard)
     refs = {task.options(num_cpus=ex.cpus_per_shard, max_retries=ex.max_retries, retry_exceptions=False,
-                         name=f"{ctx.name}-iter-{iteration}-shard-{s.index + 1}-of-{s.count}")
+                         name=f"{ctx.name}-{s.key.replace('/', '-')}")
             .remote(ctx, iteration, s, served, tokenizer_path, make_policy): s for s in shards}
     pending, results = list(refs), {}
     try:
@@ -315,7 +343,7 @@ def run_on_ray(ctx: Any, iteration: int, shards: Sequence[Shard], served: Any, t
             except RayError as e:
                 cause = e.cause if isinstance(e, RayTaskError) and e.cause is not None else e
                 why = " ".join(f"{type(cause).__name__}: {cause}".split())[:400]
-                raise ShardError(f"iteration {iteration} generate: shard {s.index + 1}/{s.count} failed "
+                raise ShardError(f"{what}: shard {s.index + 1}/{s.count} failed "
                                  f"({ex.max_retries} retries of a lost worker allowed): {why}") from None
             results[s.index] = r
             if on_result is not None:

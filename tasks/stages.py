@@ -247,7 +247,7 @@ def _generate_on_ray(ctx: RunContext, iteration: int, tasks: list[Task], served:
                  f"crashed {r.crashed}, {r.generation_s:.1f} s; rollouts {done[1]}/{total}")
 
     results = rollouts.run_on_ray(ctx, iteration, shards, served, tokenizer_path, _policy, on_result)
-    return rollouts.read_shards(ctx, iteration, shards, results)
+    return rollouts.read_shards(ctx, f"iteration {iteration} generate", shards, results)
 
 
 @stage("judge", name="judge-trees")
@@ -372,7 +372,9 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
     """Evaluate the served policy on the validation tasks in each mode of ``eval`` with the campaign's
     runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``). Progress (trees
     finished over all modes) goes to the Prefect progress artifact
-    ``artifact_key(ctx.name, "evaluate-progress", iteration)`` inside a flow run, and to a terminal bar.
+    ``artifact_key(ctx.name, "evaluate-progress", iteration)`` inside a flow run, and to a terminal bar. With
+    ``execution.backend: ray`` the trees grow as shards on the Ray cluster (:func:`_evaluate_on_ray`) and are
+    summarised by the same ``rao_core.evaluation.report_from_trees``.
 
     Returns flat ``eval/<mode>/<difficulty>/...`` metrics and table rows (no report stored).
     """
@@ -390,13 +392,41 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
         ui(finished[0], total)
 
     ui(0, total)
-    report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
-                            tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served), progress=progress)
     where = "evaluation" if iteration is None else f"iteration {str(iteration).removeprefix('iter-')} evaluate"
+    if ctx.config.execution.backend == "ray":
+        report = _evaluate_on_ray(ctx, iteration, tasks, served, tokenizer_path, where,
+                                  lambda n: [progress(0, 0, None) for _ in range(n)])
+    else:
+        report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
+                                tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served),
+                                progress=progress)
     infra = check_infra_failures(ctx, where, report.trees)  # a dead server fails the stage, no marker written
     if infra:
         run_logger().warning(f"{where}: {len(report.trees)} trees, {infra_text(infra)} (left unscored)")
     return EvalOutput(metrics=report.metrics(), rows=[r.table_row() for r in report.rows])
+
+
+def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[Task], served: ServedEndpoint,
+                     tokenizer_path: str, where: str, advance) -> "EvalReport":
+    """The evaluation of ``tasks`` in each mode of ``eval`` as shards on the Ray cluster (backend 'ray'): per
+    mode, ``tasks.rollouts.plan_eval_shards`` (objects under ``<folder>/eval/shards/``, folder ``iter-K``, or
+    ``eval`` outside an iteration), read back in task order and summarised as the local backend does
+    (``rao_core.evaluation.report_from_trees``). ``advance(n)``: n more trees finished."""
+    from rao_core.evaluation import EvalReport, report_from_trees
+    from tasks import rollouts
+
+    ev, ex = ctx.config.eval, ctx.config.execution
+    folder = iter_key(iteration) if iteration is not None else "eval"
+    report = EvalReport(graded=ev.graded)
+    for mode in ev.modes:
+        shards = rollouts.plan_eval_shards(tasks, mode=mode, shards=ex.shards, folder=folder)
+        t0 = time.monotonic()
+        results = rollouts.run_on_ray(ctx, iteration, shards, served, tokenizer_path, _policy,
+                                      lambda r: advance(r.num_trees), what=f"{where} ({mode})")
+        trees = rollouts.read_shards(ctx, f"{where} ({mode})", shards, results)
+        report = report + report_from_trees(tasks, trees, mode=mode, graded=ev.graded,
+                                            wall_s=time.monotonic() - t0)
+    return report
 
 
 evaluate_checkpoint = task(run_evaluation, name="evaluate-checkpoint", cache_policy=NONE)  # not resumable: the nightly

@@ -110,6 +110,8 @@ def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(
     process that takes the services' environment (as ``rao run`` does) joins it with ``execution.ray_address:
     auto``; ``rao services down`` stops every process of the head's group."""
     import json
+    import tempfile
+    from pathlib import Path
 
     from infra.process import _group_members
 
@@ -137,6 +139,8 @@ def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(
         r = subprocess.run(rao + ["services", "down"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ray" in r.stdout, r.stdout + r.stderr
     assert pid is not None and not pid_alive(pid) and _group_members(pid) == []
+    note = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"  # 'auto' no longer finds the stopped head
+    assert not note.exists() or not note.read_text().strip().endswith(info["url"].rsplit(":", 1)[-1])
 
 
 @pytest.mark.vllm

@@ -7,7 +7,8 @@ cluster, with a scripted policy (no vLLM).
   the same request seeds (the scripted policy finishes with the seed it was sent);
 - a worker killed (SIGKILL) mid-shard: Ray retries the shard in another worker process, its object is written
   once, and the stage reads exactly the shards' objects;
-- a retried shard overwrites its own object, and only the object of the final result is read.
+- a retried shard overwrites its own object, and only the object of the final result is read;
+- the evaluation with backend ray (shards per mode) gives the local backend's rows and metrics.
 
 The Ray cluster is started here (``ray.init``: a head and up to 2 worker processes, 300 MiB object store) and
 shut down at the end of the module.
@@ -117,8 +118,8 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     from tasks.rollouts import worker_runtime_env
 
-    ray.init(num_cpus=2, object_store_memory=300 * 1024 ** 2, include_dashboard=False, log_to_driver=False,
-             runtime_env=worker_runtime_env(), logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
+             log_to_driver=False, runtime_env=worker_runtime_env(), logging_level="WARNING")
     try:
         yield ray
     finally:
@@ -191,23 +192,23 @@ def test_a_retried_shard_overwrites_its_object_and_only_the_final_result_is_read
     assert first.uri == second.uri and first.sha256 != second.sha256  # new tree ids and timings
     store = ctx.store()
     assert store.list("iter-1/trees/shards/") == ["iter-1/trees/shards/shard-1-of-1.jsonl"]
-    trees = read_shards(ctx, 1, [shard], [second])
+    trees = read_shards(ctx, "iteration 1 generate", [shard], [second])
     assert _identity(trees) == [(t, t, g, s) for t, g, s in shard.planned()]
     assert [t.root.result for t in trees] == [request_seed(t.seed, "0", 0) for t in trees]  # seeds reached the policy
     with pytest.raises(ChecksumError, match="checksum mismatch for s3://rao/shard-overwrite/iter-1/trees/shards/"):
-        read_shards(ctx, 1, [shard], [first])  # the object of an earlier attempt is never read as this one's
+        read_shards(ctx, "iteration 1 generate", [shard], [first])  # the object of an earlier attempt is never read as this one's
     lines = store.get_bytes(shard.key).decode().splitlines()
     half = store.put_bytes(("\n".join(lines[:3]) + "\n").encode(), shard.key)  # a shard short of one tree
     with pytest.raises(ShardError, match=r"holds 3 trees, not the 4 planned for shard 1/1 \(missing \[\("):
-        read_shards(ctx, 1, [shard], [second.model_copy(update={"sha256": half["sha256"]})])
+        read_shards(ctx, "iteration 1 generate", [shard], [second.model_copy(update={"sha256": half["sha256"]})])
     with pytest.raises(ShardError, match="shard 1/1 returned no result"):
-        read_shards(ctx, 1, [shard], [])
+        read_shards(ctx, "iteration 1 generate", [shard], [])
 
 
 # -- a real Ray cluster ----------------------------------------------------------------------------------------
 @needs_tok
 @pytest.mark.services
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_the_ray_backend_grows_the_same_trees_as_the_local_backend(ray_cluster, s3_server, tmp_path, monkeypatch):
     """One generate stage with backend local, then ray with 1 shard (one worker) and 2 shards (two workers at
     once): the same trees (task ids, group sizes, rollout indices, seeds, results), the same GenerateOutput
@@ -240,7 +241,32 @@ def test_the_ray_backend_grows_the_same_trees_as_the_local_backend(ray_cluster, 
 
 @needs_tok
 @pytest.mark.services
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
+def test_the_ray_backend_evaluates_as_the_local_backend(ray_cluster, s3_server, tmp_path, monkeypatch):
+    """The evaluation of an iteration (3 validation tasks, recursive and single) with backend ray and 2 shards
+    per mode gives the local backend's rows (every field but wall times) and metrics; its trees go through the
+    shard objects ``iter-1/eval/shards/<mode>-shard-<i>-of-2.jsonl``."""
+    import tasks.stages as stages
+
+    monkeypatch.setattr(stages, "_policy", seed_echo_policy)
+    ev = {"eval.n_tasks": 3, "eval.modes": ["recursive", "single"]}
+    out = {}
+    for name, over in (("ev-local", {}), ("ev-ray", {"execution.backend": "ray", "execution.shards": 2})):
+        ctx = _ctx(name, s3_server, tmp_path / name, monkeypatch, **ev, **over)
+        out[name] = (ctx, stages.run_evaluation(ctx, _served(), str(TINY), 1))
+    timeless = [{k: v for k, v in r.items() if "wall" not in k} for r in out["ev-local"][1].rows]
+    assert [(r["mode"], r["n"]) for r in timeless] == [("recursive", 3), ("single", 3)]
+    assert [{k: v for k, v in r.items() if "wall" not in k} for r in out["ev-ray"][1].rows] == timeless
+    metrics = {k: v for k, v in out["ev-local"][1].metrics.items() if "wall" not in k}
+    assert {k: v for k, v in out["ev-ray"][1].metrics.items() if "wall" not in k} == metrics
+    assert out["ev-ray"][0].store().list("iter-1/eval/shards/") == [
+        f"iter-1/eval/shards/{m}-shard-{i}-of-2.jsonl" for m in ("recursive", "single") for i in (1, 2)]
+    assert out["ev-local"][0].store().list("iter-1/eval/") == []  # the local backend writes no shard
+
+
+@needs_tok
+@pytest.mark.services
+@pytest.mark.timeout(900)
 def test_a_worker_killed_mid_shard_is_retried_and_its_trees_written_once(ray_cluster, s3_server, tmp_path,
                                                                         monkeypatch):
     """The worker growing one of the 2 shards is SIGKILLed by its policy at its third request (two trees
