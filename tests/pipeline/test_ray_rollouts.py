@@ -16,6 +16,7 @@ shut down at the end of the module.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -154,6 +155,44 @@ def test_request_seeds_follow_the_tree_seed_node_and_turn():
     assert a == request_seed(12345, "0", 0) and 0 <= a < 2 ** 31
     assert len({a, request_seed(12345, "0", 1), request_seed(12345, "0.0", 0), request_seed(12346, "0", 0)}) == 4
     assert request_seed(None, "0", 0) is None
+
+
+def test_the_endpoint_policy_sends_the_request_seed_to_the_server():
+    """``OpenAIPolicy`` puts a request's seed into the completion request's body (vLLM's ``seed``: that request
+    samples from its own generator), and sends none for an unseeded request. The HTTP exchange is a mock."""
+    import asyncio
+
+    import httpx
+    from openai import AsyncOpenAI
+
+    from rao_core.policies.openai_policy import OpenAIPolicy
+    from rao_core.tree import Node
+
+    bodies = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        return httpx.Response(200, json={
+            "id": "x", "object": "text_completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "text": "ok", "finish_reason": "stop", "token_ids": [5],
+                         "logprobs": {"tokens": ["ok"], "token_logprobs": [-0.5], "top_logprobs": None,
+                                      "text_offset": [0]}}]})
+
+    async def go():
+        policy = OpenAIPolicy("http://server.invalid/v1", "policy")
+        policy.client = AsyncOpenAI(base_url="http://server.invalid/v1", api_key="EMPTY", max_retries=0,
+                                    http_client=httpx.AsyncClient(transport=httpx.MockTransport(answer)))
+        node = Node(node_id="0", goal="g")
+        for seed in (1234567, None):
+            gen = await policy.generate(PolicyRequest(node=node, env="e", prompt_token_ids=[1, 2], max_tokens=4,
+                                                      seed=seed))
+            assert (gen.token_ids, gen.logprobs) == ([5], [-0.5])
+        await policy.aclose()
+
+    asyncio.run(go())
+    assert bodies[0]["seed"] == 1234567 and "seed" not in bodies[1]
+    assert bodies[0]["prompt"] == [1, 2] and bodies[0]["return_token_ids"] is True
 
 
 def test_execution_settings_default_to_local_and_refuse_bad_values():
