@@ -72,10 +72,11 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
     fills ``{campaign}``; a fixed name gets ``-single``), so its champion never moves the recursive agent's.
     With ``single_max_steps`` the single arm's node may take that many steps (``runtime.max_steps_per_node``).
     ``recursive``: recursive-mode evaluation. With ``shared_checkpoint`` (the first arm's iteration-0
-    folder) the arm starts from it instead of building its own warm start. Raises ValueError for another
-    arm name.
+    folder) the arm starts from it instead of building its own warm start. A ``name=...`` override is
+    dropped: it is the prefix of the arms' campaign names (``<name>-<arm>``), and kept it would give both
+    arms one campaign (the second would resume the first). Raises ValueError for another arm name.
     """
-    extra = list(overrides)
+    extra = [o for o in overrides if o.partition("=")[0].strip() != "name"]
     if arm == "single":
         extra += ["runtime.delegation=false", "eval.modes=[single]"]
         extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-single"]

@@ -62,7 +62,8 @@ def textcraft_tier1x(
 ) -> None:
     """The delegation experiment: warm-start SmolLM2-135M on TextCraft-Synth tier1x<K> tasks (K tier-1
     sub-goals that do not fit one node's window), run RAO iterations, evaluate 50 held-out tasks per split
-    after each (K = 3, and K = 5: harder than trained), recursive arm then the single-agent arm."""
+    after each (K = 2, trained; K = 3, harder than anything trained on), recursive arm then the single-agent
+    arm (`--set name=X`: campaigns X-recursive and X-single)."""
     _run("textcraft-tier1x", config, iterations, arm, write_docs, override, seed, single_max_steps)
 
 

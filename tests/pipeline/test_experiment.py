@@ -14,6 +14,10 @@ CONFIG = "configs/experiment-textcraft-cpu.yaml"
 def test_arm_overrides_share_the_warm_start_and_separate_the_registry(tmp_path):
     rec = arm_overrides("recursive", ["algo.G=2"], "rao-policy-x", None)
     assert rec == ["algo.G=2", "eval.modes=[recursive]"]
+    # --set name=X names the arms' prefix: kept, it would give both arms one campaign
+    assert arm_overrides("single", [" name =x", "algo.G=2"], "m-{campaign}", None)[:1] == ["algo.G=2"]
+    assert CampaignParams(config=CONFIG, name="x-single",
+                          overrides=arm_overrides("single", ["name=x"], "m-{campaign}", None)).resolve().name == "x-single"
     ckpt = tmp_path / "iter-0"  # the recursive arm's warm-start checkpoint (the config checks that it exists)
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
