@@ -110,7 +110,19 @@ class ServingSettings(_Strict):
     """How the policy is served during rollouts and evaluation."""
 
     base_url: str | None = Field(None, description="An external OpenAI-compatible server (then nothing is "
-                                 "started and checkpoints are not switched). Env RAO_POLICY_BASE_URL overrides.")
+                                 "started and checkpoints are not switched). Env RAO_POLICY_BASE_URL overrides "
+                                 "(it replaces base_urls and replicas too).")
+    base_urls: list[str] = Field(default_factory=list, description="A pool of external OpenAI-compatible servers "
+                                 "serving the same weights (nothing is started), e.g. ['http://h1:8000/v1', "
+                                 "'http://h2:8000/v1']: each tree is pinned to one of them for its whole life, "
+                                 "trees are spread by load (tasks/serve.py); LoRA adapters go to every one of them. "
+                                 "Not with base_url (use one or the other) nor with replicas > 1.")
+    replicas: int = Field(1, ge=1, description="vLLM servers the serve stage starts (a pool of replicas of the "
+                          "same checkpoint), each on its own port with its share of gpus.serve "
+                          "(tensor_parallel_size x data_parallel_size GPUs each) or, on CPU, of this machine's "
+                          "cores (and its own kv_cache_gib); each tree is pinned to one replica for its whole "
+                          "life (prefix cache), new trees go to the replica with the fewest trees in flight; a "
+                          "checkpoint switch reaches every replica before the next stage. 1: one server.")
     served_model_name: str = Field("policy", description="Model name sent in requests.")
     max_model_len: int = Field(8192, ge=256, description="vLLM context length, tokens (>= runtime.context_window).")
     kv_cache_gib: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU, GiB.")
@@ -138,6 +150,44 @@ class ServingSettings(_Strict):
     extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, e.g. ['--max-num-seqs', "
                                   "'256'] (parallelism, memory, LoRA and sleep flags come from the fields above).")
     start_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for the server to be healthy.")
+
+    @field_validator("base_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        import httpx
+
+        for u in v:
+            try:
+                url = httpx.URL(u)
+            except (httpx.InvalidURL, TypeError) as e:
+                raise ValueError(f"{u!r} is not a URL ({e})") from None
+            if url.scheme not in ("http", "https") or not url.host:
+                raise ValueError(f"{u!r} is not an http(s) URL with a host, e.g. 'http://10.0.0.5:8000/v1'")
+        if len(set(v)) != len(v):
+            twice = next(u for u in v if v.count(u) > 1)
+            raise ValueError(f"{twice!r} is listed twice (each replica once)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_pool(self) -> ServingSettings:
+        if self.base_url and self.base_urls:
+            raise ValueError("serving.base_url and serving.base_urls are both set: give one external server as "
+                             "base_url or a pool as base_urls, not both")
+        if self.replicas > 1 and self.external_urls:
+            raise ValueError(f"serving.replicas = {self.replicas} with an external server ("
+                             f"serving.{'base_urls' if self.base_urls else 'base_url'}): replicas counts the vLLM "
+                             "servers the campaign starts; list external replicas in serving.base_urls instead")
+        return self
+
+    @property
+    def external_urls(self) -> list[str]:
+        """The external servers (``base_urls``, or ``[base_url]``); empty when the campaign starts its own."""
+        return list(self.base_urls) or ([self.base_url] if self.base_url else [])
+
+    @property
+    def pool_size(self) -> int:
+        """Policy server replicas of a campaign: the external servers, else ``replicas``."""
+        return len(self.external_urls) or self.replicas
 
 
 class GpuPlacement(_Strict):
@@ -408,7 +458,7 @@ class CampaignConfig(_Strict):
         """vLLM's parallelism, memory, LoRA and sleep flags have one source; gpus.serve matches TP x DP.
         (An external server's switch is checked by :func:`load_config`: :func:`external_switch_problem`.)"""
         s = self.serving
-        if s.switch == "none" and not s.base_url:
+        if s.switch == "none" and not s.external_urls:
             raise ValueError("serving.switch 'none' needs serving.base_url (an embedded server always follows "
                              "the trained checkpoint)")
         owned = {"--tensor-parallel-size", "--data-parallel-size", "--gpu-memory-utilization", "--max-lora-rank",
@@ -419,9 +469,14 @@ class CampaignConfig(_Strict):
                                  "tensor_parallel_size / data_parallel_size / gpu_memory_utilization, trainer.lora, "
                                  "gpus.sleep_while_training)")
         n = s.tensor_parallel_size * s.data_parallel_size
-        if self.gpus.serve and len(self.gpus.serve) != n:
+        if self.gpus.serve and s.replicas == 1 and len(self.gpus.serve) != n:
             raise ValueError(f"gpus.serve has {len(self.gpus.serve)} GPUs but serving.tensor_parallel_size x "
                              f"data_parallel_size = {s.tensor_parallel_size} x {s.data_parallel_size} = {n}")
+        if self.gpus.serve and s.replicas > 1 and len(self.gpus.serve) != s.replicas * n:
+            raise ValueError(f"gpus.serve has {len(self.gpus.serve)} GPUs but serving.replicas x "
+                             f"tensor_parallel_size x data_parallel_size = {s.replicas} x {s.tensor_parallel_size} "
+                             f"x {s.data_parallel_size} = {s.replicas * n} (each replica gets "
+                             f"{n} consecutive GPUs of gpus.serve)")
 
     def with_env_overrides(self) -> CampaignConfig:
         """Copy with endpoints taken from the environment variables listed in the module docstring."""
@@ -432,6 +487,8 @@ class CampaignConfig(_Strict):
                                     ("MLFLOW_TRACKING_URI", upd.tracking, "tracking_uri")):
             if os.environ.get(var):
                 setattr(section, field, os.environ[var])
+        if os.environ.get("RAO_POLICY_BASE_URL"):  # one external server replaces any pool
+            upd.serving.base_urls, upd.serving.replicas = [], 1
         return upd
 
 
@@ -442,15 +499,16 @@ def external_switch_problem(cfg: CampaignConfig) -> str | None:
     an evaluation-only use of a campaign config (``RAO_POLICY_BASE_URL`` for the nightly evaluation) is fine;
     ``tasks.serve`` refuses the first full-weight switch to an external server at run time."""
     s = cfg.serving
-    if not s.base_url or cfg.iterations == 0:
+    if not s.external_urls or cfg.iterations == 0:
         return None
+    key = "base_urls" if s.base_urls else "base_url"
     if s.switch in ("reload", "restart"):
-        return (f"serving.base_url is set with serving.switch {s.switch!r}: new full weights cannot be sent to an "
+        return (f"serving.{key} is set with serving.switch {s.switch!r}: new full weights cannot be sent to an "
                 "external server, so rollouts would come from its initial policy; use switch 'lora' (the server "
                 "started with --enable-lora, --max-lora-rank >= trainer.lora.r, VLLM_ALLOW_RUNTIME_LORA_UPDATING="
                 "True, and able to read the adapter folders) or switch 'none' (fixed policy, not on-policy RL)")
     if s.switch == "lora" and cfg.warm_start.mode == "demos":
-        return ("serving.base_url with warm_start.mode 'demos': the external server does not serve the "
+        return (f"serving.{key} with warm_start.mode 'demos': the external server does not serve the "
                 "warm-started weights the adapters are trained on; warm-start first, serve that checkpoint and "
                 "use warm_start.mode 'none'")
     return None

@@ -20,6 +20,11 @@ planned (task, rollout) pairs: no tree twice, none missing, no half shard. The m
 the local backend (``iter-K/trees/trees.jsonl``, the same ``GenerateOutput``), so judge, validate and train do
 not change.
 
+Policy servers. Every shard gets the whole pool of policy server replicas (``ServedEndpoint.base_urls``) and
+pins each of its trees to one of them (``rao_core.policies.pool.PolicyPool``: least trees in flight among the
+shard's own, ties from replica ``shard index mod N``); a replica lost mid-shard ends its trees ``policy_error``
+in every shard, the other replicas go on.
+
 Cluster. :func:`connect` joins the cluster at ``execution.ray_address`` (``auto``: the one ``rao services up
 --ray`` started on this machine); a process that already called ``ray.init`` (a test's local cluster) keeps
 its own. Workers import the repository from its path on the driver (``PYTHONPATH`` of the job's runtime
@@ -309,6 +314,15 @@ def connect(address: str) -> dict[str, float]:
     return {k: float(v) for k, v in ray.cluster_resources().items()}
 
 
+def _shard_served(served: Any, shard: Shard) -> Any:
+    """The served endpoint as shard ``shard`` sees it: the same pool of replicas, its ties starting at replica
+    ``shard.index`` (``ServedEndpoint.replica_offset``, ``rao_core.policies.pool``), so that the shards' first
+    trees do not all go to replica 0. Anything without that field is passed as it is."""
+    if hasattr(served, "replica_offset") and hasattr(served, "model_copy"):
+        return served.model_copy(update={"replica_offset": shard.index})
+    return served
+
+
 def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], served: Any, tokenizer_path: str,
                make_policy: PolicyFactory, on_result: Callable[[ShardResult], None] | None = None,
                what: str = "") -> list[ShardResult]:
@@ -332,7 +346,7 @@ def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], s
     task = ray.remote(run_shard)
     refs = {task.options(num_cpus=ex.cpus_per_shard, max_retries=ex.max_retries, retry_exceptions=False,
                          name=f"{ctx.name}-{s.key.replace('/', '-')}")
-            .remote(ctx, iteration, s, served, tokenizer_path, make_policy): s for s in shards}
+            .remote(ctx, iteration, s, _shard_served(served, s), tokenizer_path, make_policy): s for s in shards}
     pending, results = list(refs), {}
     try:
         while pending:

@@ -134,11 +134,14 @@ def iteration_tasks(ctx: RunContext, iteration: int) -> list[Task]:
 
 
 def _policy(ctx: RunContext, served: ServedEndpoint):
-    from rao_core.policies.openai_policy import OpenAIPolicy
+    """The rollouts' policy: a ``rao_core.policies.pool.PolicyPool`` of the served replicas (one
+    ``OpenAIPolicy`` each; one replica for a single server), each tree pinned to one replica, ties starting at
+    ``served.replica_offset``."""
+    from rao_core.policies.pool import PolicyPool
 
     rt = ctx.config.runtime
-    return OpenAIPolicy(served.base_url, served.model, temperature=rt.temperature, top_p=rt.top_p,
-                        request_timeout_s=rt.policy_timeout_s)
+    return PolicyPool.of_endpoints(served.urls, served.model, offset=served.replica_offset,
+                                   temperature=rt.temperature, top_p=rt.top_p, request_timeout_s=rt.policy_timeout_s)
 
 
 @stage("generate", name="generate-trees")
@@ -157,16 +160,16 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     ui = ProgressArtifact(artifact_key(ctx.name, "generate-progress", iteration), "rollout trees finished")
     ui(0, total)
 
-    from infra.vllm_metrics import scrape, serving_delta
+    from infra.vllm_metrics import pool_delta, scrape
 
-    served_before = scrape(served.base_url)  # vLLM's /metrics counters (None if unreadable)
+    served_before = [scrape(u) for u in served.urls]  # each replica's /metrics counters (None if unreadable)
     t0 = time.monotonic()
     if ctx.config.execution.backend == "ray":
         trees = _generate_on_ray(ctx, iteration, tasks, served, tokenizer_path, ui)
     else:
         trees = _generate_locally(ctx, iteration, tasks, served, tokenizer_path, ui)
     gen_s = time.monotonic() - t0
-    serving = serving_delta(served_before, scrape(served.base_url), gen_s)
+    serving = pool_delta(served_before, [scrape(u) for u in served.urls], gen_s)
     for t in trees:
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
     # a dead server fails the stage here (its trees stay in the journal), before anything is stored

@@ -172,7 +172,8 @@ async def _generate(ctx: _TreeCtx, node: Node, prompt_ids: list[int]) -> tuple[G
         t1 = time.perf_counter()
         req = PolicyRequest(node=node, env=ctx.env.name, prompt_token_ids=prompt_ids,
                             max_tokens=cfg.max_new_tokens, seed=request_seed(ctx.tree.seed, node.node_id,
-                                                                             len(node.turns)))
+                                                                             len(node.turns)),
+                            tree_id=ctx.tree.tree_id)
         gen = await asyncio.wait_for(ctx.shared.policy.generate(req), timeout=cfg.policy_timeout_s)
     return gen, t1 - t0, time.perf_counter() - t1
 
@@ -494,6 +495,11 @@ async def _run_one(env: Environment, task: Task, shared: _Shared, tree_id: str |
                 n.end_reason, n.error = EndReason.CANCELLED, tree.error
             _end_node(ctx, n, None)
         return tree
+    finally:  # the policy drops what it kept for the tree (a pool's pin), also when the tree was cancelled
+        try:
+            tree.meta.update(shared.policy.tree_done(tree.tree_id) or {})
+        except Exception:  # noqa: BLE001 - bookkeeping never fails a rollout
+            pass
 
 
 async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, int]], policy: Policy,
