@@ -509,6 +509,20 @@ def test_the_generate_stage_pins_trees_over_the_pool_and_counts_each_replica(fak
         (16, len(a.completions), len(b.completions))
 
 
+def _start_ray(ray, runtime_env, attempts: int = 3) -> None:
+    """A local Ray cluster (head and 2 CPUs, 300 MiB object store). Ray gives its raylet a fixed 30 s to register
+    (ray/_private/node.py), which a loaded 2-core machine can miss: up to ``attempts`` tries."""
+    for k in range(attempts):
+        try:
+            ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
+                     log_to_driver=False, runtime_env=runtime_env, logging_level="WARNING")
+            return
+        except Exception as e:  # noqa: BLE001 - "The current node timed out during startup"
+            ray.shutdown()
+            if k == attempts - 1 or "timed out during startup" not in str(e):
+                raise
+
+
 # -- a real Ray cluster, fake servers ------------------------------------------------------------------------------
 @needs_tok
 @pytest.mark.services
@@ -531,8 +545,7 @@ def test_ray_shards_pin_their_trees_over_the_pool(fakes, s3_server, tmp_path, mo
                              "runtime.max_new_tokens": 64, "execution.backend": "ray", "execution.shards": 2})
     ctx = RunContext(config=cfg, s3=s3_server.settings().__dict__, mlflow_uri="")
     served = ServedEndpoint(base_url=a.base_url, base_urls=[a.base_url, b.base_url], model="policy")
-    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
-             log_to_driver=False, runtime_env=worker_runtime_env(), logging_level="WARNING")
+    _start_ray(ray, worker_runtime_env())
     try:
         out = generate_trees.fn(ctx, 1, served, str(TINY))
     finally:
@@ -581,8 +594,7 @@ def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_swi
     iter1 = tmp_path / "iter-1"
     shutil.copytree(TINY, iter1)
     serve.shutdown_server()
-    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
-             log_to_driver=False, runtime_env=worker_runtime_env(), logging_level="WARNING")
+    _start_ray(ray, worker_runtime_env())
     try:
         served = serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(TINY)))
         assert [r.how for r in served.replicas] == ["start", "start"] and len(set(served.urls)) == 2
