@@ -34,13 +34,9 @@ def _run(experiment: str, config: str, iterations: int | None, arm: list[str], w
         console.print(out["markdown"])
         records.append(out["record"])
     if len(records) > 1:
-        from rao_core.paths import REPO_ROOT
-        from tasks.experiment import replace_section, seeds_markdown
+        from tasks.experiment import write_seeds_section
 
-        md = seeds_markdown(experiment, records)
-        if write_docs:
-            replace_section(REPO_ROOT / "docs/results.md", f"## Seeds: {experiment}", md)
-        console.print(md)
+        console.print(write_seeds_section(experiment, records, write_docs))
 
 
 SEED_HELP = ("Seed of the run (task pool, demonstrations, sampling, trainers); repeat for several seeds, reported "
@@ -95,3 +91,19 @@ def textcraft_cpu(
     """Warm-start SmolLM2-135M, run RAO iterations, evaluate after each; same for a single agent (the paper's
     easy/medium/hard levels, which the 135M model does not learn on CPU: docs/results.md)."""
     _run("textcraft-cpu", config, iterations, arm, write_docs, override)
+
+
+@app.command("seeds")
+def seeds(
+    experiment: str = typer.Argument(..., help="Experiment whose stored records to report, e.g. textcraft-tier1x."),
+    write_docs: bool = typer.Option(True, help="Write the '## Seeds: <experiment>' section of docs/results.md."),
+) -> None:
+    """Report every stored seed of an experiment side by side and pooled (docs/results/<experiment>.json and
+    <experiment>-seed<S>.json, e.g. seeds run in separate sessions or on other machines)."""
+    from tasks.experiment import seed_records, write_seeds_section
+
+    from rao_cli import input_errors
+
+    with input_errors():  # no record, or one that is not JSON: one error: line naming it, exit 2
+        records = seed_records(experiment)
+    console.print(write_seeds_section(experiment, records, write_docs))

@@ -48,9 +48,9 @@ from rao_core.task_sampling import sample_tasks, split_evenly
 from rao_core.tree import ExecutionTree, Node, verifier_value
 
 __all__ = [
-    "DemoConfig", "Demonstrations", "WarmStartResult", "build_demonstrations", "demo_loss", "demo_samples",
-    "child_sample_tree_indices", "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree", "run_warm_start",
-    "recommended_runtime_config", "single_agent_tree",
+    "DemoConfig", "Demonstrations", "WarmStartResult", "build_demonstrations", "child_sample_tree_indices",
+    "demo_loss", "demo_samples", "demo_stats", "demo_tasks", "default_sft_trainer_config", "expert_for_tree",
+    "run_warm_start", "recommended_runtime_config", "single_agent_tree",
 ]
 
 
@@ -430,7 +430,7 @@ def run_warm_start(env: Environment | str, model_path: str | Path, out_dir: str 
                        on_progress=on_train_progress, samples_path=samples_path)
     sft_s = time.perf_counter() - t0
     stats = demo_stats(trees) | {"samples": len(batch), "dropped_failed_nodes": batch.stats.dropped_nan_nodes,
-                                 "samples_per_depth": dict(sorted(batch.stats.samples_per_depth.items())),
+                                 "samples_per_depth": batch.stats.samples_per_depth,  # sorted by summarise
                                  "dropped_child_nodes": batch.stats.dropped_child_nodes}
     return WarmStartResult(checkpoint=res.checkpoint, stats=stats, train_metrics=res.metrics,
                            demo_wall_s=trees.wall_s, sft_wall_s=sft_s, num_samples=len(batch),

@@ -231,6 +231,39 @@ def seeds_markdown(experiment: str, records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seed_records(experiment: str, root: Path | None = None) -> list[dict[str, Any]]:
+    """The stored records of every seed of ``experiment``, ordered by seed: ``docs/results/<experiment>.json``
+    (the config's seed) and ``docs/results/<experiment>-seed<S>.json`` under ``root`` (the repository by
+    default). Raises FileNotFoundError naming the folder when there is none, ValueError naming a file that
+    is not JSON."""
+    from rao_core.paths import REPO_ROOT
+
+    folder = (root or REPO_ROOT) / "docs/results"
+    paths = [folder / f"{experiment}.json", *sorted(folder.glob(f"{experiment}-seed*.json"))]
+    records = []
+    for p in paths:
+        if p.exists() and (p.stem == experiment or p.stem.removeprefix(f"{experiment}-seed").isdigit()):
+            try:
+                records.append(json.loads(p.read_text()))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}: not a JSON record: {e}") from None
+    if not records:
+        raise FileNotFoundError(f"no record of {experiment} under {folder} (run `rao experiment {experiment}` first)")
+    return sorted(records, key=lambda r: r["seed"])
+
+
+def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_docs: bool = True,
+                        root: Path | None = None) -> str:
+    """``seeds_markdown`` of ``records``, written as the ``## Seeds: <experiment>`` section of
+    ``docs/results.md`` under ``root`` (the repository by default) when ``write_docs``; returns the markdown."""
+    from rao_core.paths import REPO_ROOT
+
+    md = seeds_markdown(experiment, records)
+    if write_docs:
+        replace_section((root or REPO_ROOT) / "docs/results.md", f"## Seeds: {experiment}", md)
+    return md
+
+
 @task(name="write-experiment-results", cache_policy=NONE)
 def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, Any],
                   checkpoints: dict[tuple[str, int], str | None], config: dict[str, Any], run_id: str,

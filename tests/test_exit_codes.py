@@ -70,6 +70,7 @@ CASES = [
     ("experiment textcraft-tier1 --arm both", 2, "Invalid value for '--arm'"),
     ("experiment textcraft-tier1x --single-max-steps 0", 2, "Invalid value for '--single-max-steps'"),
     ("experiment textcraft-cpu --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
+    ("experiment seeds no-such-experiment", 2, "no record of no-such-experiment under "),
     ("solve --env nosuchenv --task-file {garbage}", 2, "Invalid value for '--env': unknown environment 'nosuchenv'"),
     ("solve --env textcraft-synth --task-file {garbage}", 2, "error: {garbage}:1: not a valid task record"),
     ("train --samples {tmp}/none.jsonl --model {ckpt} --out {tmp}/out", 2,
@@ -119,7 +120,7 @@ def test_the_table_covers_every_command():
     paths = _command_paths()
     covered = {_command_of(argv.split(), paths) for argv, _, _ in CASES}
     assert paths - covered == set(), f"commands without a bad-input case: {sorted(paths - covered)}"
-    assert len(paths) >= 19  # the walk found the commands (19 today)
+    assert len(paths) >= 20  # the walk found the commands (20 today)
 
 
 @pytest.mark.parametrize("argv, code, text", CASES, ids=[c[0].split(" {")[0][:60] for c in CASES])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from flows.campaign import CampaignParams
@@ -16,8 +18,8 @@ def test_arm_overrides_share_the_warm_start_and_separate_the_registry(tmp_path):
     assert rec == ["algo.G=2", "eval.modes=[recursive]"]
     # --set name=X names the arms' prefix: kept, it would give both arms one campaign
     assert arm_overrides("single", [" name =x", "algo.G=2"], "m-{campaign}", None)[:1] == ["algo.G=2"]
-    assert CampaignParams(config=CONFIG, name="x-single",
-                          overrides=arm_overrides("single", ["name=x"], "m-{campaign}", None)).resolve().name == "x-single"
+    single_x = arm_overrides("single", ["name=x"], "m-{campaign}", None)
+    assert CampaignParams(config=CONFIG, name="x-single", overrides=single_x).resolve().name == "x-single"
     ckpt = tmp_path / "iter-0"  # the recursive arm's warm-start checkpoint (the config checks that it exists)
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
@@ -166,6 +168,20 @@ def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
     rec1 = dict(rec, seed=1, experiment="textcraft-tier1x-seed1")
     seeds = seeds_markdown("textcraft-tier1x", [rec, rec1])
     assert "| pooled | 2 seeds | 10/100 = 0.10" in seeds and "40/100 = 0.40" in seeds and "4/100 = 0.04" in seeds
+    # seeds run in separate sessions: `rao experiment seeds` reads the stored records, ordered by seed
+    from tasks.experiment import seed_records, write_seeds_section
+
+    (tmp_path / "docs/results").mkdir(parents=True)
+    for r in (rec1, rec):
+        (tmp_path / f"docs/results/{r['experiment']}.json").write_text(json.dumps(r))
+    (tmp_path / "docs/results/textcraft-tier1x-run1.json").write_text(json.dumps(dict(rec, seed=7)))  # not a seed
+    assert [r["seed"] for r in seed_records("textcraft-tier1x", tmp_path)] == [0, 1]
+    (tmp_path / "docs/results.md").write_text("# Results\n\n## Other\n\nkept\n")
+    assert write_seeds_section("textcraft-tier1x", seed_records("textcraft-tier1x", tmp_path), root=tmp_path) == seeds
+    doc = (tmp_path / "docs/results.md").read_text()
+    assert "## Other\n\nkept" in doc and doc.rstrip().endswith(seeds.rstrip())
+    with pytest.raises(FileNotFoundError, match="no record of tier-none under"):
+        seed_records("tier-none", tmp_path)
 
     p = ExperimentParams(experiment="textcraft-tier1x", seed=1)
     assert p.seeded_name(0) == "textcraft-tier1x-seed1" and p.seeded_name(1) == "textcraft-tier1x"
