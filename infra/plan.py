@@ -327,13 +327,18 @@ def rollout_placement(cfg: CampaignConfig) -> list[str]:
                f"worker is lost"]
     s = cfg.serving
     n_rep = s.pool_size
+    k = s.tensor_parallel_size * s.data_parallel_size
+    actors = (f"vLLM as Ray actors placed by Ray, each {ex.cpus_per_replica:g} CPU (and {k} GPU on a cluster "
+              f"with GPUs), its server on its node's IP") if ex.backend == "ray" and ex.ray_replicas else ""
     if n_rep == 1:
-        where = f"external at {s.base_url}" if s.base_url else "vLLM"
+        where = (f"external at {s.base_url}" if s.base_url else
+                 f"vLLM, a Ray actor placed by Ray, {ex.cpus_per_replica:g} CPU" if actors else "vLLM")
         return out + [f"policy server  1 replica ({where}): every shard's requests go to it"]
     if s.base_urls:
         where = f"external at {', '.join(s.base_urls)}"
+    elif actors:
+        where = actors + ", started and switched by the serve stage"
     else:
-        k = s.tensor_parallel_size * s.data_parallel_size
         shares = [_ranges(cfg.gpus.serve[i * k:(i + 1) * k]) for i in range(n_rep)] if cfg.gpus.serve else []
         where = ("vLLM, GPUs " + " | ".join(shares) if shares else "vLLM on CPU, each its share of the cores") + \
             ", each its own port, started and switched by the serve stage"

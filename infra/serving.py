@@ -15,8 +15,8 @@ A pool of replicas (``serving.replicas``, issue 28): :func:`server_from_config` 
 each with its own port, its own consecutive share of ``gpus.serve`` (tensor x data parallel GPUs each) or, on
 CPU, its own share of this process's cores (:func:`cpu_share`, ``VLLM_CPU_OMP_THREADS_BIND``); the serve stage
 (``tasks/serve.py``) starts and switches them all. The replicas run on the flow's machine as processes of the
-flow: they are not placed by Ray as actors (issue 28 asks for that on a Ray cluster; not done in this phase),
-so a multi-node campaign lists the servers of other nodes in ``serving.base_urls`` instead.
+flow, or, with ``execution.backend: ray`` (and ``execution.ray_replicas``), as Ray actors placed by Ray on the
+cluster's nodes (``infra/ray_serving.py``); external servers are listed in ``serving.base_urls``.
 
 GPU settings come from the campaign config (:func:`server_from_config`): ``--max-lora-rank`` is the
 smallest rank vLLM accepts that holds ``trainer.lora.r``; ``gpus.serve`` becomes CUDA_VISIBLE_DEVICES,
@@ -106,6 +106,8 @@ class VLLMServer(ServiceMixin):
         logprobs_mode: ``processed_logprobs`` (default: after temperature/top-k/top-p, what the trainer
             reproduces) or ``raw_logprobs`` (vLLM's own default: before any sampling processing).
         log_dir: folder of ``vllm.log`` (default ``$RAO_HOME/services``).
+        host: the address it listens on and clients use (127.0.0.1; a replica placed by Ray on another node:
+            that node's IP, ``infra/ray_serving.py``).
     Raises ServiceError (naming the log file) if the server does not become healthy.
     """
 
@@ -129,12 +131,13 @@ class VLLMServer(ServiceMixin):
     log_dir: Path | None = None
     start_timeout_s: float = 600.0
     python: Path | None = None
+    host: str = "127.0.0.1"
     process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         """Server root, e.g. ``http://127.0.0.1:8000``."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -149,7 +152,7 @@ class VLLMServer(ServiceMixin):
         cmd = [
             str(self.python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path), "--served-model-name", self.served_model_name,
-            "--max-model-len", str(self.max_model_len), "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", str(self.max_model_len), "--host", self.host, "--port", str(self.port),
             "--dtype", resolve_dtype(self.dtype, self.on_gpu), "--logprobs-mode", self.logprobs_mode,
         ]  # no --disable-log-stats: it also empties /metrics of every vllm:* series (infra/vllm_metrics.py)
         if self.enable_lora:
@@ -257,6 +260,24 @@ class VLLMServer(ServiceMixin):
             raise ServiceError(f"vLLM {route} failed: {e}") from e
         if r.status_code != 200:
             raise ServiceError(f"vLLM {route} answered {r.status_code}: {r.text[:300]}")
+
+
+def process_state(server) -> str:
+    """What became of a server's process, for an error line: ``the vLLM server (pid P) exited with status -9
+    (SIGKILL); log F``, ``the vLLM server (pid P) still runs (it failed requests); log F`` or ``the vLLM server
+    was not started``."""
+    import signal
+
+    proc = getattr(server, "process", None)
+    if proc is None or getattr(proc, "proc", None) is None:
+        return "the vLLM server was not started"
+    rc = proc.proc.poll()
+    if rc is None:
+        state = "still runs (it failed requests)"
+    else:
+        name = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in {s.value for s in signal.Signals} else ""
+        state = f"exited with status {rc}{name}"
+    return f"the vLLM server (pid {proc.proc.pid}) {state}; log {proc.log_path}"
 
 
 def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: float = 120.0) -> None:

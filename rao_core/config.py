@@ -319,6 +319,14 @@ class ExecutionSettings(_Strict):
     max_retries: int = Field(2, ge=0, description="Ray task retries of a shard whose worker was lost (process "
                                 "killed, node gone); the retried shard regrows all its trees and overwrites its "
                                 "own object. An exception raised by the shard's code is not retried.")
+    ray_replicas: bool = Field(True, description="With backend 'ray', the serve stage's vLLM servers (every "
+                               "replica of serving.replicas) are Ray actors placed by Ray on a node with the "
+                               "resources they ask for (cpus_per_replica CPUs; on a cluster with GPUs, tensor x "
+                               "data parallel GPUs, which Ray assigns), each holding its server process "
+                               "(infra/ray_serving.py). False: processes of the flow on its own machine.")
+    cpus_per_replica: float = Field(1.0, ge=0, description="Ray CPUs a policy server replica's actor reserves "
+                                    "while it lives (ray_replicas); 0 lets shards and replicas share the cores of "
+                                    "a small machine.")
 
 
 class StorageSettings(_Strict):

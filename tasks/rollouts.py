@@ -280,11 +280,13 @@ def read_shards(ctx: Any, what: str, shards: Sequence[Shard], results: Sequence[
 
 def worker_runtime_env() -> dict[str, Any]:
     """The Ray job's runtime environment: the repository (this checkout's path) on every worker's
-    ``PYTHONPATH``, and ``RAO_HOME`` when set."""
+    ``PYTHONPATH``, and ``RAO_HOME`` and ``RAO_VLLM_PYTHON`` (the vLLM environment a replica's actor starts its
+    server with, ``infra/ray_serving.py``) when set."""
     path = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
-    if os.environ.get("RAO_HOME"):
-        env["RAO_HOME"] = os.environ["RAO_HOME"]
+    for name in ("RAO_HOME", "RAO_VLLM_PYTHON"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
     return {"env_vars": env}
 
 

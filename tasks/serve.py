@@ -16,8 +16,9 @@ A pool of replicas: every replica serves the same folder and switches at the sam
 only once each of them lists the new model or adapter on ``GET /v1/models``, and fails naming the replicas
 that did not. A replica that died (found at the next switch) is started again; during a stage, the rollouts'
 ``rao_core.policies.pool.PolicyPool`` takes an unreachable replica out and the others go on. The replicas are
-processes of the flow on its machine, not Ray actors (issue 28 asks for Ray placement on a cluster: not done
-in this phase; external servers on other nodes are listed in ``serving.base_urls``).
+processes of the flow on its machine, or, with ``execution.backend: ray`` (``execution.ray_replicas``), Ray
+actors placed by Ray where the resources are (``infra/ray_serving.py``); external servers are listed in
+``serving.base_urls``.
 """
 
 from __future__ import annotations
@@ -109,12 +110,25 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     servers: list = _STATE["servers"]
     if servers and not any(s.alive() for s in servers):  # all died (killed, crashed): a fresh pool
         for s in servers:
+            s.stop()  # what is left of it: its process group, a Ray actor
             forget_server(s.pid)
         servers = []
         _STATE.update(servers=[], served=None, lora=None)
 
+    ex = ctx.config.execution
+    on_ray = ex.backend == "ray" and ex.ray_replicas
+    if on_ray:
+        from infra.ray_serving import RayReplica
+        from tasks.rollouts import connect
+
+        gpus = connect(ex.ray_address).get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own
+        k = cfg.tensor_parallel_size * cfg.data_parallel_size
+
     def new(i: int):
-        return server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"), replica=i)
+        if not on_ray:
+            return server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"), replica=i)
+        server = server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"), replica=i, on_gpu=gpus)
+        return RayReplica.of(server, index=i, num_cpus=ex.cpus_per_replica, num_gpus=k if gpus else 0)
 
     jobs: dict[int, str] = {}  # replica -> what it does: start, start+lora, same, lora, reload, restart
     if not servers:
@@ -129,6 +143,7 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     else:
         alive = [i for i, s in enumerate(servers) if s.alive()]
         for i in (i for i in range(len(servers)) if i not in alive):  # a lost replica: a new process
+            servers[i].stop()  # what is left of it: its process group, a Ray actor
             forget_server(servers[i].pid)
             servers[i] = new(i)
         if _STATE["served"] == ckpt.name:
@@ -150,7 +165,8 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
         server, job, t = servers[i], jobs[i], time.monotonic()
         if job in ("start", "start+lora", "restart"):
             server.start()
-            record_server(server.pid, base_url=server.base_url)
+            if not getattr(server, "placed_by_ray", False):  # an actor's server: the actor's guard stops it
+                record_server(server.pid, base_url=server.base_url)
         if job == "reload":
             server.reload_weights()
         if job in ("start+lora", "lora"):
@@ -243,19 +259,11 @@ def gpus_released(ctx: RunContext):
 
 
 def _diagnose(server) -> str:
-    """``the vLLM server (pid P) exited with status -9 (SIGKILL); log F`` or ``... still runs ...``."""
-    import signal
+    """``the vLLM server (pid P) exited with status -9 (SIGKILL); log F`` or ``... still runs ...``; a replica
+    placed by Ray asks its actor (``infra.ray_serving.RayReplica.diagnosis``)."""
+    from infra.serving import process_state
 
-    proc = getattr(server, "process", None)
-    if proc is None or proc.proc is None:
-        return "the vLLM server was not started"
-    rc = proc.proc.poll()
-    if rc is None:
-        state = "still runs (it failed requests)"
-    else:
-        name = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in {s.value for s in signal.Signals} else ""
-        state = f"exited with status {rc}{name}"
-    return f"the vLLM server (pid {proc.proc.pid}) {state}; log {proc.log_path}"
+    return server.diagnosis() if hasattr(server, "diagnosis") else process_state(server)
 
 
 def server_diagnosis(ctx: RunContext) -> str:

@@ -41,7 +41,8 @@ class FakeVLLM:
     """A fake vLLM OpenAI server on 127.0.0.1 (random port). ``die_after``: after that many answered completions
     the next one is cut and the server is dead (every later request too, then the port is closed)."""
 
-    def __init__(self, name: str = "policy", die_after: int | None = None) -> None:
+    def __init__(self, name: str = "policy", die_after: int | None = None, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         self.name, self.die_after = name, die_after
         self.completions: list[dict[str, Any]] = []  # bodies answered
         self.posts: list[str] = []  # other POST paths
@@ -74,6 +75,10 @@ class FakeVLLM:
             def do_GET(self) -> None:  # noqa: N802
                 if outer.dead:
                     return self._cut()
+                if self.path == "/health":
+                    return self._send(200, b"{}")
+                if self.path == "/fake/posts":  # for a test that runs the fake in another process
+                    return self._send(200, json.dumps(outer.posts).encode())
                 if self.path.endswith("/models"):
                     ids = [outer.name, *outer.adapters]
                     return self._send(200, json.dumps({"object": "list", "data": [{"id": i} for i in ids]}).encode())
@@ -108,14 +113,15 @@ class FakeVLLM:
                                                  "top_logprobs": None, "text_offset": list(range(len(ids)))}}]}
                 self._send(200, json.dumps(out).encode())
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.host = host
+        self.httpd = ThreadingHTTPServer((host, port), H)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     def kill(self) -> None:
         """Die: every request from now on is cut; the listening port closes."""
@@ -232,8 +238,8 @@ def test_each_replica_gets_its_share_of_the_gpus_or_cores(tmp_path):
 def test_the_plan_shows_every_replica():
     from infra.plan import build_plan, format_plan
 
-    cfg = load_config(GPU8, ["serving.replicas=4", "serving.data_parallel_size=1", "execution.backend=ray"],
-                      check_paths=False)
+    cfg = load_config(GPU8, ["serving.replicas=4", "serving.data_parallel_size=1", "execution.backend=ray",
+                             "execution.ray_replicas=false"], check_paths=False)
     plan = build_plan(cfg, 8, 80, config_name=GPU8)
     assert plan.problems == []
     text = format_plan(plan)
@@ -241,6 +247,11 @@ def test_the_plan_shows_every_replica():
         assert f"  vLLM replica {i + 1} GPUs {i}: tensor parallel 1 x data parallel 1\n" in text
         assert f"  vLLM replica {i + 1}/4: CUDA_VISIBLE_DEVICES={i} " in text
     assert "policy server  4 replicas (vLLM, GPUs 0 | 1 | 2 | 3, each its own port" in text
+    ray_text = format_plan(build_plan(load_config(GPU8, ["serving.replicas=4", "serving.data_parallel_size=1",
+                                                         "execution.backend=ray", "execution.ray_replicas=true"],
+                                                  check_paths=False), 8, 80, config_name=GPU8))
+    assert "policy server  4 replicas (vLLM as Ray actors placed by Ray, each 1 CPU (and 1 GPU on a cluster " \
+           "with GPUs), its server on its node's IP" in ray_text
     assert "a new tree to the replica with the fewest trees in flight (counted per shard" in text
     assert "pool: each of the 4 replicas gets the checkpoint at the same time" in text
 
@@ -340,8 +351,9 @@ def test_every_tree_stays_on_one_replica_and_trees_spread_over_both(fakes):
 
 @needs_tok
 def test_a_replica_killed_mid_run_ends_its_trees_policy_error_and_the_others_go_on(fakes):
-    """Replica 2 dies at its 3rd completion (its first trees have answered turns, more are in flight): the trees
-    pinned to it end ``policy_error`` (unscored), every other tree is grown on replica 1 to its normal end."""
+    """Replica 2 dies at its 3rd completion: the trees pinned to it that were in flight end ``policy_error``
+    (unscored); one it grew to its end before (on a loaded machine the trees overlap less) keeps its normal end,
+    every request of it answered by replica 2; every other tree is grown on replica 1 to its normal end."""
     from rao_core.judge.stage import INFRA_END_REASONS
     from rao_core.policies.pool import PolicyPool
 
@@ -351,7 +363,9 @@ def test_a_replica_killed_mid_run_ends_its_trees_policy_error_and_the_others_go_
     assert b.dead and list(pool.down) == [1]
     lost = [t for t in trees if t.meta["replica"] == 1]
     kept = [t for t in trees if t.meta["replica"] == 0]
-    assert lost and all(t.root.end_reason == EndReason.POLICY_ERROR for t in lost)
+    cut = [t for t in lost if t.root.end_reason == EndReason.POLICY_ERROR]
+    assert cut  # the trees in flight on replica 2 when it died
+    assert all(t.root.end_reason == EndReason.MAX_STEPS and _tree_seeds(t) <= b.seeds() for t in lost if t not in cut)
     assert EndReason.POLICY_ERROR in INFRA_END_REASONS  # judging leaves them unscored
     assert len(kept) == 8 - len(lost) >= 5 and all(t.root.end_reason == EndReason.MAX_STEPS for t in kept)
     assert all(_tree_seeds(t) <= a.seeds() for t in kept)
@@ -566,22 +580,29 @@ def test_ray_shards_pin_their_trees_over_the_pool(fakes, s3_server, tmp_path, mo
 @pytest.mark.timeout(2400)
 def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_switch(s3_server, tmp_path,
                                                                                     monkeypatch):
-    """The serve stage starts 2 vLLM replicas of the tiny model (one CPU core each on this 2-core machine); the
-    generate stage runs on a local Ray cluster (2 shards); both replicas served requests (their own /metrics
-    and the trees' pins agree); the switch to iter-1 (reload) reaches both before it returns; then replica 2 is
-    killed and the next generate stage goes on with replica 1, the trees pinned to replica 2 ending
-    policy_error."""
+    """One campaign iteration on a local Ray cluster (head, 2 CPUs: the 2 shards' workers) with a pool of 2 vLLM
+    replicas of the tiny model, each a Ray actor (0 Ray CPUs: on this 2-core machine the shards and the
+    servers share the cores; one core bound per server): serve iter-0, generate (2 shards), judge, validate,
+    train, serve iter-1. Checks: the trees are the local backend's (task ids, groups, rollout indices, seeds);
+    both replicas served requests (their own /metrics and the trees' pins agree); the judge scored and the
+    trainer's samples hold every tree exactly once; the switch to the trained iter-1 (reload) reached both
+    replicas, same processes, before it returned. Then replica 2's server is killed: the next generate stage goes
+    on with replica 1, the trees pinned to replica 2 ending policy_error (unscored)."""
     import os
     import signal
 
     ray = pytest.importorskip("ray")
+    from infra.ray_serving import RayReplica
     from infra.vllm_metrics import scrape
+    from rao_core.samples import read_samples
+    from rao_core.task_sampling import rollout_seed
     from rao_core.tree import read_trees
     from tasks import serve
     from tasks.common import RunContext
     from tasks.records import Checkpoint
     from tasks.rollouts import worker_runtime_env
-    from tasks.stages import fetch, generate_trees
+    from tasks.stages import (fetch, generate_trees, iteration_tasks, judge_trees, train_policy,
+                              validate_dataset)
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     cfg = load_config(None, {"name": "pool-vllm", "runtime.sandbox": SANDBOX, "tasks.pool_size": 4,
@@ -589,25 +610,35 @@ def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_swi
                              "runtime.max_steps_per_node": 2, "runtime.context_window": 1024,
                              "runtime.max_new_tokens": 32, "runtime.max_infra_failure_share": 1.0,
                              "serving.replicas": 2, "serving.max_model_len": 1024, "serving.kv_cache_gib": 1,
-                             "execution.backend": "ray", "execution.shards": 2})
+                             "execution.backend": "ray", "execution.shards": 2, "execution.cpus_per_replica": 0})
     ctx = RunContext(config=cfg, s3=s3_server.settings().__dict__, mlflow_uri="")
-    iter1 = tmp_path / "iter-1"
-    shutil.copytree(TINY, iter1)
     serve.shutdown_server()
     _start_ray(ray, worker_runtime_env())
     try:
-        served = serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(TINY)))
+        iter0 = Checkpoint(name="iter-0", local=str(TINY))
+        served = serve.serve_checkpoint.fn(ctx, iter0)
         assert [r.how for r in served.replicas] == ["start", "start"] and len(set(served.urls)) == 2
+        assert all(isinstance(s, RayReplica) and s.actor is not None for s in serve._STATE["servers"])
         before = [scrape(u) for u in served.urls]
         out = generate_trees.fn(ctx, 1, served, str(TINY))
         after = [scrape(u) for u in served.urls]
         trees = read_trees(fetch(ctx, out.trees_uri, "iter-1/fetched.jsonl"))
         assert out.num_trees == 8 and out.infra_failures == {}, out.infra_failures
+        planned = sorted((t.task_id, g, rollout_seed(cfg.seed, 1, t.task_id, g))
+                         for t in iteration_tasks(ctx, 1) for g in range(2))  # the local backend's trees
+        assert sorted((t.task_id, t.rollout_index, t.seed) for t in trees) == planned
         done = [a["vllm:request_success_total"] - b.get("vllm:request_success_total", 0) for b, a in zip(before, after)]
         assert all(d > 0 for d in done), done  # both replicas served requests
         assert set(Counter(t.meta["replica"] for t in trees)) == {0, 1}
         assert (out.serving["replica0_requests"], out.serving["replica1_requests"]) == tuple(done)
-        switched = serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-1", local=str(iter1)))
+        judged = judge_trees.fn(ctx, 1, out.trees_uri)
+        scored = read_trees(fetch(ctx, judged.scored_uri, "iter-1/scored-read.jsonl"))
+        assert sorted(t.tree_id for t in scored) == sorted(t.tree_id for t in trees)  # each tree once
+        valid = validate_dataset.fn(ctx, 1, judged.scored_uri)
+        samples = read_samples(fetch(ctx, valid.samples_uri, "iter-1/samples-read.jsonl")).samples
+        assert sorted(s.tree_id for s in samples) == sorted(t.tree_id for t in scored)  # one node per tree
+        trained = train_policy.fn(ctx, 1, valid.samples_uri, iter0)
+        switched = serve.serve_checkpoint.fn(ctx, trained.checkpoint)
         assert [(r.checkpoint, r.how, r.base_url) for r in switched.replicas] == \
             [("iter-1", "reload", u) for u in served.urls]  # the switch reached both, same processes
         os.killpg(serve._STATE["servers"][1].pid, signal.SIGKILL)  # replica 2 lost
@@ -619,5 +650,5 @@ def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_swi
         assert all(t.root.end_reason == EndReason.POLICY_ERROR for t in lost)  # unscored
         assert all(t.root.end_reason != EndReason.POLICY_ERROR for t in kept)  # the other replica went on
     finally:
-        ray.shutdown()
         serve.shutdown_server()
+        ray.shutdown()
