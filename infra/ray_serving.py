@@ -4,7 +4,9 @@ With ``execution.backend: ray`` (and ``execution.ray_replicas``, the default) th
 (``tasks/serve.py``) builds each replica of ``serving.replicas`` as a :class:`RayReplica` instead of a process of
 the flow. Starting it creates a Ray actor (:class:`ReplicaHost`) that asks the cluster for
 ``execution.cpus_per_replica`` CPUs and, on a cluster with GPUs, ``tensor_parallel_size x data_parallel_size``
-GPUs: Ray places it on a node that has them (assigning the GPUs through ``CUDA_VISIBLE_DEVICES``), and the actor
+GPUs: Ray places it on a node that has them (the GPUs are those Ray assigns through ``CUDA_VISIBLE_DEVICES``, or
+the replica's share of ``gpus.serve`` when that list is set: a single node whose trainer GPUs are outside Ray's
+accounting), and the actor
 starts the vLLM server there, listening on that node's IP. Everything that speaks HTTP to the server (the
 checkpoint switch, LoRA loads, sleep and wake-up, the rollouts' requests) goes to that address directly, as for
 a local server; only start, stop, liveness and the diagnosis go through the actor.
@@ -60,7 +62,8 @@ class ReplicaHost:
 
     Args:
         server: the replica's server, not started (``infra.serving.server_from_config``); its host becomes the
-            node's IP, its GPUs those Ray assigned (``CUDA_VISIBLE_DEVICES`` of the actor's process)."""
+            node's IP; without a ``gpus`` list of its own it uses those Ray assigned (``CUDA_VISIBLE_DEVICES`` of
+            the actor's process)."""
 
     def __init__(self, server: VLLMServer):
         self.server = server
@@ -136,10 +139,11 @@ class RayReplica(VLLMServer):
     @classmethod
     def of(cls, server: VLLMServer, *, index: int, num_cpus: float, num_gpus: float) -> "RayReplica":
         """The replica of ``server`` (not started), placed with ``num_cpus`` CPUs and ``num_gpus`` GPUs. With
-        GPUs, the server takes those Ray assigns (its own ``gpus`` list is dropped)."""
+        GPUs, the server keeps the devices of its ``gpus.serve`` share when that list is set (one node whose
+        trainer GPUs Ray does not know of: Ray's count only places it), else it takes those Ray assigns."""
         fields = {k: getattr(server, k) for k in VLLMServer.__dataclass_fields__ if k != "process"}
         if num_gpus:
-            fields.update(gpus=[], on_gpu=True)
+            fields.update(on_gpu=True)
         return cls(**fields, index=index, num_cpus=num_cpus, num_gpus=num_gpus)
 
     @property

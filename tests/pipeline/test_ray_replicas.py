@@ -156,8 +156,13 @@ def test_the_local_backend_and_ray_replicas_off_keep_processes_of_the_flow(tmp_p
         cfg = load_config(None, ["name=x", "serving.replicas=2", *sets])
         server = server_from_config(cfg, tmp_path, replica=1, on_gpu=False)
         assert type(server) is VLLMServer and server.host == "127.0.0.1"
-    replica = RayReplica.of(server_from_config(load_config(None, ["name=x", "serving.replicas=2",
-                                                                  "gpus.serve=[0,1]"]), tmp_path, replica=1,
-                                               on_gpu=True), index=1, num_cpus=1, num_gpus=1)
-    assert replica.gpus == [] and replica.on_gpu and replica.pid is None and not replica.alive()
-    assert replica._spec().gpus == [] and type(replica._spec()) is VLLMServer
+    def replica(*sets: str):
+        cfg = load_config(None, ["name=x", "serving.replicas=2", *sets])
+        return RayReplica.of(server_from_config(cfg, tmp_path, replica=1, on_gpu=True), index=1, num_cpus=1,
+                             num_gpus=1)
+
+    explicit, assigned = replica("gpus.serve=[0,1]"), replica()
+    assert explicit.gpus == [1] and assigned.gpus == [] and explicit.on_gpu and assigned.on_gpu
+    assert explicit.pid is None and not explicit.alive() and type(explicit._spec()) is VLLMServer
+    assert explicit._spec()._env()["CUDA_VISIBLE_DEVICES"] == "1"  # gpus.serve's device, not Ray's
+    assert "CUDA_VISIBLE_DEVICES" not in assigned._spec()._env()  # Ray's, from the actor's environment
