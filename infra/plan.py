@@ -215,7 +215,7 @@ def _serve_memory(cfg: CampaignConfig, shape: ModelShape, mem: float, a: Assumpt
     per_tok = shape.kv_bytes_per_token(tp)
     tokens = int(kv * GiB / per_tok) if kv > 0 else 0
     seqs = tokens / s.max_model_len
-    want = cfg.runtime.max_concurrent_requests / s.data_parallel_size
+    want = cfg.runtime.max_concurrent_requests / (s.data_parallel_size * s.replicas)
     plan.facts.append(f"vLLM KV cache per replica: {max(kv, 0):.1f} GiB = {tokens:,} tokens at "
                       f"{per_tok / 1024:.0f} KiB/token: {seqs:.1f} sequences of max_model_len {s.max_model_len} "
                       f"(runtime.max_concurrent_requests {cfg.runtime.max_concurrent_requests} = {want:.0f} per "
@@ -295,11 +295,59 @@ def _switch_times(cfg: CampaignConfig, shape: ModelShape, a: Assumptions) -> lis
                    + f": ~{s:.0f} s; {2 * gb:.0f} GB of local disk per kept iteration")
     else:
         out.append("none: the external server keeps its weights")
+    n = cfg.serving.pool_size
+    if n > 1 and how != "none":
+        out.append(f"pool: each of the {n} replicas gets the checkpoint"
+                   + (" at the same time (one thread each); the stage returns when each lists the new model or "
+                      "adapter on GET /v1/models" if not cfg.serving.external_urls else
+                      " (POST /v1/load_lora_adapter to each); the stage returns when each took it"))
     if cfg.gpus.sleep_while_training:
         gb = shape.params * shape.dtype_bytes / cfg.serving.tensor_parallel_size / 1e9
         out.append(f"sleep/wake: level 1 moves {gb:.1f} GB per GPU to CPU memory and back: ~{2 * gb / a.host_to_gpu_gb_s:.0f} s "
                    "per iteration")
     return out
+
+
+def rollout_placement(cfg: CampaignConfig) -> list[str]:
+    """Where an iteration's rollouts run (``execution``, issue 28): the shards and their groups
+    (``tasks.rollouts.plan_shards``' rule), the Ray workers that grow them, the policy server replicas."""
+    from rao_core.task_sampling import split_evenly
+
+    ex, n, G = cfg.execution, cfg.tasks.tasks_per_iteration, cfg.algo.G
+    if ex.backend == "local":
+        out = [f"rollouts       this process (execution.backend local, no Ray): {n} groups x G {G} = {n * G} "
+               f"trees per iteration, one run_trees"]
+    else:
+        sizes = split_evenly(n, min(ex.shards, n))
+        out = [f"rollouts       Ray at {ex.ray_address}: {n} groups x G {G} = {n * G} trees per iteration in "
+               f"{len(sizes)} shards of {', '.join(map(str, sizes))} groups (whole groups; the seeds of the local "
+               f"backend)",
+               f"Ray workers    one per shard running, {ex.cpus_per_shard:g} CPU each: the cluster's CPUs / "
+               f"{ex.cpus_per_shard:g} at once, at most {len(sizes)}; {ex.max_retries} retries of a shard whose "
+               f"worker is lost"]
+    s = cfg.serving
+    n_rep = s.pool_size
+    k = s.tensor_parallel_size * s.data_parallel_size
+    actors = (f"vLLM as Ray actors placed by Ray, each {ex.cpus_per_replica:g} CPU (and {k} GPU on a cluster "
+              f"with GPUs), its server on its node's IP") if ex.backend == "ray" and ex.ray_replicas else ""
+    if n_rep == 1:
+        where = (f"external at {s.base_url}" if s.base_url else
+                 f"vLLM, a Ray actor placed by Ray, {ex.cpus_per_replica:g} CPU" if actors else "vLLM")
+        return out + [f"policy server  1 replica ({where}): every shard's requests go to it"]
+    if s.base_urls:
+        where = f"external at {', '.join(s.base_urls)}"
+    elif actors:
+        where = actors + ", started and switched by the serve stage"
+    else:
+        shares = [_ranges(cfg.gpus.serve[i * k:(i + 1) * k]) for i in range(n_rep)] if cfg.gpus.serve else []
+        where = ("vLLM, GPUs " + " | ".join(shares) if shares else "vLLM on CPU, each its share of the cores") + \
+            ", each its own port, started and switched by the serve stage"
+    who = "each shard's trees" if ex.backend == "ray" else "the trees"
+    return out + [f"policy server  {n_rep} replicas ({where}): {who} pinned one replica per tree for its whole life "
+                  f"(prefix cache), a new tree to the replica with the fewest trees in flight"
+                  + (" (counted per shard, ties from replica shard index mod N)" if ex.backend == "ray" else "")
+                  + "; a checkpoint switch reaches every replica before the next stage; a replica lost ends its "
+                  "trees policy_error, the others go on"]
 
 
 def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_name: str = "",
@@ -321,7 +369,7 @@ def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_nam
         bad = [i for i in ids if i >= gpus]
         if bad:
             plan.problems.append(f"{name} = {ids}: GPU {bad[0]} does not exist on a machine of {gpus} GPU(s)")
-    if not g.serve and not s.base_url:
+    if not g.serve and not s.external_urls:
         plan.problems.append("gpus.serve is empty: say which GPUs vLLM gets")
     if not g.train:
         plan.problems.append("gpus.train is empty: say which GPUs the trainer gets")
@@ -348,25 +396,31 @@ def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_nam
     shared = sorted(set(g.serve) & set(g.train))
 
     # placement and commands (the same builders the campaign uses)
-    if s.base_url:
-        plan.placement.append(f"vLLM server    external at {s.base_url} (switch '{s.switch}')")
+    if s.external_urls:
+        plan.placement.append(f"vLLM server    external at {', '.join(s.external_urls)} (switch '{s.switch}')")
     else:
-        plan.placement.append(f"vLLM server    GPUs {_ranges(g.serve) or '-'}: tensor parallel "
-                              f"{s.tensor_parallel_size} x data parallel {s.data_parallel_size}")
-        # the campaign serves a copy of the checkpoint (tasks/serve.py: $RAO_HOME/campaigns/NAME/served)
-        srv = server_from_config(cfg, rao_home() / "campaigns" / cfg.name / "served", on_gpu=True)
-        srv.port = 8000  # a free port is picked at start
-        env = srv._env()
-        shown = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE",
-                                     "VLLM_ALLOW_RUNTIME_LORA_UPDATING") if k in env}
-        plan.commands.append(("vLLM", " ".join(f"{k}={v}" for k, v in shown.items()) + " "
-                              + shlex.join(srv._cmd())))
+        from infra.serving import gpu_share
+
+        for i in range(s.replicas):
+            gpus_i = gpu_share(cfg, i)
+            label = "vLLM server   " if s.replicas == 1 else f"vLLM replica {i + 1}"
+            plan.placement.append(f"{label} GPUs {_ranges(gpus_i) or '-'}: tensor parallel "
+                                  f"{s.tensor_parallel_size} x data parallel {s.data_parallel_size}")
+            # the campaign serves a copy of the checkpoint (tasks/serve.py: $RAO_HOME/campaigns/NAME/served)
+            srv = server_from_config(cfg, rao_home() / "campaigns" / cfg.name / "served", on_gpu=True, replica=i)
+            srv.port = 8000 + i  # a free port is picked at start
+            env = srv._env()
+            shown = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE",
+                                         "VLLM_ALLOW_RUNTIME_LORA_UPDATING") if k in env}
+            plan.commands.append(("vLLM" if s.replicas == 1 else f"vLLM replica {i + 1}/{s.replicas}",
+                                  " ".join(f"{k}={v}" for k, v in shown.items()) + " " + shlex.join(srv._cmd())))
     plan.placement.append(f"trainer        GPUs {_ranges(g.train) or '-'}: accelerate launch, {n_train} "
                           f"process(es)" + (f" ({acc_path})" if acc_path else ""))
     if shared:
         plan.placement.append(f"shared GPUs    {_ranges(shared)}: "
                               + ("vLLM sleeps (level 1) while the trainer runs" if g.sleep_while_training
                                  else "vLLM stays resident while the trainer runs"))
+    plan.placement += rollout_placement(cfg)
     camp = rao_home() / "campaigns" / cfg.name  # iteration 1's paths (tasks/stages.py: _train)
     parent = cfg.model.path if cfg.warm_start.mode == "none" else camp / "checkpoints/iter-0"
     cmd = launch_command(camp / "iter-1/samples.jsonl", parent, camp / "checkpoints/iter-1",

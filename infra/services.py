@@ -61,10 +61,99 @@ def apply_service_env() -> dict[str, str]:
     return env
 
 
+#: Ray's object store of ``rao services up --ray`` by default: the shards exchange small records (their trees
+#: go through S3), and on a 24 GiB machine that also runs vLLM and the trainer Ray's own default (30 % of the
+#: memory, in /dev/shm) would take 7 GiB of it.
+RAY_OBJECT_STORE_GIB = 1.0
+
+
+class RayHead:
+    """A local Ray head node (``ray start --head --block``, node address 127.0.0.1) in its own process group,
+    so that stopping the group stops every Ray process it started (GCS, raylet, workers). Token
+    authentication is on (``RAY_AUTH_MODE=token``; Ray keeps the token in ``~/.ray/auth_token``, creating it
+    when missing), and ``tasks.rollouts.connect`` sends it.
+
+    Args:
+        num_cpus: CPUs the head offers to shards (None: all of this machine's).
+        object_store_gib: the object store's size, GiB (> 0).
+        port: the GCS port (0: a free one).
+        log_dir: where ``ray-<port>.log`` goes (default ``$RAO_HOME/logs``).
+        start_timeout_s: seconds to wait for ``Ray runtime started`` in the log.
+    """
+
+    def __init__(self, *, num_cpus: int | None = None, object_store_gib: float = RAY_OBJECT_STORE_GIB,
+                 port: int = 0, log_dir: Path | None = None, start_timeout_s: float = 120.0):
+        import sys
+
+        from infra.process import ManagedProcess, free_port
+
+        if object_store_gib <= 0 or (num_cpus is not None and num_cpus < 1):
+            raise ValueError(f"a Ray head needs num_cpus >= 1 and object_store_gib > 0, got {num_cpus}, "
+                             f"{object_store_gib}")
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.num_cpus = num_cpus or os.cpu_count() or 1
+        self.start_timeout_s = start_timeout_s
+        ray_cli = Path(sys.executable).parent / "ray"
+        cmd = [str(ray_cli), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
+               "--num-cpus", str(self.num_cpus), "--object-store-memory", str(int(object_store_gib * 2 ** 30)),
+               "--include-dashboard", "false", "--disable-usage-stats"]
+        self.process = ManagedProcess(name="ray", cmd=cmd, log_path=(log_dir or rao_home() / "logs") /
+                                      f"ray-{self.port}.log",
+                                      env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"})
+        self.start_seconds = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def start(self) -> "RayHead":
+        """Start the head and wait until its log says it runs; raises ServiceError (one line naming the log)
+        when it exits or does not come up in time."""
+        from infra.process import ServiceError
+
+        t0 = time.monotonic()
+        p = self.process.start()
+        deadline = t0 + self.start_timeout_s
+        while True:
+            text = p.log_path.read_text(errors="replace") if p.log_path.exists() else ""
+            if "Ray runtime started" in text:
+                self.start_seconds = time.monotonic() - t0
+                return self
+            if not p.alive() or time.monotonic() > deadline:
+                why = f"exited with code {p.proc.returncode}" if not p.alive() else \
+                    f"did not start within {self.start_timeout_s:.0f} s"
+                p.stop()
+                raise ServiceError(f"the Ray head node {why}; log {p.log_path}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Stop the head's process group: SIGTERM, then SIGKILL after 5 s (``ray start --block`` outlives a
+        SIGTERM; its GCS and raylet end at once); then :func:`forget_ray_head`."""
+        self.process.stop(timeout_s=5.0)
+        forget_ray_head(self.port)
+
+
+def forget_ray_head(port: int) -> None:
+    """Remove Ray's note of the current cluster (``$TMPDIR/ray/ray_current_cluster``, which ``ray start``
+    writes and ``ray.init(address="auto")`` reads) when it names the head on ``port``: a stopped head is not
+    found again by 'auto', and ``ray.init()`` starts its own cluster again."""
+    import tempfile
+
+    note = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    try:
+        if note.read_text().strip().endswith(f":{port}"):
+            note.unlink()
+    except OSError:
+        pass
+
+
 def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = False, prefect_port: int = 0,
-       model: str | None = None, max_model_len: int = 4096) -> dict[str, dict[str, Any]]:
+       model: str | None = None, max_model_len: int = 4096, ray: bool = False, ray_cpus: int | None = None,
+       ray_object_store_gib: float = RAY_OBJECT_STORE_GIB) -> dict[str, dict[str, Any]]:
     """Start the requested services that are not already running (the Prefect server on ``prefect_port``,
-    0 = a free port); returns the state."""
+    0 = a free port; with ``ray`` a local Ray head node, :class:`RayHead`, whose address goes to processes as
+    ``RAY_ADDRESS``, which ``execution.ray_address: auto`` finds); returns the state."""
     state = load_state()
 
     def running(name: str) -> bool:
@@ -89,6 +178,11 @@ def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = F
         srv = PrefectServer(port=prefect_port).start()
         record("prefect", pid=srv.pid, url=srv.ui_url, log=str(srv.process.log_path), api_url=srv.api_url,
                start_s=round(srv.process.start_seconds, 2), env={"PREFECT_API_URL": srv.api_url})
+    if ray and not running("ray"):
+        head = RayHead(num_cpus=ray_cpus, object_store_gib=ray_object_store_gib).start()
+        record("ray", pid=head.pid, url=head.address, log=str(head.process.log_path), cpus=head.num_cpus,
+               object_store_gib=ray_object_store_gib, start_s=round(head.start_seconds, 2),
+               env={"RAY_ADDRESS": head.address, "RAY_AUTH_MODE": "token"})
     if model and not running("vllm"):
         from infra.serving import VLLMServer
 
@@ -119,7 +213,9 @@ def down() -> list[str]:
     for name, info in load_state().items():
         pid = info.get("pid")
         if pid and pid_alive(pid):
-            kill_group(pid)
+            kill_group(pid, 5.0 if name == "ray" else 15.0)  # `ray start --block` outlives a SIGTERM
+            if name == "ray":
+                forget_ray_head(int(str(info.get("url", ":0")).rsplit(":", 1)[-1]))
             stopped.append(name)
     save_state({})
     return stopped

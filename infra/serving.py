@@ -11,6 +11,13 @@ is restarted on the new folder. LoRA adapters are hot-loaded with ``POST /v1/loa
 this server or on an external one (:func:`load_lora_adapter`); an external server cannot be given full
 weights, and the config refuses that combination (``rao_core.config.external_switch_problem``).
 
+A pool of replicas (``serving.replicas``, issue 28): :func:`server_from_config` builds replica ``i`` of N,
+each with its own port, its own consecutive share of ``gpus.serve`` (tensor x data parallel GPUs each) or, on
+CPU, its own share of this process's cores (:func:`cpu_share`, ``VLLM_CPU_OMP_THREADS_BIND``); the serve stage
+(``tasks/serve.py``) starts and switches them all. The replicas run on the flow's machine as processes of the
+flow, or, with ``execution.backend: ray`` (and ``execution.ray_replicas``), as Ray actors placed by Ray on the
+cluster's nodes (``infra/ray_serving.py``); external servers are listed in ``serving.base_urls``.
+
 GPU settings come from the campaign config (:func:`server_from_config`): ``--max-lora-rank`` is the
 smallest rank vLLM accepts that holds ``trainer.lora.r``; ``gpus.serve`` becomes CUDA_VISIBLE_DEVICES,
 with ``--tensor-parallel-size`` / ``--data-parallel-size`` / ``--gpu-memory-utilization`` from
@@ -195,6 +202,8 @@ class VLLMServer(ServiceMixin):
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` on CPU (GiB).
         enable_lora / max_lora_rank: serve LoRA adapters loaded at run time (rank: :func:`vllm_max_lora_rank`).
         gpus: CUDA devices (CUDA_VISIBLE_DEVICES; empty: the caller's environment decides).
+        cpus: on CPU, the cores vLLM binds its threads to (``VLLM_CPU_OMP_THREADS_BIND``, a replica's share:
+            :func:`cpu_share`); empty: every core of the machine.
         tensor_parallel_size / data_parallel_size / gpu_memory_utilization: vLLM's flags of the same names
             (the last only when set: it means nothing to the CPU engine).
         enable_sleep_mode: ``--enable-sleep-mode``, so that :meth:`sleep` frees the GPUs during training.
@@ -205,6 +214,8 @@ class VLLMServer(ServiceMixin):
         logprobs_mode: ``processed_logprobs`` (default: after temperature/top-k/top-p, what the trainer
             reproduces) or ``raw_logprobs`` (vLLM's own default: before any sampling processing).
         log_dir: folder of ``vllm.log`` (default ``$RAO_HOME/services``).
+        host: the address it listens on and clients use (127.0.0.1; a replica placed by Ray on another node:
+            that node's IP, ``infra/ray_serving.py``).
         on_progress: where the start's progress lines go (:class:`StartupWatch`); None: nowhere.
     After :meth:`start`, ``start_phases`` holds the seconds at which each phase of the start was reached
     (:data:`VLLM_START_PHASES`, plus ``ready``).
@@ -219,6 +230,7 @@ class VLLMServer(ServiceMixin):
     enable_lora: bool = False
     max_lora_rank: int = 16
     gpus: list[int] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
@@ -230,6 +242,7 @@ class VLLMServer(ServiceMixin):
     log_dir: Path | None = None
     start_timeout_s: float = 600.0
     python: Path | None = None
+    host: str = "127.0.0.1"
     process: ManagedProcess | None = None
     on_progress: Callable[[str], None] | None = None
     start_phases: dict[str, float] = field(default_factory=dict)
@@ -237,7 +250,7 @@ class VLLMServer(ServiceMixin):
     @property
     def url(self) -> str:
         """Server root, e.g. ``http://127.0.0.1:8000``."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -252,7 +265,7 @@ class VLLMServer(ServiceMixin):
         cmd = [
             str(self.python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path), "--served-model-name", self.served_model_name,
-            "--max-model-len", str(self.max_model_len), "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", str(self.max_model_len), "--host", self.host, "--port", str(self.port),
             "--dtype", resolve_dtype(self.dtype, self.on_gpu), "--logprobs-mode", self.logprobs_mode,
         ]  # no --disable-log-stats: it also empties /metrics of every vllm:* series (infra/vllm_metrics.py)
         if self.enable_lora:
@@ -288,7 +301,9 @@ class VLLMServer(ServiceMixin):
             # rest: on 2 cores that halves generation (measured 185 vs 298 tok/s fp32, docs/benchmarks.md).
             # Bind every core unless the caller's environment says otherwise.
             n = os.cpu_count() or 1
-            if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            if self.cpus:  # a replica of a pool: its own cores
+                env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cpus))
+            elif "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{n - 1}"
             if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
                 env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -367,6 +382,24 @@ class VLLMServer(ServiceMixin):
             raise ServiceError(f"vLLM {route} answered {r.status_code}: {r.text[:300]}")
 
 
+def process_state(server) -> str:
+    """What became of a server's process, for an error line: ``the vLLM server (pid P) exited with status -9
+    (SIGKILL); log F``, ``the vLLM server (pid P) still runs (it failed requests); log F`` or ``the vLLM server
+    was not started``."""
+    import signal
+
+    proc = getattr(server, "process", None)
+    if proc is None or getattr(proc, "proc", None) is None:
+        return "the vLLM server was not started"
+    rc = proc.proc.poll()
+    if rc is None:
+        state = "still runs (it failed requests)"
+    else:
+        name = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in {s.value for s in signal.Signals} else ""
+        state = f"exited with status {rc}{name}"
+    return f"the vLLM server (pid {proc.proc.pid}) {state}; log {proc.log_path}"
+
+
 def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: float = 120.0) -> None:
     """``POST {base_url}/load_lora_adapter`` (``base_url`` ends in ``/v1``): load or replace adapter ``name``
     from ``path``, a folder the server can read. Requests then name the adapter as their model. The server
@@ -381,8 +414,31 @@ def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: flo
         raise ServiceError(f"load_lora_adapter({name}) at {base_url} answered {r.status_code}: {r.text[:300]}")
 
 
+def cpu_share(replica: int, replicas: int, cores: list[int] | None = None) -> list[int]:
+    """The CPU cores of replica ``replica`` (0-based) of ``replicas``: consecutive runs of ``cores`` (default:
+    the cores this process may run on, ``os.sched_getaffinity``), as even as possible (5 cores over 2 replicas:
+    3 + 2). Raises ServiceError when there are fewer cores than replicas."""
+    from rao_core.task_sampling import split_evenly
+
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if replicas > len(cores):
+        raise ServiceError(f"serving.replicas = {replicas} on CPU needs at least one core per replica; this "
+                           f"process has {len(cores)} core(s)")
+    sizes = split_evenly(len(cores), replicas)
+    start = sum(sizes[:replica])
+    return cores[start:start + sizes[replica]]
+
+
+def gpu_share(cfg, replica: int) -> list[int]:
+    """The CUDA devices of replica ``replica`` (0-based): its run of ``tensor_parallel_size x
+    data_parallel_size`` consecutive GPUs of ``gpus.serve`` (empty when gpus.serve is)."""
+    s = cfg.serving
+    k = s.tensor_parallel_size * s.data_parallel_size
+    return list(cfg.gpus.serve[replica * k:(replica + 1) * k]) if cfg.gpus.serve else []
+
+
 def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = None,
-                       on_gpu: bool | None = None, switching: bool = True) -> VLLMServer:
+                       on_gpu: bool | None = None, switching: bool = True, replica: int = 0) -> VLLMServer:
     """The :class:`VLLMServer` a campaign config (``rao_core.config.CampaignConfig``) asks for, not started.
 
     ``on_gpu``: whether it will run on GPUs (None: an NVIDIA GPU is visible here); only then is
@@ -390,15 +446,23 @@ def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = No
     ``--max-lora-rank`` = :func:`vllm_max_lora_rank` of ``trainer.lora.r``. ``switching=False``: a server of
     one fixed checkpoint (``rao eval``), without LoRA slots or sleep mode; its GPUs (``gpus.serve``), tensor and
     data parallelism, memory share, dtype and limits are the campaign's.
+    ``replica``: which of the ``serving.replicas`` servers (0-based): its GPUs (:func:`gpu_share`) or, on CPU
+    with more than one replica, its cores (:func:`cpu_share`; one replica binds every core, as before). Raises
+    ServiceError for a replica beyond ``serving.replicas`` or more CPU replicas than cores. (``rao eval``,
+    ``switching=False``, starts one server: on CPU it binds every core; on GPUs it takes replica 0's GPUs.)
     """
     s, lora = cfg.serving, cfg.trainer.lora
+    if not 0 <= replica < s.replicas:
+        raise ServiceError(f"replica {replica} of serving.replicas = {s.replicas}")
     gpu = has_cuda_gpu() if on_gpu is None else on_gpu
+    pooled = s.replicas > 1 and switching  # `rao eval` (switching False) starts one server: every core
+    cpus = cpu_share(replica, s.replicas) if pooled and not gpu and not cfg.gpus.serve else []
     return VLLMServer(
         model_path, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
         kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args), logprobs_mode=s.logprobs_mode, dtype=s.dtype,
         enable_lora=switching and s.switch == "lora",
         max_lora_rank=vllm_max_lora_rank(lora.r) if lora is not None else 16,
-        gpus=list(cfg.gpus.serve), tensor_parallel_size=s.tensor_parallel_size,
+        gpus=gpu_share(cfg, replica), cpus=cpus, tensor_parallel_size=s.tensor_parallel_size,
         data_parallel_size=s.data_parallel_size,
         gpu_memory_utilization=s.gpu_memory_utilization if gpu or cfg.gpus.serve else None,
         enable_sleep_mode=switching and cfg.gpus.sleep_while_training, on_gpu=on_gpu,
@@ -419,3 +483,16 @@ def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:
             last = e
         time.sleep(0.5)
     raise ServiceError(f"no OpenAI-compatible server at {base_url} after {timeout_s:.0f} s ({last})")
+
+
+def served_models(base_url: str, timeout_s: float = 30.0) -> list[str]:
+    """The model names an OpenAI-compatible server serves (``GET {base_url}/models``: the served model name and
+    every LoRA adapter loaded), how a replica reports what it serves after a checkpoint switch. Raises
+    ServiceError when it does not answer 200 with a model list."""
+    try:
+        r = httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s,
+                      headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"})
+        r.raise_for_status()
+        return [str(m["id"]) for m in r.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise ServiceError(f"{base_url}/models did not list the served models: {type(e).__name__}: {e}") from None

@@ -19,14 +19,15 @@ iteration says why (little prefill reuse, preemptions, requests queueing, ...). 
 
 A ratio or mean whose denominator did not grow is left out (not 0). A metric the server does not export
 is left out. A server restart between the two reads (a counter that went down) makes the difference
-meaningless: then nothing is reported. Parsing uses ``prometheus_client``'s text parser.
+meaningless: then nothing is reported. A pool of replicas (``serving.replicas``) is summed over the replicas
+read at both ends (:func:`pool_delta`), with ``replica<i>_requests`` per replica (0-based ``i``). Parsing uses ``prometheus_client``'s text parser.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["metrics_url", "parse_metrics", "scrape", "serving_delta"]
+__all__ = ["metrics_url", "parse_metrics", "pool_delta", "scrape", "serving_delta"]
 
 # sample names summed over their label sets
 _COUNTERS = {
@@ -119,4 +120,33 @@ def serving_delta(before: dict[str, float] | None, after: dict[str, float] | Non
         n = d.get(f"{name}_count", 0.0)
         if n > 0 and f"{name}_sum" in d:
             out[f"{key}_mean_s"] = d[f"{name}_sum"] / n
+    return out
+
+
+def pool_delta(before: list[dict[str, float] | None], after: list[dict[str, float] | None], wall_s: float
+               ) -> dict[str, float]:
+    """:func:`serving_delta` of a pool of replicas: ``before[i]`` and ``after[i]`` are replica i's reads (in the
+    same order). Counters are summed over the replicas readable at both ends (a replica lost during the stage
+    is left out); with more than one replica, ``replica<i>_requests`` is each such replica's finished requests.
+    One replica: exactly :func:`serving_delta` of its reads."""
+    if len(before) != len(after):
+        raise ValueError(f"pool_delta: {len(before)} reads before, {len(after)} after")
+    if len(before) == 1:
+        return serving_delta(before[0], after[0], wall_s)
+    pairs = [(i, b, a) for i, (b, a) in enumerate(zip(before, after)) if b is not None and a is not None]
+    if not pairs:
+        return {}
+
+    def total(reads: list[dict[str, float]]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in reads:
+            for k, v in r.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    out = serving_delta(total([b for _, b, _ in pairs]), total([a for _, _, a in pairs]), wall_s)
+    for i, b, a in pairs:
+        d = serving_delta(b, a, wall_s)
+        if "requests" in d:
+            out[f"replica{i}_requests"] = d["requests"]
     return out

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from rao_cli import make_console
 
-app = typer.Typer(help="Start, stop and list the embedded services (S3, MLflow, Prefect, vLLM).",
+app = typer.Typer(help="Start, stop and list the embedded services (S3, MLflow, Prefect, vLLM, Ray).",
                   no_args_is_help=True)
 console = make_console()
 
@@ -32,6 +32,11 @@ def up(
                                      "port)"),
     model: str = typer.Option(None, help="checkpoint folder to serve with vLLM"),
     max_model_len: int = typer.Option(4096, min=1, help="vLLM context length (tokens)"),
+    ray: bool = typer.Option(False, "--ray", help="a local Ray head node for execution.backend ray "
+                             "(execution.ray_address auto finds it)"),
+    ray_cpus: int = typer.Option(None, min=1, help="CPUs the Ray head offers to rollout shards (default: all)"),
+    ray_object_store_gib: float = typer.Option(1.0, min=0.1, help="Ray object store size, GiB (shards exchange "
+                                               "small records; their trees go through S3)"),
 ) -> None:
     """Start services (idempotent) and show where they run. A service that fails to start is one ``error:``
     line naming its log."""
@@ -44,7 +49,8 @@ def up(
 
         check_model(Path(model))
     _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, prefect_port=prefect_port,
-        model=model, max_model_len=max_model_len)
+        model=model, max_model_len=max_model_len, ray=ray, ray_cpus=ray_cpus,
+        ray_object_store_gib=ray_object_store_gib)
     console.print(_table())
     from infra.services import prefect_instructions
 

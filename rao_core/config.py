@@ -110,7 +110,19 @@ class ServingSettings(_Strict):
     """How the policy is served during rollouts and evaluation."""
 
     base_url: str | None = Field(None, description="An external OpenAI-compatible server (then nothing is "
-                                 "started and checkpoints are not switched). Env RAO_POLICY_BASE_URL overrides.")
+                                 "started and checkpoints are not switched). Env RAO_POLICY_BASE_URL overrides "
+                                 "(it replaces base_urls and replicas too).")
+    base_urls: list[str] = Field(default_factory=list, description="A pool of external OpenAI-compatible servers "
+                                 "serving the same weights (nothing is started), e.g. ['http://h1:8000/v1', "
+                                 "'http://h2:8000/v1']: each tree is pinned to one of them for its whole life, "
+                                 "trees are spread by load (tasks/serve.py); LoRA adapters go to every one of them. "
+                                 "Not with base_url (use one or the other) nor with replicas > 1.")
+    replicas: int = Field(1, ge=1, description="vLLM servers the serve stage starts (a pool of replicas of the "
+                          "same checkpoint), each on its own port with its share of gpus.serve "
+                          "(tensor_parallel_size x data_parallel_size GPUs each) or, on CPU, of this machine's "
+                          "cores (and its own kv_cache_gib); each tree is pinned to one replica for its whole "
+                          "life (prefix cache), new trees go to the replica with the fewest trees in flight; a "
+                          "checkpoint switch reaches every replica before the next stage. 1: one server.")
     served_model_name: str = Field("policy", description="Model name sent in requests.")
     max_model_len: int = Field(8192, ge=256, description="vLLM context length, tokens (>= runtime.context_window).")
     kv_cache_gib: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU, GiB.")
@@ -138,6 +150,44 @@ class ServingSettings(_Strict):
     extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, e.g. ['--max-num-seqs', "
                                   "'256'] (parallelism, memory, LoRA and sleep flags come from the fields above).")
     start_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for the server to be healthy.")
+
+    @field_validator("base_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        import httpx
+
+        for u in v:
+            try:
+                url = httpx.URL(u)
+            except (httpx.InvalidURL, TypeError) as e:
+                raise ValueError(f"{u!r} is not a URL ({e})") from None
+            if url.scheme not in ("http", "https") or not url.host:
+                raise ValueError(f"{u!r} is not an http(s) URL with a host, e.g. 'http://10.0.0.5:8000/v1'")
+        if len(set(v)) != len(v):
+            twice = next(u for u in v if v.count(u) > 1)
+            raise ValueError(f"{twice!r} is listed twice (each replica once)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_pool(self) -> ServingSettings:
+        if self.base_url and self.base_urls:
+            raise ValueError("serving.base_url and serving.base_urls are both set: give one external server as "
+                             "base_url or a pool as base_urls, not both")
+        if self.replicas > 1 and self.external_urls:
+            raise ValueError(f"serving.replicas = {self.replicas} with an external server ("
+                             f"serving.{'base_urls' if self.base_urls else 'base_url'}): replicas counts the vLLM "
+                             "servers the campaign starts; list external replicas in serving.base_urls instead")
+        return self
+
+    @property
+    def external_urls(self) -> list[str]:
+        """The external servers (``base_urls``, or ``[base_url]``); empty when the campaign starts its own."""
+        return list(self.base_urls) or ([self.base_url] if self.base_url else [])
+
+    @property
+    def pool_size(self) -> int:
+        """Policy server replicas of a campaign: the external servers, else ``replicas``."""
+        return len(self.external_urls) or self.replicas
 
 
 class GpuPlacement(_Strict):
@@ -249,6 +299,36 @@ class EvalSettings(EvalConfig):
                                        "(default: recursive success on the first difficulty).")
 
 
+class ExecutionSettings(_Strict):
+    """Where the generate stage grows its trees (issue 28; ``tasks/rollouts.py``). 'local': in the flow's own
+    process, as one ``run_trees`` call (no Ray process is started). 'ray': its groups (a task and its G rollouts;
+    a group is never split, the leave-one-out baseline needs all its trees) are cut into ``shards``, each one a
+    Ray task that grows its trees with its own REPL sandboxes and policy client and writes them to one S3 object;
+    the stage then reads exactly those objects. Every tree has the same task and sampling seed whatever the
+    backend and the shard count (``rao_core.task_sampling.rollout_seed``)."""
+
+    backend: Literal["local", "ray"] = Field("local", description="'local' (one process) or 'ray' (shards on a "
+                                             "Ray cluster).")
+    ray_address: str = Field("auto", min_length=1, description="Ray cluster to connect to: 'auto' (the cluster "
+                             "`rao services up --ray` or `ray start` runs on this machine) or a head node's "
+                             "address, e.g. 10.0.0.5:6379 (ray.init's address).")
+    shards: int = Field(4, ge=1, description="Shards per generate stage (at most one per group: min(shards, "
+                        "tasks.tasks_per_iteration)); Ray runs as many at once as its CPUs allow (cpus_per_shard).")
+    cpus_per_shard: float = Field(1.0, gt=0, description="Ray CPUs one shard holds (its rollout loop; the REPL "
+                                  "sandboxes it starts are not counted by Ray).")
+    max_retries: int = Field(2, ge=0, description="Ray task retries of a shard whose worker was lost (process "
+                                "killed, node gone); the retried shard regrows all its trees and overwrites its "
+                                "own object. An exception raised by the shard's code is not retried.")
+    ray_replicas: bool = Field(True, description="With backend 'ray', the serve stage's vLLM servers (every "
+                               "replica of serving.replicas) are Ray actors placed by Ray on a node with the "
+                               "resources they ask for (cpus_per_replica CPUs; on a cluster with GPUs, tensor x "
+                               "data parallel GPUs, which Ray assigns), each holding its server process "
+                               "(infra/ray_serving.py). False: processes of the flow on its own machine.")
+    cpus_per_replica: float = Field(1.0, ge=0, description="Ray CPUs a policy server replica's actor reserves "
+                                    "while it lives (ray_replicas); 0 lets shards and replicas share the cores of "
+                                    "a small machine.")
+
+
 class StorageSettings(_Strict):
     """Artifacts on S3. Default: the embedded SeaweedFS server."""
 
@@ -276,7 +356,7 @@ class CampaignConfig(_Strict):
     name: str = Field("smoke", pattern=NAME_PATTERN, description="Campaign name: S3 prefix, MLflow "
                       "run name, resume key (lowercase letters, digits, dashes).")
     iterations: int = Field(2, ge=0, description="RL iterations to run.")
-    seed: int = Field(0, description="Master seed (task sampling, generation seeds).")
+    seed: int = Field(0, description="Master seed (task sampling, rollout sampling seeds).")
     model: ModelSettings = Field(default_factory=ModelSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     tasks: TaskSettings = Field(default_factory=TaskSettings)
@@ -290,6 +370,7 @@ class CampaignConfig(_Strict):
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     gpus: GpuPlacement = Field(default_factory=GpuPlacement)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
 
     @field_validator("tasks")
     @classmethod
@@ -385,7 +466,7 @@ class CampaignConfig(_Strict):
         """vLLM's parallelism, memory, LoRA and sleep flags have one source; gpus.serve matches TP x DP.
         (An external server's switch is checked by :func:`load_config`: :func:`external_switch_problem`.)"""
         s = self.serving
-        if s.switch == "none" and not s.base_url:
+        if s.switch == "none" and not s.external_urls:
             raise ValueError("serving.switch 'none' needs serving.base_url (an embedded server always follows "
                              "the trained checkpoint)")
         owned = {"--tensor-parallel-size", "--data-parallel-size", "--gpu-memory-utilization", "--max-lora-rank",
@@ -396,9 +477,14 @@ class CampaignConfig(_Strict):
                                  "tensor_parallel_size / data_parallel_size / gpu_memory_utilization, trainer.lora, "
                                  "gpus.sleep_while_training)")
         n = s.tensor_parallel_size * s.data_parallel_size
-        if self.gpus.serve and len(self.gpus.serve) != n:
+        if self.gpus.serve and s.replicas == 1 and len(self.gpus.serve) != n:
             raise ValueError(f"gpus.serve has {len(self.gpus.serve)} GPUs but serving.tensor_parallel_size x "
                              f"data_parallel_size = {s.tensor_parallel_size} x {s.data_parallel_size} = {n}")
+        if self.gpus.serve and s.replicas > 1 and len(self.gpus.serve) != s.replicas * n:
+            raise ValueError(f"gpus.serve has {len(self.gpus.serve)} GPUs but serving.replicas x "
+                             f"tensor_parallel_size x data_parallel_size = {s.replicas} x {s.tensor_parallel_size} "
+                             f"x {s.data_parallel_size} = {s.replicas * n} (each replica gets "
+                             f"{n} consecutive GPUs of gpus.serve)")
 
     def with_env_overrides(self) -> CampaignConfig:
         """Copy with endpoints taken from the environment variables listed in the module docstring."""
@@ -409,6 +495,8 @@ class CampaignConfig(_Strict):
                                     ("MLFLOW_TRACKING_URI", upd.tracking, "tracking_uri")):
             if os.environ.get(var):
                 setattr(section, field, os.environ[var])
+        if os.environ.get("RAO_POLICY_BASE_URL"):  # one external server replaces any pool
+            upd.serving.base_urls, upd.serving.replicas = [], 1
         return upd
 
 
@@ -419,15 +507,16 @@ def external_switch_problem(cfg: CampaignConfig) -> str | None:
     an evaluation-only use of a campaign config (``RAO_POLICY_BASE_URL`` for the nightly evaluation) is fine;
     ``tasks.serve`` refuses the first full-weight switch to an external server at run time."""
     s = cfg.serving
-    if not s.base_url or cfg.iterations == 0:
+    if not s.external_urls or cfg.iterations == 0:
         return None
+    key = "base_urls" if s.base_urls else "base_url"
     if s.switch in ("reload", "restart"):
-        return (f"serving.base_url is set with serving.switch {s.switch!r}: new full weights cannot be sent to an "
+        return (f"serving.{key} is set with serving.switch {s.switch!r}: new full weights cannot be sent to an "
                 "external server, so rollouts would come from its initial policy; use switch 'lora' (the server "
                 "started with --enable-lora, --max-lora-rank >= trainer.lora.r, VLLM_ALLOW_RUNTIME_LORA_UPDATING="
                 "True, and able to read the adapter folders) or switch 'none' (fixed policy, not on-policy RL)")
     if s.switch == "lora" and cfg.warm_start.mode == "demos":
-        return ("serving.base_url with warm_start.mode 'demos': the external server does not serve the "
+        return (f"serving.{key} with warm_start.mode 'demos': the external server does not serve the "
                 "warm-started weights the adapters are trained on; warm-start first, serve that checkpoint and "
                 "use warm_start.mode 'none'")
     return None

@@ -291,13 +291,23 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
         raise ValueError("evaluate_policy needs at least one task")
     t0 = time.perf_counter()
     trees = await run_trees(env, [(t, 1) for t in tasks], policy, cfg, tokenizer=tokenizer, progress=progress)
-    wall = time.perf_counter() - t0
+    return report_from_trees(tasks, trees, mode=mode, graded=graded, wall_s=time.perf_counter() - t0)
+
+
+def report_from_trees(tasks: Sequence[Task], trees: Sequence[ExecutionTree], *, mode: Mode, graded: bool = True,
+                      wall_s: float = 0.0) -> EvalReport:
+    """The :class:`EvalReport` of one mode from its trees, ``trees[i]`` grown for ``tasks[i]`` (one each, in
+    order: :func:`evaluate_policy`, or the shards of ``tasks.rollouts``): one row per difficulty in first-seen
+    order (``""`` becomes ``"all"``), ``wall_s`` the seconds the trees took (every row's ``wall_s``). Sets
+    each tree's ``meta`` ``eval_mode`` and ``difficulty``. Raises ValueError when the counts differ."""
+    if len(tasks) != len(trees):
+        raise ValueError(f"{len(trees)} trees for {len(tasks)} evaluation tasks")
     by_diff: dict[str, list[ExecutionTree]] = {}
     for task, tree in zip(tasks, trees):
         tree.meta["eval_mode"] = mode
         tree.meta["difficulty"] = task.difficulty or "all"
         by_diff.setdefault(task.difficulty or "all", []).append(tree)
-    rows = [summarise(ts, mode=mode, difficulty=d, graded=graded, wall_s=wall) for d, ts in by_diff.items()]
+    rows = [summarise(ts, mode=mode, difficulty=d, graded=graded, wall_s=wall_s) for d, ts in by_diff.items()]
     return EvalReport(rows=rows, trees=list(trees), graded=graded)
 
 

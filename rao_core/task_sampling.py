@@ -21,12 +21,23 @@ from typing import Any
 
 from rao_core.envs.base import Environment, Task
 
-__all__ = ["sample_tasks", "split_evenly", "task_seed"]
+__all__ = ["rollout_seed", "sample_tasks", "split_evenly", "task_seed"]
 
 
 def task_seed(seed: int, stream: str, difficulty: str) -> int:
     """Generator seed (an int in [0, 2^31)) of ``difficulty`` in ``stream`` under master ``seed``."""
     digest = hashlib.sha256(f"{stream}|{seed}|{difficulty}".encode()).hexdigest()
+    return int(digest[:8], 16) % (2 ** 31)
+
+
+def rollout_seed(seed: int, iteration: int, task_id: str, rollout_index: int) -> int:
+    """Sampling seed (an int in [0, 2^31)) of rollout ``rollout_index`` (g in 0..G-1) of task ``task_id`` in RL
+    iteration ``iteration`` under master ``seed``: ``int(sha256(f"rollout|{seed}|{iteration}|{task_id}|{g}")[:8
+    hex digits]) mod 2^31``, the rule of :func:`task_seed`. It depends on nothing else (not on the other tasks,
+    the order the trees run in, or which shard or worker grows the tree: issue 28), and is stored as
+    ``ExecutionTree.seed``; each policy request of the tree derives its own from it
+    (``rao_core.runtime.agent.request_seed``)."""
+    digest = hashlib.sha256(f"rollout|{seed}|{iteration}|{task_id}|{rollout_index}".encode()).hexdigest()
     return int(digest[:8], 16) % (2 ** 31)
 
 

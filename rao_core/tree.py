@@ -170,6 +170,7 @@ class ExecutionTree(BaseModel):
     wall_s: float = 0.0
     error: str | None = None  # set when the rollout itself crashed (partial tree kept)
     policy: str = ""  # model name / checkpoint / scripted policy name
+    seed: int | None = None  # sampling seed of the rollout (rao_core.task_sampling.rollout_seed); None: unseeded
     meta: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")

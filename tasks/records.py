@@ -22,15 +22,36 @@ class Checkpoint(BaseModel):
     local: str | None = None  # a folder holding config.json or adapter_config.json
 
 
+class ServedReplica(BaseModel):
+    """One replica of the policy server pool after a checkpoint switch: what it reported."""
+
+    index: int  # 0-based, in the pool's order
+    base_url: str
+    checkpoint: str  # the checkpoint it serves now (reported: the switch succeeded on it)
+    how: str  # same, start, start+lora, lora, reload, restart, external, external-lora
+    switch_s: float = 0.0
+    pid: int | None = None  # the vLLM process (None: external)
+    models: list[str] = Field(default_factory=list)  # what GET /v1/models listed after the switch
+
+
 class ServedEndpoint(BaseModel):
     """The policy server serving a checkpoint (``tasks.serve.serve_checkpoint``); empty when none is needed
-    (a completed iteration replayed on resume)."""
+    (a completed iteration replayed on resume). A pool of replicas (``serving.replicas``, ``serving.base_urls``)
+    has every replica's URL in ``base_urls`` (``base_url`` is the first one's) and its report in ``replicas``."""
 
     base_url: str = ""  # OpenAI-compatible API root, .../v1
     model: str = ""  # served model name (a LoRA adapter's name when one is loaded)
-    switch_s: float = 0.0  # seconds spent switching to the checkpoint
-    how: str = ""  # same, start, start+lora, lora, reload, restart, external, external-lora
+    switch_s: float = 0.0  # seconds spent switching to the checkpoint (every replica, at once)
+    how: str = ""  # same, start, start+lora, lora, reload, restart, external, external-lora ('a+b': replicas differ)
     start_phases: dict[str, float] = Field(default_factory=dict)  # a (re)start: seconds to each phase (infra.serving)
+    base_urls: list[str] = Field(default_factory=list)  # every replica's .../v1 (empty: [base_url])
+    replicas: list[ServedReplica] = Field(default_factory=list)
+    replica_offset: int = 0  # the replica a pool's ties start from (a Ray shard's index: tasks.rollouts)
+
+    @property
+    def urls(self) -> list[str]:
+        """The pool's base URLs, in replica order (``[base_url]`` for a single server; empty for none)."""
+        return list(self.base_urls) or ([self.base_url] if self.base_url else [])
 
 
 class StageRecord(BaseModel):

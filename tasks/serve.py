@@ -1,6 +1,7 @@
-"""Prefect task ``serve_checkpoint``: start or re-point the vLLM policy server at a checkpoint.
+"""Prefect task ``serve_checkpoint``: start or re-point the vLLM policy server pool at a checkpoint.
 
-The server is process-wide (one per flow run) and stopped by :func:`shutdown_server` when the flow ends.
+The pool (``serving.replicas`` vLLM servers, 1 by default; issue 28) is process-wide (one per flow run) and
+stopped by :func:`shutdown_server` when the flow ends.
 A flow run stopped from outside (cancelled from the UI, its process killed by the worker) ends without
 reaching that ``finally``: the flows therefore carry :data:`STOP_SERVER_HOOKS`, whose
 :func:`stop_flow_servers` stops the server from the flow's own process or, when Prefect runs the hook in
@@ -10,6 +11,14 @@ reloads them in place (dev-mode ``reload_weights``, no restart); ``restart`` res
 ``lora`` hot-loads the adapter under a new name. An external ``serving.base_url`` gets each LoRA adapter
 through its ``/v1/load_lora_adapter`` route; with ``none`` it keeps its weights; it cannot be given full
 weights (refused at config load, and here when the base URL came from RAO_POLICY_BASE_URL).
+
+A pool of replicas: every replica serves the same folder and switches at the same time; the stage returns
+only once each of them lists the new model or adapter on ``GET /v1/models``, and fails naming the replicas
+that did not. A replica that died (found at the next switch) is started again; during a stage, the rollouts'
+``rao_core.policies.pool.PolicyPool`` takes an unreachable replica out and the others go on. The replicas are
+processes of the flow on its machine, or, with ``execution.backend: ray`` (``execution.ray_replicas``), Ray
+actors placed by Ray where the resources are (``infra/ray_serving.py``); external servers are listed in
+``serving.base_urls``.
 """
 
 from __future__ import annotations
@@ -29,10 +38,10 @@ from prefect.cache_policies import NONE
 from rao_core.paths import rao_home
 from rao_core.train.checkpoint import is_checkpoint, is_lora_checkpoint
 from tasks.common import RunContext, fetch_dir, run_logger
-from tasks.records import Checkpoint, ServedEndpoint
+from tasks.records import Checkpoint, ServedEndpoint, ServedReplica
 
 _LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"server": None, "served": None, "lora": None}
+_STATE: dict[str, Any] = {"servers": [], "served": None, "lora": None}  # servers: the pool, replica order
 
 
 def checkpoint_local(ctx: RunContext, ckpt: Checkpoint) -> Path:
@@ -66,131 +75,230 @@ def _copy_weights(src: Path, dst: Path) -> None:
 
 @task(name="serve-checkpoint", cache_policy=NONE, retries=1, retry_delay_seconds=5)
 def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
-    """Start or re-point the vLLM service at ``ckpt``; returns its URL and served model name."""
-    cfg = ctx.config.serving
-    if cfg.base_url:
-        return _serve_external(ctx, ckpt)
-    from infra.serving import VLLMServer, server_from_config
+    """Start or re-point the policy server pool (``serving.replicas`` vLLM servers, or the external servers of
+    ``serving.base_url(s)``) at ``ckpt``; returns when every replica reports it (:func:`_switch_pool`).
 
+    Raises ServiceError (one line naming each replica that failed) when a replica cannot be started or
+    switched; the replicas that did switch keep running (the task's retry, or :func:`shutdown_server`)."""
+    if ctx.config.serving.external_urls:
+        return _serve_external(ctx, ckpt)
     with _LOCK:
-        t0 = time.monotonic()
-        src = checkpoint_local(ctx, ckpt)
-        server: VLLMServer | None = _STATE["server"]
-        if server is not None and not server.alive():  # died (killed, crashed): a fresh one is started
-            forget_server(server.pid)
-            server, _STATE["server"] = None, None
-            _STATE.update(served=None, lora=None)
-        if server is not None and _STATE["served"] == ckpt.name:
-            return ServedEndpoint(base_url=server.base_url, model=_STATE["lora"] or server.model, how="same")
-        served_dir = ctx.local("served")
-        lora = is_lora_checkpoint(src)
-        how = "start"
-        if server is None:  # a LoRA checkpoint (a resumed campaign): start on its base model, then load it
-            base = _lora_base(src) if lora else src
-            if served_dir.exists():
-                shutil.rmtree(served_dir)
-            _copy_weights(base, served_dir)
-            server = server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"))
-            server.on_progress = run_logger().info  # its phases, from its log: minutes on a CPU
-            server.start()
-            _STATE["server"] = server
-            record_server(server.pid, base_url=server.base_url)
-            if lora:
-                server.load_lora(ckpt.name, src)
-                _STATE["lora"], how = ckpt.name, "start+lora"
+        return _switch_pool(ctx, ckpt)
+
+
+def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
+    """The switch of every replica of the flow's pool to ``ckpt`` (the caller holds ``_LOCK``).
+
+    Every replica serves one folder, ``served`` under the campaign's local folder. A pool not started yet (or
+    whose replicas all died) is started on ``ckpt`` (a LoRA checkpoint: on its base model, then the adapter
+    loaded); otherwise, by ``serving.switch``: ``lora`` loads the adapter on each replica; ``reload`` copies the
+    weights over the served folder once and reloads them in every replica; ``restart`` stops every replica,
+    copies, starts them again. A replica that died since the last switch is started again (a new process on a
+    new port) on the served folder, with the adapter when one is served. The replicas switch at the same time
+    (one thread each); then each must list the served model (and the adapter) on ``GET /v1/models``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from infra.process import ServiceError
+    from infra.serving import served_models, server_from_config
+
+    cfg = ctx.config.serving
+    t0 = time.monotonic()
+    log = run_logger()  # a start's phases, from the server's log: minutes on a CPU (issue 27)
+    src = checkpoint_local(ctx, ckpt)
+    lora = is_lora_checkpoint(src)
+    served_dir = ctx.local("served")
+    servers: list = _STATE["servers"]
+    if servers and not any(s.alive() for s in servers):  # all died (killed, crashed): a fresh pool
+        for s in servers:
+            s.stop()  # what is left of it: its process group, a Ray actor
+            forget_server(s.pid)
+        servers = []
+        _STATE.update(servers=[], served=None, lora=None)
+
+    ex = ctx.config.execution
+    on_ray = ex.backend == "ray" and ex.ray_replicas
+    if on_ray:
+        from infra.ray_serving import RayReplica
+        from tasks.rollouts import connect
+
+        gpus = connect(ex.ray_address).get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own
+        k = cfg.tensor_parallel_size * cfg.data_parallel_size
+
+    def new(i: int):
+        if not on_ray:
+            return server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"), replica=i)
+        server = server_from_config(ctx.config, served_dir, log_dir=ctx.local("logs"), replica=i, on_gpu=gpus)
+        return RayReplica.of(server, index=i, num_cpus=ex.cpus_per_replica, num_gpus=k if gpus else 0)
+
+    jobs: dict[int, str] = {}  # replica -> what it does: start, start+lora, same, lora, reload, restart
+    if not servers:
+        base = _lora_base(src) if lora else src
+        if served_dir.exists():
+            shutil.rmtree(served_dir)
+        _copy_weights(base, served_dir)
+        servers = [new(i) for i in range(cfg.replicas)]
+        _STATE.update(servers=servers, lora=None)  # before they start: shutdown_server stops whatever did
+        adapter = ckpt.name if lora else None
+        jobs = {i: "start+lora" if adapter else "start" for i in range(len(servers))}
+    else:
+        alive = [i for i, s in enumerate(servers) if s.alive()]
+        for i in (i for i in range(len(servers)) if i not in alive):  # a lost replica: a new process
+            servers[i].stop()  # what is left of it: its process group, a Ray actor
+            forget_server(servers[i].pid)
+            servers[i] = new(i)
+        if _STATE["served"] == ckpt.name:
+            how, adapter = "same", _STATE["lora"]
         elif cfg.switch == "lora" and lora:
-            server.load_lora(ckpt.name, src)
-            _STATE["lora"] = ckpt.name
-            how = "lora"
+            how, adapter = "lora", ckpt.name
         elif cfg.switch == "reload":
             _copy_weights(src, served_dir)
-            server.reload_weights()
-            how = "reload"
+            how, adapter = "reload", None
         else:
-            old_pid = server.pid
-            server.stop()
-            forget_server(old_pid)
+            for i in alive:
+                servers[i].stop()
+                forget_server(servers[i].pid)
             _copy_weights(src, served_dir)
-            server.on_progress = run_logger().info
+            how, adapter = "restart", None
+        jobs = {i: how if i in alive else ("start+lora" if adapter else "start") for i in range(len(servers))}
+
+    def run(i: int) -> ServedReplica:
+        server, job, t = servers[i], jobs[i], time.monotonic()
+        if job in ("start", "start+lora", "restart"):
+            n = len(servers)
+            server.on_progress = log.info if n == 1 else (lambda line: log.info(f"replica {i + 1}/{n}: {line}"))
             server.start()
-            record_server(server.pid, base_url=server.base_url)
-            how = "restart"
-        _STATE["served"] = ckpt.name
-        model = _STATE["lora"] if how in ("lora", "start+lora") else server.model
-        phases = dict(server.start_phases) if how in ("start", "start+lora", "restart") else {}
-        return ServedEndpoint(base_url=server.base_url, model=model, switch_s=round(time.monotonic() - t0, 3), how=how,
-                              start_phases=phases)
+            if not getattr(server, "placed_by_ray", False):  # an actor's server: the actor's guard stops it
+                record_server(server.pid, base_url=server.base_url)
+        if job == "reload":
+            server.reload_weights()
+        if job in ("start+lora", "lora"):
+            server.load_lora(adapter, src)
+        models = served_models(server.base_url)
+        want = adapter or server.model
+        if want not in models:
+            raise ServiceError(f"serves {models}, not {want!r}")
+        return ServedReplica(index=i, base_url=server.base_url, checkpoint=ckpt.name, how=job,
+                             switch_s=round(time.monotonic() - t, 3), pid=server.pid, models=models)
+
+    reports, failed = [], []
+    with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="rao-switch") as pool:
+        futures = [pool.submit(run, i) for i in range(len(servers))]
+        for i, f in enumerate(futures):
+            try:
+                reports.append(f.result())
+            except Exception as e:  # noqa: BLE001 - every replica's failure is named
+                failed.append(f"replica {i + 1}/{len(servers)} ({_where(servers[i])}): {type(e).__name__}: "
+                              + " ".join(str(e).split())[:300])
+    if failed:
+        _STATE["served"] = None  # a retry switches every replica again
+        raise ServiceError(f"checkpoint {ckpt.name} did not reach every policy server replica: " + "; ".join(failed))
+    _STATE["served"], _STATE["lora"] = ckpt.name, adapter
+    hows = sorted({r.how for r in reports})
+    started = [servers[r.index].start_phases for r in reports if r.how in ("start", "start+lora", "restart")]
+    return ServedEndpoint(base_url=reports[0].base_url, base_urls=[r.base_url for r in reports],
+                          model=adapter or servers[0].model, switch_s=round(time.monotonic() - t0, 3),
+                          how="+".join(hows), replicas=reports, start_phases=dict(started[0]) if started else {})
+
+
+def _where(server) -> str:
+    """A replica for a message: its URL once it has a port, else its log folder."""
+    return server.base_url if getattr(server, "port", 0) else "not started"
 
 
 def _serve_external(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
-    """An external server (``serving.base_url``): LoRA checkpoints are loaded through its API; full weights
-    only for the first checkpoint it is asked for (the one it already serves)."""
+    """External servers (``serving.base_url`` or the pool ``serving.base_urls``): LoRA checkpoints are loaded
+    through each one's API (every replica gets the adapter before this returns); full weights only for the
+    first checkpoint they are asked for (the one they already serve). Raises ServiceError naming the replicas
+    that did not take the adapter."""
     from infra.serving import load_lora_adapter
     from infra.process import ServiceError
     from rao_core.config import external_switch_problem
 
     cfg = ctx.config.serving
+    urls = cfg.external_urls
     t0 = time.monotonic()
     with _LOCK:
-        _STATE["served"] = _STATE["served"] or ckpt.name  # the checkpoint the server already serves
+        _STATE["served"] = _STATE["served"] or ckpt.name  # the checkpoint the servers already serve
         model, how = cfg.served_model_name, "external"
         if cfg.switch == "lora":
             src = checkpoint_local(ctx, ckpt)
             if is_lora_checkpoint(src):
-                load_lora_adapter(cfg.base_url, ckpt.name, src.resolve())
+                failed = []
+                for i, url in enumerate(urls):
+                    try:
+                        load_lora_adapter(url, ckpt.name, src.resolve())
+                    except ServiceError as e:
+                        failed.append(f"replica {i + 1}/{len(urls)}: {e}" if len(urls) > 1 else str(e))
+                if failed:
+                    raise ServiceError("; ".join(failed))
                 model, how = ckpt.name, "external-lora"
         elif cfg.switch != "none" and ckpt.name != _STATE["served"]:
             raise ServiceError(external_switch_problem(ctx.config.model_copy(update={"iterations": 1})))
-    return ServedEndpoint(base_url=cfg.base_url, model=model, switch_s=round(time.monotonic() - t0, 3), how=how)
+    dt = round(time.monotonic() - t0, 3)
+    return ServedEndpoint(base_url=urls[0], base_urls=list(urls) if len(urls) > 1 else [], model=model,
+                          switch_s=dt, how=how,
+                          replicas=[ServedReplica(index=i, base_url=u, checkpoint=ckpt.name, how=how)
+                                    for i, u in enumerate(urls)] if len(urls) > 1 else [])
 
 
 @contextlib.contextmanager
 def gpus_released(ctx: RunContext):
-    """While the body runs (the trainer), the flow's vLLM server sleeps when ``gpus.sleep_while_training``
-    (level 1: weights to CPU memory, KV cache freed); it wakes afterwards, also on failure."""
-    server = _STATE["server"]
-    if not ctx.config.gpus.sleep_while_training or server is None or not server.alive():
+    """While the body runs (the trainer), the flow's vLLM servers (every replica) sleep when
+    ``gpus.sleep_while_training`` (level 1: weights to CPU memory, KV cache freed); they wake afterwards, also
+    on failure."""
+    servers = [s for s in _STATE["servers"] if s.alive()]
+    if not ctx.config.gpus.sleep_while_training or not servers:
         yield
         return
-    server.sleep(level=1)
+    asleep = []
     try:
+        for server in servers:
+            server.sleep(level=1)
+            asleep.append(server)
         yield
     finally:
-        server.wake_up()
+        for server in asleep:
+            server.wake_up()
+
+
+def _diagnose(server) -> str:
+    """``the vLLM server (pid P) exited with status -9 (SIGKILL); log F`` or ``... still runs ...``; a replica
+    placed by Ray asks its actor (``infra.ray_serving.RayReplica.diagnosis``)."""
+    from infra.serving import process_state
+
+    return server.diagnosis() if hasattr(server, "diagnosis") else process_state(server)
 
 
 def server_diagnosis(ctx: RunContext) -> str:
-    """What is known of the policy server this process serves from, for an error line: ``the vLLM server
+    """What is known of the policy server(s) this process serves from, for an error line: ``the vLLM server
     (pid P) exited with status -9 (SIGKILL); log F``, ``the vLLM server (pid P) still runs; log F``, ``the
-    external policy server URL`` (``serving.base_url``), or that none was started. Never raises."""
-    import signal
-
+    external policy server URL`` (``serving.base_url``; ``base_urls``: every URL), or that none was started;
+    for a pool of replicas, one such part per replica (``replica 2/2: ...``). Never raises."""
     try:
-        if ctx.config.serving.base_url:
-            return f"the external policy server {ctx.config.serving.base_url} (serving.base_url)"
-        server = _STATE["server"]
-        proc = getattr(server, "process", None)
-        if server is None or proc is None or proc.proc is None:
+        s = ctx.config.serving
+        if s.external_urls:
+            if s.base_urls:
+                return f"the external policy servers {', '.join(s.base_urls)} (serving.base_urls)"
+            return f"the external policy server {s.base_url} (serving.base_url)"
+        servers = _STATE["servers"]
+        if not servers or all(getattr(x, "process", None) is None for x in servers):
             return "no vLLM server was started by this process"
-        rc = proc.proc.poll()
-        if rc is None:
-            state = "still runs (it failed requests)"
-        else:
-            name = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in {s.value for s in signal.Signals} else ""
-            state = f"exited with status {rc}{name}"
-        return f"the vLLM server (pid {proc.proc.pid}) {state}; log {proc.log_path}"
+        if len(servers) == 1:
+            return _diagnose(servers[0])
+        return "; ".join(f"replica {i + 1}/{len(servers)}: {_diagnose(x)}" for i, x in enumerate(servers))
     except Exception as e:  # noqa: BLE001 - a diagnosis never hides the failure it explains
         return f"the policy server's state is unknown ({type(e).__name__}: {e})"
 
 
 def shutdown_server() -> None:
-    """Stop the flow's vLLM server, if any (and drop its record)."""
+    """Stop the flow's vLLM servers (every replica), if any (and drop their records)."""
     with _LOCK:
-        if _STATE["server"] is not None:
-            pid = _STATE["server"].pid
-            _STATE["server"].stop()
+        for server in _STATE["servers"]:
+            pid = server.pid
+            server.stop()
             forget_server(pid)
-        _STATE.update(server=None, served=None, lora=None)
+        _STATE.update(servers=[], served=None, lora=None)
 
 
 def server_records_dir() -> Path:
@@ -281,9 +389,7 @@ def stop_flow_servers(flow: Any, flow_run: Any, state: Any) -> list[int]:
     log = logging.getLogger("rao")
     stopped: list[int] = []
     try:
-        server = _STATE["server"]
-        if server is not None and server.alive():
-            stopped.append(server.pid)
+        stopped += [server.pid for server in _STATE["servers"] if server.alive()]
         shutdown_server()
         stopped += [p for p in stop_recorded_servers(str(flow_run.id)) if p not in stopped]
         log.info(f"flow run {getattr(flow_run, 'name', flow_run.id)} {getattr(state, 'name', '')}: vLLM servers "

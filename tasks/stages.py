@@ -134,32 +134,73 @@ def iteration_tasks(ctx: RunContext, iteration: int) -> list[Task]:
 
 
 def _policy(ctx: RunContext, served: ServedEndpoint):
-    from rao_core.policies.openai_policy import OpenAIPolicy
+    """The rollouts' policy: a ``rao_core.policies.pool.PolicyPool`` of the served replicas (one
+    ``OpenAIPolicy`` each; one replica for a single server), each tree pinned to one replica, ties starting at
+    ``served.replica_offset``."""
+    from rao_core.policies.pool import PolicyPool
 
     rt = ctx.config.runtime
-    return OpenAIPolicy(served.base_url, served.model, temperature=rt.temperature, top_p=rt.top_p,
-                        request_timeout_s=rt.policy_timeout_s)
+    return PolicyPool.of_endpoints(served.urls, served.model, offset=served.replica_offset,
+                                   temperature=rt.temperature, top_p=rt.top_p, request_timeout_s=rt.policy_timeout_s)
 
 
 @stage("generate", name="generate-trees")
 def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, tokenizer_path: str) -> GenerateOutput:
-    """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI."""
+    """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI.
+
+    Each tree's sampling seed is ``rollout_seed(seed, iteration, task_id, g)`` (``ExecutionTree.seed``).
+    ``execution.backend`` says where the trees grow: 'local', in this process (one ``run_trees``); 'ray', as
+    shards on a Ray cluster (``tasks.rollouts``), the same trees with the same seeds, merged in the same order.
+    Either way the trees go to ``iter-K/trees/trees.jsonl``.
+    """
+    log = run_logger()
+    tasks = iteration_tasks(ctx, iteration)
+    G = ctx.config.algo.G
+    total = len(tasks) * G
+    ui = ProgressArtifact(artifact_key(ctx.name, "generate-progress", iteration), "rollout trees finished")
+    ui(0, total)
+
+    from infra.vllm_metrics import pool_delta, scrape
+
+    served_before = [scrape(u) for u in served.urls]  # each replica's /metrics counters (None if unreadable)
+    t0 = time.monotonic()
+    if ctx.config.execution.backend == "ray":
+        trees = _generate_on_ray(ctx, iteration, tasks, served, tokenizer_path, ui)
+    else:
+        trees = _generate_locally(ctx, iteration, tasks, served, tokenizer_path, ui)
+    gen_s = time.monotonic() - t0
+    serving = pool_delta(served_before, [scrape(u) for u in served.urls], gen_s)
+    for t in trees:
+        t.meta.update({"campaign": ctx.name, "iteration": iteration})
+    # a dead server fails the stage here (its trees stay in the journal), before anything is stored
+    infra = check_infra_failures(ctx, f"iteration {iteration} generate", trees)
+    path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)  # one bad tree: a failed record
+    ctx.local(f"iter-{iteration}/trees.partial.jsonl").unlink(missing_ok=True)
+    up = ctx.store().put_file(path, iter_key(iteration, "trees/trees.jsonl"))
+    log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s; {infra_text(infra)}"
+             + (f"; vLLM {serving['generation_tokens_per_s']:.0f} generated tok/s, prefix-cache hit rate "
+                f"{serving.get('prefix_cache_hit_rate', float('nan')):.2f}, {serving.get('preemptions', 0):.0f} "
+                f"preemptions" if "generation_tokens_per_s" in serving else ""))
+    return GenerateOutput(trees_uri=up["uri"], sha256=up["sha256"], num_trees=len(trees),
+                          crashed=sum(int(bool(t.error)) for t in trees), infra_failures=infra,
+                          generation_s=round(gen_s, 3), serving=serving)
+
+
+def _generate_locally(ctx: RunContext, iteration: int, tasks: list[Task], served: ServedEndpoint,
+                      tokenizer_path: str, ui: ProgressArtifact) -> list:
+    """The trees of ``tasks`` grown in this process (backend 'local'), each journalled as it finishes."""
     from rao_core.runtime import load_tokenizer, run_trees
+    from rao_core.task_sampling import rollout_seed
 
     log = run_logger()
     env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
-    tasks = iteration_tasks(ctx, iteration)
     G = ctx.config.algo.G
     policy = _policy(ctx, served)
-    counts = {"done": 0, "crashed": 0, "solved": 0}
+    counts = {"solved": 0}
     infra: dict[str, int] = {}  # trees per infrastructure failure so far
-    total = len(tasks) * G
     # Each tree is written on its own as it finishes (a crash mid-generation leaves the finished ones
     # here for inspection; resume regenerates the iteration); removed once trees.jsonl is complete.
-    journal_path = ctx.local(f"iter-{iteration}/trees.partial.jsonl")
-    journal = open(journal_path, "w", encoding="utf-8")
-    ui = ProgressArtifact(artifact_key(ctx.name, "generate-progress", iteration), "rollout trees finished")
-    ui(0, total)
+    journal = open(ctx.local(f"iter-{iteration}/trees.partial.jsonl"), "w", encoding="utf-8")
 
     log_tenths = every_tenth(lambda done, total_: log.info(
         f"rollouts {done}/{total_}  solved {counts['solved']}  {infra_text(infra)}"))
@@ -168,44 +209,48 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
         journal.write(tree_json_line(tree) + "\n")
         journal.flush()
         ui(done, total_)
-        counts["done"] = done
-        counts["crashed"] += int(bool(tree.error))
         if (why := infra_failure(tree)) is not None:
             infra[why] = infra.get(why, 0) + 1
         counts["solved"] += int(tree.root.verifier == 1.0)
         log_tenths(done, total_)
 
-    from infra.vllm_metrics import scrape, serving_delta
-
-    served_before = scrape(served.base_url)  # vLLM's /metrics counters (None if unreadable)
-    t0 = time.monotonic()
-
     async def go():
         try:
             return await run_trees(env, [(t, G) for t in tasks], policy, ctx.config.runtime,
-                                   tokenizer=load_tokenizer(tokenizer_path), progress=progress)
+                                   tokenizer=load_tokenizer(tokenizer_path), progress=progress,
+                                   seeds=lambda task, g: rollout_seed(ctx.config.seed, iteration, task.task_id, g))
         finally:
             await policy.aclose()
 
     try:
-        trees = asyncio.run(go())
+        return asyncio.run(go())
     finally:
         journal.close()
-    gen_s = time.monotonic() - t0
-    serving = serving_delta(served_before, scrape(served.base_url), gen_s)
-    for t in trees:
-        t.meta.update({"campaign": ctx.name, "iteration": iteration})
-    # a dead server fails the stage here (its trees stay in the journal), before anything is stored
-    infra = check_infra_failures(ctx, f"iteration {iteration} generate", trees)
-    path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)  # one bad tree: a failed record
-    journal_path.unlink(missing_ok=True)
-    up = ctx.store().put_file(path, iter_key(iteration, "trees/trees.jsonl"))
-    log.info(f"generated {len(trees)} trees ({total} planned) in {gen_s:.1f} s; {infra_text(infra)}"
-             + (f"; vLLM {serving['generation_tokens_per_s']:.0f} generated tok/s, prefix-cache hit rate "
-                f"{serving.get('prefix_cache_hit_rate', float('nan')):.2f}, {serving.get('preemptions', 0):.0f} "
-                f"preemptions" if "generation_tokens_per_s" in serving else ""))
-    return GenerateOutput(trees_uri=up["uri"], sha256=up["sha256"], num_trees=len(trees), crashed=counts["crashed"],
-                          infra_failures=infra, generation_s=round(gen_s, 3), serving=serving)
+
+
+def _generate_on_ray(ctx: RunContext, iteration: int, tasks: list[Task], served: ServedEndpoint,
+                     tokenizer_path: str, ui: ProgressArtifact) -> list:
+    """The trees of ``tasks`` grown as shards on the Ray cluster (backend 'ray', ``tasks.rollouts``), read back
+    from exactly the shards' objects, in the local backend's order."""
+    from tasks import rollouts
+
+    log = run_logger()
+    ex = ctx.config.execution
+    shards = rollouts.plan_shards(tasks, ctx.config.algo.G, seed=ctx.config.seed, iteration=iteration,
+                                  shards=ex.shards)
+    total, done = sum(s.num_trees for s in shards), [0, 0]
+    log.info(f"generate on Ray ({ex.ray_address}): {len(tasks)} groups in {len(shards)} shards "
+             f"({', '.join(str(len(s.groups)) for s in shards)} groups), {ex.cpus_per_shard:g} CPU each, "
+             f"{ex.max_retries} retries of a lost worker")
+
+    def on_result(r) -> None:
+        done[0], done[1] = done[0] + 1, done[1] + r.num_trees
+        ui(done[1], total)
+        log.info(f"shard {r.index + 1}/{len(shards)} done on {r.worker}: {r.num_trees} trees, solved {r.solved}, "
+                 f"crashed {r.crashed}, {r.generation_s:.1f} s; rollouts {done[1]}/{total}")
+
+    results = rollouts.run_on_ray(ctx, iteration, shards, served, tokenizer_path, _policy, on_result)
+    return rollouts.read_shards(ctx, f"iteration {iteration} generate", shards, results)
 
 
 @stage("judge", name="judge-trees")
@@ -335,7 +380,9 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
     """Evaluate the served policy on the validation tasks in each mode of ``eval`` with the campaign's
     runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``). Progress (trees
     finished over all modes) goes to the Prefect progress artifact
-    ``artifact_key(ctx.name, "evaluate-progress", iteration)`` inside a flow run, and to a terminal bar.
+    ``artifact_key(ctx.name, "evaluate-progress", iteration)`` inside a flow run, and to a terminal bar. With
+    ``execution.backend: ray`` the trees grow as shards on the Ray cluster (:func:`_evaluate_on_ray`) and are
+    summarised by the same ``rao_core.evaluation.report_from_trees``.
 
     Returns flat ``eval/<mode>/<difficulty>/...`` metrics and table rows (no report stored).
     """
@@ -358,13 +405,41 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
         log_tenths(finished[0], total)
 
     ui(0, total)
-    report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
-                            tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served), progress=progress)
     where = "evaluation" if iteration is None else f"iteration {str(iteration).removeprefix('iter-')} evaluate"
+    if ctx.config.execution.backend == "ray":
+        report = _evaluate_on_ray(ctx, iteration, tasks, served, tokenizer_path, where,
+                                  lambda n: [progress(0, 0, None) for _ in range(n)])
+    else:
+        report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
+                                tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served),
+                                progress=progress)
     infra = check_infra_failures(ctx, where, report.trees)  # a dead server fails the stage, no marker written
     if infra:
         run_logger().warning(f"{where}: {len(report.trees)} trees, {infra_text(infra)} (left unscored)")
     return EvalOutput(metrics=report.metrics(), rows=[r.table_row() for r in report.rows])
+
+
+def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[Task], served: ServedEndpoint,
+                     tokenizer_path: str, where: str, advance) -> "EvalReport":
+    """The evaluation of ``tasks`` in each mode of ``eval`` as shards on the Ray cluster (backend 'ray'): per
+    mode, ``tasks.rollouts.plan_eval_shards`` (objects under ``<folder>/eval/shards/``, folder ``iter-K``, or
+    ``eval`` outside an iteration), read back in task order and summarised as the local backend does
+    (``rao_core.evaluation.report_from_trees``). ``advance(n)``: n more trees finished."""
+    from rao_core.evaluation import EvalReport, report_from_trees
+    from tasks import rollouts
+
+    ev, ex = ctx.config.eval, ctx.config.execution
+    folder = iter_key(iteration) if iteration is not None else "eval"
+    report = EvalReport(graded=ev.graded)
+    for mode in ev.modes:
+        shards = rollouts.plan_eval_shards(tasks, mode=mode, shards=ex.shards, folder=folder)
+        t0 = time.monotonic()
+        results = rollouts.run_on_ray(ctx, iteration, shards, served, tokenizer_path, _policy,
+                                      lambda r: advance(r.num_trees), what=f"{where} ({mode})")
+        trees = rollouts.read_shards(ctx, f"{where} ({mode})", shards, results)
+        report = report + report_from_trees(tasks, trees, mode=mode, graded=ev.graded,
+                                            wall_s=time.monotonic() - t0)
+    return report
 
 
 evaluate_checkpoint = task(run_evaluation, name="evaluate-checkpoint", cache_policy=NONE)  # not resumable: the nightly

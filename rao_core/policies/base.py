@@ -13,6 +13,7 @@ Endpoint policies return the server's token ids and log-probs; scripted policies
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,6 +29,8 @@ class PolicyRequest(BaseModel):
     env: str
     prompt_token_ids: list[int]
     max_tokens: int
+    seed: int | None = None  # sampling seed of this request (``agent.request_seed``); None: the server's own
+    tree_id: str = ""  # the execution tree asking (a pool of servers pins each tree to one); "": none
 
 
 class Generation(BaseModel):
@@ -53,6 +56,12 @@ class Policy(ABC):
     @abstractmethod
     async def generate(self, request: PolicyRequest) -> Generation:
         """Return the next assistant message for ``request.node``; raise PolicyError on failure."""
+
+    def tree_done(self, tree_id: str) -> dict[str, Any]:
+        """Called by the runtime once tree ``tree_id`` has ended (finished, failed or cancelled): a policy that
+        keeps per-tree state (``rao_core.policies.pool.PolicyPool``'s pin) drops it here. Returns entries to
+        record in the tree's ``meta`` (default: none)."""
+        return {}
 
     async def aclose(self) -> None:
         """Release connections (default: nothing)."""

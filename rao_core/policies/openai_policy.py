@@ -31,7 +31,10 @@ class OpenAIPolicy(Policy):
         stop: stop strings (default: end of a code fence).
         request_timeout_s: per HTTP request, seconds.
         max_retries: retries of a transient error (so at most ``max_retries + 1`` attempts).
-        extra_body: extra vLLM sampling fields (e.g. ``{"seed": 0}``).
+        extra_body: extra vLLM sampling fields (e.g. ``{"min_p": 0.05}``).
+
+    A request that carries a ``seed`` (``PolicyRequest.seed``: the rollout's seeds, issue 28) is sent with
+    it, so vLLM draws that request's tokens from its own generator seeded with it.
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", temperature: float = 1.0,
@@ -54,6 +57,7 @@ class OpenAIPolicy(Policy):
         return await self.client.completions.create(
             model=self.model, prompt=request.prompt_token_ids, max_tokens=request.max_tokens,
             temperature=self.temperature, top_p=self.top_p, logprobs=0, stop=self.stop or None,
+            **({"seed": request.seed} if request.seed is not None else {}),
             extra_body={"return_token_ids": True, "include_stop_str_in_output": True,
                         "skip_special_tokens": False, **self.extra_body})
 

@@ -23,6 +23,7 @@ Departures from the paper / project choices:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -58,7 +59,7 @@ def sandbox_limits(config: RuntimeConfig) -> SandboxLimits:
         cpu_total_s=config.cell_cpu_s * config.max_steps_per_node, nproc=config.max_processes,
         fsize_mb=config.max_file_mb, output_cap=max(8 * config.observation_max_chars, 65536),
         result_max_bytes=config.result_max_bytes, result_max_depth=config.result_max_depth,
-        mode=config.sandbox, echo=config.echo_last_expression, nice=config.cell_nice)
+        mode=config.sandbox, echo=config.echo_last_expression, nice=config.cell_nice, work_root=config.work_root)
 
 
 def system_prompt(env: Environment, config: RuntimeConfig, node: Node) -> str:
@@ -153,6 +154,16 @@ def _finalise_tokens(node: Node) -> None:
     node.token_ids, node.assistant_mask, node.behaviour_logprobs = ids, mask, lps
 
 
+def request_seed(tree_seed: int | None, node_id: str, turn: int) -> int | None:
+    """Sampling seed (an int in [0, 2^31)) of turn ``turn`` of node ``node_id`` in a tree seeded ``tree_seed``
+    (``ExecutionTree.seed``): ``int(sha256(f"{tree_seed}|{node_id}|{turn}")[:8 hex digits]) mod 2^31``, so every
+    request of a rollout has its own seed and the same rollout asks for the same seeds wherever it runs; None
+    for an unseeded tree."""
+    if tree_seed is None:
+        return None
+    return int(hashlib.sha256(f"{tree_seed}|{node_id}|{turn}".encode()).hexdigest()[:8], 16) % (2 ** 31)
+
+
 async def _generate(ctx: _TreeCtx, node: Node, prompt_ids: list[int]) -> tuple[Generation, float, float]:
     """One policy call under the shared semaphore; returns (generation, queue_s, generation_s)."""
     cfg = ctx.config
@@ -160,7 +171,9 @@ async def _generate(ctx: _TreeCtx, node: Node, prompt_ids: list[int]) -> tuple[G
     async with ctx.shared.semaphore:
         t1 = time.perf_counter()
         req = PolicyRequest(node=node, env=ctx.env.name, prompt_token_ids=prompt_ids,
-                            max_tokens=cfg.max_new_tokens)
+                            max_tokens=cfg.max_new_tokens, seed=request_seed(ctx.tree.seed, node.node_id,
+                                                                             len(node.turns)),
+                            tree_id=ctx.tree.tree_id)
         gen = await asyncio.wait_for(ctx.shared.policy.generate(req), timeout=cfg.policy_timeout_s)
     return gen, t1 - t0, time.perf_counter() - t1
 
@@ -426,13 +439,13 @@ async def _run_tree_ctx(ctx: _TreeCtx) -> ExecutionTree:
 
 
 def _new_tree(env: Environment, task: Task, policy: Policy, config: RuntimeConfig, tree_id: str | None,
-              group_id: str, rollout_index: int) -> tuple[ExecutionTree, Episode]:
+              group_id: str, rollout_index: int, seed: int | None = None) -> tuple[ExecutionTree, Episode]:
     spec = env.root_goal(task)
     root = Node(node_id="0", depth=0, goal=spec.goal, goal_args=spec.goal_args,
                 max_steps=config.max_steps_per_node)
     tree = ExecutionTree(tree_id=tree_id or uuid.uuid4().hex, env=env.name, task_id=task.task_id,
                          group_id=group_id, rollout_index=rollout_index, root_id=root.node_id, nodes=[root],
-                         policy=getattr(policy, "name", type(policy).__name__),
+                         policy=getattr(policy, "name", type(policy).__name__), seed=seed,
                          meta={"max_depth": config.effective_max_depth, "delegation": config.delegation})
     return tree, env.new_episode(task)
 
@@ -447,28 +460,30 @@ def _shared(policy: Policy, config: RuntimeConfig, tokenizer: Any) -> _Shared:
 
 async def run_tree(env: Environment, task: Task, policy: Policy, config: RuntimeConfig, *, tokenizer: Any,
                    tree_id: str | None = None, group_id: str = "", rollout_index: int = 0,
-                   on_update: TreeCallback | None = None) -> ExecutionTree:
+                   on_update: TreeCallback | None = None, seed: int | None = None) -> ExecutionTree:
     """Grow one execution tree for ``task`` (one rollout). Never raises for rollout failures.
 
     ``tokenizer``: a Hugging Face tokenizer or the checkpoint folder holding one. ``on_update`` is
-    called with the (live) tree after each turn and node end. Failures are recorded in each node's
+    called with the (live) tree after each turn and node end. ``seed``: the rollout's sampling seed
+    (``ExecutionTree.seed``; each policy request gets :func:`request_seed` of it), None: unseeded. Failures are
+    recorded in each node's
     ``end_reason``/``error`` and in ``tree.error``; every node has an end reason on return.
     """
     shared = _shared(policy, config, tokenizer)
     try:
-        return await _run_one(env, task, shared, tree_id, group_id, rollout_index, on_update)
+        return await _run_one(env, task, shared, tree_id, group_id, rollout_index, on_update, seed)
     finally:
         await shared.pool.close()
 
 
 async def _run_one(env: Environment, task: Task, shared: _Shared, tree_id: str | None, group_id: str,
-                   rollout_index: int, on_update: TreeCallback | None) -> ExecutionTree:
+                   rollout_index: int, on_update: TreeCallback | None, seed: int | None = None) -> ExecutionTree:
     try:
-        tree, episode = _new_tree(env, task, shared.policy, shared.config, tree_id, group_id, rollout_index)
+        tree, episode = _new_tree(env, task, shared.policy, shared.config, tree_id, group_id, rollout_index, seed)
     except Exception as e:  # noqa: BLE001 - a bad task gives an empty failed tree, not an exception
         root = Node(node_id="0", goal="", end_reason=EndReason.CANCELLED, error=f"{type(e).__name__}: {e}")
         return ExecutionTree(tree_id=tree_id or uuid.uuid4().hex, env=env.name, task_id=task.task_id,
-                             group_id=group_id, rollout_index=rollout_index, root_id="0", nodes=[root],
+                             group_id=group_id, rollout_index=rollout_index, root_id="0", nodes=[root], seed=seed,
                              error=f"could not start the rollout: {type(e).__name__}: {e}")
     ctx = _TreeCtx(env=env, episode=episode, tree=tree, shared=shared, on_update=on_update)
     try:
@@ -480,18 +495,26 @@ async def _run_one(env: Environment, task: Task, shared: _Shared, tree_id: str |
                 n.end_reason, n.error = EndReason.CANCELLED, tree.error
             _end_node(ctx, n, None)
         return tree
+    finally:  # the policy drops what it kept for the tree (a pool's pin), also when the tree was cancelled
+        try:
+            tree.meta.update(shared.policy.tree_done(tree.tree_id) or {})
+        except Exception:  # noqa: BLE001 - bookkeeping never fails a rollout
+            pass
 
 
 async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, int]], policy: Policy,
                     config: RuntimeConfig, *, tokenizer: Any,
-                    progress: Callable[[int, int, ExecutionTree], None] | bool | None = None
-                    ) -> list[ExecutionTree]:
+                    progress: Callable[[int, int, ExecutionTree], None] | bool | None = None,
+                    seeds: Callable[[Task, int], int | None] | None = None) -> list[ExecutionTree]:
     """Grow G trees per task concurrently; returns them task by task, rollout index 0..G-1.
 
     ``tasks_with_rollouts``: pairs (task, G). Each tree gets ``group_id = task.task_id`` and
     ``rollout_index`` g. All trees share one policy-request semaphore (``max_concurrent_requests``)
     and one REPL pool; at most ``config.max_concurrent_trees`` trees grow at once (the others wait before
     their clock starts).
+
+    ``seeds``: ``seeds(task, g)`` is the sampling seed of rollout g of ``task`` (``ExecutionTree.seed``, e.g.
+    ``rao_core.task_sampling.rollout_seed``); None: every tree unseeded.
 
     ``progress``: a callback ``progress(done, total, tree)`` called as each tree finishes (``done`` trees
     of ``total`` finished), or True/None; unless it is False, a rich bar "rollouts done/total" is drawn
@@ -512,7 +535,8 @@ async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, 
     async def one(task: Task, g: int) -> ExecutionTree:
         nonlocal done_count
         async with gate:  # the tree's clock (wall_s, tree_timeout_s) starts inside
-            tree = await _run_one(env, task, shared, None, task.task_id, g, None)
+            tree = await _run_one(env, task, shared, None, task.task_id, g, None,
+                                  seeds(task, g) if seeds is not None else None)
         done_count += 1
         bar.advance(done=done_count)
         if callable(progress):

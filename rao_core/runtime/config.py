@@ -75,6 +75,8 @@ class RuntimeConfig(BaseModel):
     sandbox: Literal["bwrap", "none"] = Field("bwrap", description="'bwrap' (bubblewrap, default) or "
                                              "'none' (plain subprocess with rlimits; debugging only).")
     repl_pool_size: int = Field(2, ge=0, description="Pre-started idle REPL processes (hide start-up).")
+    work_root: str | None = Field(None, description="Folder that holds the REPLs' work folders (rao-repl-*); "
+                                  "None: the system temporary folder. A Ray shard sets its own (tasks/rollouts.py).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature of endpoint policies.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of endpoint policies.")
     echo_last_expression: bool = Field(False, description="Notebook echo: print the repr of a cell's bare "

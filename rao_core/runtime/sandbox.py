@@ -71,6 +71,7 @@ class SandboxLimits:
     result_max_depth: int = 64  # nesting of containers in a finish() value or tool / launch_subagent arguments
     echo: bool = False  # print the repr of a cell's bare last expression (notebook echo); off by default
     nice: int = 10  # scheduling niceness of the REPL process tree (0: the orchestrator's own), set at exec
+    work_root: str | None = None  # parent folder of the REPLs' work folders (None: the system temporary folder)
 
 
 def check_json_value(value: Any, what: str, *, max_depth: int, max_bytes: int | None) -> str:
@@ -170,7 +171,7 @@ class Repl:
 
     async def _start(self) -> Repl:
         t0 = time.perf_counter()
-        self.workdir = Path(tempfile.mkdtemp(prefix="rao-repl-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="rao-repl-", dir=self.limits.work_root))
         argv = [sys.executable, "-I", "-u", str(SERVER_PATH)]
         if self.limits.mode == "bwrap":
             if os.geteuid() == 0:

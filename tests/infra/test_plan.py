@@ -63,6 +63,27 @@ def test_eight_gpu_plan_of_the_shipped_config():
     assert "lora: adapter 0.53 GB" in text  # 132,120,576 x 4 B
 
 
+def test_the_plan_shows_the_rollout_shards_workers_and_replicas():
+    """``rao run --plan`` says where the rollouts run (issue 28): one process for backend local; for backend ray
+    the shards (whole groups, split as tasks.rollouts.plan_shards splits them), the workers and retries."""
+    from infra.plan import build_plan, format_plan
+
+    local = format_plan(build_plan(_cfg(GPU8, "tasks.tasks_per_iteration=5", "algo.G=4"), 8, 80, config_name=GPU8))
+    assert "  rollouts       this process (execution.backend local, no Ray): 5 groups x G 4 = 20 trees per " \
+           "iteration, one run_trees\n" in local
+    assert "  policy server  1 replica (vLLM): every shard's requests go to it" in local
+    ray = build_plan(_cfg(GPU8, "tasks.tasks_per_iteration=5", "algo.G=4", "execution.backend=ray",
+                          "execution.shards=2", "execution.ray_address=10.0.0.5:6379"), 8, 80, config_name=GPU8)
+    text = format_plan(ray)
+    assert "  rollouts       Ray at 10.0.0.5:6379: 5 groups x G 4 = 20 trees per iteration in 2 shards of 3, 2 " \
+           "groups (whole groups; the seeds of the local backend)\n" in text
+    assert "  Ray workers    one per shard running, 1 CPU each: the cluster's CPUs / 1 at once, at most 2; 2 " \
+           "retries of a shard whose worker is lost\n" in text
+    many = build_plan(_cfg(GPU8, "tasks.tasks_per_iteration=3", "execution.backend=ray", "execution.shards=8"), 8, 80)
+    assert "in 3 shards of 1, 1, 1 groups" in format_plan(many)  # never more shards than groups
+    assert ray.problems == []
+
+
 def test_one_gpu_plan_shares_the_gpu_and_sleeps_vllm():
     from infra.plan import build_plan
 

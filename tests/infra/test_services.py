@@ -103,6 +103,46 @@ def test_services_cli_up_status_down_leaves_nothing(tmp_path):
             os.environ["RAO_HOME"] = old
 
 
+@pytest.mark.services
+@pytest.mark.timeout(900)
+def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(tmp_path):
+    """``rao services up --ray`` starts a local Ray head (issue 28) with the CPUs and object store asked for; a
+    process that takes the services' environment (as ``rao run`` does) joins it with ``execution.ray_address:
+    auto``; ``rao services down`` stops every process of the head's group."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from infra.process import _group_members
+
+    env = {**os.environ, "RAO_HOME": str(tmp_path)}
+    env.pop("RAY_ADDRESS", None)
+    rao = [sys.executable, "-m", "rao_cli.main"]
+    r = subprocess.run(rao + ["services", "up", "--no-s3", "--ray", "--ray-cpus", "1"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state = json.loads((tmp_path / "services" / "state.json").read_text())
+    pid = None
+    try:
+        info = state["ray"]
+        pid = info["pid"]
+        assert info["env"]["RAY_ADDRESS"] == info["url"] and info["url"].startswith("127.0.0.1:")
+        assert (info["cpus"], info["object_store_gib"]) == (1, 1.0)
+        assert len(_group_members(pid)) >= 3  # ray start --block, the GCS and the raylet
+        code = ("import json; from infra.services import apply_service_env; apply_service_env(); "
+                "from tasks.rollouts import connect; print(json.dumps(connect('auto')))")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert (res["CPU"], res["object_store_memory"]) == (1.0, 2 ** 30)
+    finally:
+        r = subprocess.run(rao + ["services", "down"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ray" in r.stdout, r.stdout + r.stderr
+    assert pid is not None and not pid_alive(pid) and _group_members(pid) == []
+    note = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"  # 'auto' no longer finds the stopped head
+    assert not note.exists() or not note.read_text().strip().endswith(info["url"].rsplit(":", 1)[-1])
+
+
 @pytest.mark.vllm
 def test_vllm_chat_completion_with_token_ids_and_logprobs(vllm_tiny):
     from openai import OpenAI

@@ -75,7 +75,7 @@ def test_a_generate_stage_whose_server_died_fails_naming_it_and_writes_no_marker
     subprocess.run(["kill", "-9", str(proc.pid)], check=True)
     proc.proc.wait()
     dead = types.SimpleNamespace(process=proc, pid=proc.pid, alive=proc.alive, stop=proc.stop)
-    monkeypatch.setitem(serve._STATE, "server", dead)
+    monkeypatch.setitem(serve._STATE, "servers", [dead])
     ctx = _ctx(s3=s3_server.settings().__dict__, tasks={"pool_size": 2, "tasks_per_iteration": 2},
                algo={"G": 2}, runtime={"max_depth": 0, "max_steps_per_node": 2, "context_window": 1024,
                                         "max_new_tokens": 64})

@@ -128,7 +128,7 @@ def test_generate_stage_reports_serving_metrics(tmp_path, monkeypatch, tiny):
         urls.append(base_url)
         return vm.parse_metrics(next(texts))
 
-    async def no_trees(env, items, policy, config, *, tokenizer, progress=None):
+    async def no_trees(env, items, policy, config, *, tokenizer, progress=None, seeds=None):
         await asyncio.sleep(0.05)
         return []
 

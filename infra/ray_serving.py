@@ -1,0 +1,241 @@
+"""Policy server replicas placed by Ray (issue 28, item 2): one Ray actor per vLLM replica, holding its process.
+
+With ``execution.backend: ray`` (and ``execution.ray_replicas``, the default) the serve stage
+(``tasks/serve.py``) builds each replica of ``serving.replicas`` as a :class:`RayReplica` instead of a process of
+the flow. Starting it creates a Ray actor (:class:`ReplicaHost`) that asks the cluster for
+``execution.cpus_per_replica`` CPUs and, on a cluster with GPUs, ``tensor_parallel_size x data_parallel_size``
+GPUs: Ray places it on a node that has them (the GPUs are those Ray assigns through ``CUDA_VISIBLE_DEVICES``, or
+the replica's share of ``gpus.serve`` when that list is set: a single node whose trainer GPUs are outside Ray's
+accounting), and the actor
+starts the vLLM server there, listening on that node's IP. Everything that speaks HTTP to the server (the
+checkpoint switch, LoRA loads, sleep and wake-up, the rollouts' requests) goes to that address directly, as for
+a local server; only start, stop, liveness and the diagnosis go through the actor.
+
+Lifetime. The actor is owned by the flow's process: when that process ends, Ray ends the actor, and a guard
+process the actor starts next to the server (:data:`_GUARD`) stops the server's process group once the actor
+is gone, also when the actor was killed without a chance to clean up. A replica's server that dies while its
+actor lives is found by :meth:`RayReplica.alive` at the next switch; the serve stage then ends that actor and
+places a new one.
+
+Departures and limits: the served folder (``<campaign>/served``) is read by the server from its path on the
+driver, so a replica on another node needs that path on shared storage (as the shards need the repository at
+its path, ``tasks/rollouts.py``); on CPU a replica binds the cores of its share (``infra.serving.cpu_share``)
+that its node has, all of them when it has none of them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from infra.process import ServiceError
+from infra.serving import VLLMServer, process_state
+
+# Runs next to a replica's server on its node: waits for the actor's process to end, then stops the server's
+# process group (SIGTERM, SIGKILL 10 s later). argv: the actor's pid and create time, the server's pgid.
+_GUARD = """
+import os, signal, sys, time
+import psutil
+actor, created, group = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+def gone(pid, t):
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - t) > 1 or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+while not gone(actor, created):
+    time.sleep(1)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        break
+    time.sleep(10)
+"""
+
+
+class ReplicaHost:
+    """The body of a replica's Ray actor: one :class:`infra.serving.VLLMServer` on the actor's node.
+
+    Args:
+        server: the replica's server, not started (``infra.serving.server_from_config``); its host becomes the
+            node's IP; without a ``gpus`` list of its own it uses those Ray assigned (``CUDA_VISIBLE_DEVICES`` of
+            the actor's process)."""
+
+    def __init__(self, server: VLLMServer):
+        self.server = server
+        self.guard: subprocess.Popen | None = None
+
+    def start(self) -> dict[str, Any]:
+        """Start the server (wait until healthy) and its guard; returns ``{"host", "port", "pid", "node",
+        "log"}``. Raises ServiceError as :meth:`VLLMServer.start` does."""
+        import psutil
+        import ray
+
+        s = self.server
+        s.host = ray.util.get_node_ip_address()
+        if s.cpus:  # the cores of its share that this node has (all of them when none)
+            s.cpus = [c for c in s.cpus if c in os.sched_getaffinity(0)]
+        s.start()
+        me = psutil.Process()
+        self.guard = subprocess.Popen([sys.executable, "-c", _GUARD, str(me.pid), repr(me.create_time()), str(s.pid)],
+                                      start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+        return {"host": s.host, "port": s.port, "pid": s.pid, "node": ray.get_runtime_context().get_node_id(),
+                "log": str(s.process.log_path) if s.process else "", "phases": dict(s.start_phases)}
+
+    def alive(self) -> bool:
+        """Whether the server process still runs."""
+        return self.server.alive()
+
+    def stop(self) -> None:
+        """Stop the server's process group and the guard."""
+        self.server.stop()
+        if self.guard is not None:
+            self.guard.kill()
+            self.guard.wait(timeout=10)
+
+    def diagnosis(self) -> str:
+        """``the vLLM server (pid P) exited with status -9 (SIGKILL); log F`` and the like
+        (:func:`infra.serving.process_state`)."""
+        return process_state(self.server)
+
+
+_ACTOR: Any = None
+
+
+def _actor_class() -> Any:
+    """:class:`ReplicaHost` as a Ray actor class (made once; Ray is imported only here)."""
+    global _ACTOR
+    if _ACTOR is None:
+        import ray
+
+        _ACTOR = ray.remote(max_restarts=0, max_concurrency=2)(ReplicaHost)
+    return _ACTOR
+
+
+@dataclass
+class RayReplica(VLLMServer):
+    """A policy server replica whose process a Ray actor holds, on the node Ray placed it on; used by the serve
+    stage like a :class:`VLLMServer` (its HTTP methods, ``reload_weights``, ``load_lora``, ``sleep``,
+    ``wake_up``, talk to ``host:port`` directly).
+
+    Extra fields: ``index`` (0-based replica), ``num_cpus`` / ``num_gpus`` (the Ray resources its actor asks
+    for), ``actor`` (the handle, once started), ``node`` (the Ray node id), ``remote_pid`` (the server's pid on
+    its node), ``log`` (its log on its node)."""
+
+    index: int = 0
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    actor: Any = None
+    node: str = ""
+    remote_pid: int | None = None
+    log: str = ""
+    placed_by_ray: bool = True
+
+    @classmethod
+    def of(cls, server: VLLMServer, *, index: int, num_cpus: float, num_gpus: float) -> "RayReplica":
+        """The replica of ``server`` (not started), placed with ``num_cpus`` CPUs and ``num_gpus`` GPUs. With
+        GPUs, the server keeps the devices of its ``gpus.serve`` share when that list is set (one node whose
+        trainer GPUs Ray does not know of: Ray's count only places it), else it takes those Ray assigns."""
+        fields = {k: getattr(server, k) for k in VLLMServer.__dataclass_fields__ if k != "process"}
+        if num_gpus:
+            fields.update(on_gpu=True)
+        return cls(**fields, index=index, num_cpus=num_cpus, num_gpus=num_gpus)
+
+    @property
+    def pid(self) -> int | None:
+        return self.remote_pid
+
+    def _spec(self) -> VLLMServer:
+        """The server the actor starts: this replica's settings (its progress lines stay here: the actor's
+        start reports its phases when it returns)."""
+        fields = {k: getattr(self, k) for k in VLLMServer.__dataclass_fields__
+                  if k not in ("process", "on_progress", "start_phases")}
+        return VLLMServer(**fields)
+
+    def start(self) -> "RayReplica":
+        """Place the actor (waiting at most ``start_timeout_s`` for a node with the resources) and start the
+        server there. Raises ServiceError: no node had the resources in time (the actor is ended), or the
+        server did not start (its log named); at once when no node of the cluster has the resources at all."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        fits = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= self.num_cpus
+                and n.get("Resources", {}).get("GPU", 0) >= self.num_gpus]
+        if not fits:
+            raise ServiceError(f"policy server replica {self.index + 1} asks Ray for {self.num_cpus:g} CPU and "
+                               f"{self.num_gpus:g} GPU, and no node of the cluster has that many "
+                               f"(execution.cpus_per_replica; `ray status`)")
+        say = self.on_progress or (lambda line: None)
+        say(f"vLLM: placing its Ray actor ({self.num_cpus:g} CPU, {self.num_gpus:g} GPU) and starting the server "
+            f"there (its progress is in its log on that node)")
+        actor = _actor_class().options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                                       name=None).remote(self._spec())
+        self.actor = actor
+        try:
+            info = ray.get(actor.start.remote(), timeout=self.start_timeout_s + 30)
+        except GetTimeoutError:
+            ray.kill(actor)
+            self.actor = None
+            raise ServiceError(f"policy server replica {self.index + 1} was not placed and started within "
+                               f"{self.start_timeout_s + 30:.0f} s: no node of the Ray cluster had "
+                               f"{self.num_cpus:g} CPU and {self.num_gpus:g} GPU free for it (`ray status`), or "
+                               f"its server was slow to start") from None
+        except Exception as e:  # noqa: BLE001 - the actor's own error (its ServiceError), one line
+            ray.kill(actor)
+            self.actor = None
+            raise ServiceError(_cause(e)) from None
+        self.host, self.port, self.remote_pid = info["host"], int(info["port"]), int(info["pid"])
+        self.node, self.log, self.start_phases = info["node"], info["log"], dict(info.get("phases") or {})
+        say(f"vLLM: ready on Ray node {self.node[:8]} at {self.base_url} ({self.start_phases.get('ready', 0):.0f} s "
+            f"to start; log {self.log})")
+        return self
+
+    def alive(self) -> bool:
+        """Whether the actor and its server process both live (False when the actor cannot be asked)."""
+        if self.actor is None:
+            return False
+        import ray
+
+        try:
+            return bool(ray.get(self.actor.alive.remote(), timeout=60))
+        except Exception:  # noqa: BLE001 - an actor lost or unreachable: the replica is not alive
+            return False
+
+    def stop(self) -> None:
+        """Stop the server (through the actor), then end the actor; never raises."""
+        if self.actor is None:
+            return
+        import ray
+
+        try:
+            ray.get(self.actor.stop.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - the actor is ended below either way; its guard stops the server
+            pass
+        try:
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001
+            pass
+        self.actor = None
+
+    def diagnosis(self) -> str:
+        """What became of the server (asked of its actor), with the node; never raises."""
+        if self.actor is None:
+            return "the vLLM server was not started (its Ray actor is gone)"
+        import ray
+
+        try:
+            state = ray.get(self.actor.diagnosis.remote(), timeout=30)
+        except Exception as e:  # noqa: BLE001 - the actor itself was lost
+            return f"its Ray actor was lost ({type(e).__name__}); log {self.log or 'unknown'} on node {self.node[:8]}"
+        return f"{state} (Ray node {self.node[:8]}, {self.host})"
+
+
+def _cause(e: BaseException) -> str:
+    """One line from an exception ``ray.get`` raised: the actor's own exception's message when Ray carries it
+    (``RayTaskError.cause``), else the exception's."""
+    return " ".join(str(getattr(e, "cause", None) or e).split())[:300]

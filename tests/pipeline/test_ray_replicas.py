@@ -1,0 +1,168 @@
+"""Policy server replicas placed by Ray (issue 28, item 2; ``infra/ray_serving.py``), on a real local Ray cluster.
+
+The replicas' servers are fake vLLM processes (``tests/pipeline/fake_vllm_main.py``, run through a stand-in
+python given as ``RAO_VLLM_PYTHON``), started by the replicas' Ray actors in the actors' own processes: the
+placement, the switch, a lost server, a lost actor (its guard stops the server) and the clean stop are the
+real code paths; only vLLM is not. The real-vLLM pool is ``test_policy_pool``'s last test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rao_core.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _wait(predicate, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+@pytest.fixture
+def ray_pool(tmp_path, monkeypatch):
+    """A real local Ray cluster of 4 logical CPUs whose replica actors start fake vLLM servers; yields
+    ``(ray, served_root)``. The serve stage's pool is stopped before and after."""
+    ray = pytest.importorskip("ray")
+    from tasks import serve
+    from tasks.rollouts import worker_runtime_env
+
+    fake_python = tmp_path / "fake-python"
+    fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.pipeline.fake_vllm_main \"$@\"\n")
+    fake_python.chmod(fake_python.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("RAO_VLLM_PYTHON", str(fake_python))
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    serve.shutdown_server()
+    ray.init(address="local", num_cpus=4, object_store_memory=200 * 1024 ** 2, include_dashboard=False,
+             log_to_driver=False, runtime_env=worker_runtime_env(), logging_level="WARNING")
+    try:
+        yield ray
+    finally:
+        serve.shutdown_server()
+        ray.shutdown()
+
+
+def _ctx(*sets: str):
+    from tasks.common import RunContext
+
+    cfg = load_config(None, ["name=ray-pool", "execution.backend=ray", "serving.replicas=2", *sets])
+    return RunContext(config=cfg, s3={"endpoint_url": "http://127.0.0.1:9", "bucket": "rao"}, mlflow_uri="")
+
+
+def _ckpt(tmp_path: Path, name: str):
+    from tasks.records import Checkpoint
+
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"name": name}))
+    return Checkpoint(name=name, local=str(d))
+
+
+def _fake_record(ctx, port: int) -> dict:
+    return json.loads((ctx.local("served").parent / f"fake-{port}.json").read_text())
+
+
+def _posts(url: str) -> list[str]:
+    import httpx
+
+    return httpx.get(url.removesuffix("/v1") + "/fake/posts", timeout=10).json()
+
+
+@pytest.mark.services
+@pytest.mark.timeout(600)
+def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost(ray_pool, tmp_path):
+    """2 replicas on a local Ray cluster: each a Ray actor (1 CPU reserved) whose process started its server
+    on the node's IP; the switch to iter-1 reloads both through their own URLs; a server killed between
+    iterations is replaced by a new actor (the old one ended) while the other reloads; an actor killed outright
+    takes its server down (the guard); the pool's stop ends every actor and server."""
+    ray = ray_pool
+    from infra.ray_serving import RayReplica
+    from tasks import serve
+
+    ctx = _ctx()
+    first = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-0"))
+    servers = list(serve._STATE["servers"])
+    assert [r.how for r in first.replicas] == ["start", "start"] and len(set(first.urls)) == 2
+    assert all(isinstance(s, RayReplica) and s.actor is not None for s in servers)
+    node_ip = ray.util.get_node_ip_address()
+    records = [_fake_record(ctx, s.port) for s in servers]
+    for s, rec in zip(servers, records):
+        assert s.base_url == f"http://{node_ip}:{s.port}/v1" and rec["host"] == node_ip
+        assert rec["pid"] == s.pid and rec["ppid"] != os.getpid()  # started by the actor's process, not here
+        assert "ray" in " ".join(psutil.Process(rec["ppid"]).cmdline()).lower()
+        assert "--host" in rec["argv"] and rec["argv"][rec["argv"].index("--host") + 1] == node_ip
+    assert [rec["bind"] for rec in records] == ["0", "1"]  # each its share of this machine's 2 cores
+    assert ray.available_resources().get("CPU", 0) == 2.0  # 4 - 1 CPU held by each replica's actor
+
+    second = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-1"))
+    assert [(r.checkpoint, r.how, r.base_url) for r in second.replicas] == \
+        [("iter-1", "reload", u) for u in first.urls]
+    assert all(_posts(u)[:2] == ["/collective_rpc", "/reset_prefix_cache"] for u in first.urls)
+
+    old = servers[1]
+    old_actor = old.actor
+    os.kill(old.pid, signal.SIGKILL)  # replica 2's server lost; its actor lives on
+    third = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-2"))
+    assert [(r.checkpoint, r.how) for r in third.replicas] == [("iter-2", "reload"), ("iter-2", "start")]
+    assert third.urls[0] == first.urls[0] and third.urls[1] != first.urls[1]
+    with pytest.raises(ray.exceptions.RayActorError):  # the old actor was ended, not left holding its CPU
+        ray.get(old_actor.alive.remote(), timeout=30)
+    assert "the vLLM server (pid" in serve.server_diagnosis(ctx) and "Ray node" in serve.server_diagnosis(ctx)
+
+    lost = serve._STATE["servers"][0]
+    ray.kill(lost.actor)  # an actor lost outright (its node's worker killed): its guard stops the server
+    assert _wait(lambda: not psutil.pid_exists(lost.pid) or psutil.Process(lost.pid).status() == "zombie", 40)
+    assert not lost.alive()
+    pids = [s.pid for s in serve._STATE["servers"]]
+    serve.shutdown_server()
+    assert _wait(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids))
+    assert _wait(lambda: ray.available_resources().get("CPU", 0) == 4.0)  # every actor ended
+
+
+@pytest.mark.services
+@pytest.mark.timeout(300)
+def test_a_replica_no_node_can_hold_fails_at_once_naming_what_it_asked_for(ray_pool, tmp_path):
+    from infra.process import ServiceError
+    from tasks import serve
+
+    ctx = _ctx("execution.cpus_per_replica=8")
+    t0 = time.monotonic()
+    with pytest.raises(ServiceError, match=r"replica 1/2 .*asks Ray for 8 CPU and 0 GPU, and no node of the "
+                                           r"cluster has that many \(execution.cpus_per_replica"):
+        serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-0"))
+    assert time.monotonic() - t0 < 60
+
+
+def test_the_local_backend_and_ray_replicas_off_keep_processes_of_the_flow(tmp_path):
+    """No Ray: ``execution.backend local`` (or ``ray_replicas: false``) builds plain VLLMServer processes."""
+    from infra.ray_serving import RayReplica
+    from infra.serving import VLLMServer, server_from_config
+
+    for sets in ([], ["execution.backend=ray", "execution.ray_replicas=false"]):
+        cfg = load_config(None, ["name=x", "serving.replicas=2", *sets])
+        server = server_from_config(cfg, tmp_path, replica=1, on_gpu=False)
+        assert type(server) is VLLMServer and server.host == "127.0.0.1"
+    def replica(*sets: str):
+        cfg = load_config(None, ["name=x", "serving.replicas=2", *sets])
+        return RayReplica.of(server_from_config(cfg, tmp_path, replica=1, on_gpu=True), index=1, num_cpus=1,
+                             num_gpus=1)
+
+    explicit, assigned = replica("gpus.serve=[0,1]"), replica()
+    assert explicit.gpus == [1] and assigned.gpus == [] and explicit.on_gpu and assigned.on_gpu
+    assert explicit.pid is None and not explicit.alive() and type(explicit._spec()) is VLLMServer
+    assert explicit._spec()._env()["CUDA_VISIBLE_DEVICES"] == "1"  # gpus.serve's device, not Ray's
+    assert "CUDA_VISIBLE_DEVICES" not in assigned._spec()._env()  # Ray's, from the actor's environment
