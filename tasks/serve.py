@@ -122,8 +122,17 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
         from infra.ray_serving import RayReplica
         from tasks.rollouts import connect
 
-        gpus = connect(ex.ray_address).get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own
+        resources = connect(ex.ray_address)
+        gpus = resources.get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own
         k = cfg.tensor_parallel_size * cfg.data_parallel_size
+        left = resources.get("CPU", 0) - cfg.replicas * ex.cpus_per_replica
+        if left < ex.cpus_per_shard:
+            raise ServiceError(f"the Ray cluster has {resources.get('CPU', 0):g} CPUs: {cfg.replicas} policy server "
+                               f"replica(s) x execution.cpus_per_replica {ex.cpus_per_replica:g} would leave "
+                               f"{max(left, 0):g}, fewer than one shard's execution.cpus_per_shard "
+                               f"{ex.cpus_per_shard:g} (the shards would wait forever): set "
+                               f"execution.cpus_per_replica=0, or give Ray more CPUs (rao services up --ray "
+                               f"--ray-cpus N, ray start --num-cpus N)")
 
     def new(i: int):
         if not on_ray:

@@ -135,7 +135,7 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
 
 @pytest.mark.services
 @pytest.mark.timeout(300)
-def test_a_replica_no_node_can_hold_fails_at_once_naming_what_it_asked_for(ray_pool, tmp_path):
+def test_replicas_the_cluster_cannot_hold_or_that_starve_the_shards_fail_at_once(ray_pool, tmp_path):
     from infra.process import ServiceError
     from tasks import serve
 
@@ -145,6 +145,9 @@ def test_a_replica_no_node_can_hold_fails_at_once_naming_what_it_asked_for(ray_p
                                            r"cluster has that many \(execution.cpus_per_replica"):
         serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-0"))
     assert time.monotonic() - t0 < 60
+    with pytest.raises(ServiceError, match=r"the Ray cluster has 4 CPUs: 2 policy server replica\(s\) x "
+                                           r"execution.cpus_per_replica 2 would leave 0, fewer than one shard's"):
+        serve.serve_checkpoint.fn(_ctx("execution.cpus_per_replica=2"), _ckpt(tmp_path, "iter-0"))
 
 
 def test_the_local_backend_and_ray_replicas_off_keep_processes_of_the_flow(tmp_path):
