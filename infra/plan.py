@@ -328,11 +328,14 @@ def rollout_placement(cfg: CampaignConfig) -> list[str]:
     s = cfg.serving
     n_rep = s.pool_size
     k = s.tensor_parallel_size * s.data_parallel_size
-    actors = (f"vLLM as Ray actors placed by Ray, each {ex.cpus_per_replica:g} CPU (and {k} GPU on a cluster "
-              f"with GPUs), its server on its node's IP") if ex.backend == "ray" and ex.ray_replicas else ""
+    cpus = f"{ex.cpus_per_replica:g} Ray CPU" if ex.cpus_per_replica else "no Ray CPU"
+    gpus = (f"GPUs {' | '.join(_ranges(cfg.gpus.serve[i * k:(i + 1) * k]) for i in range(n_rep))} of gpus.serve "
+            f"when on the flow's node" if cfg.gpus.serve else f"{k} GPU each on a cluster with GPUs, as Ray assigns")
+    actors = (f"vLLM as Ray actors (scheduling SPREAD over the nodes), {cpus} each, {gpus}, each server on its "
+              f"node's IP") if ex.backend == "ray" and ex.ray_replicas else ""
     if n_rep == 1:
         where = (f"external at {s.base_url}" if s.base_url else
-                 f"vLLM, a Ray actor placed by Ray, {ex.cpus_per_replica:g} CPU" if actors else "vLLM")
+                 actors.replace("Ray actors", "a Ray actor").replace(" each", "") if actors else "vLLM")
         return out + [f"policy server  1 replica ({where}): every shard's requests go to it"]
     if s.base_urls:
         where = f"external at {', '.join(s.base_urls)}"
@@ -409,6 +412,8 @@ def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_nam
             # the campaign serves a copy of the checkpoint (tasks/serve.py: $RAO_HOME/campaigns/NAME/served)
             srv = server_from_config(cfg, rao_home() / "campaigns" / cfg.name / "served", on_gpu=True, replica=i)
             srv.port = 8000 + i  # a free port is picked at start
+            if cfg.execution.backend == "ray" and cfg.execution.ray_replicas:
+                srv.host = "NODE_IP"  # a Ray actor's server listens on its node's address
             env = srv._env()
             shown = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE",
                                          "VLLM_ALLOW_RUNTIME_LORA_UPDATING") if k in env}

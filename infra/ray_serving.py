@@ -34,27 +34,45 @@ from typing import Any
 from infra.process import ServiceError
 from infra.serving import VLLMServer, process_state
 
-# Runs next to a replica's server on its node: waits for the actor's process to end, then stops the server's
-# process group (SIGTERM, SIGKILL 10 s later). argv: the actor's pid and create time, the server's pgid.
+# Runs next to a replica's server on its node, detached (it forks once and its parent exits at once, so it is no
+# child of the actor's worker process, which Ray may clean up with the worker): waits for the actor's process to
+# end, then stops the server's process group (SIGTERM, SIGKILL 10 s later) if its leader is still the process
+# it was (same create time: a reused pid is never signalled). argv: the actor's pid and create time, the
+# server's pid (its group's id) and create time.
 _GUARD = """
 import os, signal, sys, time
+if os.fork():
+    os._exit(0)
 import psutil
-actor, created, group = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-def gone(pid, t):
+actor, actor_t, group, group_t = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+def same(pid, t):
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - t) > 1 or p.status() == psutil.STATUS_ZOMBIE
+        return abs(p.create_time() - t) < 1 and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        return True
-while not gone(actor, created):
+        return False
+while same(actor, actor_t) and same(group, group_t):
     time.sleep(1)
-for sig in (signal.SIGTERM, signal.SIGKILL):
-    try:
-        os.killpg(group, sig)
-    except ProcessLookupError:
-        break
-    time.sleep(10)
+if same(group, group_t):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(10)
 """
+
+
+def start_guard(server_pid: int) -> None:
+    """Start the guard (:data:`_GUARD`) of the server process ``server_pid`` (its group's leader) for this process
+    (the replica's actor): once this process is gone, the server's group is stopped. Returns at once."""
+    import psutil
+
+    me, srv = psutil.Process(), psutil.Process(server_pid)
+    launcher = subprocess.Popen([sys.executable, "-c", _GUARD, str(me.pid), repr(me.create_time()), str(server_pid),
+                                 repr(srv.create_time())], start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher.wait(timeout=30)  # the guard itself runs on, detached
 
 
 class ReplicaHost:
@@ -62,29 +80,44 @@ class ReplicaHost:
 
     Args:
         server: the replica's server, not started (``infra.serving.server_from_config``); its host becomes the
-            node's IP; without a ``gpus`` list of its own it uses those Ray assigned (``CUDA_VISIBLE_DEVICES`` of
-            the actor's process)."""
+            node's IP; it uses the GPUs Ray assigned (``CUDA_VISIBLE_DEVICES`` of the actor's process) unless it
+            has a ``gpus`` list of its own (``gpus.serve``) and runs on the driver's node.
+        driver_node: the Ray node id of the flow's process."""
 
-    def __init__(self, server: VLLMServer):
+    def __init__(self, server: VLLMServer, driver_node: str = ""):
         self.server = server
-        self.guard: subprocess.Popen | None = None
+        self.driver_node = driver_node
+        self.guarded = False
+
+    def ready(self) -> str:
+        """The node this actor was placed on (returns once the actor is placed and constructed)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def _guard(self, _line: str = "") -> None:
+        """Start the server's guard as soon as its process exists (the first progress line of its start)."""
+        proc = self.server.process.proc if self.server.process is not None else None
+        if not self.guarded and proc is not None:
+            start_guard(proc.pid)
+            self.guarded = True
 
     def start(self) -> dict[str, Any]:
-        """Start the server (wait until healthy) and its guard; returns ``{"host", "port", "pid", "node",
-        "log"}``. Raises ServiceError as :meth:`VLLMServer.start` does."""
-        import psutil
+        """Start the server (wait until healthy), guarded from the moment its process exists; returns ``{"host",
+        "port", "pid", "node", "log", "phases"}``. Raises ServiceError as :meth:`VLLMServer.start` does."""
         import ray
 
         s = self.server
+        node = ray.get_runtime_context().get_node_id()
         s.host = ray.util.get_node_ip_address()
+        if s.gpus and node != self.driver_node:  # gpus.serve names the driver node's devices, not this one's
+            s.gpus = []
         if s.cpus:  # the cores of its share that this node has (all of them when none)
             s.cpus = [c for c in s.cpus if c in os.sched_getaffinity(0)]
+        s.on_progress = self._guard
         s.start()
-        me = psutil.Process()
-        self.guard = subprocess.Popen([sys.executable, "-c", _GUARD, str(me.pid), repr(me.create_time()), str(s.pid)],
-                                      start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
-        return {"host": s.host, "port": s.port, "pid": s.pid, "node": ray.get_runtime_context().get_node_id(),
+        self._guard()
+        return {"host": s.host, "port": s.port, "pid": s.pid, "node": node,
                 "log": str(s.process.log_path) if s.process else "", "phases": dict(s.start_phases)}
 
     def alive(self) -> bool:
@@ -92,16 +125,35 @@ class ReplicaHost:
         return self.server.alive()
 
     def stop(self) -> None:
-        """Stop the server's process group and the guard."""
+        """Stop the server's process group (its guard then ends by itself)."""
         self.server.stop()
-        if self.guard is not None:
-            self.guard.kill()
-            self.guard.wait(timeout=10)
 
     def diagnosis(self) -> str:
         """``the vLLM server (pid P) exited with status -9 (SIGKILL); log F`` and the like
         (:func:`infra.serving.process_state`)."""
         return process_state(self.server)
+
+
+def check_placement(replicas: int, num_cpus: float, num_gpus: float, cpus_per_shard: float) -> None:
+    """Refuse, before anything starts, a pool the Ray cluster (this process is connected to) cannot run:
+    no node has ``num_cpus`` CPUs and ``num_gpus`` GPUs for one replica's actor, or the replicas' CPUs would
+    leave fewer than ``cpus_per_shard`` for one rollout shard (the shards would wait forever).
+
+    Raises ServiceError naming what was asked and what to change."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if not any(r.get("CPU", 0) >= num_cpus and r.get("GPU", 0) >= num_gpus for r in nodes):
+        raise ServiceError(f"a policy server replica asks Ray for {num_cpus:g} CPU and {num_gpus:g} GPU, and no node "
+                           f"of the cluster has that many (execution.cpus_per_replica; `ray status`)")
+    total = sum(r.get("CPU", 0) for r in nodes)
+    left = total - replicas * num_cpus
+    if left < cpus_per_shard:
+        raise ServiceError(f"the Ray cluster has {total:g} CPUs: {replicas} policy server replica(s) x "
+                           f"execution.cpus_per_replica {num_cpus:g} would leave {max(left, 0):g}, fewer than one "
+                           f"shard's execution.cpus_per_shard {cpus_per_shard:g} (the shards would wait forever): "
+                           f"set execution.cpus_per_replica=0, or give Ray more CPUs (rao services up --ray "
+                           f"--ray-cpus N, ray start --num-cpus N)")
 
 
 _ACTOR: Any = None
@@ -139,8 +191,9 @@ class RayReplica(VLLMServer):
     @classmethod
     def of(cls, server: VLLMServer, *, index: int, num_cpus: float, num_gpus: float) -> "RayReplica":
         """The replica of ``server`` (not started), placed with ``num_cpus`` CPUs and ``num_gpus`` GPUs. With
-        GPUs, the server keeps the devices of its ``gpus.serve`` share when that list is set (one node whose
-        trainer GPUs Ray does not know of: Ray's count only places it), else it takes those Ray assigns."""
+        GPUs, the server keeps the devices of its ``gpus.serve`` share when that list is set and its actor runs on
+        the flow's node (the trainer's devices are the rest of that node's: Ray's count only places it), else it
+        takes those Ray assigns."""
         fields = {k: getattr(server, k) for k in VLLMServer.__dataclass_fields__ if k != "process"}
         if num_gpus:
             fields.update(on_gpu=True)
@@ -158,42 +211,50 @@ class RayReplica(VLLMServer):
         return VLLMServer(**fields)
 
     def start(self) -> "RayReplica":
-        """Place the actor (waiting at most ``start_timeout_s`` for a node with the resources) and start the
-        server there. Raises ServiceError: no node had the resources in time (the actor is ended), or the
-        server did not start (its log named); at once when no node of the cluster has the resources at all."""
+        """Place the actor (waiting at most ``start_timeout_s`` for a node with the resources: ``SPREAD`` over the
+        nodes), then start the server there (at most ``start_timeout_s`` + 90 s, the server's own limits plus its
+        model listing). Raises ServiceError (the actor ended, its server with it): not placed in time, or the
+        server did not start (its log named)."""
         import ray
         from ray.exceptions import GetTimeoutError
 
-        fits = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= self.num_cpus
-                and n.get("Resources", {}).get("GPU", 0) >= self.num_gpus]
-        if not fits:
-            raise ServiceError(f"policy server replica {self.index + 1} asks Ray for {self.num_cpus:g} CPU and "
-                               f"{self.num_gpus:g} GPU, and no node of the cluster has that many "
-                               f"(execution.cpus_per_replica; `ray status`)")
         say = self.on_progress or (lambda line: None)
         say(f"vLLM: placing its Ray actor ({self.num_cpus:g} CPU, {self.num_gpus:g} GPU) and starting the server "
             f"there (its progress is in its log on that node)")
         actor = _actor_class().options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
-                                       name=None).remote(self._spec())
+                                       scheduling_strategy="SPREAD").remote(
+            self._spec(), ray.get_runtime_context().get_node_id())
         self.actor = actor
+        step, limit = "placed", self.start_timeout_s
         try:
-            info = ray.get(actor.start.remote(), timeout=self.start_timeout_s + 30)
+            self.node = ray.get(actor.ready.remote(), timeout=limit)
+            step, limit = "started", self.start_timeout_s + 90
+            info = ray.get(actor.start.remote(), timeout=limit)
         except GetTimeoutError:
-            ray.kill(actor)
-            self.actor = None
-            raise ServiceError(f"policy server replica {self.index + 1} was not placed and started within "
-                               f"{self.start_timeout_s + 30:.0f} s: no node of the Ray cluster had "
-                               f"{self.num_cpus:g} CPU and {self.num_gpus:g} GPU free for it (`ray status`), or "
-                               f"its server was slow to start") from None
+            self._end()
+            raise ServiceError(f"policy server replica {self.index + 1} was not {step} within {limit:.0f} s"
+                               + (f": no node of the Ray cluster had {self.num_cpus:g} CPU and {self.num_gpus:g} GPU "
+                                  f"free for it (`ray status`)" if step == "placed" else "")) from None
         except Exception as e:  # noqa: BLE001 - the actor's own error (its ServiceError), one line
-            ray.kill(actor)
-            self.actor = None
+            self._end()
             raise ServiceError(_cause(e)) from None
         self.host, self.port, self.remote_pid = info["host"], int(info["port"]), int(info["pid"])
         self.node, self.log, self.start_phases = info["node"], info["log"], dict(info.get("phases") or {})
         say(f"vLLM: ready on Ray node {self.node[:8]} at {self.base_url} ({self.start_phases.get('ready', 0):.0f} s "
             f"to start; log {self.log})")
         return self
+
+    def _end(self) -> None:
+        """End the actor (its server's guard then stops the server) and forget where it ran."""
+        import ray
+
+        if self.actor is not None:
+            try:
+                ray.kill(self.actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actor, self.remote_pid = None, None
+        self.port, self.host = 0, "127.0.0.1"  # a new actor may run on another node: a new port there
 
     def alive(self) -> bool:
         """Whether the actor and its server process both live (False when the actor cannot be asked)."""
@@ -216,11 +277,7 @@ class RayReplica(VLLMServer):
             ray.get(self.actor.stop.remote(), timeout=60)
         except Exception:  # noqa: BLE001 - the actor is ended below either way; its guard stops the server
             pass
-        try:
-            ray.kill(self.actor)
-        except Exception:  # noqa: BLE001
-            pass
-        self.actor = None
+        self._end()
 
     def diagnosis(self) -> str:
         """What became of the server (asked of its actor), with the node; never raises."""

@@ -322,11 +322,15 @@ class ExecutionSettings(_Strict):
     ray_replicas: bool = Field(True, description="With backend 'ray', the serve stage's vLLM servers (every "
                                "replica of serving.replicas) are Ray actors placed by Ray on a node with the "
                                "resources they ask for (cpus_per_replica CPUs; on a cluster with GPUs, tensor x "
-                               "data parallel GPUs, which Ray assigns), each holding its server process "
+                               "data parallel GPUs: gpus.serve's when set and on the flow's node, else those Ray "
+                               "assigns), spread over the nodes, each holding its server process "
                                "(infra/ray_serving.py). False: processes of the flow on its own machine.")
-    cpus_per_replica: float = Field(1.0, ge=0, description="Ray CPUs a policy server replica's actor reserves "
-                                    "while it lives (ray_replicas); 0 lets shards and replicas share the cores of "
-                                    "a small machine.")
+    cpus_per_replica: float = Field(0.0, ge=0, description="Ray CPUs a policy server replica's actor reserves "
+                                    "while it lives (ray_replicas). 0 (default): the replicas are placed by their "
+                                    "GPUs (on a cluster with GPUs) and spread over the nodes, and the shards keep "
+                                    "every Ray CPU (on a CPU machine the servers' cores are theirs by "
+                                    "VLLM_CPU_OMP_THREADS_BIND, outside Ray's count); > 0 reserves them, and the "
+                                    "cluster must keep cpus_per_shard for one shard besides.")
 
 
 class StorageSettings(_Strict):

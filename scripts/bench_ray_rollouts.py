@@ -52,20 +52,22 @@ def main() -> None:
 
     model = tiny_model_path() if args.model == "tiny" else rao_home() / "models" / "smollm2-135m-instruct"
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    s3 = SeaweedFSServer(data_dir=work / "s3", log_dir=work / "logs").start()
+    s3 = SeaweedFSServer(data_dir=work / "s3", log_dir=work / "logs")
     server = VLLMServer(model, served_model_name="policy", max_model_len=2048, log_dir=work / "logs")
-    print(f"starting vLLM on {model.name} and a local Ray cluster ({args.ray_cpus} CPUs) ...", flush=True)
-    server.start()
-    ray.init(address="local", num_cpus=args.ray_cpus, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
-             log_to_driver=False, runtime_env=worker_runtime_env(), logging_level="WARNING")
-    served = ServedEndpoint(base_url=server.base_url, model=server.model)
     modes = {"local": {}, "ray-1": {"execution.backend": "ray", "execution.shards": 1},
              "ray-2": {"execution.backend": "ray", "execution.shards": 2}}
     order = list(modes)
     walls: dict[str, list[float]] = {m: [] for m in modes}
     tree_walls: dict[str, list[float]] = {m: [] for m in modes}
     identity: dict[str, list[tuple]] = {}
-    try:
+    try:  # everything started is stopped, also when a start fails
+        s3.start()
+        print(f"starting vLLM on {model.name} and a local Ray cluster ({args.ray_cpus} CPUs) ...", flush=True)
+        server.start()
+        ray.init(address="local", num_cpus=args.ray_cpus, object_store_memory=300 * 1024 ** 2,
+                 include_dashboard=False, log_to_driver=False, runtime_env=worker_runtime_env(),
+                 logging_level="WARNING")
+        served = ServedEndpoint(base_url=server.base_url, model=server.model)
         for r in range(args.repeats):
             for mode in order[r % 3:] + order[:r % 3]:
                 cfg = load_config(None, {"name": f"bench-{mode}-{r}", "tasks.tasks_per_iteration": args.tasks,

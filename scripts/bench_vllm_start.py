@@ -45,14 +45,20 @@ def main() -> None:
             server = server_from_config(cfg, Path(cfg.model.path), log_dir=work / "logs", switching=False)
             server.on_progress = lambda line: print(f"  {line}", flush=True)
             print(f"{label} start {sum(1 for r in rows if r[0] == label) + 1}/{args.repeats}", flush=True)
-            server.start()
+            try:
+                server.start()
+            except BaseException:
+                server.stop()
+                raise
             body = {"model": server.model, "prompt": "Count from one to fifty in words:", "max_tokens": 256,
                     "temperature": 0.0, "ignore_eos": True}
-            t0 = time.monotonic()
-            r = httpx.post(f"{server.base_url}/completions", json=body, timeout=300).json()
-            rows.append((label, dict(server.start_phases),
-                         r["usage"]["completion_tokens"] / (time.monotonic() - t0)))
-            server.stop()
+            try:
+                t0 = time.monotonic()
+                r = httpx.post(f"{server.base_url}/completions", json=body, timeout=300).json()
+                rows.append((label, dict(server.start_phases),
+                             r["usage"]["completion_tokens"] / (time.monotonic() - t0)))
+            finally:
+                server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     phases = list(dict.fromkeys(p for _, ph, _ in rows for p in ph))

@@ -119,20 +119,13 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     ex = ctx.config.execution
     on_ray = ex.backend == "ray" and ex.ray_replicas
     if on_ray:
-        from infra.ray_serving import RayReplica
+        from infra.ray_serving import RayReplica, check_placement
         from tasks.rollouts import connect
 
         resources = connect(ex.ray_address)
         gpus = resources.get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own
         k = cfg.tensor_parallel_size * cfg.data_parallel_size
-        left = resources.get("CPU", 0) - cfg.replicas * ex.cpus_per_replica
-        if left < ex.cpus_per_shard:
-            raise ServiceError(f"the Ray cluster has {resources.get('CPU', 0):g} CPUs: {cfg.replicas} policy server "
-                               f"replica(s) x execution.cpus_per_replica {ex.cpus_per_replica:g} would leave "
-                               f"{max(left, 0):g}, fewer than one shard's execution.cpus_per_shard "
-                               f"{ex.cpus_per_shard:g} (the shards would wait forever): set "
-                               f"execution.cpus_per_replica=0, or give Ray more CPUs (rao services up --ray "
-                               f"--ray-cpus N, ray start --num-cpus N)")
+        check_placement(cfg.replicas, ex.cpus_per_replica, k if gpus else 0, ex.cpus_per_shard)
 
     def new(i: int):
         if not on_ray:
@@ -291,7 +284,8 @@ def server_diagnosis(ctx: RunContext) -> str:
                 return f"the external policy servers {', '.join(s.base_urls)} (serving.base_urls)"
             return f"the external policy server {s.base_url} (serving.base_url)"
         servers = _STATE["servers"]
-        if not servers or all(getattr(x, "process", None) is None for x in servers):
+        if not servers or all(getattr(x, "process", None) is None and not getattr(x, "placed_by_ray", False)
+                              for x in servers):
             return "no vLLM server was started by this process"
         if len(servers) == 1:
             return _diagnose(servers[0])
@@ -304,7 +298,7 @@ def shutdown_server() -> None:
     """Stop the flow's vLLM servers (every replica), if any (and drop their records)."""
     with _LOCK:
         for server in _STATE["servers"]:
-            pid = server.pid
+            pid = None if getattr(server, "placed_by_ray", False) else server.pid  # a record is of this machine
             server.stop()
             forget_server(pid)
         _STATE.update(servers=[], served=None, lora=None)

@@ -250,8 +250,9 @@ def test_the_plan_shows_every_replica():
     ray_text = format_plan(build_plan(load_config(GPU8, ["serving.replicas=4", "serving.data_parallel_size=1",
                                                          "execution.backend=ray", "execution.ray_replicas=true"],
                                                   check_paths=False), 8, 80, config_name=GPU8))
-    assert "policy server  4 replicas (vLLM as Ray actors placed by Ray, each 1 CPU (and 1 GPU on a cluster " \
-           "with GPUs), its server on its node's IP" in ray_text
+    assert "policy server  4 replicas (vLLM as Ray actors (scheduling SPREAD over the nodes), no Ray CPU each, " \
+           "GPUs 0 | 1 | 2 | 3 of gpus.serve when on the flow's node, each server on its node's IP" in ray_text
+    assert "--host NODE_IP --port 8000" in ray_text
     assert "a new tree to the replica with the fewest trees in flight (counted per shard" in text
     assert "pool: each of the 4 replicas gets the checkpoint at the same time" in text
 

@@ -76,6 +76,13 @@ def _fake_record(ctx, port: int) -> dict:
     return json.loads((ctx.local("served").parent / f"fake-{port}.json").read_text())
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _posts(url: str) -> list[str]:
     import httpx
 
@@ -88,12 +95,13 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
     """2 replicas on a local Ray cluster: each a Ray actor (1 CPU reserved) whose process started its server
     on the node's IP; the switch to iter-1 reloads both through their own URLs; a server killed between
     iterations is replaced by a new actor (the old one ended) while the other reloads; an actor killed outright
-    takes its server down (the guard); the pool's stop ends every actor and server."""
+    takes its server's whole process group down (the guard, detached from the actor's worker); the pool's stop
+    ends every actor and server."""
     ray = ray_pool
     from infra.ray_serving import RayReplica
     from tasks import serve
 
-    ctx = _ctx()
+    ctx = _ctx("execution.cpus_per_replica=1")
     first = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-0"))
     servers = list(serve._STATE["servers"])
     assert [r.how for r in first.replicas] == ["start", "start"] and len(set(first.urls)) == 2
@@ -124,12 +132,14 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
     assert "the vLLM server (pid" in serve.server_diagnosis(ctx) and "Ray node" in serve.server_diagnosis(ctx)
 
     lost = serve._STATE["servers"][0]
-    ray.kill(lost.actor)  # an actor lost outright (its node's worker killed): its guard stops the server
-    assert _wait(lambda: not psutil.pid_exists(lost.pid) or psutil.Process(lost.pid).status() == "zombie", 40)
+    group = [lost.pid, _fake_record(ctx, lost.port)["child"]]  # the server and the child in its group
+    assert all(_running(p) for p in group)
+    ray.kill(lost.actor)  # an actor lost outright (its node's worker killed): its guard stops the server's group
+    assert _wait(lambda: not any(_running(p) for p in group), 40)
     assert not lost.alive()
     pids = [s.pid for s in serve._STATE["servers"]]
     serve.shutdown_server()
-    assert _wait(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids))
+    assert _wait(lambda: not any(_running(p) for p in pids))
     assert _wait(lambda: ray.available_resources().get("CPU", 0) == 4.0)  # every actor ended
 
 
@@ -141,8 +151,8 @@ def test_replicas_the_cluster_cannot_hold_or_that_starve_the_shards_fail_at_once
 
     ctx = _ctx("execution.cpus_per_replica=8")
     t0 = time.monotonic()
-    with pytest.raises(ServiceError, match=r"replica 1/2 .*asks Ray for 8 CPU and 0 GPU, and no node of the "
-                                           r"cluster has that many \(execution.cpus_per_replica"):
+    with pytest.raises(ServiceError, match=r"^a policy server replica asks Ray for 8 CPU and 0 GPU, and no node of "
+                                           r"the cluster has that many \(execution.cpus_per_replica"):
         serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-0"))
     assert time.monotonic() - t0 < 60
     with pytest.raises(ServiceError, match=r"the Ray cluster has 4 CPUs: 2 policy server replica\(s\) x "
