@@ -197,14 +197,15 @@ def replace_section(doc: Path, title: str, md: str) -> None:
 def seeds_markdown(experiment: str, records: list[dict[str, Any]]) -> str:
     """Side-by-side and pooled results of several seeds of one experiment (``records``: their
     ``docs/results/*.json`` records): per seed, the recursive arm's warm start vs last iteration and the
-    arms at the last iteration on the first difficulty; pooled: successes summed over seeds, with the
-    same one-sided two-proportion z-tests on the sums (seeds treated as one larger sample)."""
+    arms at the last iteration on the first difficulty (computed from the points for records older than
+    ``arm_tests``); pooled: successes summed over seeds, with the same one-sided two-proportion z-tests on the
+    sums (seeds treated as one larger sample); recursive vs single over the seeds that ran both arms only."""
     from rao_core.evaluation import wilson_interval
 
     lines = [f"## Seeds: {experiment}", "",
              "| seed | record | recursive: warm start | recursive: last | p (last > warm start) | single: last | "
              "p (recursive > single) |", "|---|---|---|---|---|---|---|"]
-    tot = {"base": [0.0, 0], "final": [0.0, 0], "single": [0.0, 0]}
+    tot = {"base": [0.0, 0], "final": [0.0, 0], "single": [0.0, 0], "paired": [0.0, 0]}  # paired: seeds with both arms
 
     def frac(x: list) -> str:
         lo, hi = wilson_interval(min(x[0], x[1]), x[1])
@@ -212,20 +213,22 @@ def seeds_markdown(experiment: str, records: list[dict[str, Any]]) -> str:
 
     for rec in records:
         t = rec.get("test") or {}
-        arm = next((a for a in rec.get("arm_tests", []) if a["difficulty"] == t.get("difficulty")), None)
+        tests = rec.get("arm_tests") or arm_tests(rec.get("points", []))  # records older than arm_tests
+        arm = next((a for a in tests if a["difficulty"] == t.get("difficulty")), None)
         if t:
             for k, v in (("base", t["baseline"]), ("final", t["final"])):
                 tot[k][0] += v[0]
                 tot[k][1] += v[1]
         if arm:
-            tot["single"][0] += arm["single"][0]
-            tot["single"][1] += arm["single"][1]
+            for k, v in (("single", arm["single"]), ("paired", arm["recursive"])):
+                tot[k][0] += v[0]
+                tot[k][1] += v[1]
         lines.append(f"| {rec['seed']} | `docs/results/{rec['experiment']}.json` | {frac(t['baseline']) if t else ''} | "
                      f"{frac(t['final']) if t else ''} | {t.get('p_value', float('nan')):.4f} | "
                      f"{frac(arm['single']) if arm else ''} | {arm['p_value'] if arm else float('nan'):.4f} |")
     if len(records) > 1 and tot["base"][1] and tot["final"][1]:
         p1 = two_proportion_test(*tot["base"], *tot["final"])["p_value"]
-        p2 = (two_proportion_test(*tot["single"], *tot["final"])["p_value"] if tot["single"][1] else float("nan"))
+        p2 = (two_proportion_test(*tot["single"], *tot["paired"])["p_value"] if tot["single"][1] else float("nan"))
         lines.append(f"| pooled | {len(records)} seeds | {frac(tot['base'])} | {frac(tot['final'])} | {p1:.4f} | "
                      f"{frac(tot['single']) if tot['single'][1] else ''} | {p2:.4f} |")
     return "\n".join(lines) + "\n"

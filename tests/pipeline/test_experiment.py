@@ -168,6 +168,20 @@ def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
     rec1 = dict(rec, seed=1, experiment="textcraft-tier1x-seed1")
     seeds = seeds_markdown("textcraft-tier1x", [rec, rec1])
     assert "| pooled | 2 seeds | 10/100 = 0.10" in seeds and "40/100 = 0.40" in seeds and "4/100 = 0.04" in seeds
+    # a record older than arm_tests (its arms from its points); a seed with one arm is left out of recursive vs single
+    old_rec = {k: v for k, v in rec.items() if k != "arm_tests"}
+    rec2 = dict(rec, seed=2, experiment="textcraft-tier1x-seed2", arm_tests=[],
+                points=[dict(r, successes=0, success=0.0) if r["iteration"] == 2 else r
+                        for r in rec["points"] if r["arm"] == "recursive"])
+    from rao_core.evaluation import two_proportion_test
+
+    mixed = seeds_markdown("textcraft-tier1x", [old_rec, rec2])
+    assert "| 0 | `docs/results/textcraft-tier1x.json` | 5/50 = 0.10 [0.04, 0.21] | 20/50 = 0.40" in mixed
+    p_seed0 = two_proportion_test(2, 50, 20, 50)["p_value"]
+    assert mixed.splitlines()[4].endswith(f"| 2/50 = 0.04 [0.01, 0.13] | {p_seed0:.4f} |")  # from its points
+    assert mixed.splitlines()[5].endswith("|  | nan |")  # seed 2: no single arm
+    p_all = two_proportion_test(2, 50, 20, 100)["p_value"]  # what pooling seed 2's recursive roots would give
+    assert f"{p_all:.4f}" != f"{p_seed0:.4f}" and mixed.splitlines()[-1].endswith(f"| 2/50 = 0.04 [0.01, 0.13] | {p_seed0:.4f} |")
     # seeds run in separate sessions: `rao experiment seeds` reads the stored records, ordered by seed
     from tasks.experiment import seed_records, write_seeds_section
 
