@@ -105,6 +105,7 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     cfg = ctx.config.serving
     t0 = time.monotonic()
     log = run_logger()  # a start's phases, from the server's log: minutes on a CPU (issue 27)
+    run_ids = _flow_run_ids()  # here: the replicas start in threads, which do not see the flow run's context
     src = checkpoint_local(ctx, ckpt)
     lora = is_lora_checkpoint(src)
     served_dir = ctx.local("served")
@@ -171,7 +172,7 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
             server.on_progress = log.info if n == 1 else (lambda line: log.info(f"replica {i + 1}/{n}: {line}"))
             server.start()
             if not getattr(server, "placed_by_ray", False):  # an actor's server: the actor's guard stops it
-                record_server(server.pid, base_url=server.base_url)
+                record_server(server.pid, base_url=server.base_url, flow_run_ids=run_ids)
         if job == "reload":
             server.reload_weights()
         if job in ("start+lora", "lora"):

@@ -398,9 +398,10 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
     log_tenths = every_tenth(lambda done, total_: run_logger().info(
         f"evaluation trees {done}/{total_}  solved {solved[0]}"))
 
-    def progress(done: int, total_: int, tree) -> None:
-        finished[0] += 1
-        solved[0] += int(tree.root.verifier == 1.0)
+    def progress(done: int, total_: int, tree, n: int = 1, n_solved: int | None = None) -> None:
+        """``n`` more trees finished (``tree``: the one, locally; a Ray shard's ``n`` with ``n_solved``)."""
+        finished[0] += n
+        solved[0] += n_solved if n_solved is not None else int(tree is not None and tree.root.verifier == 1.0)
         ui(finished[0], total)
         log_tenths(finished[0], total)
 
@@ -408,7 +409,7 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
     where = "evaluation" if iteration is None else f"iteration {str(iteration).removeprefix('iter-')} evaluate"
     if ctx.config.execution.backend == "ray":
         report = _evaluate_on_ray(ctx, iteration, tasks, served, tokenizer_path, where,
-                                  lambda n: [progress(0, 0, None) for _ in range(n)])
+                                  lambda r: progress(0, 0, None, r.num_trees, r.solved))
     else:
         report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
                                 tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served),
@@ -424,7 +425,7 @@ def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[T
     """The evaluation of ``tasks`` in each mode of ``eval`` as shards on the Ray cluster (backend 'ray'): per
     mode, ``tasks.rollouts.plan_eval_shards`` (objects under ``<folder>/eval/shards/``, folder ``iter-K``, or
     ``eval`` outside an iteration), read back in task order and summarised as the local backend does
-    (``rao_core.evaluation.report_from_trees``). ``advance(n)``: n more trees finished."""
+    (``rao_core.evaluation.report_from_trees``). ``advance(result)``: a shard finished (``ShardResult``: its trees and roots solved)."""
     from rao_core.evaluation import EvalReport, report_from_trees
     from tasks import rollouts
 
@@ -435,7 +436,7 @@ def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[T
         shards = rollouts.plan_eval_shards(tasks, mode=mode, shards=ex.shards, folder=folder)
         t0 = time.monotonic()
         results = rollouts.run_on_ray(ctx, iteration, shards, served, tokenizer_path, _policy,
-                                      lambda r: advance(r.num_trees), what=f"{where} ({mode})")
+                                      advance, what=f"{where} ({mode})")
         trees = rollouts.read_shards(ctx, f"{where} ({mode})", shards, results)
         report = report + report_from_trees(tasks, trees, mode=mode, graded=ev.graded,
                                             wall_s=time.monotonic() - t0)

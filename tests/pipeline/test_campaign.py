@@ -53,7 +53,7 @@ def _mixed(monkeypatch):
 
     real = rt.run_trees
 
-    async def mixed(env, tasks_with_rollouts, policy, config, *, tokenizer, progress=None):
+    async def mixed(env, tasks_with_rollouts, policy, config, *, tokenizer, progress=None, **kw):
         items = list(tasks_with_rollouts)
         expert = await real(env, [(t, 1) for t, _ in items], TextCraftExpert(seed=0), config, tokenizer=tokenizer)
         model = await real(env, [(t, n - 1) for t, n in items], policy, config, tokenizer=tokenizer)

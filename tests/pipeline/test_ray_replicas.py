@@ -124,6 +124,7 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
     old = servers[1]
     old_actor = old.actor
     os.kill(old.pid, signal.SIGKILL)  # replica 2's server lost; its actor lives on
+    assert _wait(lambda: not old.alive())  # (the kill lands at once; the actor's check may run first)
     third = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-2"))
     assert [(r.checkpoint, r.how) for r in third.replicas] == [("iter-2", "reload"), ("iter-2", "start")]
     assert third.urls[0] == first.urls[0] and third.urls[1] != first.urls[1]
