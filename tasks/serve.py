@@ -105,7 +105,6 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     cfg = ctx.config.serving
     t0 = time.monotonic()
     log = run_logger()  # a start's phases, from the server's log: minutes on a CPU (issue 27)
-    run_ids = _flow_run_ids()  # here: the replicas start in threads, which do not see the flow run's context
     src = checkpoint_local(ctx, ckpt)
     lora = is_lora_checkpoint(src)
     served_dir = ctx.local("served")
@@ -164,6 +163,9 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
             _copy_weights(src, served_dir)
             how, adapter = "restart", None
         jobs = {i: how if i in alive else ("start+lora" if adapter else "start") for i in range(len(servers))}
+
+    starts = any(j in ("start", "start+lora", "restart") for j in jobs.values())
+    run_ids = _flow_run_ids() if starts else []  # here: the starts run in threads, which do not see the flow run
 
     def run(i: int) -> ServedReplica:
         server, job, t = servers[i], jobs[i], time.monotonic()

@@ -524,12 +524,17 @@ def test_the_generate_stage_pins_trees_over_the_pool_and_counts_each_replica(fak
         (16, len(a.completions), len(b.completions))
 
 
-def _start_ray(ray, runtime_env, attempts: int = 3) -> None:
-    """A local Ray cluster (head and 2 CPUs, 300 MiB object store). Ray gives its raylet a fixed 30 s to register
-    (ray/_private/node.py), which a loaded 2-core machine can miss: up to ``attempts`` tries."""
+def _start_ray(ray, runtime_env=None, attempts: int = 3, num_cpus: int = 2) -> None:
+    """A local Ray cluster (head and ``num_cpus`` CPUs, 300 MiB object store, no dashboard; ``runtime_env``
+    default ``tasks.rollouts.worker_runtime_env()``), the one the Ray tests start. Ray gives its raylet a fixed
+    30 s to register (ray/_private/node.py), which a loaded 2-core machine can miss: up to ``attempts`` tries."""
+    if runtime_env is None:
+        from tasks.rollouts import worker_runtime_env
+
+        runtime_env = worker_runtime_env()
     for k in range(attempts):
         try:
-            ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
+            ray.init(address="local", num_cpus=num_cpus, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
                      log_to_driver=False, runtime_env=runtime_env, logging_level="WARNING")
             return
         except Exception as e:  # noqa: BLE001 - "The current node timed out during startup"

@@ -39,7 +39,7 @@ def ray_pool(tmp_path, monkeypatch):
     ``(ray, served_root)``. The serve stage's pool is stopped before and after."""
     ray = pytest.importorskip("ray")
     from tasks import serve
-    from tasks.rollouts import worker_runtime_env
+    from tests.pipeline.test_policy_pool import _start_ray
 
     fake_python = tmp_path / "fake-python"
     fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.pipeline.fake_vllm_main \"$@\"\n")
@@ -47,8 +47,7 @@ def ray_pool(tmp_path, monkeypatch):
     monkeypatch.setenv("RAO_VLLM_PYTHON", str(fake_python))
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     serve.shutdown_server()
-    ray.init(address="local", num_cpus=4, object_store_memory=200 * 1024 ** 2, include_dashboard=False,
-             log_to_driver=False, runtime_env=worker_runtime_env(), logging_level="WARNING")
+    _start_ray(ray, num_cpus=4)
     try:
         yield ray
     finally:

@@ -117,10 +117,9 @@ def ray_cluster():
     """A real local Ray cluster: the head (GCS, raylet) and 2 CPUs, so at most 2 worker processes run shards at
     once; 300 MiB object store, no dashboard. Shut down at the end of the module."""
     ray = pytest.importorskip("ray")
-    from tasks.rollouts import worker_runtime_env
+    from tests.pipeline.test_policy_pool import _start_ray
 
-    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024 ** 2, include_dashboard=False,
-             log_to_driver=False, runtime_env=worker_runtime_env(), logging_level="WARNING")
+    _start_ray(ray)
     try:
         yield ray
     finally:
