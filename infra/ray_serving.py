@@ -13,9 +13,10 @@ a local server; only start, stop, liveness and the diagnosis go through the acto
 
 Lifetime. The actor is owned by the flow's process and stops its server's process group when the serve stage
 ends the pool (or a lost replica's actor is ended before a new one is placed). When the flow's process is killed
-outright Ray ends the actor; a guard process the actor starts next to the server (:data:`_GUARD`) is meant to stop
-the server's group then, but its drill (``ray.kill`` of the actor, Ray 2.60, this machine) did not pass: the
-server outlived the actor. Not solved yet (docs/pipeline.md).
+outright Ray ends the actor and kills its worker's children (the server's leader, not the rest of its process
+group: vLLM's engine core would be left running); a guard process the actor starts next to the server
+(:data:`_GUARD`) then stops what is left of the server's group (the drill: ``ray.kill`` of the actor,
+``tests/pipeline/test_ray_replicas.py``).
 
 Departures and limits: the served folder (``<campaign>/served``) is read by the server from its path on the
 driver, so a replica on another node needs that path on shared storage (as the shards need the repository at
@@ -36,9 +37,12 @@ from infra.serving import VLLMServer, process_state
 
 # Runs next to a replica's server on its node, detached (it forks once and its parent exits at once, so it is no
 # child of the actor's worker process, which Ray may clean up with the worker): waits for the actor's process to
-# end, then stops the server's process group (SIGTERM, SIGKILL 10 s later) if its leader is still the process
-# it was (same create time: a reused pid is never signalled). argv: the actor's pid and create time, the
-# server's pid (its group's id) and create time.
+# end, then stops what is left of the server's process group (SIGTERM, SIGKILL 10 s later). When Ray ends an
+# actor's worker it also kills the worker's children, i.e. the server's leader, but not the rest of its group
+# (vLLM's engine core): so the guard watches the GROUP, not its leader. It signals the group while the leader is
+# the process it was (same create time) or is gone; a group id cannot be reused while any member lives, so a
+# leaderless group is still the server's. argv: the actor's pid and create time, the server's pid (its group's id)
+# and create time.
 _GUARD = """
 import os, signal, sys, time
 if os.fork():
@@ -51,17 +55,22 @@ def same(pid, t):
         return abs(p.create_time() - t) < 1 and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-while same(actor, actor_t) and same(group, group_t):
+def ours():
+    try:
+        os.killpg(group, 0)
+        return abs(psutil.Process(group).create_time() - group_t) < 1  # the leader, alive or a zombie
+    except psutil.NoSuchProcess:
+        return True  # the leader is gone, members of its group are left
+    except (ProcessLookupError, PermissionError, psutil.Error):
+        return False
+while same(actor, actor_t) and ours():
     time.sleep(1)
-if same(group, group_t):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(group, sig)
-        except (ProcessLookupError, PermissionError):
-            break
-        time.sleep(10)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    if not ours():
+        break
+    os.killpg(group, sig)
+    time.sleep(10)
 """
-
 
 def start_guard(server_pid: int) -> None:
     """Start the guard (:data:`_GUARD`) of the server process ``server_pid`` (its group's leader) for this process

@@ -94,8 +94,9 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
     """2 replicas on a local Ray cluster: each a Ray actor (1 CPU reserved) whose process started its server
     on the node's IP; the switch to iter-1 reloads both through their own URLs; a server killed between
     iterations is replaced by a new actor (the old one ended) while the other reloads; an actor killed outright
-    the pool's stop ends every actor and each server's whole process group. (An actor killed outright was to take
-    its server down through the guard: that drill did not pass on Ray 2.60 here, see docs/pipeline.md.)"""
+    an actor killed outright takes its server's whole process group down (Ray kills the worker's children, the
+    server's leader; the guard, detached from the worker, stops the rest of the group); the pool's stop ends
+    every actor and each server's whole process group."""
     ray = ray_pool
     from infra.ray_serving import RayReplica
     from tasks import serve
@@ -131,7 +132,13 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
         ray.get(old_actor.alive.remote(), timeout=30)
     assert "the vLLM server (pid" in serve.server_diagnosis(ctx) and "Ray node" in serve.server_diagnosis(ctx)
 
-    groups = [[s.pid, _fake_record(ctx, s.port)["child"]] for s in serve._STATE["servers"]]
+    lost = serve._STATE["servers"][0]
+    group = [lost.pid, _fake_record(ctx, lost.port)["child"]]  # the server and the child in its group
+    assert all(_running(p) for p in group)
+    ray.kill(lost.actor)  # an actor lost outright (its node's worker killed): its guard stops the server's group
+    assert _wait(lambda: not any(_running(p) for p in group), 40)
+    assert not lost.alive()
+    groups = [[s.pid, _fake_record(ctx, s.port)["child"]] for s in serve._STATE["servers"][1:]]
     assert all(_running(p) for g in groups for p in g)  # each server and the child in its process group
     serve.shutdown_server()
     assert _wait(lambda: not any(_running(p) for g in groups for p in g))  # every group stopped by its actor
