@@ -150,6 +150,12 @@ class ServingSettings(_Strict):
     extra_args: list[str] = Field(default_factory=list, description="More vLLM flags, e.g. ['--max-num-seqs', "
                                   "'256'] (parallelism, memory, LoRA and sleep flags come from the fields above).")
     start_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for the server to be healthy.")
+    request_seeds: bool | None = Field(
+        None, description="Send each rollout request its sampling seed (rao_core.runtime.agent.request_seed) so a "
+        "tree's tokens depend on its seed only. None (auto): to servers started on GPUs and to external "
+        "endpoints, never to a vLLM started on CPU: vLLM 0.32's CPU engine dies on a seeded request whose "
+        "prompt is prefilled in chunks (it rewinds the request's CPU generator, which has no offset: "
+        "'CPU Generator does not use offset'). The trees' seeds are recorded either way.")
 
     @field_validator("base_urls")
     @classmethod

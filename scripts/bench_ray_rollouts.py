@@ -35,12 +35,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--ray-cpus", type=int, default=2)
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (server logs) after the run")
     args = ap.parse_args()
 
     import httpx
     import ray
 
-    from infra.serving import VLLMServer
+    from infra.serving import VLLMServer, has_cuda_gpu
     from infra.storage import SeaweedFSServer
     from rao_core.config import load_config
     from rao_core.paths import rao_home, tiny_model_path
@@ -67,7 +68,7 @@ def main() -> None:
         ray.init(address="local", num_cpus=args.ray_cpus, object_store_memory=300 * 1024 ** 2,
                  include_dashboard=False, log_to_driver=False, runtime_env=worker_runtime_env(),
                  logging_level="WARNING")
-        served = ServedEndpoint(base_url=server.base_url, model=server.model)
+        served = ServedEndpoint(base_url=server.base_url, model=server.model, seeded=has_cuda_gpu())  # as the serve stage
         for r in range(args.repeats):
             for mode in order[r % 3:] + order[:r % 3]:
                 cfg = load_config(None, {"name": f"bench-{mode}-{r}", "tasks.tasks_per_iteration": args.tasks,
@@ -91,7 +92,10 @@ def main() -> None:
         ray.shutdown()
         server.stop()
         s3.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"kept {work} (server and storage logs under logs/)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     same = all(identity[m] == identity["local"] for m in modes)
     n = args.tasks * args.G
     print(f"\n{n} trees per run ({args.tasks} tasks x G {args.G}), {args.model}, {args.repeats} repeats; the same "

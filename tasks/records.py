@@ -47,6 +47,7 @@ class ServedEndpoint(BaseModel):
     base_urls: list[str] = Field(default_factory=list)  # every replica's .../v1 (empty: [base_url])
     replicas: list[ServedReplica] = Field(default_factory=list)
     replica_offset: int = 0  # the replica a pool's ties start from (a Ray shard's index: tasks.rollouts)
+    seeded: bool = True  # the requests carry their sampling seeds (serving.request_seeds; off for vLLM on CPU)
 
     @property
     def urls(self) -> list[str]:

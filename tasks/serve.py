@@ -100,7 +100,7 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     from concurrent.futures import ThreadPoolExecutor
 
     from infra.process import ServiceError
-    from infra.serving import served_models, server_from_config
+    from infra.serving import has_cuda_gpu, served_models, server_from_config
 
     cfg = ctx.config.serving
     t0 = time.monotonic()
@@ -118,6 +118,7 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
 
     ex = ctx.config.execution
     on_ray = ex.backend == "ray" and ex.ray_replicas
+    gpus = None  # None: the replicas start here, on GPUs if this host has one (infra.serving.has_cuda_gpu)
     if on_ray:
         from infra.ray_serving import RayReplica, check_placement
         from tasks.rollouts import connect
@@ -201,9 +202,11 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     _STATE["served"], _STATE["lora"] = ckpt.name, adapter
     hows = sorted({r.how for r in reports})
     started = [servers[r.index].start_phases for r in reports if r.how in ("start", "start+lora", "restart")]
+    seeded = cfg.request_seeds if cfg.request_seeds is not None else bool(has_cuda_gpu() if gpus is None else gpus)
     return ServedEndpoint(base_url=reports[0].base_url, base_urls=[r.base_url for r in reports],
                           model=adapter or servers[0].model, switch_s=round(time.monotonic() - t0, 3),
-                          how="+".join(hows), replicas=reports, start_phases=dict(started[0]) if started else {})
+                          how="+".join(hows), replicas=reports, start_phases=dict(started[0]) if started else {},
+                          seeded=seeded)
 
 
 def _where(server) -> str:
@@ -242,7 +245,7 @@ def _serve_external(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
             raise ServiceError(external_switch_problem(ctx.config.model_copy(update={"iterations": 1})))
     dt = round(time.monotonic() - t0, 3)
     return ServedEndpoint(base_url=urls[0], base_urls=list(urls) if len(urls) > 1 else [], model=model,
-                          switch_s=dt, how=how,
+                          switch_s=dt, how=how, seeded=cfg.request_seeds is not False,
                           replicas=[ServedReplica(index=i, base_url=u, checkpoint=ckpt.name, how=how)
                                     for i, u in enumerate(urls)] if len(urls) > 1 else [])
 

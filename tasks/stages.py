@@ -136,12 +136,13 @@ def iteration_tasks(ctx: RunContext, iteration: int) -> list[Task]:
 def _policy(ctx: RunContext, served: ServedEndpoint):
     """The rollouts' policy: a ``rao_core.policies.pool.PolicyPool`` of the served replicas (one
     ``OpenAIPolicy`` each; one replica for a single server), each tree pinned to one replica, ties starting at
-    ``served.replica_offset``."""
+    ``served.replica_offset``; the requests carry their sampling seeds only if ``served.seeded``."""
     from rao_core.policies.pool import PolicyPool
 
     rt = ctx.config.runtime
     return PolicyPool.of_endpoints(served.urls, served.model, offset=served.replica_offset,
-                                   temperature=rt.temperature, top_p=rt.top_p, request_timeout_s=rt.policy_timeout_s)
+                                   temperature=rt.temperature, top_p=rt.top_p, request_timeout_s=rt.policy_timeout_s,
+                                   send_seeds=served.seeded)
 
 
 @stage("generate", name="generate-trees")

@@ -33,13 +33,15 @@ class OpenAIPolicy(Policy):
         max_retries: retries of a transient error (so at most ``max_retries + 1`` attempts).
         extra_body: extra vLLM sampling fields (e.g. ``{"min_p": 0.05}``).
 
-    A request that carries a ``seed`` (``PolicyRequest.seed``: the rollout's seeds, issue 28) is sent with
-    it, so vLLM draws that request's tokens from its own generator seeded with it.
+        send_seeds: send a request's ``seed`` (``PolicyRequest.seed``: the rollout's seeds, issue 28), so vLLM
+            draws that request's tokens from its own generator seeded with it. False for vLLM's CPU engine
+            (``serving.request_seeds``), which dies on a seeded request prefilled in chunks.
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", temperature: float = 1.0,
                  top_p: float = 1.0, stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
-                 request_timeout_s: float = 120.0, max_retries: int = 3, extra_body: dict[str, Any] | None = None):
+                 request_timeout_s: float = 120.0, max_retries: int = 3, extra_body: dict[str, Any] | None = None,
+                 send_seeds: bool = True):
         from openai import AsyncOpenAI
 
         if not base_url:
@@ -51,13 +53,14 @@ class OpenAIPolicy(Policy):
         self.stop = list(stop)
         self.max_retries = max_retries
         self.extra_body = dict(extra_body or {})
+        self.send_seeds = send_seeds
         self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=request_timeout_s, max_retries=0)
 
     async def _create(self, request: PolicyRequest) -> Any:
         return await self.client.completions.create(
             model=self.model, prompt=request.prompt_token_ids, max_tokens=request.max_tokens,
             temperature=self.temperature, top_p=self.top_p, logprobs=0, stop=self.stop or None,
-            **({"seed": request.seed} if request.seed is not None else {}),
+            **({"seed": request.seed} if request.seed is not None and self.send_seeds else {}),
             extra_body={"return_token_ids": True, "include_stop_str_in_output": True,
                         "skip_special_tokens": False, **self.extra_body})
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from infra.serving import has_cuda_gpu
 from rao_core.config import ConfigError, load_config
 from rao_core.paths import tiny_model_path
 from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
@@ -426,6 +427,20 @@ def _ckpt(tmp_path: Path, name: str, lora: bool = False):
     return Checkpoint(name=name, local=str(d))
 
 
+@needs_tok
+def test_requests_carry_their_seeds_only_where_the_servers_take_them(fakes):
+    """With send_seeds (the default) every request carries its tree's seed for that turn; without it (a vLLM
+    on CPU, whose engine dies on a seeded request prefilled in chunks) none does, and the trees keep theirs."""
+    from rao_core.policies.pool import PolicyPool
+
+    for send in (True, False):
+        f = fakes()
+        trees = asyncio.run(_grow(PolicyPool.of_endpoints([f.base_url], "policy", max_retries=0, send_seeds=send),
+                                  2, 2))
+        assert len(f.completions) == 8 and sorted(t.seed for t in trees) == [1000, 1001, 2000, 2001]
+        assert f.seeds() == (set().union(*map(_tree_seeds, trees)) if send else set())
+
+
 def test_the_switch_reaches_every_replica_before_the_stage_returns(fake_vllm, tmp_path):
     """2 replicas: started together on iter-0; iter-1 reloaded in both (one copy of the weights); a replica that
     died is started again on the served checkpoint while the other reloads; a replica whose reload fails fails
@@ -439,6 +454,7 @@ def test_the_switch_reaches_every_replica_before_the_stage_returns(fake_vllm, tm
     assert [(r.index, r.checkpoint, r.how, r.models) for r in first.replicas] == \
         [(0, "iter-0", "start", ["policy"]), (1, "iter-0", "start", ["policy"])]
     assert first.base_url == first.urls[0] and len(fake_vllm) == 2
+    assert first.seeded is has_cuda_gpu()  # serving.request_seeds auto: no per-request seeds to vLLM on CPU
     second = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-1"))
     assert [(r.checkpoint, r.how) for r in second.replicas] == [("iter-1", "reload")] * 2
     assert all(f.posts[:2] == ["/collective_rpc", "/reset_prefix_cache"] for f in fake_vllm)
@@ -491,7 +507,7 @@ def test_an_external_pool_gets_each_adapter_on_every_replica(fakes, tmp_path, mo
         out = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-1", lora=True))
     finally:
         serve.shutdown_server()
-    assert (out.how, out.model, out.urls) == ("external-lora", "iter-1", [a.base_url, b.base_url])
+    assert (out.how, out.model, out.urls, out.seeded) == ("external-lora", "iter-1", [a.base_url, b.base_url], True)
     assert a.adapters == b.adapters == ["iter-1"]
 
 
