@@ -10,7 +10,8 @@ the whole machine's busy time from ``/proc/stat`` (everything but idle and iowai
 the two agree to within the sampler's own share.
 
 Printed at the end: wall time, average cores busy (machine) and used by the command's processes, both also as
-"Percent of CPU" (100% = one core), and the share of the wall time spent below 1.25 cores. Written: a CSV
+"Percent of CPU" (100% = one core), the share of the wall time spent below 1.25 cores, and the CPU of the
+processes that left the tree (by command line: what ``/usr/bin/time`` missed). Written: a CSV
 (``t_s, machine_cores, tree_cores, processes``) and, with ``--plot``, a PNG of both series.
 
 Usage:
@@ -72,22 +73,39 @@ class TreeCpu:
         self.root = root
         self.last: dict[int, float] = {}  # pid -> last reading (seconds); kept after it exits
         self.alive: set[int] = set()
+        self.names: dict[int, str] = {}  # pid -> its command line's start
+        self.left: set[int] = set()  # pids seen outside the tree after being in it (reparented)
 
     def sample(self) -> float:
         """Total CPU seconds of every process seen so far (exited ones at their last reading)."""
-        todo, seen = [self.root, *self.alive], set()
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            v = proc_cpu_s(pid)
-            if v is None:
-                continue
-            self.last[pid] = max(v, self.last.get(pid, 0.0))
-            todo += children(pid)
+        todo, seen, inside = [self.root], set(), set()
+        for pids, in_tree in ((todo, True), (sorted(self.alive), False)):
+            todo = list(pids)
+            while todo:
+                pid = todo.pop()
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                v = proc_cpu_s(pid)
+                if v is None:
+                    continue
+                self.last[pid] = max(v, self.last.get(pid, 0.0))
+                (inside if in_tree else self.left).add(pid)
+                if pid not in self.names:
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as f:
+                            self.names[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:60].strip()
+                    except OSError:
+                        self.names[pid] = "?"
+                todo += children(pid)
         self.alive = {p for p in seen if p in self.last and proc_cpu_s(p) is not None}
         return sum(self.last.values())
+
+    def left_tree(self, top: int = 5) -> tuple[float, list[tuple[float, str]]]:
+        """CPU seconds of the processes that left the tree (reparented: ``/usr/bin/time`` never counts them) and
+        the ``top`` largest as (seconds, command line)."""
+        rows = sorted(((self.last[p], self.names.get(p, "?")) for p in self.left), reverse=True)
+        return sum(r[0] for r in rows), rows[:top]
 
 
 def main() -> int:
@@ -125,6 +143,10 @@ def main() -> int:
     print(f"\ncpu_trace: exit {proc.returncode}, wall {wall:.1f} s, {len(tree.last)} processes seen; average cores "
           f"busy: machine {machine:.2f} ({machine:.0%} CPU), the command's processes {job:.2f} ({job:.0%} CPU); "
           f"{low:.0%} of the wall time below 1.25 cores busy (machine). Samples: {a.csv}", flush=True)
+    gone, rows = tree.left_tree()
+    print(f"cpu_trace: {gone:.0f} s of CPU in processes that left the command's tree (reparented when their parent "
+          f"died: /usr/bin/time and a shell's times never count them)" +
+          "".join(f"\n    {sec:7.1f} s  {name}" for sec, name in rows), flush=True)
     if a.plot:
         import matplotlib
 
