@@ -94,7 +94,7 @@ class TreeCpu:
                 if pid not in self.names:
                     try:
                         with open(f"/proc/{pid}/cmdline", "rb") as f:
-                            self.names[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:60].strip()
+                            self.names[pid] = " ".join(f.read().decode(errors="replace").replace("\0", " ").split())[:60]
                     except OSError:
                         self.names[pid] = "?"
                 todo += children(pid)
