@@ -84,6 +84,22 @@ def start_guard(server_pid: int) -> None:
     launcher.wait(timeout=30)  # the guard itself runs on, detached
 
 
+def placement(index: int, num_cpus: float, num_gpus: float) -> Any:
+    """Where replica ``index`` is placed: ``"SPREAD"`` when it asks for CPUs or GPUs; when it asks for none
+    (``execution.cpus_per_replica: 0`` on a cluster without GPUs) Ray would put it on a random node, whatever
+    the others chose (Ray's actor scheduling docs; seen here: both replicas of a 2-node cluster on one node), so
+    it goes to the ``index``-th alive node (node ids sorted). The affinity is hard: Ray 2.60 placed zero-resource
+    actors with a soft one at random too (4 actors over 2 nodes: 4/0, 0/4, 3/1; hard: 2/2 each time). A node
+    lost before the actor is placed leaves it unplaced: the start fails after ``start_timeout_s`` naming it."""
+    if num_cpus > 0 or num_gpus > 0:
+        return "SPREAD"
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    return NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False) if nodes else "SPREAD"
+
+
 class ReplicaHost:
     """The body of a replica's Ray actor: one :class:`infra.serving.VLLMServer` on the actor's node.
 
@@ -220,8 +236,8 @@ class RayReplica(VLLMServer):
         return VLLMServer(**fields)
 
     def start(self) -> "RayReplica":
-        """Place the actor (waiting at most ``start_timeout_s`` for a node with the resources: ``SPREAD`` over the
-        nodes), then start the server there (at most ``start_timeout_s`` + 90 s, the server's own limits plus its
+        """Place the actor (waiting at most ``start_timeout_s`` for a node with the resources: :func:`placement`),
+        then start the server there (at most ``start_timeout_s`` + 90 s, the server's own limits plus its
         model listing). Raises ServiceError (the actor ended, its server with it): not placed in time, or the
         server did not start (its log named)."""
         import ray
@@ -231,7 +247,7 @@ class RayReplica(VLLMServer):
         say(f"vLLM: placing its Ray actor ({self.num_cpus:g} CPU, {self.num_gpus:g} GPU) and starting the server "
             f"there (its progress is in its log on that node)")
         actor = _actor_class().options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
-                                       scheduling_strategy="SPREAD").remote(
+                                       scheduling_strategy=placement(self.index, self.num_cpus, self.num_gpus)).remote(
             self._spec(), ray.get_runtime_context().get_node_id())
         self.actor = actor
         step, limit = "placed", self.start_timeout_s

@@ -164,8 +164,17 @@ PolicyFactory = Callable[..., Any]  # (ctx, served) -> rao_core.policies.base.Po
 
 
 def worker_name() -> str:
-    """``host:pid`` of this process (the Ray worker that grows a shard)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid`` of this process (the Ray worker that grows a shard), and ``@node`` (the first 8 hex digits of
+    its Ray node id) inside a Ray worker: several nodes can share a host name."""
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    ray = sys.modules.get("ray")  # never imported here for this: the local backend does not load Ray
+    try:
+        if ray is not None and ray.is_initialized():
+            node = ray.get_runtime_context().get_node_id()
+            return f"{name}@{node[:8]}" if node else name
+    except Exception:  # noqa: BLE001 - the host and pid say enough
+        pass
+    return name
 
 
 def grow_shard(ctx: Any, iteration: int, shard: Shard, served: Any, tokenizer_path: str,

@@ -181,3 +181,17 @@ def test_the_local_backend_and_ray_replicas_off_keep_processes_of_the_flow(tmp_p
     assert explicit.pid is None and not explicit.alive() and type(explicit._spec()) is VLLMServer
     assert explicit._spec()._env()["CUDA_VISIBLE_DEVICES"] == "1"  # gpus.serve's device, not Ray's
     assert "CUDA_VISIBLE_DEVICES" not in assigned._spec()._env()  # Ray's, from the actor's environment
+
+
+def test_replicas_that_ask_for_nothing_go_round_robin_over_the_nodes(monkeypatch):
+    """A replica with no CPU and no GPU is pinned (hard affinity) to the index-th alive node, ids sorted; one that
+    asks for resources is SPREAD."""
+    ray = pytest.importorskip("ray")
+    from infra.ray_serving import placement
+
+    a, b, c = ("a" * 56, "b" * 56, "c" * 56)  # node ids: 28 bytes in hex
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": b, "Alive": True}, {"NodeID": c, "Alive": False},
+                                               {"NodeID": a, "Alive": True}])
+    got = [placement(i, 0, 0) for i in range(3)]
+    assert [(s.node_id, s.soft) for s in got] == [(a, False), (b, False), (a, False)]
+    assert placement(0, 1, 0) == placement(0, 0, 1) == "SPREAD"
