@@ -84,6 +84,18 @@ def start_guard(server_pid: int) -> None:
     launcher.wait(timeout=30)  # the guard itself runs on, detached
 
 
+def node_address(node_id: str) -> str:
+    """The IP address Ray knows node ``node_id`` by (``ray start --node-ip-address``, else the one Ray found):
+    the address the cluster's nodes reach each other at, which a host with several networks may not give as
+    its default route's (``ray.util.get_node_ip_address()``, the fallback)."""
+    import ray
+
+    for n in ray.nodes():
+        if n.get("NodeID") == node_id and n.get("NodeManagerAddress"):
+            return n["NodeManagerAddress"]
+    return ray.util.get_node_ip_address()
+
+
 def placement(index: int, num_cpus: float, num_gpus: float) -> Any:
     """Where replica ``index`` is placed: ``"SPREAD"`` when it asks for CPUs or GPUs; when it asks for none
     (``execution.cpus_per_replica: 0`` on a cluster without GPUs) Ray would put it on a random node, whatever
@@ -134,7 +146,7 @@ class ReplicaHost:
 
         s = self.server
         node = ray.get_runtime_context().get_node_id()
-        s.host = ray.util.get_node_ip_address()
+        s.host = node_address(node)
         if s.gpus and node != self.driver_node:  # gpus.serve names the driver node's devices, not this one's
             s.gpus = []
         if s.cpus:  # the cores of its share that this node has (all of them when none)

@@ -195,3 +195,14 @@ def test_replicas_that_ask_for_nothing_go_round_robin_over_the_nodes(monkeypatch
     got = [placement(i, 0, 0) for i in range(3)]
     assert [(s.node_id, s.soft) for s in got] == [(a, False), (b, False), (a, False)]
     assert placement(0, 1, 0) == placement(0, 0, 1) == "SPREAD"
+
+
+def test_a_replica_listens_on_the_address_its_node_was_registered_with(monkeypatch):
+    """``ray start --node-ip-address`` is the address the other nodes use: the replica's host is the node's
+    registered one, not this host's default address (the fallback for a node Ray does not list)."""
+    ray = pytest.importorskip("ray")
+    from infra.ray_serving import node_address
+
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": "a" * 56, "NodeManagerAddress": "10.1.2.3", "Alive": True}])
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.9")
+    assert (node_address("a" * 56), node_address("b" * 56)) == ("10.1.2.3", "192.0.2.9")
