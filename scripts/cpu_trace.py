@@ -94,7 +94,9 @@ class TreeCpu:
                 if pid not in self.names:
                     try:
                         with open(f"/proc/{pid}/cmdline", "rb") as f:
-                            self.names[pid] = " ".join(f.read().decode(errors="replace").replace("\0", " ").split())[:60]
+                            argv = f.read().decode(errors="replace").split("\0")
+                        argv[0] = os.path.basename(argv[0])  # the program, not where it is installed
+                        self.names[pid] = " ".join(" ".join(argv).split())[:60]
                     except OSError:
                         self.names[pid] = "?"
                 todo += children(pid)
