@@ -491,11 +491,10 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(out)
 
 
-def run_plan(config: str, overrides: list[str], *, name: str | None = None, iterations: int | None = None,
-             gpus: int | None = None, gpu_mem_gib: float | None = None, echo=print) -> Plan:
-    """``rao run --plan``: load ``config`` (paths are not checked: the plan is for another machine), plan it
-    for ``gpus`` x ``gpu_mem_gib`` (default: the GPUs nvidia-smi sees), print it with ``echo``. Raises
-    ValueError (one line) when there is no machine to plan for or the plan does not fit."""
+def plan_config(config: str, overrides: list[str], *, name: str | None = None, iterations: int | None = None):
+    """The campaign config ``rao run --plan`` plans: ``config`` (a relative path also looked up in the
+    repository) with the overrides, paths not checked (the plan is for another machine). Raises ConfigError
+    (one line) for a config or override mistake."""
     from rao_core.config import load_config
 
     path = Path(config)
@@ -503,7 +502,15 @@ def run_plan(config: str, overrides: list[str], *, name: str | None = None, iter
         path = REPO_ROOT / path
     ov = list(overrides) + ([f"name={name}"] if name else []) + \
         ([f"iterations={iterations}"] if iterations is not None else [])
-    cfg = load_config(path, ov, check_paths=False).with_env_overrides()
+    return load_config(path, ov, check_paths=False).with_env_overrides()
+
+
+def run_plan(config: str, overrides: list[str], *, name: str | None = None, iterations: int | None = None,
+             gpus: int | None = None, gpu_mem_gib: float | None = None, echo=print) -> Plan:
+    """``rao run --plan``: load ``config`` (:func:`plan_config`), plan it for ``gpus`` x ``gpu_mem_gib``
+    (default: the GPUs nvidia-smi sees), print it with ``echo``. Raises ConfigError for a config mistake, and
+    ValueError (one line) when there is no machine to plan for or the plan does not fit."""
+    cfg = plan_config(config, overrides, name=name, iterations=iterations)
     if gpus is None or gpu_mem_gib is None:
         seen = detect_gpus()
         if seen is None:

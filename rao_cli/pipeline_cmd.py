@@ -581,10 +581,11 @@ def register(app: typer.Typer) -> None:
         same command resumes.
         """
         if plan:  # nothing is started: no Prefect, S3, MLflow or vLLM
-            from infra.plan import run_plan
+            from infra.plan import plan_config, run_plan
 
             # named as written (--iterations, --name), not as the `--set` overrides run_plan makes of them
             params_from_options(_config_fields, name=name, iterations=iterations)
+            plan_config(config, list(override))  # a config mistake is named before the missing --gpus
             if gpus is None or gpu_mem_gib is None:  # the target machine: this one's GPUs, else a usage error
                 from infra.plan import detect_gpus
 

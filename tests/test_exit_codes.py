@@ -83,6 +83,8 @@ CASES = [
     ("run --plan --iterations -1 --gpus 8 --gpu-mem-gib 80", 2,
      "error: Invalid value for '--iterations': Input should be greater than or equal to 0 (got -1)"),
     ("run --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
+    ("run --plan --set serving.replicas=0", 2,  # the config mistake first, also where --gpus would be missing
+     "error: --set serving.replicas=0: serving.replicas = 0: Input should be greater than or equal to 1"),
     ("evaluate --env nosuchenv", 2, "Invalid value for '--env': unknown environment 'nosuchenv'"),
     ("evaluate --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
     ("deploy", 1, "error: the Prefect API at http://127.0.0.1:9/api does not answer"),  # failure, not input
