@@ -72,6 +72,7 @@ for sig in (signal.SIGTERM, signal.SIGKILL):
     time.sleep(10)
 """
 
+
 def start_guard(server_pid: int) -> None:
     """Start the guard (:data:`_GUARD`) of the server process ``server_pid`` (its group's leader) for this process
     (the replica's actor): once this process is gone, the server's group is stopped. Returns at once."""

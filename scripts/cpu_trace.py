@@ -78,9 +78,10 @@ class TreeCpu:
 
     def sample(self) -> float:
         """Total CPU seconds of every process seen so far (exited ones at their last reading)."""
-        todo, seen, inside = [self.root], set(), set()
-        for pids, in_tree in ((todo, True), (sorted(self.alive), False)):
-            todo = list(pids)
+        seen: set[int] = set()
+        live: set[int] = set()  # read this time: still running
+        for start, in_tree in (([self.root], True), (sorted(self.alive), False)):  # the tree, then its leavers
+            todo = list(start)
             while todo:
                 pid = todo.pop()
                 if pid in seen:
@@ -90,7 +91,9 @@ class TreeCpu:
                 if v is None:
                     continue
                 self.last[pid] = max(v, self.last.get(pid, 0.0))
-                (inside if in_tree else self.left).add(pid)
+                live.add(pid)
+                if not in_tree:
+                    self.left.add(pid)
                 if pid not in self.names:
                     try:
                         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -100,7 +103,7 @@ class TreeCpu:
                     except OSError:
                         self.names[pid] = "?"
                 todo += children(pid)
-        self.alive = {p for p in seen if p in self.last and proc_cpu_s(p) is not None}
+        self.alive = live
         return sum(self.last.values())
 
     def left_tree(self, top: int = 5) -> tuple[float, list[tuple[float, str]]]:
@@ -145,10 +148,10 @@ def main() -> int:
     print(f"\ncpu_trace: exit {proc.returncode}, wall {wall:.1f} s, {len(tree.last)} processes seen; average cores "
           f"busy: machine {machine:.2f} ({machine:.0%} CPU), the command's processes {job:.2f} ({job:.0%} CPU); "
           f"{low:.0%} of the wall time below 1.25 cores busy (machine). Samples: {a.csv}", flush=True)
-    gone, rows = tree.left_tree()
+    gone, top = tree.left_tree()
     print(f"cpu_trace: {gone:.0f} s of CPU in processes that left the command's tree (reparented when their parent "
           f"died: /usr/bin/time and a shell's times never count them)" +
-          "".join(f"\n    {sec:7.1f} s  {name}" for sec, name in rows), flush=True)
+          "".join(f"\n    {sec:7.1f} s  {name}" for sec, name in top), flush=True)
     if a.plot:
         import matplotlib
 

@@ -22,7 +22,7 @@ COMMAND = f"import subprocess, sys, time\nsubprocess.run([sys.executable, '-c', 
 
 def test_a_reparented_process_is_still_counted_and_named_as_left_the_tree(tmp_path):
     out = subprocess.run([sys.executable, "scripts/cpu_trace.py", "--csv", str(tmp_path / "c.csv"), "--interval",
-                          "0.2", "--", sys.executable, "-c", COMMAND],
+                          "0.2", "--plot", str(tmp_path / "c.png"), "--", sys.executable, "-c", COMMAND],
                          cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout
     m = re.search(r"the command's processes ([\d.]+)", out)
     assert m and float(m.group(1)) > 0.4, out  # ~2 s of CPU over ~3.7 s
@@ -31,6 +31,7 @@ def test_a_reparented_process_is_still_counted_and_named_as_left_the_tree(tmp_pa
     assert f"{Path(sys.executable).name} -c import time t = time.process_time()" in out.split("left the command's tree")[1], out
     rows = list(csv.DictReader((tmp_path / "c.csv").open()))
     assert list(rows[0]) == ["t_s", "machine_cores", "tree_cores", "processes"] and len(rows) >= 10
+    assert f"cpu_trace: plot {tmp_path / 'c.png'}" in out and (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_no_command_is_a_usage_error():

@@ -94,7 +94,7 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
     """2 replicas on a local Ray cluster: each a Ray actor (1 CPU reserved) whose process started its server
     on the node's IP; the switch to iter-1 reloads both through their own URLs; a server killed between
     iterations is replaced by a new actor (the old one ended) while the other reloads; an actor killed outright
-    an actor killed outright takes its server's whole process group down (Ray kills the worker's children, the
+    takes its server's whole process group down (Ray kills the worker's children, the
     server's leader; the guard, detached from the worker, stops the rest of the group); the pool's stop ends
     every actor and each server's whole process group."""
     ray = ray_pool
