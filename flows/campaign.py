@@ -59,7 +59,8 @@ class CampaignParams(BaseModel):
     iterations: int | None = Field(None, ge=0, description="RL iterations.")
     tasks_per_iteration: int | None = Field(None, ge=1, description="RL tasks sampled per iteration.")
     G: int | None = Field(None, ge=2, description="Rollout trees per task (group size of Eq. 3).")
-    lam: float | None = Field(None, ge=0, description="lambda of Eq. (1).")
+    lam: float | None = Field(None, ge=0, description="Weight of the delegation bonus: its cap (algo.bonus useful) or "
+                              "lambda of Eq. (1) (eq1). Empty: the config file's (unset there: the environment's cap).")
     max_depth: int | None = Field(None, ge=0, description="Maximum recursion depth.")
     context_window: int | None = Field(None, ge=256, description="Tokens per agent node.")
     model_path: str = Field("", description="Initial checkpoint folder. Empty: the config file's model.path.")

@@ -1,14 +1,28 @@
-"""Local node reward R(X, tau_X) of Eq. (1) (docs/algorithm.md; arXiv:2605.06639, section 2).
+"""Local node reward R(X, tau_X) of Eq. (1) (docs/algorithm.md; arXiv:2605.06639, section 2), with two rules
+for its delegation bonus.
 
     R(X, tau_X) = s(X, tau_X) + lambda * (1/|C(X)|) * sum_{c in C(X)} s(c, tau_c)            (1)
 
-Pure functions, no I/O. The delegation bonus is the MEAN of the direct children's base successes ``s``
-(never their rewards ``R``, so bonuses do not compound up the tree).
+Pure functions, no I/O. The delegation bonus uses the direct children's base successes ``s`` (never their
+rewards ``R``, so bonuses do not compound up the tree). Two rules (``algo.bonus``, docs/algorithm.md
+"Delegation bonus"):
+
+- ``eq1``: the paper's Eq. (1) as written: ``lambda * mean(s_c)`` over the scored children.
+- ``useful`` (the default of every config since issue 37): ``cap * sum(s_c of credited children) / |C(X)|``,
+  the authors' reference rule (platoon 0.4.0 ``platoon/rewards.py`` ``delegation_capped``: ``cap * succeeded /
+  launched``) plus an anti-farming rule: a child whose ``Node.no_bonus`` is set (the environment's verdict at
+  launch: it forwards its parent's goal, or asks for something that is not part of it) counts in the
+  denominator but earns nothing. So forwarding a goal verbatim, or padding a solved task with trivial
+  children, never earns more than solving it directly (tests/algo/test_rewards.py); under ``eq1`` it earns
+  ``lambda`` more.
 
 Departures from / additions to the paper ([project choice], docs/algorithm.md):
 
-- an unscored success (``None`` or NaN, a failed judgement) is left out of its parent's mean; when no
-  child has a valid success the bonus is 0, exactly as for a node without children;
+- the ``useful`` rule above (the paper's guard is the mean alone, which forwarding and padding defeat);
+- an unscored success (``None`` or NaN, a failed judgement) is left out of its parent's mean (both rules: out
+  of the numerator and the denominator); when no child has a valid success the bonus is 0, exactly as for a
+  node without children. A child that never finished is not unscored: the judging stage gives it s = 0
+  (rao_core.judge.stage, rule "unfinished"), so it counts as launched and failed;
 - a node whose own success is unscored gets ``R = NaN`` (it is dropped from the loss by
   :func:`rao_core.samples.build_samples` and counted there).
 """
@@ -17,65 +31,102 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 from rao_core.tree import ExecutionTree, unit_score
 
-__all__ = ["assign_rewards", "local_node_reward", "node_rewards"]
+__all__ = ["BONUS_RULES", "BonusRule", "assign_rewards", "delegation_bonus", "local_node_reward", "node_rewards"]
+
+BonusRule = Literal["useful", "eq1"]
+#: The delegation-bonus rules ``algo.bonus`` accepts (module docstring).
+BONUS_RULES: tuple[str, ...] = ("useful", "eq1")
 
 
-def local_node_reward(own_success: float | None, children_success: Sequence[float | None], lam: float) -> float:
-    """Local reward of one node, Eq. (1).
+def delegation_bonus(children_success: Sequence[float | None], lam: float, *, bonus: BonusRule = "eq1",
+                     credited: Sequence[bool] | None = None) -> float:
+    """The second term of Eq. (1) for one node, by rule ``bonus`` (module docstring).
 
     Args:
-        own_success: s(X, tau_X) in [0, 1]; ``None``/NaN when the node could not be scored.
-        children_success: s(c, tau_c) of the direct children C(X), any order; ``None``/NaN entries
-            (failed judgements) are left out of the mean.
-        lam: lambda of Eq. (1), the weight of the delegation bonus (finite).
+        children_success: s(c, tau_c) of the direct children C(X), launch order; ``None``/NaN entries
+            (failed judgements) are left out of numerator and denominator.
+        lam: lambda of Eq. (1) (``eq1``) or the cap of the bonus (``useful``); finite, >= 0 in configs.
+        bonus: ``"eq1"``: ``lam * mean(s_c)``; ``"useful"``: ``lam * sum(s_c for credited c) / n`` with n the
+            number of scored children.
+        credited: per child, whether it may earn its parent the bonus (False: the environment's rule said it
+            forwards or pads; ``Node.no_bonus``). None: every child is credited. Ignored by ``eq1``.
 
     Returns:
-        ``s + lam * mean(valid children's s)``; ``s`` alone when there is no valid child; NaN when
-        ``own_success`` is unscored.
+        The bonus, in [0, lam]; 0.0 when no child is scored.
 
     Raises:
-        ValueError: ``lam`` not finite, or a scored success outside [0, 1].
+        ValueError: ``lam`` not finite, an unknown rule, a scored success outside [0, 1], or ``credited`` of
+            another length than ``children_success``.
     """
     if not math.isfinite(lam):
         raise ValueError(f"lambda (Eq. 1) must be finite, got {lam!r}")
+    if bonus not in BONUS_RULES:
+        raise ValueError(f"unknown delegation-bonus rule {bonus!r}; known: {', '.join(BONUS_RULES)}")
+    if credited is not None and len(credited) != len(children_success):
+        raise ValueError(f"credited has {len(credited)} entries for {len(children_success)} children")
     kids = [unit_score(c, f"children_success[{i}]") for i, c in enumerate(children_success)]
-    valid = [c for c in kids if c is not None]
+    ok = [True] * len(kids) if credited is None or bonus == "eq1" else [bool(c) for c in credited]
+    valid = [(s, k) for s, k in zip(kids, ok) if s is not None]
+    if not valid:
+        return 0.0
+    return lam * sum(s for s, k in valid if k) / len(valid)
+
+
+def local_node_reward(own_success: float | None, children_success: Sequence[float | None], lam: float, *,
+                      bonus: BonusRule = "eq1", credited: Sequence[bool] | None = None) -> float:
+    """Local reward of one node, Eq. (1), with the delegation bonus of rule ``bonus``.
+
+    Args:
+        own_success: s(X, tau_X) in [0, 1]; ``None``/NaN when the node could not be scored.
+        children_success, lam, bonus, credited: as :func:`delegation_bonus` (the default ``"eq1"`` is the
+            paper's Eq. 1 as written; the configs' default is ``"useful"``, ``AlgoSettings.bonus``).
+
+    Returns:
+        ``s + delegation_bonus(...)``; ``s`` alone when there is no valid child; NaN when ``own_success``
+        is unscored.
+
+    Raises:
+        ValueError: as :func:`delegation_bonus`, or ``own_success`` outside [0, 1].
+    """
+    b = delegation_bonus(children_success, lam, bonus=bonus, credited=credited)
     s = unit_score(own_success, "own_success")
-    if s is None:
-        return math.nan
-    return s + lam * (sum(valid) / len(valid)) if valid else s
+    return math.nan if s is None else s + b
 
 
-def node_rewards(tree: ExecutionTree, lam: float) -> dict[str, float]:
+def node_rewards(tree: ExecutionTree, lam: float, *, bonus: BonusRule = "eq1") -> dict[str, float]:
     """R of every node of ``tree`` (node id -> Eq. 1 reward, NaN when unscored); the tree is not modified.
 
     Children are the nodes whose ``parent_id`` is the node's id; their base successes ``s`` (not their
-    rewards) enter the bonus. Raises ValueError as :func:`local_node_reward`, naming the tree and node.
+    rewards) enter the bonus, and a child with ``no_bonus`` set is not credited under ``bonus="useful"``.
+    Raises ValueError as :func:`local_node_reward`, naming the tree and node.
     """
-    children: dict[str, list[float | None]] = {}
+    children: dict[str, list[tuple[float | None, bool]]] = {}
     for n in tree.nodes:
         if n.parent_id is not None:
-            children.setdefault(n.parent_id, []).append(n.success)
+            children.setdefault(n.parent_id, []).append((n.success, n.no_bonus is None))
     out = {}
     for n in tree.nodes:
+        kids = children.get(n.node_id, [])
         try:
-            out[n.node_id] = local_node_reward(n.success, children.get(n.node_id, []), lam)
+            out[n.node_id] = local_node_reward(n.success, [s for s, _ in kids], lam, bonus=bonus,
+                                               credited=[c for _, c in kids])
         except ValueError as e:
             raise ValueError(f"tree {tree.tree_id}, node {n.node_id}: {e}") from e
     return out
 
 
-def assign_rewards(tree: ExecutionTree, lam: float) -> ExecutionTree:
+def assign_rewards(tree: ExecutionTree, lam: float, *, bonus: BonusRule = "eq1") -> ExecutionTree:
     """Fill ``node.reward`` of every node of ``tree`` by Eq. (1) (:func:`node_rewards`); NaN when unscored.
 
     The tree is updated IN PLACE and returned, so both ``assign_rewards(t, lam)`` and
     ``t = assign_rewards(t, lam)`` work. Use ``tree.model_copy(deep=True)`` first to keep the input.
     Raises ValueError as :func:`node_rewards`.
     """
-    rewards = node_rewards(tree, lam)
+    rewards = node_rewards(tree, lam, bonus=bonus)
     for n in tree.nodes:
         n.reward = rewards[n.node_id]
     return tree

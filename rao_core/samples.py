@@ -14,7 +14,9 @@ What is dropped, and counted in :class:`SampleStats` ([project choice], docs/alg
   out of the others' baselines (``dropped_nodes_of_dropped_trees`` counts those nodes);
 - ``dropped_small_groups``: groups left with fewer than 2 scored roots (their trees' nodes are counted
   in ``dropped_nodes_of_dropped_trees`` too);
-- ``dropped_empty_nodes``: scored nodes with zero assistant tokens (nothing to train on).
+- ``dropped_empty_nodes``: scored nodes with zero assistant tokens (nothing to train on);
+- with the authors' filters (``AlgoSettings.filter_zero_advantage`` / ``filter_errors``, off by default):
+  ``dropped_zero_advantage``, ``masked_error_tokens``, ``dropped_error_only_nodes``.
 
 A node whose ``token_ids``, ``assistant_mask`` and ``behaviour_logprobs`` differ in length is a broken
 record: :func:`build_samples` raises ValueError naming it, it never drops it silently.
@@ -36,8 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rao_core.advantages import ADVANTAGE_ESTIMATORS, depth_weights, group_baselines, node_advantage
 from rao_core.jsonl import atomic_path, read_jsonl, write_jsonl
-from rao_core.rewards import node_rewards
-from rao_core.tree import ExecutionTree, Node, unscored
+from rao_core.rewards import BonusRule, node_rewards
+from rao_core.tree import CellStatus, ExecutionTree, Node, unscored
 
 __all__ = ["AlgoSettings", "Sample", "SampleBatch", "SampleStats", "build_samples", "node_sample", "read_samples",
            "summarise", "write_samples"]
@@ -86,6 +88,9 @@ class SampleStats(BaseModel):
     dropped_nodes_of_dropped_trees: int = 0  # every node of the two kinds of dropped trees above
     dropped_empty_nodes: int = 0  # scored nodes without assistant tokens
     dropped_child_nodes: int = 0  # warm start: children of demonstration trees not picked for SFT
+    dropped_zero_advantage: int = 0  # samples with A_n = 0 dropped by algo.filter_zero_advantage
+    masked_error_tokens: int = 0  # assistant tokens of error turns masked by algo.filter_errors (A_n > 0)
+    dropped_error_only_nodes: int = 0  # samples left with no assistant token by algo.filter_errors
     samples_per_depth: dict[int, int] = Field(default_factory=dict)
     signal_samples_per_depth: dict[int, int] = Field(default_factory=dict)  # num_signal_samples by depth
     mean_abs_advantage_per_depth: dict[int, float] = Field(default_factory=dict)  # mean |A_n| by depth
@@ -109,25 +114,49 @@ class SampleBatch(BaseModel):
 class AlgoSettings(BaseModel):
     """RAO credit assignment (docs/algorithm.md, "Credit assignment"); the paper's ablations are values here.
 
-    lambda = 0: ``lam: 0``; no depth weights: ``depth_weights: false``; root proxy for every child:
-    ``judge.child_source: root_proxy`` (rao_core.judge.config).
+    lambda = 0: ``lam: 0``; the paper's Eq. (1) as written: ``bonus: eq1``; no depth weights:
+    ``depth_weights: false``; root proxy for every child: ``judge.child_source: root_proxy``
+    (rao_core.judge.config); an outcome-only tree reward: those three together (``lam: 0``).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     G: int = Field(4, ge=2, description="Rollout trees per RL task: the group of the baseline, Eq. (3). G = 1 is "
                    "rejected (no baseline).")
-    lam: float = Field(0.5, ge=0, description="lambda of Eq. (1): weight of the delegation bonus (0: no bonus).")
+    bonus: Literal["useful", "eq1"] = Field(
+        "useful", description="Delegation-bonus rule (rao_core.rewards): useful = cap x (successful credited "
+        "children / children), forwarding and padding children credited nothing (the authors' rule plus an "
+        "exact anti-farming check); eq1 = the paper's Eq. (1) as written, lambda x mean children success.")
+    lam: float | None = Field(None, ge=0, description="Weight of the delegation bonus: lambda of Eq. (1) (bonus "
+                              "eq1; unset = 0.5) or the cap (bonus useful; unset = the environment's "
+                              "delegation_cap). 0: no bonus.")
     advantage: Literal[tuple(ADVANTAGE_ESTIMATORS)] = Field(  # type: ignore[valid-type]
         "leave_one_out", description="Advantage estimator, a key of rao_core.advantages.ADVANTAGE_ESTIMATORS: "
         "leave_one_out (Eq. 3) | group_mean | grpo | none.")
     depth_weights: bool = Field(True, description="Weight samples by Eq. (5); false: every w_d = 1 (ablation).")
+    filter_zero_advantage: bool = Field(
+        False, description="Drop samples whose advantage is 0 before training (the authors' zero-advantage "
+        "filter): they carry no gradient, but count in a token-mean's denominator.")
+    filter_errors: bool = Field(
+        False, description="Mask the assistant tokens of turns whose cell raised an error, in samples with a "
+        "positive advantage (the authors' filter_errors): a solved trajectory does not reinforce its tracebacks.")
+
+    def bonus_weight(self, env: str) -> float:
+        """The weight of the delegation bonus for environment ``env``: ``lam`` when set, else 0.5 for ``eq1``
+        and the environment's ``delegation_cap`` for ``useful``. Raises ValueError on an unknown environment."""
+        if self.lam is not None:
+            return self.lam
+        if self.bonus == "eq1":
+            return 0.5
+        from rao_core.envs import env_class
+
+        return float(env_class(env).delegation_cap)
 
 
-def _node_rewards(tree: ExecutionTree, lam: float | None) -> dict[str, float]:
-    """R of every node: Eq. (1) with ``lam``, or the stored ``node.reward`` when ``lam`` is None."""
+def _node_rewards(tree: ExecutionTree, lam: float | None, bonus: BonusRule) -> dict[str, float]:
+    """R of every node: Eq. (1) with ``lam`` and rule ``bonus``, or the stored ``node.reward`` if ``lam`` is None."""
     if lam is not None:
-        return node_rewards(tree, lam)
+        return node_rewards(tree, lam, bonus=bonus)
     for n in tree.nodes:
         if not unscored(n.success) and n.reward is None:
             raise ValueError(f"tree {tree.tree_id}, node {n.node_id}: scored node has no reward; pass lam= to "
@@ -169,8 +198,8 @@ def summarise(samples: Sequence[Sample], stats: SampleStats | None = None) -> Sa
     return stats
 
 
-def _group_baselines(trees: Sequence[ExecutionTree], lam: float | None, estimator: str, stats: SampleStats,
-                     ) -> tuple[dict[int, tuple[float, float]], dict[int, dict[str, float]]]:
+def _group_baselines(trees: Sequence[ExecutionTree], lam: float | None, bonus: BonusRule, estimator: str,
+                     stats: SampleStats) -> tuple[dict[int, tuple[float, float]], dict[int, dict[str, float]]]:
     """Per kept tree index: (b_g, sigma_g) by ``estimator``, and the node rewards; counts drops in ``stats``."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(trees):
@@ -179,7 +208,7 @@ def _group_baselines(trees: Sequence[ExecutionTree], lam: float | None, estimato
         groups[t.group_id].append(i)
     stats.num_groups = len(groups)
     baseline_of: dict[int, tuple[float, float]] = {}
-    rewards_of = {i: _node_rewards(t, lam) for i, t in enumerate(trees)}
+    rewards_of = {i: _node_rewards(t, lam, bonus) for i, t in enumerate(trees)}
     for gid, idx in groups.items():
         ids = [trees[i].tree_id for i in idx]
         if len(set(ids)) != len(ids):
@@ -200,8 +229,26 @@ def _group_baselines(trees: Sequence[ExecutionTree], lam: float | None, estimato
     return baseline_of, rewards_of
 
 
+def mask_error_turns(sample: Sample, node: Node) -> int:
+    """Zero ``sample``'s assistant mask (and behaviour log-probs) on the completion of every turn of ``node``
+    whose cell raised (``CellStatus.ERROR``): the authors' ``filter_errors``. Turn k's completion sits at
+    positions [len(prompt_k), len(prompt_k) + len(completion_k)) of the trajectory (rao_core.runtime.agent).
+    Returns the number of tokens masked; the sample is changed in place."""
+    masked, size = 0, len(sample.assistant_mask)
+    for t in node.turns:
+        if t.cell_status != CellStatus.ERROR:
+            continue
+        start = len(t.prompt_token_ids)
+        for j in range(start, min(start + len(t.completion_token_ids), size)):
+            if sample.assistant_mask[j]:
+                sample.assistant_mask[j], sample.behaviour_logprobs[j] = 0, 0.0
+                masked += 1
+    return masked
+
+
 def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, estimator: str = "leave_one_out",
-                  depth_weighting: bool = True) -> SampleBatch:
+                  depth_weighting: bool = True, bonus: BonusRule = "eq1", filter_zero_advantage: bool = False,
+                  filter_errors: bool = False) -> SampleBatch:
     """One training sample per scored node of a batch of execution trees (Eqs. 1, 3, 4, 5).
 
     Args:
@@ -212,6 +259,11 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
         estimator: the advantage estimator, a key of ``rao_core.advantages.ADVANTAGE_ESTIMATORS``
             (``AlgoSettings.advantage``; default Eq. 3's leave-one-out).
         depth_weighting: Eq. (5) weights; False gives every sample weight 1 (``AlgoSettings.depth_weights``).
+        bonus: the delegation-bonus rule when ``lam`` is given (rao_core.rewards; ``AlgoSettings.bonus``).
+        filter_zero_advantage: drop samples whose A_n is 0, AFTER the Eq. (5) weights were computed over
+            every kept node (so a level's weight does not depend on how many of its nodes had signal).
+        filter_errors: in samples with A_n > 0, mask the tokens of turns whose cell raised
+            (:func:`mask_error_turns`); a sample left with no assistant token is dropped.
 
     Returns:
         A :class:`SampleBatch`: samples in input tree order, nodes of a tree in depth-first pre-order;
@@ -223,7 +275,7 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
             ``lam`` is None; a success outside [0, 1]; an unknown estimator.
     """
     stats = SampleStats(num_trees=len(trees), num_nodes=sum(len(t.nodes) for t in trees))
-    baseline_of, rewards_of = _group_baselines(trees, lam, estimator, stats)
+    baseline_of, rewards_of = _group_baselines(trees, lam, bonus, estimator, stats)
     samples: list[Sample] = []
     for i, t in enumerate(trees):
         if i not in baseline_of:
@@ -237,11 +289,21 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
                 stats.dropped_nan_nodes += 1
             elif sample.num_assistant_tokens == 0:
                 stats.dropped_empty_nodes += 1
+            elif filter_errors and sample.advantage > 0 and (masked := mask_error_turns(sample, n)):
+                stats.masked_error_tokens += masked
+                if sample.num_assistant_tokens == 0:
+                    stats.dropped_error_only_nodes += 1
+                else:
+                    samples.append(sample)
             else:
                 samples.append(sample)
     if depth_weighting:
         for s, w in zip(samples, depth_weights([s.depth for s in samples])):
             s.weight = w
+    if filter_zero_advantage:
+        kept = [s for s in samples if s.advantage != 0.0]
+        stats.dropped_zero_advantage = len(samples) - len(kept)
+        samples = kept
     return SampleBatch(samples=samples, stats=summarise(samples, stats))
 
 

@@ -123,6 +123,10 @@ class Node(BaseModel):
     # The environment's exact check of this node (``env.verify``, set by the runtime when the node ends):
     # s(X, tau_X) in [0, 1], or None when the environment cannot check it (read it with verifier_value).
     verifier: float | None = None
+    # Why this child earns its parent no delegation bonus under ``algo.bonus: useful`` (the environment's
+    # verdict when it was launched, ``Environment.bonus_exclusion``: e.g. it forwards its parent's goal);
+    # None: it may (rao_core.rewards).
+    no_bonus: str | None = None
     # Filled by judging (issue 7) and credit assignment (Eq. 1):
     success: float | None = None
     success_source: str | None = None  # "verifier" | "judge" | "rule" | "proxy" | "none"

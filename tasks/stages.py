@@ -262,7 +262,9 @@ def judge_trees(ctx: RunContext, iteration: int, trees_uri: str) -> JudgeOutput:
 
     trees = read_trees(fetch(ctx, trees_uri, f"iter-{iteration}/trees.jsonl"))
     scored, stats = judge_trees_sync(trees, ctx.config.tasks.env, ctx.config.judge)
-    scored = [assign_rewards(t, ctx.config.algo.lam) for t in scored]
+    algo = ctx.config.algo
+    weight = algo.bonus_weight(ctx.config.tasks.env)
+    scored = [assign_rewards(t, weight, bonus=algo.bonus) for t in scored]
     path = write_trees(ctx.local(f"iter-{iteration}/scored.jsonl"), scored)
     up = ctx.store().put_file(path, iter_key(iteration, "trees/scored.jsonl"))
     st = stats.model_dump() if hasattr(stats, "model_dump") else dict(stats)
@@ -277,9 +279,11 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
     from rao_core.samples import build_samples, write_samples
 
     trees = read_trees(fetch(ctx, scored_uri, f"iter-{iteration}/scored.jsonl"))
-    batch = build_samples(trees, estimator=ctx.config.algo.advantage, depth_weighting=ctx.config.algo.depth_weights)
     cfg = ctx.config
-    report = validate_training_data(trees, batch, max_depth=cfg.runtime.effective_max_depth, lam=cfg.algo.lam,
+    batch = build_samples(trees, estimator=cfg.algo.advantage, depth_weighting=cfg.algo.depth_weights,
+                          filter_zero_advantage=cfg.algo.filter_zero_advantage, filter_errors=cfg.algo.filter_errors)
+    report = validate_training_data(trees, batch, max_depth=cfg.runtime.effective_max_depth,
+                                    lam=cfg.algo.bonus_weight(cfg.tasks.env),
                                     context_window=cfg.runtime.context_window, estimator=cfg.algo.advantage)
     report["sample_stats"] = batch.stats.model_dump()
     store = ctx.store()

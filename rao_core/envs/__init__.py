@@ -57,12 +57,17 @@ def _load(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def get_env(name: str, **options: Any) -> Environment:
-    """Instantiate environment ``name``; raises ValueError listing the known names if unknown."""
+def env_class(name: str) -> type[Environment]:
+    """The class of environment ``name`` (not instantiated); raises ValueError listing the known names."""
     names = _names()
     if name not in names:
         raise ValueError(f"unknown environment {name!r}; expected one of {sorted(names)}")
-    return _load(REGISTRY[names[name]].env)(**options)
+    return _load(REGISTRY[names[name]].env)
+
+
+def get_env(name: str, **options: Any) -> Environment:
+    """Instantiate environment ``name``; raises ValueError listing the known names if unknown."""
+    return env_class(name)(**options)
 
 
 def oracle_policy(env_name: str) -> Policy:
@@ -87,5 +92,6 @@ def packaged_judge_prompt(env_name: str) -> Path | None:
 
 __all__ = [
     "REGISTRY", "ChildSpec", "ENV_NAMES", "EnvEntry", "Environment", "Episode", "Task", "ToolError", "ToolSpec",
-    "canonical_name", "get_env", "load_tasks", "oracle_policy", "packaged_judge_prompt", "tool", "write_tasks",
+    "canonical_name", "env_class", "get_env", "load_tasks", "oracle_policy", "packaged_judge_prompt", "tool",
+    "write_tasks",
 ]

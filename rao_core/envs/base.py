@@ -259,6 +259,27 @@ class Environment(ABC):
     name: ClassVar[str]
     #: True when every node (not only roots) has an exact verifier (TextCraft-Synth).
     exact_subtask_verifier: ClassVar[bool] = False
+    #: Default cap of the delegation bonus (``algo.bonus: useful`` with ``algo.lam`` unset; rao_core.rewards).
+    #: Each environment sets its own, with its source (docs/algorithm.md, "Ours vs the authors' code").
+    delegation_cap: ClassVar[float] = 0.4
+
+    def bonus_exclusion(self, episode: Episode, parent: Node, child: ChildSpec) -> str | None:
+        """Why a child launched by ``parent`` with ``child`` earns ``parent`` no delegation bonus, or None.
+
+        The anti-farming rule of ``algo.bonus: useful`` (rao_core.rewards), stored in ``Node.no_bonus`` at
+        launch. Default, for environments whose goals are free text (whitespace and case normalised): the
+        child's whole goal text is its parent's, or the child's goal is the parent's goal or question with no
+        context of its own (a split of a long input passes a part as context: the judge decides that one,
+        docs/judging.md). Environments with structured goals override it (TextCraft: targets and recipes).
+        """
+        def norm(text: Any) -> str:
+            return " ".join(str(text or "").split()).casefold()
+
+        own = {norm(parent.goal), norm(parent.goal_args.get("goal")), norm(parent.goal_args.get("question"))} - {""}
+        if norm(child.goal) in own or (norm(child.goal_args.get("goal")) in own
+                                       and not norm(child.goal_args.get("context"))):
+            return "forwards its parent's goal"
+        return None
 
     @classmethod
     @functools.cache

@@ -402,7 +402,8 @@ async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: di
     steps = cfg.max_steps_per_node if spec.max_steps is None else max(1, min(spec.max_steps,
                                                                              cfg.max_steps_per_node))
     child = Node(node_id=f"{parent.node_id}.{len(parent.children)}", parent_id=parent.node_id,
-                 depth=parent.depth + 1, goal=spec.goal, goal_args=spec.goal_args, max_steps=steps)
+                 depth=parent.depth + 1, goal=spec.goal, goal_args=spec.goal_args, max_steps=steps,
+                 no_bonus=ctx.env.bonus_exclusion(ctx.episode, parent, spec))
     parent.children.append(child.node_id)
     ctx.tree.nodes.append(child)
     await _run_node(ctx, child)

@@ -7,6 +7,7 @@ import pytest
 from rao_core.advantages import depth_weights
 from rao_core.rewards import assign_rewards, local_node_reward
 from rao_core.samples import SampleBatch, build_samples, read_samples, write_samples
+from rao_core.tree import Node
 from tests.algo.helpers import node, tree, wide_tree
 
 
@@ -228,3 +229,60 @@ def test_ablations_are_config_values():
     assert AlgoSettings().advantage == "leave_one_out" and AlgoSettings().depth_weights is True
     with pytest.raises(ValueError, match="'leave_one_out', 'group_mean', 'grpo' or 'none'"):
         AlgoSettings(advantage="median")
+
+
+# ------------------------------------------------------------- the authors' filters (issue 37) ----------------------
+def _turned_node(node_id: str, parent: str | None, depth: int, success: float, statuses: list[str]) -> Node:
+    """A node with one turn per status: turn k's prompt is 3 + 4k ids long and it generates 2 ids (1 prompt id
+    between turns), so turn k's completion sits at [3 + 4k, 5 + 4k) of the trajectory."""
+    from rao_core.tree import CellStatus, EndReason, Turn
+
+    turns, ids = [], list(range(1, 4))
+    for k, st in enumerate(statuses):
+        gen = [100 + 2 * k, 101 + 2 * k]
+        turns.append(Turn(prompt_token_ids=list(ids), completion_token_ids=gen, completion_logprobs=[-0.1, -0.2],
+                          text="", cell_status=CellStatus(st)))
+        ids = ids + gen + [7, 8]
+    last = turns[-1]
+    traj = last.prompt_token_ids + last.completion_token_ids
+    mask = [0] * len(traj)
+    lps = [0.0] * len(traj)
+    for t in turns:
+        s = len(t.prompt_token_ids)
+        mask[s:s + 2], lps[s:s + 2] = [1, 1], [-0.1, -0.2]
+    return Node(node_id=node_id, parent_id=parent, depth=depth, goal=node_id, token_ids=traj, assistant_mask=mask,
+                behaviour_logprobs=lps, turns=turns, end_reason=EndReason.FINISHED, success=success)
+
+
+def test_filter_errors_masks_error_turns_of_positive_advantage_samples_only():
+    ok = _turned_node("r", None, 0, 1.0, ["error", "ok", "error"])
+    bad = _turned_node("r", None, 0, 0.0, ["error", "ok"])
+    trees = [tree("a", "g", [ok]), tree("b", "g", [bad])]
+    plain = build_samples(trees, 0.5)
+    filt = build_samples(trees, 0.5, filter_errors=True)
+    a_plain, a_filt = plain.samples[0], filt.samples[0]
+    assert a_filt.advantage == 1.0 and a_plain.num_assistant_tokens == 6
+    # turns 0 and 2 raised: their completions at [3, 5) and [11, 13) lose the mask; turn 1's at [7, 9) stays
+    assert [j for j, m in enumerate(a_filt.assistant_mask) if m] == [7, 8]
+    assert a_filt.behaviour_logprobs[3] == 0.0 and a_filt.behaviour_logprobs[7] == -0.1
+    assert filt.stats.masked_error_tokens == 4
+    # the failed tree (A = -1) keeps its error turns: the authors suppress positive credit only
+    assert filt.samples[1].assistant_mask == plain.samples[1].assistant_mask
+    # a positive sample made only of error turns is dropped and counted
+    only = build_samples([tree("a", "g", [_turned_node("r", None, 0, 1.0, ["error"])]),
+                          tree("b", "g", [_turned_node("r", None, 0, 0.0, ["ok"])])], 0.5, filter_errors=True)
+    assert only.stats.dropped_error_only_nodes == 1 and [s.tree_id for s in only.samples] == ["b"]
+
+
+def test_filter_zero_advantage_drops_after_the_depth_weights():
+    # group of two trees, both roots succeed (A_root = 0); tree a's children: s = 1 and 0 -> R = 1, 0; b: none
+    a = tree("a", "g", [node("r", None, 0, 1.0), node("c0", "r", 1, 1.0), node("c1", "r", 1, 0.0)])
+    b = tree("b", "g", [node("r", None, 0, 1.0)])
+    # lam 0: R(root) = 1 both -> baselines 1; A: roots 0, c0 0, c1 -1
+    plain = build_samples([a, b], 0.0)
+    filt = build_samples([a, b], 0.0, filter_zero_advantage=True)
+    assert [(s.tree_id, s.node_id) for s in filt.samples] == [("a", "c1")]
+    assert filt.stats.dropped_zero_advantage == 3
+    # weights from all 4 kept nodes (N = 4, K = 2: depth 0 -> 2 / 2 = 1, depth 1 -> 2 / 2 = 1), not from 1
+    assert filt.samples[0].weight == next(s.weight for s in plain.samples if s.node_id == "c1") == 1.0
+    assert filt.stats.num_samples == 1

@@ -93,6 +93,9 @@ class ArteEnv(Environment):
     """ART-E (spec ``benchmarks.md`` section 4). ``ArteEnv(**ArteConfig fields)``."""
 
     name = "arte"
+    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
+    #: the authors' ART-E reward processor (issue 37: ApGa/platoon plugins/arte train_areal.py).
+    delegation_cap = 0.4
     difficulties = DIFFICULTIES
 
     def __init__(self, **options: Any):

@@ -24,6 +24,9 @@ class OolongEnv(Environment):
     """Oolong (``oolong``): long-context aggregation questions over D&D transcripts."""
 
     name = "oolong"
+    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
+    #: the authors' Oolong reward processor (issue 37: ApGa/platoon plugins/oolong train_areal.py).
+    delegation_cap = 0.4
     difficulties = (*QUESTION_TYPES, "mixed")
     exact_subtask_verifier = False
 

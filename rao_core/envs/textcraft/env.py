@@ -75,6 +75,13 @@ class TextCraftEnv(Environment):
     name = ENV_NAME
     difficulties = (*DIFFICULTIES, "mixed")
     exact_subtask_verifier = True
+    #: The cap of the ``useful`` delegation bonus: the authors' TextCraft-Synth ceiling (ApGa/platoon commit
+    #: 97e7601, plugins/textcraft: synth_rollout.py ``per_step_subagent_reward_ceiling=0.4`` and
+    #: train_areal_synth.py's reward processor ``min(..., 0.4)``). Their platoon 0.4.0 sets 0 for
+    #: ``textcraft-synth@1`` (platoon/rewards.py), because a router that forwards everything collects the bonus
+    #: in full; here :meth:`bonus_exclusion` refuses forwarding and padding exactly, so the bonus stays
+    #: [project choice, docs/algorithm.md].
+    delegation_cap = 0.4
     def extra_system_prompt(self) -> str:
         """Rules of the crafting world shown to every node."""
         return (
@@ -184,6 +191,31 @@ class TextCraftEnv(Environment):
             raise ToolError(f"launch_subagent: context must be a string, got {type(context).__name__}")
         return ChildSpec(goal=self.goal_text(targets, context), goal_args={"targets": targets, "context": context},
                          max_steps=num_steps)
+
+    def bonus_exclusion(self, episode: Episode, parent: Node, child: ChildSpec) -> str | None:
+        """Why ``child`` earns ``parent`` no delegation bonus (``algo.bonus: useful``), or None.
+
+        Exact, from the structured goals and the recipe graph: a child whose targets cover all of the
+        parent's targets (each at least the parent's count) forwards the parent's goal; a child asking for an
+        item that is neither one of the parent's targets nor an ingredient, at any depth, of one of them is
+        not part of the parent's goal (padding). A child crafting a strict part of the job is credited.
+        """
+        assert isinstance(episode, TextCraftEpisode)
+        own: dict[str, int] = parent.goal_args.get("targets") or {}
+        sub: dict[str, int] = child.goal_args.get("targets") or {}
+        if not own or not sub:
+            return None
+        if all(sub.get(i, 0) >= c for i, c in own.items()):
+            return "forwards its parent's goal (all of its targets)"
+        needed, todo = set(own), list(own)
+        while todo:
+            recipe = episode.graph.recipes.get(todo.pop())
+            for ing in recipe.ingredients if recipe else ():
+                if ing not in needed:
+                    needed.add(ing)
+                    todo.append(ing)
+        outside = [i for i in sub if i not in needed]
+        return f"not part of its parent's goal ({', '.join(outside)})" if outside else None
 
     @staticmethod
     def _target_counts(episode: TextCraftEpisode, node: Node) -> dict[str, int]:
