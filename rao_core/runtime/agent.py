@@ -121,6 +121,7 @@ class _TreeCtx:
     steps: int = 0
     timed_out: bool = False
     ended: set[str] = field(default_factory=set)  # node ids already finalised by _end_node
+    child_locks: dict[str, asyncio.Lock] = field(default_factory=dict)  # parent id -> lock (sequential_children)
 
     @property
     def config(self) -> RuntimeConfig:
@@ -406,7 +407,11 @@ async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: di
                  no_bonus=ctx.env.bonus_exclusion(ctx.episode, parent, spec))
     parent.children.append(child.node_id)
     ctx.tree.nodes.append(child)
-    await _run_node(ctx, child)
+    if cfg.sequential_children:  # one child of this parent at a time, in launch order (asyncio.Lock is FIFO)
+        async with ctx.child_locks.setdefault(parent.node_id, asyncio.Lock()):
+            await _run_node(ctx, child)
+    else:
+        await _run_node(ctx, child)
     if child.end_reason != EndReason.FINISHED:
         raise ToolError(f"sub-agent ended without finishing ({child.end_reason.value})")
     return child.result

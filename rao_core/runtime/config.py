@@ -72,6 +72,10 @@ class RuntimeConfig(BaseModel):
         "three quarters of each batch the policy's own, so most groups of G rollouts still compare.")
     delegation: bool = Field(True, description="False = single-agent baseline: max depth 0 and no "
                              "launch_subagent in the prompt or the REPL.")
+    sequential_children: bool = Field(False, description="Run each parent's children one at a time, whatever its "
+                                      "code asks (asyncio.gather included): a runtime switch for wall-clock "
+                                      "studies (docs/benchmarks.md), not a prompt; the trees and results are "
+                                      "otherwise the same. False: children run as the code launches them.")
     sandbox: Literal["bwrap", "none"] = Field("bwrap", description="'bwrap' (bubblewrap, default) or "
                                              "'none' (plain subprocess with rlimits; debugging only).")
     repl_pool_size: int = Field(2, ge=0, description="Pre-started idle REPL processes (hide start-up).")

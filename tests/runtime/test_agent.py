@@ -174,6 +174,21 @@ async def test_single_agent_mode(tok):
     assert tree.meta["max_depth"] == 0
 
 
+@pytest.mark.parametrize("sequential", [False, True])
+async def test_sequential_children_switch_runs_gathered_children_one_at_a_time(tok, sequential):
+    """runtime.sequential_children: the same gather, the same tree, but no two children's lives overlap."""
+    pol = ReplayPolicy(by_depth={0: [cell("r = await asyncio.gather(*[launch_subagent(f'c{i}') for i in range(3)])\n"
+                                          "finish(r)")],
+                                 1: [cell("finish(1)")]}, delay_s=0.3)
+    tree = await run_tree(FakeEnv(), task(), pol, cfg(sequential_children=sequential), tokenizer=tok)
+    kids = sorted((n for n in tree.nodes if n.depth == 1), key=lambda n: n.node_id)
+    assert [n.end_reason for n in kids] == [EndReason.FINISHED] * 3 and tree.root.result == [1, 1, 1]
+    spans = [(n.timings.started_at, n.timings.started_at + n.timings.wall_s) for n in kids]
+    overlap = any(b0 < a1 - 1e-3 for (_, a1), (b0, _) in zip(spans, spans[1:]))
+    assert overlap is not sequential, spans
+    assert (pol.max_in_flight == 1) is sequential  # the root waits; the children's requests never overlap
+
+
 class BrokenPrefixPolicy(Policy):
     """Echoes prompt ids with one id changed on the second turn (a re-tokenisation bug)."""
 
