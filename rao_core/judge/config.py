@@ -37,7 +37,8 @@ class JudgeConfig(BaseModel):
     """Settings of the judging stage: which source scores a node, and how the LLM judge is called.
 
     Source selection per node (see ``rao_core.judge.stage``): ``verifier`` when the runtime stored an
-    exact value in ``node.verifier``; else ``judge`` when ``enabled`` and the
+    exact value in ``node.verifier``; else ``rule`` for a node that forwarded its goal
+    (``forwarding_is_failure``); else ``judge`` when ``enabled`` and the
     environment is in ``judge_envs``; else ``proxy`` (the node inherits its root's success, the paper's
     fallback) when ``use_proxy``; else ``none`` (NaN).
 
@@ -82,6 +83,11 @@ class JudgeConfig(BaseModel):
     unfinished_is_failure: bool = Field(
         True, description="A sub-agent node that did not finish (step/context limit, crash, cancellation) gets "
         "s = 0 (source 'rule') before any verifier, judge or proxy, so it never earns its parent a bonus."
+    )
+    forwarding_is_failure: bool = Field(
+        True, description="A sub-agent node without a verifier value whose only child was given the node's own "
+        "goal (whitespace and case normalised) gets s = 0 (source 'rule', judge.rule 'forwarded') without a "
+        "request: forwarding the whole task earns its parent no delegation bonus (issue 37)."
     )
     infra_failures: Literal["unscored", "failure"] = Field(
         "unscored", description="Trees whose root ended by policy_error, sandbox_error, token_prefix_break or "

@@ -12,11 +12,15 @@ name's file; then the prompt shipped in the environment's package, ``EnvEntry.ju
     === system ===
     ...system message...
     === user ===
-    ...user message with {{goal}}, {{result}} and {{cells}}...
+    ...user message with {{goal}}, {{result}} and optionally {{cells}}, {{parent_goal}}, {{subtasks}}...
 
 The prompt version recorded on nodes and used in the cache key is ``<name>/v<version>#<sha8>``, where
 ``sha8`` is a hash of the file's text: editing a prompt without bumping ``version`` still changes the key,
 so a stale cached verdict is never reused for a different prompt.
+
+``parent_goal`` (the goal of the node's parent) and ``subtasks`` (the goals of the sub-agents the node
+launched) need the tree; they let a prompt fail a node that only forwarded its task (issue 37). Prompts
+that do not use them render as before.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pydantic import BaseModel
 from rao_core.envs import canonical_name, packaged_judge_prompt
 from rao_core.tree import EndReason, Node
 
-PLACEHOLDERS = ("goal", "result", "cells")
+PLACEHOLDERS = ("goal", "result", "cells", "parent_goal", "subtasks")
 _PLACEHOLDER_RE = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
 NO_CELLS = "(not shown)"
 
@@ -50,9 +54,15 @@ class JudgePrompt(BaseModel):
     user: str
     path: str
 
-    def render(self, *, goal: str, result: str, cells: str) -> list[dict[str, str]]:
+    @property
+    def placeholders(self) -> frozenset[str]:
+        """The placeholders the user section uses."""
+        return frozenset(_PLACEHOLDER_RE.findall(self.user))
+
+    def render(self, *, goal: str, result: str, cells: str, parent_goal: str = NO_CELLS,
+               subtasks: str = NO_CELLS) -> list[dict[str, str]]:
         """Chat messages ``[system, user]`` with the placeholders filled (values inserted verbatim)."""
-        values = {"goal": goal, "result": result, "cells": cells}
+        values = {"goal": goal, "result": result, "cells": cells, "parent_goal": parent_goal, "subtasks": subtasks}
         user = _PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], self.user)
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
@@ -134,4 +144,13 @@ def summarize_cells(node: Node, max_chars: int, *, per_cell_chars: int = 600) ->
                       f"{clip(obs, per_cell_chars) or '(nothing printed)'}")
     if not blocks:
         return "(no code cells)"
+    return clip("\n".join(blocks), max_chars)
+
+
+def summarize_subtasks(children: list[Node], max_chars: int, *, per_goal_chars: int = 600) -> str:
+    """The goals of the sub-agents a node launched, one block each (clipped to ``per_goal_chars``), the whole
+    at most ``max_chars``; ``"(none: it launched no sub-agent)"`` for a node without children."""
+    if not children:
+        return "(none: it launched no sub-agent)"
+    blocks = [f"[sub-agent {i}] {clip(c.goal.strip(), per_goal_chars)}" for i, c in enumerate(children, 1)]
     return clip("\n".join(blocks), max_chars)

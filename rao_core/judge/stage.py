@@ -9,7 +9,13 @@ section 2):
    (``JudgeStats.infra_unscored``); b. ``unfinished_is_failure``: a sub-agent node that did not finish
    gets s = 0 (source ``rule``, ``node.judge["rule"] = "unfinished"``), so a crashed child never earns
    its parent the delegation bonus.
-1. ``verifier``: the exact value the runtime stored in ``node.verifier`` (None/NaN counts as absent).
+1. a. ``verifier``: the exact value the runtime stored in ``node.verifier`` (None/NaN counts as absent);
+   b. rule ``forwarded`` ([project choice], issue 37): with ``forwarding_is_failure``, a sub-agent node
+   without a verifier value whose only child was given the node's own goal (whitespace and case
+   normalised, :func:`forwards_its_goal`) gets s = 0 (source ``rule``, ``node.judge["rule"] =
+   "forwarded"``) without a request: forwarding the whole task does no work, so it never earns its parent
+   the delegation bonus. Near-forwarding (a reworded goal, the parent's question returned as the answer) is
+   left to the judge, whose prompts fail it (they see ``parent_goal`` and ``subtasks``).
 2. ``judge``: the LLM judge, when ``config.enabled``, the environment is in ``config.judge_envs`` (None =
    all) and the node is not a root (unless ``config.judge_roots``); an answer unparseable after
    ``parse_retries`` retries, or a transport error after retries, gives s = NaN with the raw text kept.
@@ -20,7 +26,7 @@ section 2):
 
 Departure from the paper: the paper uses gpt-5-mini as judge; here any OpenAI-compatible endpoint
 (default: the project's local vLLM service), a persistent cache, a per-iteration budget, and the
-unfinished-node rule are project additions, all configurable.
+unfinished and forwarded rules are project additions, all configurable.
 
 Input trees are never mutated: ``judge_trees`` returns deep copies with ``success``,
 ``success_source`` and ``judge`` filled on every node (``judge`` is None for verifier/proxy/none nodes).
@@ -38,7 +44,8 @@ import openai
 from rao_core.judge.budget import JudgeStats
 from rao_core.judge.client import JudgeOutcome, Judger
 from rao_core.judge.config import JudgeConfig
-from rao_core.judge.prompting import NO_CELLS, JudgePrompt, clip, load_prompt, render_result, summarize_cells
+from rao_core.judge.prompting import (NO_CELLS, JudgePrompt, clip, load_prompt, render_result, summarize_cells,
+                                     summarize_subtasks)
 from rao_core.tree import EndReason, ExecutionTree, Node, unscored, verifier_value
 
 NAN = float("nan")
@@ -47,12 +54,40 @@ INFRA_END_REASONS = frozenset({EndReason.POLICY_ERROR, EndReason.SANDBOX_ERROR, 
                                EndReason.TREE_TIMEOUT})
 
 
-def judge_inputs(node: Node, prompt: JudgePrompt, config: JudgeConfig) -> tuple[list[dict[str, str]], str, str, str]:
-    """Render the judge's chat messages for ``node``: returns (messages, goal, result, cells) texts."""
+def _normalised(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def forwards_its_goal(node: Node, tree: ExecutionTree) -> bool:
+    """Rule 1b: ``node`` launched exactly one sub-agent and gave it the node's own goal (whitespace and case
+    normalised)."""
+    children = tree.children_of(node.node_id)
+    return len(children) == 1 and _normalised(children[0].goal) == _normalised(node.goal)
+
+
+def tree_fields(node: Node, tree: ExecutionTree, config: JudgeConfig) -> dict[str, str]:
+    """The prompt fields that need the tree: ``parent_goal`` and ``subtasks`` (goals of the node's children)."""
+    parent = ("(none: this agent is the root)" if node.parent_id is None
+              else clip(tree.node(node.parent_id).goal, config.max_goal_chars))
+    return {"parent_goal": parent,
+            "subtasks": summarize_subtasks(tree.children_of(node.node_id), config.max_goal_chars)}
+
+
+def judge_inputs(node: Node, prompt: JudgePrompt, config: JudgeConfig, *,
+                 tree: ExecutionTree | None = None) -> tuple[list[dict[str, str]], str, str, str]:
+    """Render the judge's chat messages for ``node``: returns (messages, goal, result, cells) texts.
+
+    ``tree`` fills ``parent_goal`` and ``subtasks`` (without it they read "(not shown)"). The returned
+    ``goal`` is the cache key's goal: the node's goal, followed by the tree fields the prompt uses, so a
+    verdict is never reused for another parent or other sub-tasks.
+    """
     goal = clip(node.goal, config.max_goal_chars)
     result = render_result(node, config.max_result_chars)
     cells = summarize_cells(node, config.max_summary_chars) if config.include_cells else NO_CELLS
-    return prompt.render(goal=goal, result=result, cells=cells), goal, result, cells
+    extra = tree_fields(node, tree, config) if tree is not None else {}
+    messages = prompt.render(goal=goal, result=result, cells=cells, **extra)
+    key_goal = goal + "".join(f"\n[{k}]\n{v}" for k, v in sorted(extra.items()) if k in prompt.placeholders)
+    return messages, key_goal, result, cells
 
 
 def _judge_record(out: JudgeOutcome, config: JudgeConfig, prompt: JudgePrompt) -> dict[str, Any]:
@@ -115,13 +150,17 @@ async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, conf
                 v = verifier_value(node)
                 if v is not None:
                     _set(node, v, "verifier")
+                elif (config.forwarding_is_failure and node.node_id != tree.root_id
+                        and forwards_its_goal(node, tree)):
+                    _set(node, 0.0, "rule", {"verdict": "no", "rule": "forwarded", "reason":
+                                             "its only sub-agent was given the node's own goal: no work of its own"})
                 elif _wants_judge(node, tree, env, config):
                     if env not in prompts:
                         prompts[env] = load_prompt(env, config.prompt_dir)
                     prompt = prompts[env]
                     if judger is None:
                         judger = Judger(config, stats, client=client)
-                    messages, goal, result, cells = judge_inputs(node, prompt, config)
+                    messages, goal, result, cells = judge_inputs(node, prompt, config, tree=tree)
                     task = asyncio.ensure_future(judger.judge(messages, prompt_version=prompt.version, goal=goal,
                                                               result=result, cells=cells))
                     jobs.append((node, prompt, task))

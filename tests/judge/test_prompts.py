@@ -8,7 +8,10 @@ from rao_core.judge import JudgeConfig, PromptError, load_prompt
 from rao_core.judge.config import DEFAULT_PROMPT_DIR
 from rao_core.judge.prompting import render_result, summarize_cells
 from rao_core.judge.stage import judge_inputs
-from tests.judge.conftest import node
+from tests.judge.conftest import node, tree
+
+#: Version of each shipped prompt (v2: the issue-37 failure rules).
+VERSIONS = {"textcraft-synth": 1, "oolong": 2, "deepdive": 2, "arte": 2, "default": 2}
 
 
 @pytest.mark.parametrize(("env", "file"), [
@@ -17,7 +20,7 @@ from tests.judge.conftest import node
 ])
 def test_every_env_has_a_prompt(env, file):
     p = load_prompt(env, DEFAULT_PROMPT_DIR)
-    assert p.name == file and p.version.startswith(f"{file}/v1#") and len(p.version.split("#")[1]) == 8
+    assert p.name == file and p.version.startswith(f"{file}/v{VERSIONS[file]}#") and len(p.version.split("#")[1]) == 8
     msgs = p.render(goal="GOAL-TEXT", result="RESULT-TEXT", cells="CELLS-TEXT")
     assert [m["role"] for m in msgs] == ["system", "user"]
     assert "GOAL-TEXT" in msgs[1]["content"] and "RESULT-TEXT" in msgs[1]["content"]
@@ -76,3 +79,70 @@ def test_judge_inputs_respect_include_cells(tmp_path):
     assert (goal, result) == ("count rolls", "7") and "print(1)" in msgs[1]["content"]
     msgs, _, _, cells = judge_inputs(n, p, JudgeConfig(include_cells=False))
     assert cells == "(not shown)" and "print(1)" not in msgs[1]["content"]
+
+
+def _issue37_tree(env: str):
+    """p asks the question; n works on a part with a regex, hits the depth limit once and delegates once."""
+    cells = [("import re\nprint(len(re.findall(r'Vex rolls', context)))", "7"),
+             ("r = await launch_subagent('deeper')", "ToolError: launch_subagent refused: maximum depth 2 reached")]
+    return tree(env, [node("p", None, goal="PARENT-QUESTION: how many rolls?"),
+                      node("n", "p", depth=1, goal="NODE-GOAL: count the rolls in chunk 1", result=7, cells=cells),
+                      node("k", "n", depth=2, goal="CHILD-GOAL: count the rolls in half of chunk 1")])
+
+
+#: Each issue-37 rule: the words the system message must hold, per prompt.
+FORWARDING = ("only forwarded its task", "its own goal unchanged", "returned its parent's goal or question")
+RULES = {
+    "oolong": FORWARDING + ("string matching, regex or keyword counting", "re.findall",
+                            "read or delegate, do not pattern-match"),
+    "arte": FORWARDING + ('"launch_subagent refused"', "maximum depth reached", "the sub-agent that never ran"),
+    "deepdive": FORWARDING,
+    "default": FORWARDING,
+}
+
+
+@pytest.mark.parametrize("env", sorted(RULES))
+def test_prompts_state_the_issue_37_failure_rules_and_show_their_inputs(env):
+    """The system message states each rule as a "no" criterion; the user message shows what applying them
+    needs: the parent's goal, the delegated goals and the cells (the regex call, the refused launch)."""
+    t = _issue37_tree(env)
+    p = load_prompt(env, DEFAULT_PROMPT_DIR)
+    assert {"parent_goal", "subtasks", "cells"} <= p.placeholders
+    msgs, goal, _, _ = judge_inputs(t.node("n"), p, JudgeConfig(), tree=t)
+    system, user = msgs[0]["content"], msgs[1]["content"]
+    assert 'Also answer "no" when:' in system
+    for phrase in RULES[env]:
+        assert phrase in system, phrase
+    assert "## Parent's goal" in user and "## Sub-tasks it delegated" in user
+    for shown in ("NODE-GOAL", "PARENT-QUESTION", "[sub-agent 1] CHILD-GOAL", "re.findall(r'Vex rolls', context)",
+                  "launch_subagent refused: maximum depth 2 reached"):
+        assert shown in user, shown
+    assert "{{" not in user
+    # the cache key's goal carries the shown tree fields, so another parent is another key
+    assert goal.startswith("NODE-GOAL") and "PARENT-QUESTION" in goal and "CHILD-GOAL" in goal
+
+
+def test_tree_fields_of_a_root_and_a_leaf():
+    t = _issue37_tree("oolong")
+    p = load_prompt("oolong", DEFAULT_PROMPT_DIR)
+    root = judge_inputs(t.root, p, JudgeConfig(), tree=t)[0][1]["content"]
+    leaf = judge_inputs(t.node("k"), p, JudgeConfig(), tree=t)[0][1]["content"]
+    assert "(none: this agent is the root)" in root and "[sub-agent 1] NODE-GOAL" in root
+    assert "NODE-GOAL" in leaf and "(none: it launched no sub-agent)" in leaf
+    # without the tree (calibration) the fields read "(not shown)" and the key is the plain goal
+    msgs, goal, _, _ = judge_inputs(t.node("n"), p, JudgeConfig())
+    assert goal == "NODE-GOAL: count the rolls in chunk 1" and msgs[1]["content"].count("(not shown)") == 2
+
+
+def test_a_prompt_without_the_new_fields_renders_as_before(tmp_path):
+    """A prompt written before issue 37 (goal, result, cells only) renders unchanged and keeps its key."""
+    _write(tmp_path, "=== system ===\nS\n=== user ===\nG={{goal}} R={{result}} C={{cells}}")
+    t = _issue37_tree("x")
+    p = load_prompt("x", tmp_path)
+    msgs, goal, result, cells = judge_inputs(t.node("n"), p, JudgeConfig(), tree=t)
+    assert msgs[1]["content"] == f"G=NODE-GOAL: count the rolls in chunk 1 R=7 C={cells}"
+    assert goal == "NODE-GOAL: count the rolls in chunk 1" and result == "7"
+    # the TextCraft prompt uses none of the tree fields: its cache key does not depend on the tree
+    t = _issue37_tree("textcraft-synth")
+    p = load_prompt("textcraft-synth", DEFAULT_PROMPT_DIR)
+    assert judge_inputs(t.node("n"), p, JudgeConfig(), tree=t)[1:] == judge_inputs(t.node("n"), p, JudgeConfig())[1:]

@@ -57,7 +57,7 @@ async def test_free_form_subtasks_go_to_the_judge(config):
     assert stats.requests == 2 and len(srv.requests) == 2 and stats.unfinished_rule == 1
     a, c = out[0].node("a").judge, out[0].node("c").judge
     assert a["verdict"] == "yes" and a["reason"] == "fine" and a["raw"] == YES and a["model"] == "judge"
-    assert a["prompt_version"].startswith("oolong/v1#") and a["cached"] is False and a["parsed_by"] == "json"
+    assert a["prompt_version"].startswith("oolong/v2#") and a["cached"] is False and a["parsed_by"] == "json"
     assert c["rule"] == "unfinished" and c["verdict"] == "no"
     sent = srv.requests[0]["body"]
     assert sent["model"] == "judge" and sent["temperature"] == 0.0 and sent["max_tokens"] == 256
@@ -309,3 +309,95 @@ def test_schema_1_tree_file_loads_with_its_verifier_value(config, tmp_path):
     (tmp_path / "future.jsonl").write_text(json.dumps(line) + "\n")
     with pytest.raises(ValueError, match="schema_version 3, expected 2"):
         read_trees(tmp_path / "future.jsonl")
+
+
+def forwarding_tree():
+    """r (root, verifier) -> a forwards its own goal to a1; b delegates a strict part of its goal to b1;
+    c launches two sub-agents, one of them with c's own goal."""
+    return tree("oolong", [
+        node("r", None, verifier=1.0, goal="How many rolls did Vex make in the transcript?"),
+        node("a", "r", depth=1, goal="Count the rolls of Vex in episode 1."),
+        node("a1", "a", depth=2, goal="  count the ROLLS of vex\nin episode 1. "),  # same goal, normalised
+        node("b", "r", depth=1, goal="Count the rolls of Vex in episode 2."),
+        node("b1", "b", depth=2, goal="Count the rolls of Vex in the first half of episode 2."),
+        node("c", "r", depth=1, goal="Count the rolls of Vex in episode 3."),
+        node("c1", "c", depth=2, goal="Count the rolls of Vex in episode 3."),
+        node("c2", "c", depth=2, goal="Count the rolls of Vex in the second half of episode 3."),
+    ])
+
+
+def yes(body, _idx):
+    return 200, YES, {}
+
+
+async def test_a_node_that_forwards_its_goal_is_failed_by_rule(config):
+    """Issue 37: a forwarded its whole goal to its only child, so s(a) = 0 without a request and a earns r
+    no delegation bonus; b (a strict part) and c (two sub-agents) go to the judge as before."""
+    with FakeOpenAI(yes) as srv:
+        out, stats = await judge_trees([forwarding_tree()], "oolong", config.model_copy(
+            update={"base_url": srv.base_url}))
+    assert src(out[0]) == {"r": ("verifier", 1.0), "a": ("rule", 0.0), "a1": ("judge", 1.0), "b": ("judge", 1.0),
+                           "b1": ("judge", 1.0), "c": ("judge", 1.0), "c1": ("judge", 1.0), "c2": ("judge", 1.0)}
+    a = out[0].node("a").judge
+    assert a["rule"] == "forwarded" and a["verdict"] == "no" and "own goal" in a["reason"]
+    assert stats.requests == 6 and stats.sources["rule"] == 1 and stats.unfinished_rule == 0
+    sent = [r["body"]["messages"][1]["content"] for r in srv.requests]
+    assert not any(c.startswith("## Sub-task goal\nCount the rolls of Vex in episode 1.") for c in sent)
+    # the switch hands a back to the judge (and so does the proxy with the judge off: a inherits r's 1.0)
+    out, _ = await judge_trees([forwarding_tree()], "oolong", config.model_copy(
+        update={"enabled": False, "forwarding_is_failure": False}))
+    assert src(out[0])["a"] == ("proxy", 1.0)
+    out, _ = await judge_trees([forwarding_tree()], "oolong", config.model_copy(update={"enabled": False}))
+    assert src(out[0])["a"] == ("rule", 0.0) and src(out[0])["b"] == ("proxy", 1.0)
+
+
+async def test_forwarding_rule_spares_roots_verifiers_and_the_ablation(config):
+    """A root that forwards is scored by its own source (here the judge, judge_roots on); a forwarding node
+    with an exact verifier keeps it; child_source root_proxy skips the rule like every other."""
+    t = tree("oolong", [node("r", None, goal="Q?"), node("k", "r", depth=1, goal="q?", verifier=0.75),
+                        node("k1", "k", depth=2, goal="Q?")])
+    with FakeOpenAI(yes) as srv:
+        out, _ = await judge_trees([t], "oolong", config.model_copy(
+            update={"base_url": srv.base_url, "judge_roots": True}))
+    assert src(out[0]) == {"r": ("judge", 1.0), "k": ("verifier", 0.75), "k1": ("judge", 1.0)}
+    out, _ = await judge_trees([forwarding_tree()], "oolong", config.model_copy(
+        update={"enabled": False, "child_source": "root_proxy"}))
+    assert src(out[0])["a"] == ("proxy", 1.0)
+
+
+async def test_judge_sees_the_parent_goal_the_subtasks_and_the_cells(config):
+    """The fake judge answers no only when it is shown what the issue-37 rules need (the regex in the cells,
+    the parent's goal, the delegated goal); its verdict is parsed as before."""
+    t = tree("oolong", [
+        node("r", None, verifier=1.0, goal="PARENT-QUESTION: how many rolls?"),
+        node("a", "r", depth=1, goal="Count Vex's rolls in chunk 1.", result=7,
+             cells=[("import re\nprint(len(re.findall(r'Vex rolls', context)))", "7")]),
+        node("a1", "a", depth=2, goal="CHILD-GOAL: Vex's rolls in the first half of chunk 1."),
+    ])
+
+    def sees_all(body, _idx):
+        user = body["messages"][1]["content"]
+        ok = all(x in user for x in ("re.findall", "PARENT-QUESTION", "CHILD-GOAL"))
+        return 200, NO if ok else YES, {}
+
+    with FakeOpenAI(sees_all) as srv:
+        out, stats = await judge_trees([t], "oolong", config.model_copy(update={"base_url": srv.base_url}))
+    a = out[0].node("a")
+    assert (a.success_source, a.success) == ("judge", 0.0) and a.judge["verdict"] == "no"
+    assert a.judge["parsed_by"] == "json" and a.judge["raw"] == NO
+    assert a.judge["prompt_version"].startswith("oolong/v2#")
+    assert "pattern-match" in srv.requests[0]["body"]["messages"][0]["content"]
+
+
+async def test_same_node_under_another_parent_is_not_a_cache_hit(config):
+    """The parent's goal is in the prompt, so it is in the cache key: identical children of different
+    parents get a request each."""
+    def one(tid, parent_goal):
+        return tree("oolong", [node("r", None, verifier=1.0, goal=parent_goal),
+                               node("a", "r", depth=1, goal="good: count rolls")], tree_id=tid)
+
+    with FakeOpenAI(by_goal) as srv:
+        cfg = config.model_copy(update={"base_url": srv.base_url})
+        _, s1 = await judge_trees([one("t0", "Q1"), one("t1", "Q2")], "oolong", cfg)
+        _, s2 = await judge_trees([one("t2", "Q1")], "oolong", cfg)
+    assert s1.requests == 2 and s1.cache_hits == 0 and s2.requests == 0 and s2.cache_hits == 1
