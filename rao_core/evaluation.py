@@ -22,12 +22,19 @@ succession, and statistical inference", JASA 22(158)):
 ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``, z = 1.959964. For graded scores the
 mean is plugged in as p (an approximation). Departures from the paper: the paper reports success rates
 without intervals; this project reports both.
+
+What a row keeps so a reader can audit it (issue 38, ``docs/results/*.json``): the outcome of every task
+(``per_task``, for paired tests), root end reasons, completion tokens per tree (mean and total; not tokens
+per solved task, which restates the success rate), wall-clock per tree (mean and median), the histograms
+of children per tree and of tree depth, per-depth node statistics, and a bounded sample of its trees made
+small by :func:`compact_tree` (:func:`tree_sample`: failures and successes alternately, in task order).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -39,14 +46,18 @@ from rao_core.envs.base import Environment, Task
 from rao_core.metrics import parallel_share
 from rao_core.policies.base import Policy
 from rao_core.runtime import RuntimeConfig, run_trees
-from rao_core.tree import ExecutionTree, verifier_value
+from rao_core.tree import ExecutionTree, Node, verifier_value
 
-__all__ = ["EvalConfig", "EvalRow", "EvalReport", "Mode", "compare", "evaluate_policy", "evaluate_suite",
-           "eval_tasks", "mode_runtime", "render_report", "run_evaluation", "summarise", "wilson_interval",
-           "Z95"]
+__all__ = ["COMPACT_MAX_CHARS", "SAMPLE_MAX_CHARS", "STORED_TREES", "DevSet", "EvalConfig", "EvalRow", "EvalReport",
+           "Mode", "compact_tree", "compare", "depth_stats", "dev_tasks", "eval_tasks", "evaluate_policy",
+           "evaluate_suite", "mode_runtime", "render_report", "report_from_trees", "run_evaluation", "summarise",
+           "tree_sample", "wilson_interval", "Z95"]
 
 Mode = Literal["recursive", "single"]
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
+STORED_TREES = 10  # evaluated trees kept per (mode, difficulty) row by default (EvalConfig.stored_trees)
+COMPACT_MAX_CHARS = 4000  # longest text, code, observation or goal a compact tree keeps (compact_tree)
+SAMPLE_MAX_CHARS = 400_000  # JSON characters of one row's compact trees at most (tree_sample; ~60 KB gzipped)
 
 
 class EvalConfig(BaseModel):
@@ -71,6 +82,10 @@ class EvalConfig(BaseModel):
     graded: bool = Field(True, description="True: success rate = mean root verifier value (keeps graded "
                          "scores such as Oolong's partial credit; equals the fraction solved for 0/1 "
                          "verifiers); False: fraction of roots with value >= 1.")
+    stored_trees: int = Field(STORED_TREES, ge=0, description="Evaluated execution trees kept per (mode, "
+                              "difficulty) row, made small (compact_tree: no token ids or log-probs, long texts "
+                              "cut) and at most SAMPLE_MAX_CHARS of JSON: failures and successes alternately, in "
+                              "task order (tree_sample); the experiment stores them beside its record. 0: none.")
 
     @field_validator("difficulties", "modes")
     @classmethod
@@ -80,6 +95,19 @@ class EvalConfig(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError(f"duplicate entries in {v}")
         return v
+
+
+class DevSet(BaseModel):
+    """The development set: held-out tasks for design decisions (probes of first replies, choosing a window,
+    a learning rate, a step count), so the evaluation set is looked at only by the preregistered runs
+    (``docs/experiments`` habits: three sets of tasks, never mixed, each with its own seed). Drawn by
+    :func:`dev_tasks`: the evaluation's difficulties and split, stream ``"dev"``, its own seed, and never a
+    task of the evaluation set (same target multiset for TextCraft: ``rao_core.task_sampling.task_identity``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(description="Seed of the development tasks (stream 'dev'); must differ from eval.seed.")
+    n_tasks: int = Field(20, ge=1, description="Development tasks per difficulty.")
 
 
 def mode_runtime(runtime: RuntimeConfig, mode: Mode) -> RuntimeConfig:
@@ -151,6 +179,15 @@ class EvalRow(BaseModel):
     tokens_per_success: float | None = None  # generated tokens of all trees / successes (None: no success)
     wall_s: float = 0.0  # wall-clock of the evaluate_policy call that grew these trees
     end_reasons: dict[str, int] = Field(default_factory=dict)  # root end reasons
+    # issue 38: what a record needs to recompute every sentence written about it (module docstring)
+    per_task: dict[str, float | None] = Field(default_factory=dict)  # task id -> root outcome: 1/0 (graded: the
+    # verifier value), None when unscored; with graded=False the outcome is 1 for a value >= 1, else 0
+    tokens_total: int = 0  # generated (assistant) tokens of all nodes of all trees
+    median_tree_wall_s: float = 0.0
+    children_per_tree: dict[str, int] = Field(default_factory=dict)  # the root's children -> trees
+    depth_hist: dict[str, int] = Field(default_factory=dict)  # tree depth (0 = root only) -> trees
+    per_depth: dict[str, dict[str, Any]] = Field(default_factory=dict)  # depth -> depth_stats(...)
+    sample: list[ExecutionTree] = Field(default_factory=list, exclude=True)  # tree_sample(...): compact trees
 
     @property
     def scored(self) -> int:
@@ -173,17 +210,26 @@ class EvalRow(BaseModel):
 
     def table_row(self) -> dict[str, Any]:
         """Rounded row of the pipeline's tables (Prefect artifact, summary, docs/results.md): mode,
-        difficulty, n, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth, delegation_rate, wall_s,
-        child_success (None without children), parallel_share, tree_wall_s, tokens_per_success (None without
-        a success)."""
-        return {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "successes": round(self.successes, 4),
-                "success": round(self.success, 3), "ci95": f"[{self.ci_low:.2f}, {self.ci_high:.2f}]",
-                "mean_depth": round(self.mean_depth, 2), "delegation_rate": round(self.delegation_rate, 2),
-                "wall_s": round(self.wall_s, 1),
-                "child_success": None if self.child_success is None else round(self.child_success, 3),
-                "child_nodes": self.child_nodes, "parallel_share": round(self.parallel_share, 2),
-                "tree_wall_s": round(self.mean_tree_wall_s, 1),
-                "tokens_per_success": None if self.tokens_per_success is None else round(self.tokens_per_success)}
+        difficulty, n, unscored, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth, delegation_rate,
+        wall_s, child_success (None without children), child_nodes, parallel_share, tree_wall_s (mean) and
+        tree_wall_s_median, tokens_per_tree (mean completion tokens) and tokens_total; then the audit fields
+        of the experiment's record: end_reasons, children_per_tree, depth_hist, per_depth, per_task, and
+        ``trees`` (the compact sample as JSON objects; absent when empty). Tokens per solved task are no
+        longer a column (they restate the success rate: issue 38)."""
+        row = {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "unscored": self.unscored,
+               "successes": round(self.successes, 4), "success": round(self.success, 3),
+               "ci95": f"[{self.ci_low:.2f}, {self.ci_high:.2f}]", "mean_depth": round(self.mean_depth, 2),
+               "delegation_rate": round(self.delegation_rate, 2), "wall_s": round(self.wall_s, 1),
+               "child_success": None if self.child_success is None else round(self.child_success, 3),
+               "child_nodes": self.child_nodes, "parallel_share": round(self.parallel_share, 2),
+               "tree_wall_s": round(self.mean_tree_wall_s, 1), "tree_wall_s_median": round(self.median_tree_wall_s, 1),
+               "tokens_per_tree": round(self.mean_tokens, 1), "tokens_total": self.tokens_total,
+               "end_reasons": dict(self.end_reasons), "children_per_tree": dict(self.children_per_tree),
+               "depth_hist": dict(self.depth_hist), "per_depth": {d: dict(v) for d, v in self.per_depth.items()},
+               "per_task": dict(self.per_task)}
+        if self.sample:
+            row["trees"] = [t.model_dump(mode="json") for t in self.sample]
+        return row
 
 
 class EvalReport(BaseModel):
@@ -235,9 +281,41 @@ class EvalReport(BaseModel):
         return EvalReport(rows=self.rows + other.rows, trees=self.trees + other.trees, graded=self.graded)
 
 
+def _whole(v: float | None) -> float | int | None:
+    """``v`` as an int when it is whole (0/1 outcomes print as 0 and 1), else unchanged."""
+    return int(v) if v is not None and float(v).is_integer() else v
+
+
+def _histogram(values: Sequence[int]) -> dict[str, int]:
+    """``{value: count}`` in increasing value order, keys as strings (as JSON writes them)."""
+    return {str(k): c for k, c in sorted(Counter(values).items())}
+
+
+def depth_stats(trees: Sequence[ExecutionTree]) -> dict[str, dict[str, Any]]:
+    """Per depth d (keys ``"0"``, ``"1"``, ...), over every node at depth d of ``trees``: ``nodes``,
+    ``scored`` (nodes with a verifier value), ``success`` (mean verifier value of the scored ones; None
+    without any), ``delegation_rate`` (share of the nodes that launched >= 1 child), ``children_per_node``
+    (mean children over all the nodes, 0 included) and ``end_reasons`` ({reason: nodes})."""
+    by_depth: dict[int, list[tuple[ExecutionTree, Node]]] = {}
+    for t in trees:
+        for x in t.nodes:
+            by_depth.setdefault(x.depth, []).append((t, x))
+    out: dict[str, dict[str, Any]] = {}
+    for d, pairs in sorted(by_depth.items()):
+        vals = [v for _, x in pairs if (v := verifier_value(x)) is not None]
+        kids = [len(t.children_of(x.node_id)) for t, x in pairs]
+        out[str(d)] = {"nodes": len(pairs), "scored": len(vals),
+                       "success": round(sum(vals) / len(vals), 6) if vals else None,
+                       "delegation_rate": round(sum(1 for k in kids if k) / len(kids), 6),
+                       "children_per_node": round(sum(kids) / len(kids), 6),
+                       "end_reasons": dict(sorted(Counter(x.end_reason.value for _, x in pairs).items()))}
+    return out
+
+
 def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, graded: bool = True,
-              wall_s: float = 0.0) -> EvalRow:
-    """One :class:`EvalRow` from ``trees`` (module docstring: success rule, Wilson interval)."""
+              wall_s: float = 0.0, keep_trees: int = 0, max_sample_chars: int = SAMPLE_MAX_CHARS) -> EvalRow:
+    """One :class:`EvalRow` from ``trees`` (module docstring: success rule, Wilson interval, audit fields);
+    ``keep_trees``: trees of :func:`tree_sample` kept in ``sample`` (at most ``max_sample_chars`` of JSON)."""
     n = len(trees)
     vals = [verifier_value(t.root) for t in trees]
     scored = [v for v in vals if v is not None]
@@ -247,26 +325,93 @@ def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, gra
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
 
+    def outcome(v: float | None) -> float | int | None:
+        return _whole(v if graded or v is None else float(v >= 1.0))
+
     ends = Counter(t.root.end_reason.value for t in trees)
     kids = [x for t in trees for x in t.nodes if x.depth == 1]
     kid_vals = [v for x in kids if (v := verifier_value(x)) is not None]
-    tokens = float(sum(x.num_completion_tokens for t in trees for x in t.nodes))
+    per_tree = [sum(x.num_completion_tokens for x in t.nodes) for t in trees]
+    tokens = float(sum(per_tree))
+    walls = [t.wall_s for t in trees]
     return EvalRow(
         mode=mode, difficulty=difficulty, n=n, unscored=n - len(scored), successes=succ,
         success=succ / len(scored) if scored else 0.0, ci_low=lo, ci_high=hi, mean_score=mean(scored),
         mean_depth=mean([float(t.depth) for t in trees]),
         delegation_rate=mean([1.0 if len(t.nodes) > 1 else 0.0 for t in trees]),
         mean_nodes=mean([float(len(t.nodes)) for t in trees]),
-        mean_tokens=mean([float(sum(x.num_completion_tokens for x in t.nodes)) for t in trees]),
+        mean_tokens=mean([float(k) for k in per_tree]),
         mean_context_tokens=mean([float(sum(len(x.token_ids) for x in t.nodes)) for t in trees]),
-        mean_tree_wall_s=mean([t.wall_s for t in trees]), wall_s=wall_s, end_reasons=dict(sorted(ends.items())),
+        mean_tree_wall_s=mean(walls), wall_s=wall_s, end_reasons=dict(sorted(ends.items())),
         child_nodes=len(kids), child_success=mean(kid_vals) if kid_vals else None,
         parallel_share=parallel_share(trees), tokens_per_success=tokens / succ if succ > 0 else None,
+        per_task={t.task_id: outcome(v) for t, v in zip(trees, vals)}, tokens_total=int(tokens),
+        median_tree_wall_s=statistics.median(walls) if walls else 0.0,
+        children_per_tree=_histogram([len(t.children_of(t.root_id)) for t in trees]),
+        depth_hist=_histogram([t.depth for t in trees]), per_depth=depth_stats(trees),
+        sample=tree_sample(trees, keep_trees, max_chars=max_sample_chars) if keep_trees else [],
     )
 
 
+def compact_tree(tree: ExecutionTree, max_chars: int = COMPACT_MAX_CHARS) -> ExecutionTree:
+    """A small copy of ``tree`` to store beside a record: every node keeps its goal, turns (text, code cell,
+    observation, cell status, timings), result, end reason, error, verifier value and timings; the token id
+    and log-prob arrays (of nodes and turns) and the chat view (``messages``: the system prompt and the turns
+    again) are emptied, and a text, code cell, observation or goal longer than ``max_chars`` keeps its first
+    ``max_chars`` characters and says how many were cut. ``meta["compact"]`` names what was stripped and
+    keeps each node's completion and trajectory token counts (``{node_id: tokens}``). ``tree`` is not changed;
+    the copy is a valid :class:`ExecutionTree` (``model_validate`` reads it back)."""
+    def cut(text: str | None) -> str | None:
+        if text is None or len(text) <= max_chars:
+            return text
+        return f"{text[:max_chars]}... [{len(text) - max_chars} characters cut]"
+
+    nodes = []
+    for x in tree.nodes:
+        turns = [t.model_copy(update={"prompt_token_ids": [], "completion_token_ids": [], "completion_logprobs": [],
+                                      "text": cut(t.text), "code": cut(t.code), "observation": cut(t.observation)})
+                 for t in x.turns]
+        nodes.append(x.model_copy(update={"turns": turns, "token_ids": [], "assistant_mask": [],
+                                          "behaviour_logprobs": [], "messages": [], "goal": cut(x.goal)}))
+    compact = {"stripped": ["token_ids", "assistant_mask", "behaviour_logprobs", "messages",
+                            "turns[].prompt_token_ids", "turns[].completion_token_ids", "turns[].completion_logprobs"],
+               "max_chars": max_chars,
+               "completion_tokens": {x.node_id: x.num_completion_tokens for x in tree.nodes},
+               "trajectory_tokens": {x.node_id: len(x.token_ids) for x in tree.nodes}}
+    return tree.model_copy(update={"nodes": nodes, "meta": {**tree.meta, "compact": compact}})
+
+
+def tree_sample(trees: Sequence[ExecutionTree], k: int, max_chars: int = SAMPLE_MAX_CHARS,
+                max_tree_chars: int = COMPACT_MAX_CHARS) -> list[ExecutionTree]:
+    """Up to ``k`` of ``trees``, compacted (:func:`compact_tree` with ``max_tree_chars``), in task order:
+    failed roots (value < 1 or unscored) and solved ones taken alternately from the front, a failure first,
+    the other kind filling in when one runs out, so a sample of a point shows both when it has both. A tree
+    whose JSON would take the sample past ``max_chars`` characters is skipped (the next one is tried)."""
+    if k <= 0:
+        return []
+    solved = [i for i, t in enumerate(trees) if (verifier_value(t.root) or 0.0) >= 1.0]
+    failed = sorted(set(range(len(trees))) - set(solved))
+    order: list[int] = []
+    while failed or solved:
+        for side in (failed, solved):
+            if side:
+                order.append(side.pop(0))
+    chosen: list[tuple[int, ExecutionTree]] = []
+    used = 0
+    for i in order:
+        if len(chosen) == k:
+            break
+        small = compact_tree(trees[i], max_tree_chars)
+        size = len(small.model_dump_json())
+        if used + size <= max_chars:
+            chosen.append((i, small))
+            used += size
+    return [t for _, t in sorted(chosen, key=lambda p: p[0])]
+
+
 async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Policy, runtime_config: RuntimeConfig,
-                          *, tokenizer: Any, mode: Mode, graded: bool = True, progress: Any = None) -> EvalReport:
+                          *, tokenizer: Any, mode: Mode, graded: bool = True, progress: Any = None,
+                          keep_trees: int = STORED_TREES) -> EvalReport:
     """Grow one execution tree per task with ``policy`` and summarise per difficulty.
 
     Args:
@@ -279,6 +424,7 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
         mode: 'recursive' | 'single'.
         graded: success rate = mean verifier value (default) instead of the fraction >= 1.
         progress: passed to ``run_trees`` (callback or True for a progress bar).
+        keep_trees: compact trees kept per row (:func:`tree_sample`; ``EvalConfig.stored_trees``).
 
     Returns:
         :class:`EvalReport` with one row per difficulty (in first-seen order) and the trees.
@@ -291,15 +437,17 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
         raise ValueError("evaluate_policy needs at least one task")
     t0 = time.perf_counter()
     trees = await run_trees(env, [(t, 1) for t in tasks], policy, cfg, tokenizer=tokenizer, progress=progress)
-    return report_from_trees(tasks, trees, mode=mode, graded=graded, wall_s=time.perf_counter() - t0)
+    return report_from_trees(tasks, trees, mode=mode, graded=graded, wall_s=time.perf_counter() - t0,
+                             keep_trees=keep_trees)
 
 
 def report_from_trees(tasks: Sequence[Task], trees: Sequence[ExecutionTree], *, mode: Mode, graded: bool = True,
-                      wall_s: float = 0.0) -> EvalReport:
+                      wall_s: float = 0.0, keep_trees: int = STORED_TREES) -> EvalReport:
     """The :class:`EvalReport` of one mode from its trees, ``trees[i]`` grown for ``tasks[i]`` (one each, in
     order: :func:`evaluate_policy`, or the shards of ``tasks.rollouts``): one row per difficulty in first-seen
-    order (``""`` becomes ``"all"``), ``wall_s`` the seconds the trees took (every row's ``wall_s``). Sets
-    each tree's ``meta`` ``eval_mode`` and ``difficulty``. Raises ValueError when the counts differ."""
+    order (``""`` becomes ``"all"``), ``wall_s`` the seconds the trees took (every row's ``wall_s``), each row
+    keeping ``keep_trees`` compact trees (:func:`tree_sample`). Sets each tree's ``meta`` ``eval_mode`` and
+    ``difficulty``. Raises ValueError when the counts differ."""
     if len(tasks) != len(trees):
         raise ValueError(f"{len(trees)} trees for {len(tasks)} evaluation tasks")
     by_diff: dict[str, list[ExecutionTree]] = {}
@@ -307,7 +455,8 @@ def report_from_trees(tasks: Sequence[Task], trees: Sequence[ExecutionTree], *, 
         tree.meta["eval_mode"] = mode
         tree.meta["difficulty"] = task.difficulty or "all"
         by_diff.setdefault(task.difficulty or "all", []).append(tree)
-    rows = [summarise(ts, mode=mode, difficulty=d, graded=graded, wall_s=wall_s) for d, ts in by_diff.items()]
+    rows = [summarise(ts, mode=mode, difficulty=d, graded=graded, wall_s=wall_s, keep_trees=keep_trees)
+            for d, ts in by_diff.items()]
     return EvalReport(rows=rows, trees=list(trees), graded=graded)
 
 
@@ -319,6 +468,31 @@ def eval_tasks(env: Environment, config: EvalConfig, **generator_options: Any) -
 
     return sample_tasks(env, seed=config.seed, stream="eval", difficulties=config.difficulties, n=config.n_tasks,
                         split=config.split, **generator_options)
+
+
+def dev_tasks(env: Environment, config: EvalConfig, dev: DevSet, **generator_options: Any) -> list[Task]:
+    """The development tasks of ``dev`` (:class:`DevSet`): ``dev.n_tasks`` per difficulty of ``config`` from
+    its split, drawn by :func:`rao_core.task_sampling.sample_tasks` from stream ``"dev"`` with ``dev.seed``,
+    skipping every task whose identity is one of the evaluation set's (:func:`eval_tasks` of ``config``;
+    ``rao_core.task_sampling.task_identity``), so the two sets are disjoint by construction. Raises
+    ValueError naming the difficulty when the generator cannot give that many distinct tasks."""
+    from rao_core.task_sampling import sample_tasks, task_identity
+
+    taken = {task_identity(t) for t in eval_tasks(env, config, **generator_options)}
+    out: list[Task] = []
+    for d in config.difficulties:
+        want, got = dev.n_tasks, []
+        for factor in (2, 4, 8):  # a larger draw of the same stream starts with the same tasks
+            drawn = sample_tasks(env, seed=dev.seed, stream="dev", difficulties=[d], n=want * factor,
+                                 split=config.split, **generator_options)
+            got = [t for t in drawn if task_identity(t) not in taken][:want]
+            if len(got) == want:
+                break
+        if len(got) < want:
+            raise ValueError(f"eval.dev: only {len(got)} of {want} {d!r} development tasks are not evaluation tasks "
+                             f"(eval.seed {config.seed}, eval.dev.seed {dev.seed}); lower eval.dev.n_tasks")
+        out += got
+    return out
 
 
 async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime: RuntimeConfig, tokenizer: Any,
@@ -361,7 +535,8 @@ async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime:
     try:
         for mode in config.modes:
             report = report + await evaluate_policy(env, tasks, policy, runtime, tokenizer=tokenizer, mode=mode,
-                                                    graded=config.graded, progress=progress)
+                                                    graded=config.graded, progress=progress,
+                                                    keep_trees=config.stored_trees)
     finally:
         if own or close_policy:
             await policy.aclose()
