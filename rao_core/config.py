@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rao_core.evaluation import EvalConfig
+from rao_core.evaluation import DevSet, EvalConfig
 from rao_core.jsonl import one_line_error, short_repr
 from rao_core.judge.config import JudgeConfig
 from rao_core.paths import default_model_path
@@ -293,16 +293,58 @@ class WarmStartSettings(_Strict):
         return self
 
 
+class Endpoint(_Strict):
+    """The preregistered endpoint of an experiment: which point is compared with which, by which test, at
+    which n; written in the config and committed before the first run, and copied into the experiment's
+    record (``docs/results/<experiment>.json``, key ``endpoint``). Other comparisons are exploratory."""
+
+    arm: str = Field(min_length=1, description="Arm whose point is the endpoint (an arm of `rao experiment`, "
+                     "e.g. 'recursive').")
+    difficulty: str = Field(min_length=1, description="Evaluated difficulty of the endpoint (one of "
+                            "eval.difficulties).")
+    mode: Literal["recursive", "single"] = Field(description="Evaluation mode of the endpoint's point.")
+    iteration: int | Literal["last"] = Field("last", description="RL iteration of the endpoint: 'last' or a "
+                                             "number (0 = the warm start).")
+    against: str = Field("warm_start", min_length=1, description="What it is compared with: 'warm_start' (the "
+                         "same arm's iteration 0) or another arm's name (that arm's point at the same iteration).")
+    test: str = Field(min_length=1, description="Name of the preregistered test, e.g. 'two_proportion_z' "
+                      "(one-sided pooled z-test, rao_core.evaluation.two_proportion_test), 'mcnemar' (paired "
+                      "on per-task outcomes) or a test over seeds.")
+    n: int = Field(ge=1, description="Evaluation tasks per point at the endpoint (per seed).")
+
+    @field_validator("iteration")
+    @classmethod
+    def _iteration(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"iteration must be 'last' or >= 0, got {v}")
+        return v
+
+
 class EvalSettings(EvalConfig):
     """Evaluation after each iteration and for the nightly regression: the fields of
-    :class:`rao_core.evaluation.EvalConfig` (difficulties, n_tasks, seed, split, modes, graded), run by
-    ``rao_core.evaluation.evaluate_suite`` with the campaign's ``runtime``, plus the pipeline's own."""
+    :class:`rao_core.evaluation.EvalConfig` (difficulties, n_tasks, seed, split, modes, graded, stored_trees),
+    run by ``rao_core.evaluation.evaluate_suite`` with the campaign's ``runtime``, plus the pipeline's own and
+    the experiment's preregistration (``endpoint``) and development set (``dev``)."""
 
     enabled: bool = Field(True, description="Evaluate every new checkpoint.")
     tolerance: float = Field(0.05, ge=0, description="A drop of success larger than this vs the champion is a "
                              "regression.")
     primary_metric: str | None = Field(None, description="Metric that ranks checkpoints for the champion alias "
                                        "(default: recursive success on the first difficulty).")
+    dev: DevSet | None = Field(None, description="The development set for probes and design decisions "
+                               "(rao_core.evaluation.DevSet: its own seed, n_tasks per difficulty; disjoint from "
+                               "the evaluation set by construction). None: no development set.")
+    endpoint: Endpoint | None = Field(None, description="The preregistered endpoint (Endpoint), copied into the "
+                                      "experiment's record. None: none registered.")
+
+    @model_validator(mode="after")
+    def _check_sets(self) -> EvalSettings:
+        if self.dev is not None and self.dev.seed == self.seed:
+            raise ValueError(f"eval.dev.seed = {self.dev.seed} is eval.seed: the development set needs its own seed")
+        if self.endpoint is not None and self.endpoint.difficulty not in self.difficulties:
+            raise ValueError(f"eval.endpoint.difficulty = {self.endpoint.difficulty!r} is not one of "
+                             f"eval.difficulties {self.difficulties}")
+        return self
 
 
 class ExecutionSettings(_Strict):

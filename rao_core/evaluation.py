@@ -474,8 +474,9 @@ def dev_tasks(env: Environment, config: EvalConfig, dev: DevSet, **generator_opt
     """The development tasks of ``dev`` (:class:`DevSet`): ``dev.n_tasks`` per difficulty of ``config`` from
     its split, drawn by :func:`rao_core.task_sampling.sample_tasks` from stream ``"dev"`` with ``dev.seed``,
     skipping every task whose identity is one of the evaluation set's (:func:`eval_tasks` of ``config``;
-    ``rao_core.task_sampling.task_identity``), so the two sets are disjoint by construction. Raises
-    ValueError naming the difficulty when the generator cannot give that many distinct tasks."""
+    ``rao_core.task_sampling.task_identity``) or of an earlier development task, so the two sets are
+    disjoint by construction. Raises ValueError naming the difficulty when the generator cannot give that
+    many such tasks."""
     from rao_core.task_sampling import sample_tasks, task_identity
 
     taken = {task_identity(t) for t in eval_tasks(env, config, **generator_options)}
@@ -485,7 +486,8 @@ def dev_tasks(env: Environment, config: EvalConfig, dev: DevSet, **generator_opt
         for factor in (2, 4, 8):  # a larger draw of the same stream starts with the same tasks
             drawn = sample_tasks(env, seed=dev.seed, stream="dev", difficulties=[d], n=want * factor,
                                  split=config.split, **generator_options)
-            got = [t for t in drawn if task_identity(t) not in taken][:want]
+            seen = set(taken)
+            got = [t for t in drawn if task_identity(t) not in seen and not seen.add(task_identity(t))][:want]
             if len(got) == want:
                 break
         if len(got) < want:

@@ -11,17 +11,28 @@ so a difficulty's tasks do not depend on which other difficulties are listed or 
 purposes that draw from the same split (the demonstrations and the RL pool both use ``train``) get
 different tasks from the same master seed. Project choice (the paper does not describe how its task
 sets are drawn); it replaced three arithmetic rules (``seed*1000+500+i``, ``seed+i``, ``seed+1000*i``).
+
+Three sets of tasks, never mixed (issue 38): the training tasks (the RL pool and the demonstrations), the
+development set (``eval.dev``, stream ``"dev"``) and the evaluation set (stream ``"eval"``).
+:func:`campaign_task_sets` builds all of them from a campaign config and :func:`check_disjoint` refuses
+held-out sets that share a task with training or with each other, a task being identified by
+:func:`task_identity` (for TextCraft its target multiset, not its id).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Any
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rao_core.envs.base import Environment, Task
 
-__all__ = ["rollout_seed", "sample_tasks", "split_evenly", "task_seed"]
+if TYPE_CHECKING:
+    from rao_core.config import CampaignConfig
+
+__all__ = ["campaign_task_sets", "check_disjoint", "check_task_sets", "rollout_seed", "sample_tasks",
+           "split_evenly", "task_identity", "task_seed"]
 
 
 def task_seed(seed: int, stream: str, difficulty: str) -> int:
@@ -86,3 +97,81 @@ def sample_tasks(env: Environment, *, seed: int, stream: str, difficulties: Sequ
                 t.difficulty = d
         out += tasks
     return out
+
+
+def task_identity(task: Task) -> str:
+    """What makes two tasks the same problem, whatever their ids, splits and difficulty names: TextCraft's
+    target multiset (``data.targets``), written ``"targets a x1, b x3"`` (items sorted); for a task without
+    targets, a digest of its whole ``data`` (``"data sha256:<16 hex digits>"``)."""
+    targets = task.data.get("targets")
+    if isinstance(targets, dict) and targets:
+        return "targets " + ", ".join(f"{item} x{count}" for item, count in sorted(targets.items()))
+    digest = hashlib.sha256(json.dumps(task.data, sort_keys=True, default=str).encode()).hexdigest()
+    return f"data sha256:{digest[:16]}"
+
+
+def check_disjoint(held_out: Mapping[str, Sequence[Task]], training: Mapping[str, Sequence[Task]]) -> dict[str, int]:
+    """Refuse task sets that share a problem (:func:`task_identity`): every held-out set (e.g. ``evaluation``,
+    ``development``) against every training set (``training``, ``demonstrations``) and the held-out sets
+    against each other; training sets may share tasks. Keys are the sets' names as a message should say them.
+
+    Returns the number of tasks of each set. Raises ValueError naming, for each pair that overlaps, the number
+    of shared problems and up to three of them with one task id from each side, e.g. ``"evaluation and
+    training share 2 task(s): targets a x1, b x2 (tcs-validation-... / tcs-train-...); ..."``.
+    """
+    def ids(tasks: Sequence[Task]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for t in tasks:
+            out.setdefault(task_identity(t), t.task_id)
+        return out
+
+    keyed = {name: ids(ts) for name, ts in {**held_out, **training}.items()}
+    names = list(held_out)
+    pairs = [(a, b) for a in names for b in training] + [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    problems = []
+    for a, b in pairs:
+        common = [k for k in keyed[a] if k in keyed[b]]
+        if common:
+            shown = "; ".join(f"{k} ({keyed[a][k]} / {keyed[b][k]})" for k in common[:3])
+            more = f"; and {len(common) - 3} more" if len(common) > 3 else ""
+            problems.append(f"{a} and {b} share {len(common)} task(s): {shown}{more}")
+    if problems:
+        raise ValueError("held-out tasks are not disjoint from the others: " + " | ".join(problems))
+    return {name: len(ts) for name, ts in {**held_out, **training}.items()}
+
+
+def campaign_task_sets(cfg: CampaignConfig) -> tuple[dict[str, list[Task]], dict[str, list[Task]]]:
+    """The task sets of campaign ``cfg``, as its stages draw them: held out, ``{"evaluation": eval tasks
+    (rao_core.evaluation.eval_tasks), "development": eval.dev's tasks (only when set)}``; training,
+    ``{"training": the RL pool (tasks.train_file's train-split tasks, else stream "rl-pool" of the master
+    seed: the rule of tasks.stages.training_pool), "demonstrations": the warm start's tasks (only in mode
+    'demos'; rao_core.warmstart.demo_tasks with the config tasks.warm_start builds)}``. The names carry
+    their seeds, e.g. ``"evaluation (eval.seed 1234)"``."""
+    from rao_core.envs import get_env
+    from rao_core.envs.base import load_tasks
+    from rao_core.evaluation import dev_tasks, eval_tasks
+    from rao_core.warmstart import DemoConfig, demo_tasks
+
+    tc, ev, ws = cfg.tasks, cfg.eval, cfg.warm_start
+    env = get_env(tc.env, **tc.env_options)
+    held = {f"evaluation (eval.seed {ev.seed})": eval_tasks(env, ev, **tc.generator_options)}
+    if ev.dev is not None:
+        held[f"development (eval.dev.seed {ev.dev.seed})"] = dev_tasks(env, ev, ev.dev, **tc.generator_options)
+    if tc.train_file:
+        pool = load_tasks(tc.train_file, env)
+        train = {f"training (tasks.train_file {tc.train_file})": [t for t in pool if t.split == "train"] or pool}
+    else:
+        train = {f"training (seed {cfg.seed})": sample_tasks(env, seed=cfg.seed, stream="rl-pool",
+                                                             difficulties=tc.difficulties, n=tc.pool_size,
+                                                             split="train", **tc.generator_options)}
+    if ws.mode == "demos":
+        demo_cfg = DemoConfig(n_tasks=ws.n_tasks, difficulties=ws.difficulties, seed=cfg.seed, **ws.options)
+        train[f"demonstrations (seed {cfg.seed})"] = demo_tasks(env, demo_cfg)
+    return held, train
+
+
+def check_task_sets(cfg: CampaignConfig) -> dict[str, int]:
+    """:func:`check_disjoint` of :func:`campaign_task_sets` ``(cfg)``: the number of tasks of each set (names
+    with their seeds); ValueError naming the overlap when a held-out task is also a training task or the
+    development and evaluation sets share one."""
+    return check_disjoint(*campaign_task_sets(cfg))
