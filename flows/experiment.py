@@ -13,6 +13,13 @@ record ``docs/results/<experiment>.json`` (every evaluated point with its checkp
 claimed comparison: the recursive arm's last iteration vs its warm start, one-sided two-proportion z-test,
 ``rao_core.evaluation.two_proportion_test``); the record, plot and docs section are written by the task
 ``tasks.experiment.write_results``.
+
+Before any campaign starts, the evaluation (and development) tasks are checked to share no task with the
+training pool or the demonstrations (``rao_core.task_sampling.check_task_sets``; a ValueError naming the
+overlap fails the experiment). The record also gets (issue 38) the per-iteration rollout and training
+statistics from the campaigns' summaries, the stored evaluation trees of every point, the arms, the seeds,
+the commit of the config file (and whether it had uncommitted changes) and the preregistered
+``eval.endpoint``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from flows.campaign import CampaignParams, rao_campaign
 from rao_core.config import NAME_PATTERN
+from rao_core.task_sampling import check_task_sets
 from tasks.experiment import write_results
 from tasks.serve import STOP_SERVER_HOOKS
 
@@ -97,14 +105,39 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
 
 
 def _rows(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The evaluation rows of one arm's campaign ``summary`` (iteration 0 = the warm start), with ``arm``,
+    ``iteration`` and, after an RL iteration, its wall time; the stored trees are left out (:func:`_trees`)."""
     out = []
     for row in summary.get("base_eval", []):
-        out.append({"arm": arm, "iteration": 0, **row})
+        out.append({"arm": arm, "iteration": 0, **{k: v for k, v in row.items() if k != "trees"}})
     for it in summary["iterations"]:
         wall = sum(v for k, v in it["times"].items())
         for row in it["eval_rows"]:
-            out.append({"arm": arm, "iteration": it["iteration"], "iteration_wall_s": round(wall, 1), **row})
+            out.append({"arm": arm, "iteration": it["iteration"], "iteration_wall_s": round(wall, 1),
+                        **{k: v for k, v in row.items() if k != "trees"}})
     return out
+
+
+def _trees(arm: str, summary: dict[str, Any]) -> dict[tuple[str, int, str, str], list[Any]]:
+    """The stored evaluation trees of one arm's campaign ``summary``, ``{(arm, iteration, difficulty, mode):
+    trees}`` (rows without trees are left out)."""
+    evals = [(0, summary.get("base_eval", []))] + [(it["iteration"], it["eval_rows"]) for it in summary["iterations"]]
+    return {(arm, i, r["difficulty"], r["mode"]): r["trees"] for i, rows in evals for r in rows if r.get("trees")}
+
+
+def _training(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per RL iteration of one arm's campaign ``summary``: ``arm``, ``iteration`` and
+    ``tasks.experiment.iteration_stats`` of the metrics the iteration logged."""
+    from tasks.experiment import iteration_stats
+
+    return [{"arm": arm, "iteration": it["iteration"], **iteration_stats(it.get("metrics") or {})}
+            for it in summary["iterations"]]
+
+
+def _git(*args: str) -> str | None:
+    """``git ARGS`` output, stripped; None when git fails (no repository, a file outside it)."""
+    p = subprocess.run(["git", *args], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def experiment_run_name() -> str:
@@ -123,15 +156,23 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     log = get_run_logger()
     t0 = time.monotonic()
     # the commit the run STARTED from (files may change on disk while a long run goes on)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = _git("rev-parse", "--short", "HEAD")
+    # the config's own commit (the endpoint is preregistered when it was committed before the run) and
+    # whether the file had uncommitted changes when the run started (None: not in a git repository)
+    config_commit = _git("log", "-1", "--format=%h", "--", params.config) or None
+    status = _git("status", "--porcelain", "--", params.config)
+    config_dirty = None if status is None else bool(status)
     overrides = params.seed_overrides() + list(params.overrides)
     cfg0 = CampaignParams(config=params.config, iterations=params.iterations, overrides=params.overrides).resolve()
     base = CampaignParams(config=params.config, iterations=params.iterations, overrides=overrides).resolve()
     experiment = params.seeded_name(cfg0.seed)
+    task_sets = check_task_sets(base)  # ValueError naming the overlap: no campaign starts
     prefix = params.name or (base.name if experiment == params.experiment else f"{base.name}-seed{base.seed}")
     single_steps = params.single_max_steps or (base.runtime.max_steps_per_node
                                                * (1 + base.runtime.max_children_per_node))
     rows: list[dict[str, Any]] = []
+    training: list[dict[str, Any]] = []
+    trees: dict[tuple[str, int, str, str], list[Any]] = {}
     summaries = {}
     checkpoints: dict[tuple[str, int], str | None] = {}
     shared_ckpt: str | None = None
@@ -141,6 +182,8 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
                                                      iterations=params.iterations, overrides=extra))
         log.info(f"arm {arm}: campaign {prefix}-{arm} finished")
         rows += _rows(arm, summaries[arm])
+        training += _training(arm, summaries[arm])
+        trees.update(_trees(arm, summaries[arm]))
         checkpoints[(arm, 0)] = summaries[arm].get("warm_start", {}).get("checkpoint_local")
         for it in summaries[arm]["iterations"]:
             checkpoints[(arm, it["iteration"])] = it.get("checkpoint_local")
@@ -153,9 +196,16 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     meta = {"command": f"rao experiment {params.experiment} --config {params.config}{iters}{seed}{arms}{sets}",
             "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,
-            "n_tasks": base.eval.n_tasks, "single_max_steps": single_steps if "single" in params.arms else None}
+            "n_tasks": base.eval.n_tasks, "single_max_steps": single_steps if "single" in params.arms else None,
+            "arms": list(params.arms), "eval_seed": base.eval.seed,
+            "dev_seed": base.eval.dev.seed if base.eval.dev else None, "config_commit": config_commit,
+            "config_dirty": config_dirty,
+            "endpoint": base.eval.endpoint.model_dump(mode="json") if base.eval.endpoint else None,
+            "task_sets": task_sets,
+            "warm_start": {a: {k: v for k, v in (summaries[a].get("warm_start") or {}).items()
+                               if k in ("mode", "stats", "sft_steps", "demo_s", "sft_s")} for a in params.arms}}
     out = write_results(experiment, rows, meta, checkpoints, base.model_dump(mode="json"),
                         summaries[params.arms[0]]["mlflow_run_id"], write_docs=params.write_docs,
-                        out_root=None if params.write_docs else Path(base.name))
+                        out_root=None if params.write_docs else Path(base.name), training=training, trees=trees)
     md = out["markdown"]
     return {"rows": rows, "meta": meta, "markdown": md, "record": out["record"], "summaries": json.loads(json.dumps(summaries, default=str))}

@@ -5,11 +5,22 @@ calls :func:`write_results`).
 The claimed comparison is the recursive arm's last iteration vs its warm start (iteration 0) on the first
 evaluated difficulty, recursive mode: a one-sided pooled two-proportion z-test
 (``rao_core.evaluation.two_proportion_test``). Every point keeps the checkpoint folder it evaluated.
+
+What a record holds so a reader can recompute every sentence about it (issue 38): per point, the
+evaluation row's audit fields (:data:`POINT_KEYS`: per-task outcomes, root end reasons, tokens and
+wall-clock per tree, children and depth histograms, per-depth statistics) and the file of its stored trees;
+per RL iteration, the rollout and training statistics the campaign logged to MLflow
+(:func:`iteration_stats`, key ``training``); and the run's arms, seeds (training and evaluation), commits
+and preregistered endpoint. The stored trees of a point (``rao_core.evaluation.tree_sample``: a few compact
+trees) go to ``docs/results/trees/<experiment>/<arm>-it<i>-<difficulty>-<mode>.jsonl.gz``
+(:func:`write_tree_sample`, :func:`read_tree_sample`).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +29,98 @@ from prefect.cache_policies import NONE
 
 from rao_core.evaluation import two_proportion_test
 
+#: Fields of an evaluation row (``rao_core.evaluation.EvalRow.table_row``) copied into a record's point when
+#: present. ``tokens_per_success`` appears only in rows of campaigns evaluated before issue 38 (new rows have
+#: ``tokens_per_tree`` and ``tokens_total``: tokens per solved task restate the success rate).
+POINT_KEYS = ("unscored", "child_success", "child_nodes", "parallel_share", "tree_wall_s", "tree_wall_s_median",
+              "tokens_per_tree", "tokens_total", "tokens_per_success", "end_reasons", "children_per_tree",
+              "depth_hist", "per_depth", "per_task")
+#: Largest stored-trees file (bytes, gzipped): trees at the end of a sample are dropped until it fits.
+TREE_FILE_MAX_BYTES = 200_000
+
+
+def point_key(row: dict[str, Any]) -> tuple[str, int, str, str]:
+    """(arm, iteration, difficulty, mode) of an experiment row or record point."""
+    return row["arm"], int(row["iteration"]), row["difficulty"], row["mode"]
+
+
+def tree_file_name(arm: str, iteration: int, difficulty: str, mode: str) -> str:
+    """``<arm>-it<iteration>-<difficulty>-<mode>.jsonl.gz``: the stored trees of one point."""
+    return f"{arm}-it{iteration}-{difficulty}-{mode}.jsonl.gz"
+
+
+def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The rollout and training statistics of one RL iteration, from the metrics it logged to MLflow
+    (``tasks.tracking.log_iteration``; the campaign summary keeps them per iteration): ``rollout_root_success``
+    (``success/root``: mean success s of the rollout roots), ``rollout_depth1_success`` (``success/depth_1``;
+    None without a depth-1 node), ``rollout_trees``, ``rollout_tokens`` (completion tokens of all rollout
+    nodes), ``rollout_delegation_rate``, ``rollout_end_reasons`` ({reason: share of nodes}), ``samples`` and
+    ``signal_samples`` (training samples, and those with a non-zero coefficient), ``samples_per_depth``
+    (``{d: {samples, signal_samples, mean_abs_advantage, assistant_tokens}}``, from ``samples/depth_<d>/*``)
+    and ``train`` (the trainer's ``train/*`` values of the iteration). A metric not logged is None."""
+    per_depth: dict[str, dict[str, float]] = {}
+    for k, v in metrics.items():
+        if k.startswith("samples/depth_") and k.count("/") == 2:
+            d, name = k.removeprefix("samples/depth_").split("/")
+            per_depth.setdefault(d, {})[name] = v
+    return {"rollout_root_success": metrics.get("success/root"),
+            "rollout_depth1_success": metrics.get("success/depth_1"),
+            "rollout_trees": metrics.get("samples/num_trees"),
+            "rollout_tokens": metrics.get("tokens/completion_total"),
+            "rollout_delegation_rate": metrics.get("tree/delegation_rate"),
+            "rollout_end_reasons": {k.removeprefix("end/"): v for k, v in sorted(metrics.items())
+                                    if k.startswith("end/")},
+            "samples": metrics.get("samples/num_samples"), "signal_samples": metrics.get("samples/num_signal_samples"),
+            "samples_per_depth": dict(sorted(per_depth.items(), key=lambda kv: int(kv[0]))),
+            "train": {k.removeprefix("train/"): v for k, v in sorted(metrics.items()) if k.startswith("train/")}}
+
+
+def write_tree_sample(path: Path, trees: Sequence[Any], max_bytes: int = TREE_FILE_MAX_BYTES) -> int:
+    """Write ``trees`` (``ExecutionTree`` objects or their JSON dicts, e.g. compact ones from
+    ``rao_core.evaluation.tree_sample``) as gzipped JSON lines at ``path``, atomically and byte for byte the
+    same for the same trees (no time stamp in the gzip header). Trees at the end are dropped until the file
+    is at most ``max_bytes``; nothing is written when none fits or none is given. Returns the trees written."""
+    from rao_core.jsonl import atomic_path
+    from rao_core.tree import ExecutionTree, tree_json_line
+
+    lines = [tree_json_line(t if isinstance(t, ExecutionTree) else ExecutionTree.model_validate(t)) for t in trees]
+    while lines:
+        data = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+        if len(data) <= max_bytes:
+            with atomic_path(path) as tmp:
+                Path(tmp).write_bytes(data)
+            return len(lines)
+        lines.pop()
+    return 0
+
+
+def read_tree_sample(path: Path) -> list[Any]:
+    """The trees of a stored-trees file (:func:`write_tree_sample`) as ``ExecutionTree`` objects; ValueError
+    naming the file and line of a bad record, FileNotFoundError for a missing file."""
+    from rao_core.jsonl import one_line_error
+    from rao_core.tree import ExecutionTree
+
+    out = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append(ExecutionTree.model_validate_json(line))
+                except ValueError as e:
+                    raise ValueError(f"{path}:{i}: not a valid execution tree record: {one_line_error(e)}") from None
+    return out
+
 
 def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[str, Any],
-                      checkpoints: dict[tuple[str, int], str | None], config: dict[str, Any]) -> dict[str, Any]:
-    """The ``docs/results/<experiment>.json`` record: points, and the test of the recursive arm's last
-    iteration vs its warm start on the first evaluated difficulty (recursive mode)."""
+                      checkpoints: dict[tuple[str, int], str | None], config: dict[str, Any],
+                      training: list[dict[str, Any]] | None = None,
+                      tree_files: dict[tuple[str, int, str, str], tuple[str, int]] | None = None) -> dict[str, Any]:
+    """The ``docs/results/<experiment>.json`` record: points (with :data:`POINT_KEYS` and, from
+    ``tree_files`` ``{point_key: (path, trees)}``, ``trees`` and ``trees_stored``), the per-iteration
+    ``training`` statistics (:func:`iteration_stats` rows with their ``arm`` and ``iteration``), the run's
+    ``arm``/``arms``, ``seed``, ``eval_seed``, commits and ``endpoint`` from ``meta`` (None when ``meta``
+    lacks them), and the test of the recursive arm's last iteration vs its warm start on the first
+    evaluated difficulty (recursive mode)."""
     from rao_core.paths import REPO_ROOT
 
     def rel(path: str | None) -> str | None:
@@ -31,12 +129,17 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
         p = Path(path).resolve()
         return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)
 
+    tree_files = tree_files or {}
+
+    def stored(r: dict[str, Any]) -> dict[str, Any]:
+        f = tree_files.get(point_key(r))
+        return {"trees": f[0], "trees_stored": f[1]} if f else {}
+
     points = [{"arm": r["arm"], "iteration": r["iteration"], "difficulty": r["difficulty"], "mode": r["mode"],
                "n": r["n"], "successes": r["successes"], "success": r["success"], "ci95": r.get("ci95"),
                "mean_depth": r.get("mean_depth"), "delegation_rate": r.get("delegation_rate"),
-               **{k: r[k] for k in ("child_success", "child_nodes", "parallel_share", "tree_wall_s",
-                                    "tokens_per_success") if k in r},
-               "checkpoint": rel(checkpoints.get((r["arm"], r["iteration"])))} for r in rows]
+               **{k: r[k] for k in POINT_KEYS if k in r},
+               "checkpoint": rel(checkpoints.get((r["arm"], r["iteration"]))), **stored(r)} for r in rows]
     test: dict[str, Any] = {}
     rec = [p for p in points if p["arm"] == "recursive" and p["mode"] == "recursive"]
     if rec:
@@ -49,9 +152,15 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
                 "final_iteration": last["iteration"], "baseline": [base["successes"], base["n"]],
                 "final": [last["successes"], last["n"]], "difference": last["success"] - base["success"],
                 "test": "pooled two-proportion z-test, one-sided (final > baseline)", **t}
-    return {"experiment": experiment, "command": meta["command"], "config": meta["config"], "seed": meta["seed"],
-            "commit": meta["commit"], "date": meta["date"], "wall_s": round(meta["wall_s"], 1),
-            "config_values": config, "points": points, "test": test, "arm_tests": arm_tests(points)}
+    arms = meta.get("arms") or list(dict.fromkeys(p["arm"] for p in points))
+    return {"experiment": experiment, "command": meta["command"], "config": meta["config"],
+            "arm": arms[0] if len(arms) == 1 else None, "arms": arms, "seed": meta["seed"],
+            "eval_seed": meta.get("eval_seed"), "dev_seed": meta.get("dev_seed"), "commit": meta["commit"],
+            "config_commit": meta.get("config_commit"), "config_dirty": meta.get("config_dirty"),
+            "endpoint": meta.get("endpoint"), "task_sets": meta.get("task_sets"), "date": meta["date"],
+            "wall_s": round(meta["wall_s"], 1), "config_values": config, "points": points,
+            "training": list(training or []), "warm_start": meta.get("warm_start"), "test": test,
+            "arm_tests": arm_tests(points)}
 
 
 def arm_tests(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -145,14 +254,20 @@ def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experimen
         _section_title(experiment), "",
         f"Command: `{meta['command']}`  ", f"Config: `{meta['config']}` (seed {meta['seed']}), commit `{meta['commit']}`, "
         f"run on {meta['date']}, total wall time {meta['wall_s'] / 60:.1f} min.  ",
-        f"Validation: {meta['n_tasks']} held-out tasks per difficulty (targets never seen in training); success with "
-        "Wilson 95% intervals.", "", f"![learning curve](img/{img})", "",
+        f"Validation: {meta['n_tasks']} held-out tasks per difficulty (targets never seen in training"
+        + (f"; eval.seed {meta['eval_seed']}" if meta.get("eval_seed") is not None else "")
+        + "); success with Wilson 95% intervals.", "", f"![learning curve](img/{img})", "",
     ]
+    if meta.get("endpoint"):
+        e = meta["endpoint"]
+        lines[-4:-4] = [f"Preregistered endpoint: arm {e['arm']}, {e['difficulty']}, {e['mode']} mode, iteration "
+                        f"{e['iteration']} against {e['against']}, test {e['test']}, n = {e['n']}; other comparisons "
+                        "are exploratory.  "]
     # the delegation columns appear when some evaluated tree has children (older records: the old table)
     wide = any(r.get("child_success") is not None for r in rows)
     if wide:
         lines += ["| arm | iteration | eval mode | difficulty | n | success | 95% CI | mean depth | delegation rate | "
-                  "depth-1 success | parallel share | tree wall (s) | tokens per success | iteration wall (s) |",
+                  "depth-1 success | parallel share | tree wall (s) | tokens per tree | iteration wall (s) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     else:
         lines += ["| arm | iteration | eval mode | difficulty | n | success | 95% CI | mean depth | delegation rate | "
@@ -163,7 +278,7 @@ def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experimen
 
     for r in rows:
         mid = (f" {cell(r.get('child_success'))} | {cell(r.get('parallel_share'))} | {cell(r.get('tree_wall_s'))} | "
-               f"{cell(r.get('tokens_per_success'))} |" if wide else "")
+               f"{cell(r.get('tokens_per_tree'))} |" if wide else "")
         lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | {r['n']} | {r['success']:.2f} | "
                      f"{r['ci95']} | {r['mean_depth']} | {r.get('delegation_rate', '')} |{mid} "
                      f"{r.get('iteration_wall_s', '')} |")
@@ -267,16 +382,37 @@ def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_do
     return md
 
 
+def write_tree_files(root: Path, experiment: str, trees: dict[tuple[str, int, str, str], list[Any]],
+                     max_bytes: int = TREE_FILE_MAX_BYTES) -> dict[tuple[str, int, str, str], tuple[str, int]]:
+    """Write each point's stored trees (``trees``: ``{point_key: trees}``) to
+    ``<root>/docs/results/trees/<experiment>/`` (:func:`tree_file_name`, :func:`write_tree_sample`), after
+    removing the folder's earlier ``*.jsonl.gz`` (a re-run of the experiment replaces them all). Returns
+    ``{point_key: (path relative to root, trees written)}`` for the files written."""
+    folder = root / "docs/results/trees" / experiment
+    for old in folder.glob("*.jsonl.gz") if folder.is_dir() else []:
+        old.unlink()
+    out = {}
+    for key, sample in trees.items():
+        path = folder / tree_file_name(*key)
+        k = write_tree_sample(path, sample, max_bytes)
+        if k:
+            out[key] = (str(path.relative_to(root)), k)
+    return out
+
+
 @task(name="write-experiment-results", cache_policy=NONE)
 def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, Any],
                   checkpoints: dict[tuple[str, int], str | None], config: dict[str, Any], run_id: str,
-                  write_docs: bool = True, out_root: Path | None = None) -> dict[str, Any]:
-    """Write the experiment's record, plot and markdown section; log record and plot to MLflow run ``run_id``.
+                  write_docs: bool = True, out_root: Path | None = None, training: list[dict[str, Any]] | None = None,
+                  trees: dict[tuple[str, int, str, str], list[Any]] | None = None) -> dict[str, Any]:
+    """Write the experiment's record, plot, markdown section and stored trees; log record and plot to MLflow
+    run ``run_id``.
 
     ``out_root``: where ``docs/`` goes (the repository with ``write_docs``, else a folder named after the
     campaign). ``docs/results.md`` is rewritten only from this experiment's section title to the next
     ``## `` section, so other experiments' sections are kept; each file is replaced atomically.
-    Returns ``{"record", "markdown", "plot"}``.
+    ``training``: per-iteration statistics (:func:`iteration_stats` rows); ``trees``: the stored trees of each
+    point (:func:`write_tree_files`). Returns ``{"record", "markdown", "plot"}``.
     """
     from rao_core.jsonl import atomic_path
     from rao_core.paths import REPO_ROOT
@@ -284,7 +420,8 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
     root = out_root or REPO_ROOT
     img_name = "learning_curve.png" if experiment == "textcraft-cpu" else f"{experiment}.png"
     img = learning_curve_png(rows, root / "docs/img" / img_name)
-    record = experiment_record(experiment, rows, meta, checkpoints, config)
+    files = write_tree_files(root, experiment, trees or {})
+    record = experiment_record(experiment, rows, meta, checkpoints, config, training, files)
     rec_path = root / "docs/results" / f"{experiment}.json"
     rec_path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(rec_path) as tmp:

@@ -206,3 +206,173 @@ def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
     single = arm_overrides("single", [], "rao-policy-{campaign}", None, single_max_steps=42)
     assert "runtime.max_steps_per_node=42" in single
     assert not any("max_steps" in o for o in arm_overrides("recursive", [], "m", None, single_max_steps=42))
+
+
+# -- issue 38: records a reader can audit ----------------------------------------------------------------------
+def _eval_trees(n: int, text_chars: int = 600) -> list:
+    """``n`` delegating tier1x2-like trees (root + 2 children, 4 turns each, ~300 generated tokens per turn);
+    the first three solved."""
+    import random
+
+    from rao_core.tree import EndReason, ExecutionTree, Node, Turn
+
+    rng = random.Random(0)
+
+    def words(k: int) -> str:  # text that compresses like text, not like one repeated letter
+        return " ".join("".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 8))) for _ in range(k // 6))
+
+    def node(nid, parent, depth, v):
+        turns = [Turn(prompt_token_ids=list(range(900)), completion_token_ids=list(range(300)),
+                      completion_logprobs=[-0.25] * 300, text=f"turn {k} " + words(text_chars),
+                      code="craft({'a': 1}, ('b', 1))", observation="inventory: " + words(300)) for k in range(4)]
+        return Node(node_id=nid, parent_id=parent, depth=depth, goal=f"craft {nid}", verifier=v, turns=turns,
+                    end_reason=EndReason.FINISHED if v else EndReason.MAX_STEPS, token_ids=list(range(2100)),
+                    assistant_mask=[0] * 900 + [1] * 1200, behaviour_logprobs=[-0.25] * 2100,
+                    messages=[{"role": "system", "content": "s" * 3000}],
+                    children=[f"{nid}.0", f"{nid}.1"] if not depth else [])
+
+    return [ExecutionTree(tree_id=f"t{i}", env="textcraft-synth", task_id=f"tcs-validation-tier1x2-{i:05d}",
+                          root_id="0", nodes=[node("0", None, 0, 1.0 if i < 3 else 0.0), node("0.0", "0", 1, 1.0),
+                                 node("0.1", "0", 1, 1.0 if i < 5 else 0.0)], wall_s=10.0 + i) for i in range(n)]
+
+
+def test_stored_trees_file_is_small_stripped_and_readable(tmp_path):
+    from rao_core.evaluation import tree_sample
+    from tasks.experiment import TREE_FILE_MAX_BYTES, read_tree_sample, write_tree_sample
+
+    trees = _eval_trees(20)
+    full = sum(len(t.model_dump_json()) for t in trees[:10])
+    sample = tree_sample(trees, 10)
+    assert len(sample) == 10 and [t.task_id[-2:] for t in sample] == [f"{i:02d}" for i in range(10)]
+    path = tmp_path / "recursive-it1-tier1x2-recursive.jsonl.gz"
+    assert write_tree_sample(path, [t.model_dump(mode="json") for t in sample]) == 10  # JSON dicts, as in rows
+    size = path.stat().st_size
+    assert size < TREE_FILE_MAX_BYTES and size < full / 20  # 1.8 MB of whole trees -> ~56 KB
+    back = read_tree_sample(path)
+    assert [t.tree_id for t in back] == [t.tree_id for t in sample] and back == sample  # round trip
+    n0 = back[0].nodes[0]
+    assert n0.token_ids == [] and n0.behaviour_logprobs == [] and n0.turns[0].completion_logprobs == []
+    assert n0.turns[0].text == trees[0].nodes[0].turns[0].text and n0.turns[0].observation.startswith("inventory")
+    assert back[0].meta["compact"]["completion_tokens"]["0"] == 1200
+    assert path.read_bytes() == (write_tree_sample(tmp_path / "again.jsonl.gz", sample) and
+                                 (tmp_path / "again.jsonl.gz").read_bytes())  # same trees, same bytes
+    # the byte bound: trees at the end are dropped until the file fits; none fits -> no file
+    assert 0 < write_tree_sample(tmp_path / "cut.jsonl.gz", sample, max_bytes=size // 3) < 10
+    assert (tmp_path / "cut.jsonl.gz").stat().st_size <= size // 3
+    assert write_tree_sample(tmp_path / "none.jsonl.gz", sample, max_bytes=50) == 0
+    assert not (tmp_path / "none.jsonl.gz").exists()
+    (tmp_path / "bad.jsonl.gz").write_bytes(__import__("gzip").compress(b'{"tree_id": 1}\n'))
+    with pytest.raises(ValueError, match=r"bad.jsonl.gz:1: not a valid execution tree record"):
+        read_tree_sample(tmp_path / "bad.jsonl.gz")
+
+
+def test_iteration_stats_from_the_logged_metrics():
+    from tasks.experiment import iteration_stats
+
+    m = {"success/root": 0.25, "success/depth_1": 0.5, "samples/num_trees": 48.0, "tokens/completion_total": 9000.0,
+         "tree/delegation_rate": 0.9, "end/finished": 0.8, "end/max_steps": 0.2, "samples/num_samples": 140.0,
+         "samples/num_signal_samples": 120.0, "samples/depth_0/samples": 48.0, "samples/depth_0/signal_samples": 40.0,
+         "samples/depth_0/mean_abs_advantage": 0.4, "samples/depth_0/assistant_tokens": 3000.0,
+         "samples/depth_1/samples": 92.0, "samples/depth_10/samples": 1.0, "train/loss": 0.1, "eval/x/y/success": 0.3}
+    s = iteration_stats(m)
+    assert (s["rollout_root_success"], s["rollout_depth1_success"], s["rollout_trees"], s["rollout_tokens"]) == (
+        0.25, 0.5, 48.0, 9000.0)
+    assert s["rollout_end_reasons"] == {"finished": 0.8, "max_steps": 0.2}
+    assert (s["samples"], s["signal_samples"], s["rollout_delegation_rate"]) == (140.0, 120.0, 0.9)
+    assert s["samples_per_depth"] == {"0": {"samples": 48.0, "signal_samples": 40.0, "mean_abs_advantage": 0.4,
+                                            "assistant_tokens": 3000.0}, "1": {"samples": 92.0},
+                                      "10": {"samples": 1.0}}  # depths in numeric order
+    assert s["train"] == {"loss": 0.1}
+    empty = iteration_stats({})  # an iteration that logged nothing (e.g. a crashed log stage): None, not an error
+    assert empty["rollout_root_success"] is None and empty["samples_per_depth"] == {}
+
+
+def test_record_has_per_point_audit_fields_training_and_stored_trees(tmp_path, monkeypatch):
+    """A campaign summary -> rows, training statistics and stored trees -> the record (issue 38)."""
+    import mlflow
+
+    from flows.experiment import _training, _trees
+    from rao_core.evaluation import summarise
+    from tasks.experiment import read_tree_sample, write_results
+
+    trees = _eval_trees(6)
+    row0 = summarise(trees, mode="recursive", difficulty="tier1x2", keep_trees=4).table_row()
+    row1 = summarise(trees[:3], mode="recursive", difficulty="tier1x2", keep_trees=0).table_row()
+    metrics = {"success/root": 0.3, "success/depth_1": 0.6, "samples/depth_1/signal_samples": 7.0}
+    summary = {"base_eval": [row0], "iterations": [{"iteration": 1, "times": {"generate": 5.0}, "metrics": metrics,
+                                                     "eval_rows": [row1]}]}
+    rows = _rows("recursive", summary)
+    assert all("trees" not in r for r in rows) and rows[0]["per_task"]["tcs-validation-tier1x2-00004"] == 0
+    samples = _trees("recursive", summary)
+    assert list(samples) == [("recursive", 0, "tier1x2", "recursive")] and len(samples[list(samples)[0]]) == 4
+    training = _training("recursive", summary)
+    assert training[0]["arm"] == "recursive" and training[0]["iteration"] == 1
+    assert training[0]["rollout_depth1_success"] == 0.6
+    assert training[0]["samples_per_depth"]["1"]["signal_samples"] == 7.0
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
+    run_id = mlflow.MlflowClient().create_run(mlflow.create_experiment("e")).info.run_id
+    stale = tmp_path / "docs/results/trees/tier-x/recursive-it9-tier1x2-recursive.jsonl.gz"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    endpoint = {"arm": "recursive", "difficulty": "tier1x2", "mode": "recursive", "iteration": "last",
+                "against": "warm_start", "test": "two_proportion_z", "n": 100}
+    meta = {"command": "rao experiment tier-x", "config": "c.yaml", "seed": 1, "commit": "abc", "date": "2026-12-09",
+            "wall_s": 60.0, "n_tasks": 6, "arms": ["recursive"], "eval_seed": 4321, "dev_seed": 77,
+            "config_commit": "def", "config_dirty": False, "endpoint": endpoint, "task_sets": {"evaluation": 6}}
+    out = write_results.fn("tier-x", rows, meta, {}, {"name": "x"}, run_id, out_root=tmp_path, training=training,
+                           trees=samples)
+    rec = json.loads((tmp_path / "docs/results/tier-x.json").read_text())
+    assert rec == out["record"]
+    assert (rec["arm"], rec["arms"], rec["seed"], rec["eval_seed"], rec["dev_seed"]) == (
+        "recursive", ["recursive"], 1, 4321, 77)
+    assert (rec["commit"], rec["config_commit"], rec["config_dirty"]) == ("abc", "def", False)
+    assert rec["endpoint"] == endpoint
+    assert rec["training"] == training and rec["task_sets"] == {"evaluation": 6}
+    p0, p1 = rec["points"]
+    # per task: the first three roots solved; six trees at iteration 0, three at iteration 1
+    assert p0["per_task"] == {f"tcs-validation-tier1x2-{i:05d}": int(i < 3) for i in range(6)}
+    assert p1["per_task"] == {f"tcs-validation-tier1x2-{i:05d}": 1 for i in range(3)}
+    assert p0["end_reasons"] == {"finished": 3, "max_steps": 3} and p0["children_per_tree"] == {"2": 6}
+    assert p0["depth_hist"] == {"1": 6} and p0["tokens_per_tree"] == 3600.0 and p0["tokens_total"] == 21600
+    assert p0["tree_wall_s_median"] == 12.5 and p0["tree_wall_s"] == 12.5  # walls 10..15
+    # depth 1: 12 children, 6 + 5 solved (the second child of trees 5 fails)
+    assert p0["per_depth"]["1"]["nodes"] == 12 and p0["per_depth"]["1"]["success"] == round(11 / 12, 6)
+    assert "tokens_per_success" not in p0
+    assert p0["trees"] == "docs/results/trees/tier-x/recursive-it0-tier1x2-recursive.jsonl.gz"
+    assert p0["trees_stored"] == 4
+    assert "trees" not in p1  # no sample kept at that point
+    stored = read_tree_sample(tmp_path / p0["trees"])
+    assert [t.task_id[-1] for t in stored] == ["0", "1", "3", "4"]  # failures and successes alternately
+    assert not stale.exists()  # a re-run replaces the experiment's stored trees
+    doc = (tmp_path / "docs/results.md").read_text()
+    assert "tokens per tree" in doc and "tokens per success" not in doc and "eval.seed 4321" in doc
+    assert "Preregistered endpoint: arm recursive, tier1x2, recursive mode, iteration last against warm_start" in doc
+    # a record of a campaign evaluated before issue 38 still reads (tokens per solved task, no audit fields)
+    old = experiment_record_of([dict(rows[1], tokens_per_success=900, per_task=None)])
+    assert old["points"][0]["tokens_per_success"] == 900 and old["eval_seed"] is None and old["training"] == []
+
+
+def experiment_record_of(rows: list[dict]) -> dict:
+    from tasks.experiment import experiment_record
+
+    meta = {"command": "c", "config": "c.yaml", "seed": 0, "commit": "abc", "date": "2026-12-01", "wall_s": 1.0}
+    return experiment_record("old", rows, meta, {}, {})
+
+
+def test_the_experiment_stops_before_any_campaign_on_an_overlap(monkeypatch):
+    """The evaluation set is checked against the training pool and the demonstrations before any campaign:
+    an overlap is a ValueError naming it (one ``error:`` line from ``rao experiment``)."""
+    import logging
+
+    import flows.experiment as fe
+
+    def no_campaign(*a, **k):
+        raise AssertionError("a campaign started")
+
+    monkeypatch.setattr(fe, "rao_campaign", no_campaign)
+    monkeypatch.setattr(fe, "get_run_logger", lambda: logging.getLogger("test"))
+    params = fe.ExperimentParams(experiment="textcraft-tier1", config="configs/experiment-textcraft-tier1.yaml",
+                                 overrides=["eval.split=train"])
+    with pytest.raises(ValueError, match="held-out tasks are not disjoint from the others: evaluation"):
+        fe.rao_experiment.fn(params)
