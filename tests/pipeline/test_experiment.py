@@ -376,3 +376,50 @@ def test_the_experiment_stops_before_any_campaign_on_an_overlap(monkeypatch):
                                  overrides=["eval.split=train"])
     with pytest.raises(ValueError, match="held-out tasks are not disjoint from the others: evaluation"):
         fe.rao_experiment.fn(params)
+
+
+def test_the_flow_writes_the_audit_fields_from_the_campaign_summaries(tmp_path, monkeypatch):
+    """``rao_experiment`` with campaigns replaced by their summaries: the record gets the seeds, the config's
+    commit, the endpoint, the task-set sizes, the training statistics and the stored trees."""
+    import logging
+
+    import mlflow
+
+    import flows.experiment as fe
+    from rao_core.evaluation import summarise
+    from tasks.experiment import write_results
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
+    run_id = mlflow.MlflowClient().create_run(mlflow.create_experiment("e")).info.run_id
+    trees = _eval_trees(4)
+
+    def campaign(params):
+        mode = "single" if params.name.endswith("-single") else "recursive"
+        row = summarise(trees, mode=mode, difficulty="tier1x2", keep_trees=2).table_row()
+        return {"mlflow_run_id": run_id, "warm_start": {"mode": "demos", "stats": {"trees": 48}, "sft_steps": 7,
+                                                        "checkpoint_local": None},
+                "base_eval": [row], "iterations": [{"iteration": 1, "times": {"generate": 1.0},
+                                                    "metrics": {"success/root": 0.5}, "eval_rows": [row]}]}
+
+    monkeypatch.setattr(fe, "rao_campaign", campaign)
+    monkeypatch.setattr(fe, "get_run_logger", lambda: logging.getLogger("test"))
+    monkeypatch.setattr(fe, "write_results", lambda *a, **k: write_results.fn(*a, **{**k, "out_root": tmp_path}))
+    ep = ("eval.endpoint={arm: recursive, difficulty: tier1x2, mode: recursive, against: single, test: mcnemar, "
+          "n: 50}")
+    out = fe.rao_experiment.fn(fe.ExperimentParams(experiment="tier1x-test", config="configs/experiment-textcraft-"
+                                                   "tier1x.yaml", overrides=[ep, "eval.dev={seed: 5}"]))
+    rec = json.loads((tmp_path / "docs/results/tier1x-test.json").read_text())
+    assert rec == out["record"] and (rec["arm"], rec["arms"]) == (None, ["recursive", "single"])
+    assert (rec["seed"], rec["eval_seed"], rec["dev_seed"]) == (0, 1234, 5)
+    assert rec["endpoint"]["against"] == "single" and rec["endpoint"]["iteration"] == "last"
+    assert rec["config_commit"] and rec["config_dirty"] in (True, False)  # the config file is tracked by git
+    # per difficulty (tier1x2, tier1x3): 50 evaluation and 20 development tasks
+    assert rec["task_sets"] == {"evaluation (eval.seed 1234)": 100, "development (eval.dev.seed 5)": 40,
+                                "training (seed 0)": 200, "demonstrations (seed 0)": 48}
+    assert [(t["arm"], t["iteration"], t["rollout_root_success"]) for t in rec["training"]] == [
+        ("recursive", 1, 0.5), ("single", 1, 0.5)]
+    assert rec["warm_start"]["recursive"] == {"mode": "demos", "stats": {"trees": 48}, "sft_steps": 7}
+    assert len(rec["points"]) == 4 and all(p["trees_stored"] == 2 for p in rec["points"])
+    assert sorted(p.name for p in (tmp_path / "docs/results/trees/tier1x-test").iterdir()) == [
+        f"{arm}-it{i}-tier1x2-{arm}.jsonl.gz" for arm in ("recursive", "single") for i in (0, 1)]
+    assert all("trees" not in r for r in out["rows"])  # the flow's rows do not carry the trees
