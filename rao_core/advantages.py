@@ -40,7 +40,7 @@ def leave_one_out(r: list[float]) -> list[tuple[float, float]]:
 
 
 def group_mean(r: list[float]) -> list[tuple[float, float]]:
-    """``b_g = S / V``: the group mean, the tree's own root included (the authors' public code); sigma = 1."""
+    """``b_g = S / V``: the group mean, own root included (authors' default: platoon 0.4.0, 97e7601); sigma = 1."""
     return [(sum(r) / len(r), 1.0)] * len(r)
 
 

