@@ -105,7 +105,8 @@ def test_tree_sample_alternates_failures_and_successes_within_a_size_bound():
     r = summarise(ts, mode="recursive", difficulty="all", keep_trees=2)
     assert [t.task_id for t in r.sample] == ["task-0", "task-2"]
     row = r.table_row()
-    assert [t["task_id"] for t in row["trees"]] == ["task-0", "task-2"] and row["trees"][0]["nodes"][0]["token_ids"] == []
+    assert [t["task_id"] for t in row["trees"]] == ["task-0", "task-2"]
+    assert row["trees"][0]["nodes"][0]["token_ids"] == []
     assert "sample" not in r.model_dump()  # never serialised with the row itself
 
 
