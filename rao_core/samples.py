@@ -15,8 +15,9 @@ What is dropped, and counted in :class:`SampleStats` ([project choice], docs/alg
 - ``dropped_small_groups``: groups left with fewer than 2 scored roots (their trees' nodes are counted
   in ``dropped_nodes_of_dropped_trees`` too);
 - ``dropped_empty_nodes``: scored nodes with zero assistant tokens (nothing to train on);
-- with the authors' filters (``AlgoSettings.filter_zero_advantage`` / ``filter_errors``, off by default):
-  ``dropped_zero_advantage``, ``masked_error_tokens``, ``dropped_error_only_nodes``.
+- with the authors' filters (``AlgoSettings.filter_zero_variance_groups`` / ``filter_errors``, off by default):
+  ``dropped_uniform_groups``, ``dropped_nodes_of_uniform_groups``, ``masked_error_tokens``,
+  ``dropped_error_only_nodes``.
 
 A node whose ``token_ids``, ``assistant_mask`` and ``behaviour_logprobs`` differ in length is a broken
 record: :func:`build_samples` raises ValueError naming it, it never drops it silently.
@@ -88,7 +89,8 @@ class SampleStats(BaseModel):
     dropped_nodes_of_dropped_trees: int = 0  # every node of the two kinds of dropped trees above
     dropped_empty_nodes: int = 0  # scored nodes without assistant tokens
     dropped_child_nodes: int = 0  # warm start: children of demonstration trees not picked for SFT
-    dropped_zero_advantage: int = 0  # samples with A_n = 0 dropped by algo.filter_zero_advantage
+    dropped_uniform_groups: int = 0  # groups whose every node has the same R, dropped by filter_zero_variance_groups
+    dropped_nodes_of_uniform_groups: int = 0  # their samples
     masked_error_tokens: int = 0  # assistant tokens of error turns masked by algo.filter_errors (A_n > 0)
     dropped_error_only_nodes: int = 0  # samples left with no assistant token by algo.filter_errors
     samples_per_depth: dict[int, int] = Field(default_factory=dict)
@@ -134,9 +136,11 @@ class AlgoSettings(BaseModel):
         "leave_one_out", description="Advantage estimator, a key of rao_core.advantages.ADVANTAGE_ESTIMATORS: "
         "leave_one_out (Eq. 3) | group_mean | grpo | none.")
     depth_weights: bool = Field(True, description="Weight samples by Eq. (5); false: every w_d = 1 (ablation).")
-    filter_zero_advantage: bool = Field(
-        False, description="Drop samples whose advantage is 0 before training (the authors' zero-advantage "
-        "filter): they carry no gradient, but count in a token-mean's denominator.")
+    filter_zero_variance_groups: bool = Field(
+        False, description="Drop a group (the G trees of one RL task) in which every node has the same reward "
+        "R, so every advantage is 0 (the authors' AReaL training, ApGa/platoon 97e7601 step_wise.py): its tokens "
+        "leave the token-mean normaliser. Samples with A = 0 in other groups stay (trainer.skip_zero_advantage "
+        "skips their forward/backward and keeps their tokens in the normaliser, as platoon 0.4.0).")
     filter_errors: bool = Field(
         False, description="Mask the assistant tokens of turns whose cell raised an error, in samples with a "
         "positive advantage (the authors' filter_errors): a solved trajectory does not reinforce its tracebacks.")
@@ -247,7 +251,7 @@ def mask_error_turns(sample: Sample, node: Node) -> int:
 
 
 def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, estimator: str = "leave_one_out",
-                  depth_weighting: bool = True, bonus: BonusRule = "eq1", filter_zero_advantage: bool = False,
+                  depth_weighting: bool = True, bonus: BonusRule = "eq1", filter_zero_variance_groups: bool = False,
                   filter_errors: bool = False) -> SampleBatch:
     """One training sample per scored node of a batch of execution trees (Eqs. 1, 3, 4, 5).
 
@@ -260,8 +264,8 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
             (``AlgoSettings.advantage``; default Eq. 3's leave-one-out).
         depth_weighting: Eq. (5) weights; False gives every sample weight 1 (``AlgoSettings.depth_weights``).
         bonus: the delegation-bonus rule when ``lam`` is given (rao_core.rewards; ``AlgoSettings.bonus``).
-        filter_zero_advantage: drop samples whose A_n is 0, AFTER the Eq. (5) weights were computed over
-            every kept node (so a level's weight does not depend on how many of its nodes had signal).
+        filter_zero_variance_groups: drop every sample of a group whose scored nodes all have the same R (all
+            its advantages are 0), BEFORE the Eq. (5) weights, which are computed over the samples left.
         filter_errors: in samples with A_n > 0, mask the tokens of turns whose cell raised
             (:func:`mask_error_turns`); a sample left with no assistant token is dropped.
 
@@ -297,13 +301,17 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
                     samples.append(sample)
             else:
                 samples.append(sample)
+    if filter_zero_variance_groups:
+        rewards: dict[str, set[float]] = defaultdict(set)
+        for s in samples:
+            rewards[s.group_id].add(s.reward)
+        uniform = {g for g, r in rewards.items() if len(r) == 1}
+        stats.dropped_uniform_groups = len(uniform)
+        stats.dropped_nodes_of_uniform_groups = sum(1 for s in samples if s.group_id in uniform)
+        samples = [s for s in samples if s.group_id not in uniform]
     if depth_weighting:
         for s, w in zip(samples, depth_weights([s.depth for s in samples])):
             s.weight = w
-    if filter_zero_advantage:
-        kept = [s for s in samples if s.advantage != 0.0]
-        stats.dropped_zero_advantage = len(samples) - len(kept)
-        samples = kept
     return SampleBatch(samples=samples, stats=summarise(samples, stats))
 
 

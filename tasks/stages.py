@@ -281,7 +281,8 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
     trees = read_trees(fetch(ctx, scored_uri, f"iter-{iteration}/scored.jsonl"))
     cfg = ctx.config
     batch = build_samples(trees, estimator=cfg.algo.advantage, depth_weighting=cfg.algo.depth_weights,
-                          filter_zero_advantage=cfg.algo.filter_zero_advantage, filter_errors=cfg.algo.filter_errors)
+                          filter_zero_variance_groups=cfg.algo.filter_zero_variance_groups,
+                           filter_errors=cfg.algo.filter_errors)
     report = validate_training_data(trees, batch, max_depth=cfg.runtime.effective_max_depth,
                                     lam=cfg.algo.bonus_weight(cfg.tasks.env),
                                     context_window=cfg.runtime.context_window, estimator=cfg.algo.advantage)
@@ -444,7 +445,7 @@ def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[T
                                       advance, what=f"{where} ({mode})")
         trees = rollouts.read_shards(ctx, f"{where} ({mode})", shards, results)
         report = report + report_from_trees(tasks, trees, mode=mode, graded=ev.graded,
-                                            wall_s=time.monotonic() - t0)
+                                            wall_s=time.monotonic() - t0, keep_trees=ev.stored_trees)
     return report
 
 
@@ -464,7 +465,9 @@ def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, toke
     rep = ctx.store().put_bytes(json.dumps(report, indent=1).encode(), iter_key(iteration, "eval/report.json"))
     if in_prefect_run():  # outside a run (direct .fn() calls) there is no artifact to write
         try:
-            create_table_artifact(key=artifact_key(ctx.name, "eval", iteration), table=res.rows,
+            create_table_artifact(key=artifact_key(ctx.name, "eval", iteration),
+                                  table=[{k: v for k, v in r.items() if not isinstance(v, (dict, list))}
+                                         for r in res.rows],
                                   description="Validation success by mode and difficulty (Wilson 95% CI)")
         except Exception as e:  # noqa: BLE001 - the UI's table never fails the stage
             run_logger().warning(f"eval artifact: {type(e).__name__}: {e}")

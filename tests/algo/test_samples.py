@@ -274,15 +274,20 @@ def test_filter_errors_masks_error_turns_of_positive_advantage_samples_only():
     assert only.stats.dropped_error_only_nodes == 1 and [s.tree_id for s in only.samples] == ["b"]
 
 
-def test_filter_zero_advantage_drops_after_the_depth_weights():
-    # group of two trees, both roots succeed (A_root = 0); tree a's children: s = 1 and 0 -> R = 1, 0; b: none
+def test_filter_zero_variance_groups_drops_uniform_groups_before_the_depth_weights():
+    # group g: both roots succeed, tree a's children s = 1 and 0 -> R differ (lam 0: 1, 1, 1, 0): kept
     a = tree("a", "g", [node("r", None, 0, 1.0), node("c0", "r", 1, 1.0), node("c1", "r", 1, 0.0)])
     b = tree("b", "g", [node("r", None, 0, 1.0)])
-    # lam 0: R(root) = 1 both -> baselines 1; A: roots 0, c0 0, c1 -1
-    plain = build_samples([a, b], 0.0)
-    filt = build_samples([a, b], 0.0, filter_zero_advantage=True)
-    assert [(s.tree_id, s.node_id) for s in filt.samples] == [("a", "c1")]
-    assert filt.stats.dropped_zero_advantage == 3
-    # weights from all 4 kept nodes (N = 4, K = 2: depth 0 -> 2 / 2 = 1, depth 1 -> 2 / 2 = 1), not from 1
-    assert filt.samples[0].weight == next(s.weight for s in plain.samples if s.node_id == "c1") == 1.0
-    assert filt.stats.num_samples == 1
+    # group h: every node of both trees R = 1 -> every A = 0: dropped
+    c = tree("c", "h", [node("r", None, 0, 1.0), node("c0", "r", 1, 1.0)])
+    d = tree("d", "h", [node("r", None, 0, 1.0), node("c0", "r", 1, 1.0)])
+    plain = build_samples([a, b, c, d], 0.0)
+    filt = build_samples([a, b, c, d], 0.0, filter_zero_variance_groups=True)
+    assert {s.group_id for s in filt.samples} == {"g"} and len(plain.samples) == 8 and len(filt.samples) == 4
+    assert (filt.stats.dropped_uniform_groups, filt.stats.dropped_nodes_of_uniform_groups) == (1, 4)
+    # Eq. 5 over the 4 samples left: N = 4, K = 2; depth 0 has 2 -> 1.0, depth 1 has 2 -> 1.0
+    assert [s.weight for s in filt.samples] == [1.0, 1.0, 1.0, 1.0]
+    # without the filter: N = 8, K = 2, 4 per depth -> 1.0 each too; the normaliser differs, not the weights
+    assert filt.stats.num_samples == 4 and plain.stats.num_samples == 8
+    # a group with signal at depth 1 only (roots equal) is kept: its children's advantages are not all 0
+    assert [s.advantage for s in filt.samples] == [0.0, 0.0, -1.0, 0.0]
