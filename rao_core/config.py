@@ -331,6 +331,14 @@ class EvalSettings(EvalConfig):
                              "regression.")
     primary_metric: str | None = Field(None, description="Metric that ranks checkpoints for the champion alias "
                                        "(default: recursive success on the first difficulty).")
+    regression_alpha: float = Field(0.05, gt=0, lt=1, description="The nightly regression's level: a candidate "
+                                    "within the tolerance fails at most this share of nights (rao_core.regression: "
+                                    "a one-sided paired test of 'drop > tolerance' on per-task outcomes).")
+    regression_n_tasks: int = Field(100, ge=1, description="Tasks per difficulty of the nightly regression (its own "
+                                    "evaluation, same seed and split; the first eval.n_tasks of them are the "
+                                    "campaign's). 100 = rao_core.regression.choose_n on the CPU budget: both "
+                                    "checkpoints in ~15 min; at tolerance 0.1 and alpha 0.05 a drop of 0.27 is "
+                                    "caught with 80% power (detectable_drop, a conservative model).")
     dev: DevSet | None = Field(None, description="The development set for probes and design decisions "
                                "(rao_core.evaluation.DevSet: its own seed, n_tasks per difficulty; disjoint from "
                                "the evaluation set by construction). None: no development set.")
