@@ -49,8 +49,15 @@ class ExperimentParams(BaseModel):
     # a plain text field (a `str | None` one needs its "None" toggle clicked in the form); empty = None
     name: str = Field("", description="Prefix of the two campaign names (empty: the config's name).")
     iterations: int | None = Field(None, ge=0, description="RL iterations per arm.")
-    arms: list[Literal["recursive", "single"]] = Field(default_factory=lambda: ["recursive", "single"],
-                                                       description="Arms to run; the first builds the warm start.")
+    arms: list[Literal["recursive", "outcome", "single"]] = Field(
+        default_factory=lambda: ["recursive", "single"],
+        description="Arms to run, in order (arm_overrides): recursive (RAO), outcome (the outcome-only ablation) "
+        "and single (the single agent). The first builds the warm start the others share (single: unless "
+        "single_warm_start is 'own').")
+    single_warm_start: Literal["shared", "own"] = Field(
+        "shared", description="shared: the single arm starts from the first arm's warm start; own: it builds its "
+        "own from single-agent demonstrations (warm_start.options.single_agent_fraction = 1), as many as the "
+        "recursive arm's, with the same SFT settings.")
     write_docs: bool = Field(True, description="Write docs/results.md and docs/img/learning_curve.png.")
     overrides: list[str] = Field(default_factory=list, description="KEY=VALUE overrides for both arms.")
     seed: int | None = Field(None, description="Seed of the whole run (task pool and sampling: `seed`; the "
@@ -85,7 +92,10 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
     ``single``: delegation off, single-mode evaluation, its own registered model (the arm's campaign name
     fills ``{campaign}``; a fixed name gets ``-single``), so its champion never moves the recursive agent's.
     With ``single_max_steps`` the single arm's node may take that many steps (``runtime.max_steps_per_node``).
-    ``recursive``: recursive-mode evaluation. With ``shared_checkpoint`` (the first arm's iteration-0
+    ``recursive``: recursive-mode evaluation (RAO as configured). ``outcome``: the ablation of RAO's credit
+    assignment (issue 38 arm b): recursive, but every node's success is its root's (``judge.child_source:
+    root_proxy``), no delegation bonus (``algo.lam: 0``) and no depth weights, so every node of a tree gets the
+    root's outcome and one advantage; what peers ship (SkyRL's recursive-LM recipe) and what RAO must beat. With ``shared_checkpoint`` (the first arm's iteration-0
     folder) the arm starts from it instead of building its own warm start. A ``name=...`` override is
     dropped: it is the prefix of the arms' campaign names (``<name>-<arm>``), and kept it would give both
     arms one campaign (the second would resume the first). Raises ValueError for another arm name.
@@ -97,8 +107,11 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
         extra += [f"runtime.max_steps_per_node={single_max_steps}"] if single_max_steps else []
     elif arm == "recursive":
         extra += ["eval.modes=[recursive]"]
+    elif arm == "outcome":
+        extra += ["eval.modes=[recursive]", "judge.child_source=root_proxy", "algo.lam=0", "algo.depth_weights=false"]
+        extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-outcome"]
     else:
-        raise ValueError(f"unknown arm {arm!r} (expected 'recursive' or 'single')")
+        raise ValueError(f"unknown arm {arm!r} (expected 'recursive', 'outcome' or 'single')")
     if shared_checkpoint:
         extra += ["warm_start.mode=checkpoint", f"warm_start.checkpoint={shared_checkpoint}"]
     return extra
@@ -177,7 +190,9 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     checkpoints: dict[tuple[str, int], str | None] = {}
     shared_ckpt: str | None = None
     for arm in params.arms:
-        extra = arm_overrides(arm, overrides, base.model.registered_model, shared_ckpt, single_steps)
+        own = arm == "single" and params.single_warm_start == "own"
+        extra = arm_overrides(arm, overrides, base.model.registered_model, None if own else shared_ckpt, single_steps)
+        extra += ["warm_start.options.single_agent_fraction=1.0"] if own else []
         summaries[arm] = rao_campaign(CampaignParams(config=params.config, name=f"{prefix}-{arm}",
                                                      iterations=params.iterations, overrides=extra))
         log.info(f"arm {arm}: campaign {prefix}-{arm} finished")
@@ -187,12 +202,14 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
         checkpoints[(arm, 0)] = summaries[arm].get("warm_start", {}).get("checkpoint_local")
         for it in summaries[arm]["iterations"]:
             checkpoints[(arm, it["iteration"])] = it.get("checkpoint_local")
-        shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
+        if not own:
+            shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
     wall = time.monotonic() - t0
     sets = "".join(f" --set {o}" for o in params.overrides)
     iters = f" --iterations {params.iterations}" if params.iterations is not None else ""
     seed = f" --seed {params.seed}" if params.seed is not None else ""
     arms = "".join(f" --arm {a}" for a in params.arms) if params.arms != ["recursive", "single"] else ""
+    arms += " --single-warm-start own" if params.single_warm_start == "own" and "single" in params.arms else ""
     meta = {"command": f"rao experiment {params.experiment} --config {params.config}{iters}{seed}{arms}{sets}",
             "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,

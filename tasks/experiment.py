@@ -163,25 +163,134 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
             "arm_tests": arm_tests(points)}
 
 
+#: The evaluation mode of each arm of ``rao experiment`` (flows.experiment.arm_overrides).
+ARM_MODES = {"recursive": "recursive", "outcome": "recursive", "single": "single"}
+#: Arm comparisons made when both arms ran: (arm, against), H1: arm > against.
+ARM_PAIRS = (("recursive", "single"), ("recursive", "outcome"), ("outcome", "single"))
+
+
+def _last_point(points: list[dict[str, Any]], arm: str, difficulty: str) -> dict[str, Any] | None:
+    ps = [p for p in points if p["arm"] == arm and p["mode"] == ARM_MODES.get(arm, arm) and p["difficulty"] == difficulty]
+    return max(ps, key=lambda p: p["iteration"]) if ps else None
+
+
 def arm_tests(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Recursive arm (recursive mode) vs single arm (single mode) at each arm's last iteration, per
-    difficulty: one-sided pooled two-proportion z-test of H1: recursive > single. Empty without both arms."""
+    """Each pair of :data:`ARM_PAIRS` that both ran (recursive vs single, recursive vs outcome, outcome vs
+    single; each arm in its own evaluation mode, :data:`ARM_MODES`) at each arm's last iteration, per
+    difficulty: one-sided pooled two-proportion z-test of H1: first arm > second (one seed: evaluation noise
+    only; :func:`seed_comparison` is the test over seeds). Rows of the recursive-vs-single pair keep their
+    old keys (``recursive``, ``single``); every row has ``arm``, ``against``, ``arm_point`` and
+    ``against_point``. Empty without two arms."""
     out = []
     for diff in dict.fromkeys(p["difficulty"] for p in points):
-        arms = {}
-        for arm in ("recursive", "single"):
-            ps = [p for p in points if p["arm"] == arm and p["mode"] == arm and p["difficulty"] == diff]
-            if ps:
-                arms[arm] = max(ps, key=lambda p: p["iteration"])
-        if len(arms) < 2:
-            continue
-        r, sg = arms["recursive"], arms["single"]
-        t = two_proportion_test(sg["successes"], sg["n"], r["successes"], r["n"])
-        out.append({"difficulty": diff, "recursive": [r["successes"], r["n"]], "recursive_iteration": r["iteration"],
-                    "single": [sg["successes"], sg["n"]], "single_iteration": sg["iteration"],
-                    "difference": r["success"] - sg["success"],
-                    "test": "pooled two-proportion z-test, one-sided (recursive > single)", **t})
+        for a, b in ARM_PAIRS:
+            pa, pb = _last_point(points, a, diff), _last_point(points, b, diff)
+            if pa is None or pb is None:
+                continue
+            t = two_proportion_test(pb["successes"], pb["n"], pa["successes"], pa["n"])
+            out.append({"difficulty": diff, "arm": a, "against": b, a: [pa["successes"], pa["n"]],
+                        f"{a}_iteration": pa["iteration"], b: [pb["successes"], pb["n"]],
+                        f"{b}_iteration": pb["iteration"], "arm_point": [pa["successes"], pa["n"]],
+                        "against_point": [pb["successes"], pb["n"]], "difference": pa["success"] - pb["success"],
+                        "test": f"pooled two-proportion z-test, one-sided ({a} > {b})", **t})
     return out
+
+
+def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, difficulty: str,
+                    alpha: float = 0.05) -> dict[str, Any] | None:
+    """A comparison over seeds that accounts for them (docs/results.md; /work spec experiments.md): ``arm``'s
+    last point vs ``against`` (another arm's last point, or ``"warm_start"``: the same arm's iteration 0) on
+    ``difficulty``, from the per-task outcomes of every seed's record.
+
+    Two tests, both one-sided (H1: arm > against):
+
+    - over tasks (the preregistered one): for each task evaluated in every seed, D_t = mean over seeds of
+      (arm's outcome - against's outcome); an exact sign test (binomial, p = 1/2) on the tasks with D_t != 0.
+      The same tasks in every seed are paired, so pooling seeds does not pretend to add tasks;
+    - over seeds: the per-seed differences of success rate d_s, a one-sample t-test (df = seeds - 1), with
+      their mean and range; with three seeds it has little power and is reported, not required.
+
+    ``supported`` (the preregistered rule): the task-level p < ``alpha`` and every d_s > 0.
+
+    Returns None when no record has both points with per-task outcomes. Units: rates in [0, 1].
+    """
+    from scipy import stats
+
+    from rao_core.evaluation import wilson_interval
+
+    per_seed, tables = [], []
+    for rec in sorted(records, key=lambda r: r["seed"]):
+        pts = rec.get("points", [])
+        pa = _last_point(pts, arm, difficulty)
+        if against == "warm_start":
+            ps = [p for p in pts if p["arm"] == arm and p["mode"] == ARM_MODES.get(arm, arm)
+                  and p["difficulty"] == difficulty and p["iteration"] == 0]
+            pb = ps[0] if ps else None
+        else:
+            pb = _last_point(pts, against, difficulty)
+        if not pa or not pb or not pa.get("per_task") or not pb.get("per_task"):
+            continue
+        per_seed.append({"seed": rec["seed"], "arm": [pa["successes"], pa["n"]], "against": [pb["successes"], pb["n"]],
+                         "arm_iteration": pa["iteration"], "against_iteration": pb["iteration"],
+                         "difference": pa["success"] - pb["success"]})
+        tables.append((pa["per_task"], pb["per_task"]))
+    if not per_seed:
+        return None
+    common = set.intersection(*(set(a) & set(b) for a, b in tables))
+    diffs = {}
+    for t in sorted(common):
+        vals = [(a[t], b[t]) for a, b in tables]
+        if any(x is None or y is None for x, y in vals):
+            continue
+        diffs[t] = sum(x - y for x, y in vals) / len(vals)
+    pos, neg = sum(1 for d in diffs.values() if d > 0), sum(1 for d in diffs.values() if d < 0)
+    p_tasks = float(stats.binomtest(pos, pos + neg, 0.5, alternative="greater").pvalue) if pos + neg else 1.0
+    ds = [s["difference"] for s in per_seed]
+    p_seeds = (float(stats.ttest_1samp(ds, 0.0, alternative="greater").pvalue)
+               if len(ds) > 1 and len(set(ds)) > 1 else float("nan"))
+    pooled = {k: [sum(s[k][0] for s in per_seed), sum(s[k][1] for s in per_seed)] for k in ("arm", "against")}
+    ci = {k: list(wilson_interval(min(v[0], v[1]), v[1])) for k, v in pooled.items()}
+    return {"arm": arm, "against": against, "difficulty": difficulty, "seeds": [s["seed"] for s in per_seed],
+            "per_seed": per_seed, "pooled": pooled, "pooled_ci95": ci,
+            "mean_difference": sum(ds) / len(ds), "difference_range": [min(ds), max(ds)],
+            "tasks_paired": len(diffs), "tasks_arm_better": pos, "tasks_against_better": neg,
+            "p_tasks_sign_test": p_tasks, "p_seeds_t_test": p_seeds, "alpha": alpha,
+            "supported": bool(p_tasks < alpha and all(d > 0 for d in ds)),
+            "test": "one-sided exact sign test over tasks on the seed-averaged per-task difference (preregistered); "
+                    "one-sided t-test over the per-seed differences (reported)"}
+
+
+def comparisons_markdown(experiment: str, records: list[dict[str, Any]], difficulty: str | None = None) -> str:
+    """The ``## Seeds: <experiment>`` section for experiments with per-task outcomes: every arm's last
+    iteration vs its warm start and every pair of :data:`ARM_PAIRS`, by :func:`seed_comparison`, one row
+    each; the preregistered endpoint (``eval.endpoint`` of the records) is marked."""
+    diff = difficulty or next((p["difficulty"] for r in records for p in r.get("points", [])), None)
+    arms = list(dict.fromkeys(p["arm"] for r in records for p in r.get("points", [])))
+    ep = next((r.get("endpoint") for r in records if r.get("endpoint")), None) or {}
+    lines = [f"## Seeds: {experiment}", "",
+             f"Difficulty {diff}; each row pairs the same held-out tasks across seeds (per-task outcomes).", "",
+             "| comparison | seeds | per-seed (arm vs against) | mean difference [range] | pooled arm | pooled against "
+             "| tasks better / worse | p (sign test, tasks) | p (t-test, seeds) | supported |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def frac(x: list, ci: list) -> str:
+        return f"{x[0]:g}/{x[1]} = {x[0] / x[1]:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if x[1] else ""
+
+    pairs = [(a, "warm_start") for a in arms] + [(a, b) for a, b in ARM_PAIRS if a in arms and b in arms]
+    for a, b in pairs:
+        c = seed_comparison(records, a, b, diff) if diff else None
+        if c is None:
+            continue
+        mark = " (preregistered)" if (ep.get("arm"), ep.get("against")) == (a, b) else ""
+        seeds = "; ".join(f"{s['seed']}: {s['arm'][0]:g}/{s['arm'][1]} vs {s['against'][0]:g}/{s['against'][1]}"
+                          for s in c["per_seed"])
+        lo, hi = c["difference_range"]
+        lines.append(f"| {a} vs {b}{mark} | {len(c['seeds'])} | {seeds} | {c['mean_difference']:+.2f} [{lo:+.2f}, "
+                     f"{hi:+.2f}] | {frac(c['pooled']['arm'], c['pooled_ci95']['arm'])} | "
+                     f"{frac(c['pooled']['against'], c['pooled_ci95']['against'])} | {c['tasks_arm_better']} / "
+                     f"{c['tasks_against_better']} | {c['p_tasks_sign_test']:.4f} | {c['p_seeds_t_test']:.3f} | "
+                     f"{'yes' if c['supported'] else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -289,9 +398,10 @@ def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experimen
                   f"z = {test['z']:.2f}, p = {test['p_value']:.4f} (two-sided {test['p_value_two_sided']:.4f}). "
                   f"Record: `docs/results/{experiment}.json`."]
     for a in arm_tests_:
-        lines += ["", f"Arms ({a['test']}), {a['difficulty']}: recursive iteration {a['recursive_iteration']} "
-                  f"({a['recursive'][0]:g}/{a['recursive'][1]}) vs single iteration {a['single_iteration']} "
-                  f"({a['single'][0]:g}/{a['single'][1]}): difference {a['difference']:+.3f}, z = {a['z']:.2f}, "
+        x, y = a.get("arm", "recursive"), a.get("against", "single")
+        lines += ["", f"Arms ({a['test']}), {a['difficulty']}: {x} iteration {a[f'{x}_iteration']} "
+                  f"({a[x][0]:g}/{a[x][1]}) vs {y} iteration {a[f'{y}_iteration']} "
+                  f"({a[y][0]:g}/{a[y][1]}): difference {a['difference']:+.3f}, z = {a['z']:.2f}, "
                   f"p = {a['p_value']:.4f}."]
     return "\n".join(lines) + "\n"
 
@@ -329,7 +439,8 @@ def seeds_markdown(experiment: str, records: list[dict[str, Any]]) -> str:
     for rec in records:
         t = rec.get("test") or {}
         tests = rec.get("arm_tests") or arm_tests(rec.get("points", []))  # records older than arm_tests
-        arm = next((a for a in tests if a["difficulty"] == t.get("difficulty")), None)
+        arm = next((a for a in tests if a["difficulty"] == t.get("difficulty")
+                    and (a.get("arm"), a.get("against")) in (("recursive", "single"), (None, None))), None)
         if t:
             for k, v in (("base", t["baseline"]), ("final", t["final"])):
                 tot[k][0] += v[0]
@@ -372,11 +483,12 @@ def seed_records(experiment: str, root: Path | None = None) -> list[dict[str, An
 
 def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_docs: bool = True,
                         root: Path | None = None) -> str:
-    """``seeds_markdown`` of ``records``, written as the ``## Seeds: <experiment>`` section of
+    """``comparisons_markdown`` of ``records`` (``seeds_markdown`` for records without per-task outcomes), written as the ``## Seeds: <experiment>`` section of
     ``docs/results.md`` under ``root`` (the repository by default) when ``write_docs``; returns the markdown."""
     from rao_core.paths import REPO_ROOT
 
-    md = seeds_markdown(experiment, records)
+    with_tasks = any(p.get("per_task") for r in records for p in r.get("points", []))
+    md = comparisons_markdown(experiment, records) if with_tasks else seeds_markdown(experiment, records)
     if write_docs:
         replace_section((root or REPO_ROOT) / "docs/results.md", f"## Seeds: {experiment}", md)
     return md

@@ -423,3 +423,84 @@ def test_the_flow_writes_the_audit_fields_from_the_campaign_summaries(tmp_path, 
     assert sorted(p.name for p in (tmp_path / "docs/results/trees/tier1x-test").iterdir()) == [
         f"{arm}-it{i}-tier1x2-{arm}.jsonl.gz" for arm in ("recursive", "single") for i in (0, 1)]
     assert all("trees" not in r for r in out["rows"])  # the flow's rows do not carry the trees
+
+
+def test_the_outcome_arm_is_rao_without_its_credit_assignment():
+    """Issue 38 arm (b): recursive, every node scored by its root (root_proxy), no bonus, no depth weights."""
+    out = arm_overrides("outcome", ["algo.G=2"], "rao-policy-x", "/ckpt")
+    assert out == ["algo.G=2", "eval.modes=[recursive]", "judge.child_source=root_proxy", "algo.lam=0",
+                   "algo.depth_weights=false", "model.registered_model=rao-policy-x-outcome",
+                   "warm_start.mode=checkpoint", "warm_start.checkpoint=/ckpt"]
+    from rao_core.config import load_config
+    from rao_core.rewards import node_rewards
+    from tests.algo.helpers import node, tree
+
+    cfg = load_config("configs/experiment-textcraft-tier1x.yaml", out[:5])
+    assert (cfg.judge.child_source, cfg.algo.bonus_weight("textcraft-synth"), cfg.algo.depth_weights) == (
+        "root_proxy", 0.0, False)
+    # with the root's success copied to every child (the judge's proxy), every node's R is the root's outcome
+    t = tree("t", "g", [node("r", None, 0, 1.0), node("c", "r", 1, 1.0)])
+    assert node_rewards(t, cfg.algo.bonus_weight("textcraft-synth"), bonus=cfg.algo.bonus) == {"r": 1.0, "c": 1.0}
+
+
+def test_the_single_arm_can_build_its_own_warm_start(tmp_path, monkeypatch):
+    """single_warm_start 'own': the single arm gets no shared checkpoint and demonstrates without delegation;
+    the outcome arm still shares the recursive arm's."""
+    import logging
+
+    import flows.experiment as fe
+
+    seen = {}
+
+    def campaign(params):
+        seen[params.name.rsplit("-", 1)[1]] = list(params.overrides)
+        return {"mlflow_run_id": "x", "warm_start": {"checkpoint_local": f"/ck/{params.name}"}, "base_eval": [],
+                "iterations": []}
+
+    monkeypatch.setattr(fe, "rao_campaign", campaign)
+    monkeypatch.setattr(fe, "get_run_logger", lambda: logging.getLogger("test"))
+    monkeypatch.setattr(fe, "write_results", lambda *a, **k: {"markdown": "", "record": {}})
+    fe.rao_experiment.fn(fe.ExperimentParams(experiment="abl", config="configs/experiment-textcraft-tier1x.yaml",
+                                             arms=["recursive", "outcome", "single"], single_warm_start="own",
+                                             write_docs=False))
+    assert not any(o.startswith("warm_start.") for o in seen["recursive"])
+    assert "warm_start.checkpoint=/ck/textcraft-tier1x-recursive" in seen["outcome"]
+    assert "warm_start.options.single_agent_fraction=1.0" in seen["single"]
+    assert not any(o.startswith("warm_start.checkpoint") for o in seen["single"])
+
+
+def _record(seed, outcomes):
+    """A record with last points per arm from ``outcomes``: {(arm, iteration): [0/1 per task]}."""
+    from tasks.experiment import ARM_MODES
+
+    pts = [{"arm": a, "iteration": i, "difficulty": "tier1x2", "mode": ARM_MODES[a], "n": len(v),
+            "successes": float(sum(v)), "success": sum(v) / len(v), "per_task": {f"t{k}": x for k, x in enumerate(v)}}
+           for (a, i), v in outcomes.items()]
+    return {"seed": seed, "experiment": "abl", "points": pts,
+            "endpoint": {"arm": "recursive", "against": "outcome"}}
+
+
+def test_seed_comparison_pairs_tasks_across_seeds_by_hand():
+    from tasks.experiment import comparisons_markdown, seed_comparison
+
+    # 10 tasks, 3 seeds; recursive solves tasks 0-5 in every seed, outcome solves 0-1 (seed 0, 1) or 0-2 (seed 2)
+    recs = [_record(s, {("recursive", 2): [1] * 6 + [0] * 4, ("recursive", 0): [1] * 2 + [0] * 8,
+                        ("outcome", 2): [1] * (2 + (s == 2)) + [0] * (8 - (s == 2))}) for s in (0, 1, 2)]
+    c = seed_comparison(recs, "recursive", "outcome", "tier1x2")
+    # per seed: 0.6 - 0.2, 0.6 - 0.2, 0.6 - 0.3; tasks 2-5 better on average (task 2: (1 + 1 + 0) / 3 > 0)
+    assert [round(s["difference"], 2) for s in c["per_seed"]] == [0.4, 0.4, 0.3]
+    assert (c["tasks_paired"], c["tasks_arm_better"], c["tasks_against_better"]) == (10, 4, 0)
+    assert c["p_tasks_sign_test"] == pytest.approx(0.5 ** 4)  # 4 of 4 non-zero tasks better: 1/16
+    assert c["pooled"] == {"arm": [18.0, 30], "against": [7.0, 30]}
+    assert c["mean_difference"] == pytest.approx(1.1 / 3) and c["difference_range"] == pytest.approx([0.3, 0.4])
+    assert c["supported"] is False  # p = 0.0625 >= 0.05: not supported, whatever the seeds say
+    w = seed_comparison(recs, "recursive", "warm_start", "tier1x2")
+    assert w["tasks_arm_better"] == 4 and w["p_tasks_sign_test"] == pytest.approx(0.0625)
+    # one seed going the other way fails the preregistered rule even with a small p over tasks
+    recs2 = [_record(s, {("recursive", 2): [1] * 8 + [0] * 2, ("outcome", 2): [0] * 10}) for s in (0, 1)]
+    recs2.append(_record(2, {("recursive", 2): [0] * 10, ("outcome", 2): [1] * 2 + [0] * 8}))
+    c2 = seed_comparison(recs2, "recursive", "outcome", "tier1x2")
+    assert c2["tasks_arm_better"] == 8 and c2["p_tasks_sign_test"] < 0.05 and c2["supported"] is False
+    md = comparisons_markdown("abl", recs)
+    assert "| recursive vs outcome (preregistered) | 3 |" in md and "| recursive vs warm_start | 3 |" in md
+    assert seed_comparison([_record(0, {("single", 1): [1]})], "recursive", "outcome", "tier1x2") is None
