@@ -66,12 +66,77 @@ def apply_service_env() -> dict[str, str]:
 #: memory, in /dev/shm) would take 7 GiB of it.
 RAY_OBJECT_STORE_GIB = 1.0
 
+#: Ray's switch for a one-machine cluster (``ray._private.ray_constants.ENABLE_RAY_CLUSTER``, read when Ray is
+#: imported). By default Ray takes "127.0.0.1" or "localhost" to mean "this machine" and replaces it by the host's
+#: network address (``services.resolve_ip_for_localhost``) in ``ray start --node-ip-address``, in ``ray.init``'s
+#: ``address`` and ``_node_ip_address``: the node is then registered under that address and its servers (GCS,
+#: raylet, object manager, workers, client server, agents) listen on every interface, as does a replica's vLLM
+#: server (it listens on its node's address). With "0" (Ray's default on macOS and Windows) the address stays
+#: 127.0.0.1 and every one of them listens on loopback only; such a cluster takes no second machine.
+RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def ray_loopback() -> None:
+    """Keep this process's Ray on loopback (:data:`RAY_LOOPBACK_ENV`): set the variable for Ray's import and for
+    the processes started from here, and Ray's constant when Ray is imported already (its address handling reads
+    the constant at each call)."""
+    import sys
+
+    os.environ.update(RAY_LOOPBACK_ENV)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether a Ray address (``HOST:PORT``; ``auto``: ``RAY_ADDRESS``, else Ray's note of the cluster last
+    started on this machine) names this machine's loopback interface."""
+    import ipaddress
+    import tempfile
+
+    if address in ("auto", ""):
+        address = os.environ.get("RAY_ADDRESS", "")
+        if not address:
+            note = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+            try:
+                address = note.read_text().strip()
+            except OSError:
+                return False
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ensure_ray_token() -> None:
+    """Make Ray's token (``~/.ray/auth_token``, ``ray get-auth-token --generate``) unless one is at hand
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or that file): ``ray start`` in token mode refuses to start
+    without one. Raises ServiceError when it cannot be made."""
+    import subprocess
+    import sys
+
+    from infra.process import ServiceError
+
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
+            (Path.home() / ".ray" / "auth_token").is_file():
+        return
+    r = subprocess.run([str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+    if r.returncode != 0:
+        raise ServiceError(f"could not make Ray's token (ray get-auth-token --generate exited {r.returncode}: "
+                           f"{' '.join(r.stderr.split())[-200:]})")
+
 
 class RayHead:
-    """A local Ray head node (``ray start --head --block``, node address 127.0.0.1) in its own process group,
-    so that stopping the group stops every Ray process it started (GCS, raylet, workers). Token
-    authentication is on (``RAY_AUTH_MODE=token``; Ray keeps the token in ``~/.ray/auth_token``, creating it
-    when missing), and ``tasks.rollouts.connect`` sends it.
+    """A local Ray head node (``ray start --head --block``) in its own process group, so that stopping the group
+    stops every Ray process it started (GCS, raylet, workers). Everything it starts listens on 127.0.0.1 only
+    (:data:`RAY_LOOPBACK_ENV`: the node is registered as 127.0.0.1, so its replicas' vLLM servers listen there
+    too; a cluster of several machines is started with ``ray start`` by hand, docs/pipeline.md). Token
+    authentication is on (``RAY_AUTH_MODE=token``; the token in ``~/.ray/auth_token``, made when missing:
+    :func:`ensure_ray_token`), and ``tasks.rollouts.connect`` sends it.
 
     Args:
         num_cpus: CPUs the head offers to shards (None: all of this machine's).
@@ -97,10 +162,11 @@ class RayHead:
         ray_cli = Path(sys.executable).parent / "ray"
         cmd = [str(ray_cli), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
                "--num-cpus", str(self.num_cpus), "--object-store-memory", str(int(object_store_gib * 2 ** 30)),
-               "--include-dashboard", "false", "--disable-usage-stats"]
+               "--include-dashboard", "false", "--dashboard-host", "127.0.0.1", "--disable-usage-stats"]
         self.process = ManagedProcess(name="ray", cmd=cmd, log_path=(log_dir or rao_home() / "logs") /
                                       f"ray-{self.port}.log",
-                                      env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"})
+                                      env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+                                           **RAY_LOOPBACK_ENV})
         self.start_seconds = 0.0
 
     @property
@@ -113,6 +179,7 @@ class RayHead:
         from infra.process import ServiceError
 
         t0 = time.monotonic()
+        ensure_ray_token()
         p = self.process.start()
         deadline = t0 + self.start_timeout_s
         while True:
@@ -182,7 +249,7 @@ def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = F
         head = RayHead(num_cpus=ray_cpus, object_store_gib=ray_object_store_gib).start()
         record("ray", pid=head.pid, url=head.address, log=str(head.process.log_path), cpus=head.num_cpus,
                object_store_gib=ray_object_store_gib, start_s=round(head.start_seconds, 2),
-               env={"RAY_ADDRESS": head.address, "RAY_AUTH_MODE": "token"})
+               env={"RAY_ADDRESS": head.address, "RAY_AUTH_MODE": "token", **RAY_LOOPBACK_ENV})
     if model and not running("vllm"):
         from infra.serving import VLLMServer
 

@@ -303,7 +303,9 @@ def connect(address: str) -> dict[str, float]:
     """Join the Ray cluster at ``address`` (``execution.ray_address``) unless this process is connected already
     (then its cluster is used as it is); returns the cluster's resources (``{"CPU": 4.0, ...}``). When a Ray
     token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, where ``rao services
-    up --ray`` leaves it) and ``RAY_AUTH_MODE`` is unset, token authentication is used.
+    up --ray`` leaves it) and ``RAY_AUTH_MODE`` is unset, token authentication is used. A cluster on 127.0.0.1
+    (``rao services up --ray``'s) is joined on loopback (``infra.services.ray_loopback``: Ray would otherwise
+    replace 127.0.0.1 by the host's network address, where that head does not listen).
 
     Raises:
         ShardError: no cluster answers at ``address``: one line saying how to start one.
@@ -312,6 +314,10 @@ def connect(address: str) -> dict[str, float]:
              or (Path.home() / ".ray" / "auth_token").is_file())
     if token and "ray" not in sys.modules:  # Ray reads the mode once, when it is imported
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray sends its token only in mode 'token'
+    from infra.services import is_loopback_address, ray_loopback
+
+    if is_loopback_address(address) and not ("ray" in sys.modules and sys.modules["ray"].is_initialized()):
+        ray_loopback()
     import ray
 
     if not ray.is_initialized():

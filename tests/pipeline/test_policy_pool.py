@@ -543,7 +543,11 @@ def test_the_generate_stage_pins_trees_over_the_pool_and_counts_each_replica(fak
 def _start_ray(ray, runtime_env=None, attempts: int = 3, num_cpus: int = 2) -> None:
     """A local Ray cluster (head and ``num_cpus`` CPUs, 300 MiB object store, no dashboard; ``runtime_env``
     default ``tasks.rollouts.worker_runtime_env()``), the one the Ray tests start. Ray gives its raylet a fixed
-    30 s to register (ray/_private/node.py), which a loaded 2-core machine can miss: up to ``attempts`` tries."""
+    30 s to register (ray/_private/node.py), which a loaded 2-core machine can miss: up to ``attempts`` tries.
+    The cluster is on 127.0.0.1 only (``infra.services.ray_loopback``), as ``rao services up --ray``'s is."""
+    from infra.services import ray_loopback
+
+    ray_loopback()
     if runtime_env is None:
         from tasks.rollouts import worker_runtime_env
 
