@@ -1,12 +1,23 @@
-"""The README stays true: its first lines are the two commands, CI runs the test command, and the file
-tree lists every tracked file (regenerate with `.venv/bin/python scripts/readme_tree.py`)."""
+"""The README stays true and short: its first lines are the two commands, CI runs the test command, it fits a
+front page (<= 15,000 characters, the picture and the claims table near the top), its links resolve, its map
+names every folder, and the site's file map (docs/files.md) lists every tracked file (regenerate both with
+`scripts/readme_tree.py --short` / `--page`). The claims table's figures: tests/test_claims_table.py."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+README_MAX_CHARS = 15_000  # issue 41: a front page read in five minutes
+
+
+def tree(*args: str) -> list[str]:
+    """The first column (a path) of each line ``scripts/readme_tree.py`` prints."""
+    out = subprocess.run(["python3", "scripts/readme_tree.py", *args], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    return [ln.split()[0] for ln in out.stdout.splitlines() if ln.strip()]
 
 
 def test_first_lines_are_the_two_commands_and_ci_runs_the_test_command():
@@ -19,9 +30,33 @@ def test_first_lines_are_the_two_commands_and_ci_runs_the_test_command():
     assert "\nrun: setup" in make and "\ntest: setup" in make
 
 
-def test_file_tree_lists_every_tracked_file():
+def test_the_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text) <= README_MAX_CHARS, f"README.md has {len(text)} characters (at most {README_MAX_CHARS})"
+    lines = text.splitlines()
+    picture = next(i for i, ln in enumerate(lines) if ln.startswith("!["))
+    claims = lines.index("<!-- claims:start -->")
+    assert picture < 15 and claims < 45, f"picture at line {picture + 1}, claims table at line {claims + 1}"
+    for section in ("## Commands", "## Files"):
+        assert section in lines
+
+
+def test_the_readmes_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)(?: \"[^\"]*\")?\)", text)
+    local = [t.split("#")[0] for t in targets if "://" not in t]
+    assert len(local) >= 10
+    assert not [t for t in local if not (ROOT / t).exists()]
+
+
+def test_the_readmes_map_names_every_folder():
     readme = (ROOT / "README.md").read_text()
-    out = subprocess.run(["python3", "scripts/readme_tree.py"], cwd=ROOT, capture_output=True, text=True, check=True)
-    listed = [ln.split()[0] for ln in out.stdout.splitlines() if ln.strip()]
-    missing = [f for f in listed if f"\n{f} " not in readme and f"\n{f}\n" not in readme]
-    assert not missing, f"README file tree is stale; missing {missing[:10]} (run scripts/readme_tree.py)"
+    missing = [f for f in tree("--short") if f"\n{f} " not in readme and f"\n{f}\n" not in readme]
+    assert not missing, f"README map is stale; missing {missing[:10]} (run scripts/readme_tree.py --short)"
+
+
+def test_file_map_page_lists_every_tracked_file():
+    page = (ROOT / "docs/files.md").read_text()
+    missing = [f for f in tree() if f"\n{f} " not in page and f"\n{f}\n" not in page]
+    assert not missing, (f"docs/files.md is stale; missing {missing[:10]} "
+                         "(run python3 scripts/readme_tree.py --page > docs/files.md)")
