@@ -23,6 +23,20 @@ loop awaiting each), prints the children's results (their finish messages, kept 
 ``results``) and checks the counts; then it finishes (or, if a child failed, crafts what is missing itself
 once, as in step 4). Its context no longer grows with the number of targets beyond one line per child.
 
+Recursion (``recurse``, used by the ``nest<L>`` nested shape): a node that may delegate writes one cell, the
+same for every node but for its goal: for each target it reads the recipe with ``get_info``, works out the
+ingredients one craft batch needs (``need``), asks ``get_info`` which of them are craftable and how many it
+already holds, launches one sub-agent per craftable ingredient it does not hold enough of (for the shortfall;
+``asyncio.gather`` with probability ``parallel_prob``, else a loop awaiting each; no context: the child reads
+its own recipe), then crafts the target from what the children made and the base materials (the printed
+``Crafted N x item`` is its check: the batch covers the count). Then it finishes, or, if a target's craft did
+not print (a child failed, so the craft raised), crafts the missing targets from scratch once, reusing what it
+holds, and finishes. A target made from base materials only launches nobody. Children do the same one level
+down, so the execution tree has the shape of the task's crafting tree and each node crafts one level. Like the
+split route it reads nothing before acting, so its context holds one cell and its output (measured in
+docs/environments.md, "The nested shape"). A node at the depth limit, or with delegation off, crafts its whole
+sub-tree itself (steps 1-4). No sub-optimal variants on this route.
+
 Needs are aggregated over the node's whole local sub-tree before rounding up to recipe yields, and a
 node never relies on items it did not craft itself (siblings share the inventory), so its use of base
 materials stays within the task's starting inventory (see ``rao_core.envs.textcraft.tasks``).
@@ -108,6 +122,9 @@ class TextCraftExpert(Policy):
         wording_variety: vary the reasoning text between equivalent phrasings.
         split_targets_min: a node that may delegate and has at least this many targets launches one
             sub-agent per target (module docstring); 0 = never.
+        recurse: a node that may delegate launches one sub-agent per craftable ingredient of its targets that it
+            does not hold, then crafts its targets (module docstring, "Recursion"); ``delegate_min_depth`` is
+            then not used. Takes precedence over ``split_targets_min``.
     """
 
     name = "textcraft-expert"
@@ -115,7 +132,7 @@ class TextCraftExpert(Policy):
     def __init__(self, *, seed: int = 0, parallel_prob: float = 0.7, delegate_min_depth: int = 3,
                  max_depth: int = 2, max_children: int = 6, suboptimal_prob: float = 0.1,
                  explicit_max_depth: int = 3, max_explicit_crafts: int = 16, child_steps: int = 10,
-                 wording_variety: bool = True, split_targets_min: int = 0):
+                 wording_variety: bool = True, split_targets_min: int = 0, recurse: bool = False):
         if delegate_min_depth < 1 or max_depth < 0 or max_children < 0 or child_steps < 1 or split_targets_min < 0:
             raise ValueError("delegate_min_depth >= 1, max_depth >= 0, max_children >= 0, child_steps >= 1, "
                              "split_targets_min >= 0")
@@ -126,7 +143,7 @@ class TextCraftExpert(Policy):
         self.max_depth, self.max_children, self.suboptimal_prob = max_depth, max_children, suboptimal_prob
         self.explicit_max_depth, self.max_explicit_crafts = explicit_max_depth, max_explicit_crafts
         self.child_steps, self.wording_variety = child_steps, wording_variety
-        self.split_targets_min = split_targets_min
+        self.split_targets_min, self.recurse = split_targets_min, recurse
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _say(self, rng: random.Random, *options: str) -> str:
@@ -178,6 +195,9 @@ class TextCraftExpert(Policy):
         last_obs = next((str(m.get("content", "")) for m in reversed(node.messages) if m.get("role") != "assistant"),
                         "")
         tnames = list(targets)
+        can_delegate = node.depth < self.max_depth and self.max_children > 0
+        if self.recurse and can_delegate:
+            return self._recurse_turn(targets, assistant_turns, last_obs, rng)
         if (self.split_targets_min and len(targets) >= self.split_targets_min and node.depth < self.max_depth
                 and 0 < len(targets) <= self.max_children):
             return self._split_turn(targets, assistant_turns, last_obs, rng)
@@ -225,7 +245,6 @@ class TextCraftExpert(Policy):
                                 _SHOW.format(items=unknown_direct))
 
         # 3. delegation choice (stable: depends only on the direct ingredients' info)
-        can_delegate = node.depth < self.max_depth and self.max_children > 0
         cands = sorted((i for i in direct if i not in targets and info[i]["ingredients"] is not None
                         and info[i]["depth"] >= self.delegate_min_depth),
                        key=lambda i: (-info[i]["depth"], i)) if can_delegate else []
@@ -282,6 +301,47 @@ class TextCraftExpert(Policy):
         lines.append("print('ALL-TARGETS-OK' if all(now[t] - start.get(t, 0) >= c for t, c in goal.items()) "
                      "else 'STILL-MISSING', now)")
         return code_message(" ".join(reasons), "\n".join(lines))
+
+    def _recurse_turn(self, targets: dict[str, int], assistant_turns: list[str], last_obs: str,
+                      rng: random.Random) -> Generation:
+        """One turn of the recursing route (module docstring, "Recursion"): one cell that reads each target's
+        recipe, launches a sub-agent per craftable ingredient not held and crafts the target; then finish, or
+        repair once (craft from scratch the targets whose craft did not print)."""
+        done = ", ".join(f"{c} x {i}" for i, c in targets.items())
+        if not any("# craft-phase" in t for t in assistant_turns):
+            lines = ["# craft-phase", f"goal = {targets!r}",
+                     "for t, n in goal.items():",
+                     "    r = get_info([t])[0]['recipes'][0]",
+                     "    k = -(-n // r['result_count'])",
+                     "    need = {i: c * k for i, c in r['ingredients'].items()}",
+                     "    lack = {s['item']: need[s['item']] - s['held'] for s in get_info(list(need)) "
+                     "if s['craftable'] and s['held'] < need[s['item']]}"]
+            if rng.random() < self.parallel_prob:
+                lines.append(f"    print(await asyncio.gather(*(launch_subagent({{i: c}}, {self.child_steps}) "
+                             "for i, c in lack.items())))")
+                why = self._say(rng, "One sub-agent per craftable ingredient I lack, in parallel; then I craft my "
+                                     "target.",
+                                "Each missing craftable ingredient is a sub-goal: sub-agents make them at once, "
+                                "then I craft.")
+            else:
+                lines += ["    for i, c in lack.items():",
+                          f"        print(await launch_subagent({{i: c}}, {self.child_steps}))"]
+                why = self._say(rng, "One sub-agent per craftable ingredient I lack, one after another; then I "
+                                     "craft my target.",
+                                "Sub-agents make the missing craftable ingredients in turn, then I craft.")
+            lines.append("    print(craft(need, (t, k * r['result_count'])))")
+            return code_message(why, "\n".join(lines))
+        missing = {t: c for t, c in targets.items() if not re.search(rf"Crafted \d+ x {re.escape(t)} ", last_obs)}
+        repaired = any("# repair" in t for t in assistant_turns)
+        ok = "REPAIRED" in last_obs if repaired else not missing
+        if not ok and not repaired:
+            code = ("# repair\n" + _PROGRAM + f"\ncraft_from_scratch({missing!r}, use_held=True)\n"
+                    "print('REPAIRED')")
+            return code_message("A craft failed; I make what is still missing myself, from scratch.", code)
+        msg = f"Crafted {done}." if ok else f"Could not craft all of {done}."
+        return code_message(self._say(rng, "My targets are crafted; finishing.", "Done; reporting back.")
+                            if ok else "I could not complete the targets; reporting that honestly.",
+                            f"finish({msg!r})")
 
     def _split_turn(self, targets: dict[str, int], assistant_turns: list[str], last_obs: str,
                     rng: random.Random) -> Generation:

@@ -79,3 +79,16 @@ def test_expert_rejects_bad_options():
         TextCraftExpert(parallel_prob=2.0)
     with pytest.raises(ValueError, match="delegate_min_depth"):
         TextCraftExpert(delegate_min_depth=0)
+
+
+async def test_recursing_expert_that_cannot_delegate_is_the_plain_expert():
+    """``recurse`` changes only what a node that may delegate does: with max depth 0 (delegation off) the
+    recursing expert writes exactly the plain expert's turns and crafts the whole tree itself."""
+    tasks = ENV.generate_tasks(n=2, seed=8, difficulty="nest2") + ENV.generate_tasks(n=2, seed=8, difficulty="medium")
+    for task in tasks:
+        runs = []
+        for recurse in (False, True):
+            ep, rt, root = await _solve(task, TextCraftExpert(seed=4, max_depth=0, recurse=recurse), max_depth=0)
+            assert len(rt.nodes) == 1 and ENV.verify(ep, root) == 1.0
+            runs.append([m["content"] for m in root.messages])
+        assert runs[0] == runs[1]

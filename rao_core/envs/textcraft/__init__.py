@@ -7,10 +7,12 @@ environment and its tools). See ``docs/environments.md`` for measured task stati
 from rao_core.envs.textcraft.env import TextCraftEnv, TextCraftEpisode, format_targets
 from rao_core.envs.textcraft.graph import Recipe, RecipeGraph, recipe_graph
 from rao_core.envs.textcraft.tasks import (
-    DIFFICULTIES, expanded_base_needs, generate_textcraft_tasks, graph_of, plan_crafts, split_items,
+    DIFFICULTIES, NESTED, expanded_base_needs, generate_textcraft_tasks, graph_of, nest_items, plan_crafts,
+    split_items,
 )
 
 __all__ = [
-    "DIFFICULTIES", "Recipe", "RecipeGraph", "TextCraftEnv", "TextCraftEpisode", "expanded_base_needs",
-    "format_targets", "generate_textcraft_tasks", "graph_of", "plan_crafts", "recipe_graph", "split_items",
+    "DIFFICULTIES", "NESTED", "Recipe", "RecipeGraph", "TextCraftEnv", "TextCraftEpisode", "expanded_base_needs",
+    "format_targets", "generate_textcraft_tasks", "graph_of", "nest_items", "plan_crafts", "recipe_graph",
+    "split_items",
 ]

@@ -25,6 +25,16 @@ the paper (project addition, issue 25, docs/environments.md): exactly K distinct
 ``tier1``-sized sub-goal (one recipe from base materials, 1-3 units). The sub-goals are independent, so
 one sub-agent per target solves the root; with the experiment's small context window one node that
 crafts all K itself runs out of the window (measured in docs/environments.md, "The tier1xK shape").
+``nest<L>`` (``nest1``, ``nest2``) is the CPU-scale *nested* shape, also NOT in the paper (project addition,
+issue 39, docs/environments.md "The nested shape"): one target of tier L+1 whose craftable ingredients are
+exactly ``NEST_BRANCHING`` (2) items, each a ``nest<L-1>`` sub-goal, where a ``nest0`` item is a tier-1 item
+(one recipe from base materials). So ``nest1`` is a tier-2 target made from two tier-1 items (and base
+materials): ``tier1x2`` with the parent's own craft on top; ``nest2`` is a tier-3 target made from two
+``nest1`` items. The craftable items of a target's sub-tree are all distinct (a tree, not a DAG: sibling
+sub-agents never need the same intermediate), so a tree that gives each craftable ingredient to its own
+sub-agent mirrors the task: depth L, 2^(L+1) - 1 nodes, every node crafting one item from what its children
+made. The default graph (seed 0, 25 items per tier) has 85 ``nest1`` items (71 train, 14 held out) and 36
+``nest2`` items (28 train, 8 held out); deeper levels have none (``nest_items``).
 ``"mixed"`` cycles through the paper's four levels only.
 
 Split: per tier, a seeded 20% of the items (``VALIDATION_FRACTION``) are validation-only targets; train
@@ -47,7 +57,11 @@ PAPER_DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 
 #: ``tier1x<K>``: exactly K distinct tier-1 targets (module docstring), K in ``MULTI_TARGET_RANGE``.
 MULTI_TARGET_RANGE = range(2, 13)
 MULTI_TARGET: dict[str, int] = {f"tier1x{k}": k for k in MULTI_TARGET_RANGE}
+#: ``nest<L>``: one target of tier L+1 whose craftable ingredients are ``NEST_BRANCHING`` ``nest<L-1>`` sub-goals.
+NESTED: dict[str, int] = {"nest1": 1, "nest2": 2}
+NEST_BRANCHING = 2
 DIFFICULTIES: dict[str, tuple[int, int]] = {"tier1": (1, 1), **{d: (1, 1) for d in MULTI_TARGET},
+                                            **{d: (lv + 1, lv + 1) for d, lv in NESTED.items()},
                                             **PAPER_DIFFICULTIES}
 VALIDATION_FRACTION = 0.2
 ENV_NAME = "textcraft-synth"
@@ -140,10 +154,44 @@ def split_items(graph: RecipeGraph) -> dict[str, dict[int, list[str]]]:
     return out
 
 
+def craftable_ingredients(graph: RecipeGraph, item: str) -> list[str]:
+    """The non-base ingredients of ``item``'s recipe, in recipe order (empty for a base or tier-1 item)."""
+    recipe = graph.recipes.get(item)
+    return [] if recipe is None else [i for i in recipe.ingredients if not graph.is_base(i)]
+
+
+_NEST: dict[tuple[int, int, int], list[str]] = {}
+
+
+def nest_items(graph: RecipeGraph, level: int) -> list[str]:
+    """Items that are ``nest<level>`` targets (module docstring), sorted; ``level`` 0 = every tier-1 item.
+
+    A ``nest<L>`` item (L >= 1) has tier L+1, exactly ``NEST_BRANCHING`` craftable ingredients, each a
+    ``nest<L-1>`` item, and no craftable item twice in its sub-tree.
+    """
+    key = (graph.seed, graph.items_per_tier, level)
+    if key not in _NEST:
+        if level == 0:
+            _NEST[key] = sorted(graph.by_tier[1])
+        else:
+            below = set(nest_items(graph, level - 1))
+
+            def subtree(item: str) -> list[str]:
+                return [x for i in craftable_ingredients(graph, item) for x in (i, *subtree(i))]
+
+            _NEST[key] = sorted(
+                i for i in graph.by_tier.get(level + 1, [])
+                if len(kids := craftable_ingredients(graph, i)) == NEST_BRANCHING and set(kids) <= below
+                and len(set(sub := subtree(i))) == len(sub))
+    return _NEST[key]
+
+
 def _max_targets(difficulty: str) -> tuple[int, int]:
     # (max number of target items, max count per target)
     if difficulty in MULTI_TARGET:
         return (MULTI_TARGET[difficulty], 3)  # exactly K targets (see generate_textcraft_tasks)
+    if difficulty in NESTED:
+        return (1, 3)  # one nested target, 1..3 units
     if difficulty == "tier1":
         return (2, 3)  # one target (75%) or two independent ones, each one recipe from base materials
     return (1, 3) if difficulty in ("easy", "medium") else (1, 2)
@@ -164,7 +212,7 @@ def generate_textcraft_tasks(
         n: number of tasks (>= 1).
         seed: task sampling seed.
         difficulty: "easy" | "medium" | "hard" | "extreme", None / "mixed" to cycle through those four, or
-            "tier1" or "tier1x<K>" (CPU-scale shapes, module docstring).
+            "tier1", "tier1x<K>" or "nest1" / "nest2" (CPU-scale shapes, module docstring).
         split: "train" or "validation" ("test" is treated as "validation": held-out targets).
         graph_seed: seed of the recipe graph (shared by train and validation tasks; keep it fixed).
         items_per_tier: items per domain and tier of the recipe graph, in
@@ -189,7 +237,14 @@ def generate_textcraft_tasks(
         lo, hi = DIFFICULTIES[level]
         depth = rng.randint(lo, hi)
         max_targets, max_count = _max_targets(level)
-        if level in MULTI_TARGET:  # K distinct sub-goals of tier 1
+        if level in NESTED:  # one target whose craftable ingredients are sub-goals one level down
+            allowed = set(pool_split[depth])
+            pool = [i for i in nest_items(graph, NESTED[level]) if i in allowed]
+            if not pool:
+                raise ValueError(f"the recipe graph (seed {graph_seed}, {items_per_tier} items per tier) has no "
+                                 f"{split} {level} targets")
+            targets = {rng.choice(pool): rng.randint(1, max_count)}
+        elif level in MULTI_TARGET:  # K distinct sub-goals of tier 1
             items = rng.sample(pool_split[depth], max_targets)
             targets = {i: rng.randint(1, max_count) for i in items}
         else:
