@@ -37,10 +37,19 @@ from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees
 from tasks.warm_start import warm_start
 
 
-# Hooks of the flows that start a vLLM server: no MLflow run stays RUNNING, and a run cancelled or crashed
-# (its process killed by the worker) leaves no server behind.
-FLOW_END_HOOKS = {k: tracking.END_HOOKS.get(k, []) + STOP_SERVER_HOOKS.get(k, [])
-                  for k in (*tracking.END_HOOKS, *STOP_SERVER_HOOKS)}
+def release_disk_reserve(flow, flow_run, state) -> None:
+    """Prefect state hook, before the MLflow runs are closed: on a full disk, free the reserve under
+    ``$RAO_HOME`` (``infra.disk``) so that MLflow's SQLite file can still mark them FAILED."""
+    from infra.disk import release_reserve
+
+    release_reserve()
+
+
+# Hooks of the flows that start a vLLM server: on a full disk the reserve is freed first, no MLflow run stays
+# RUNNING, and a run cancelled or crashed (its process killed by the worker) leaves no server behind.
+ITERATION_END_HOOKS = {k: [release_disk_reserve] + v for k, v in tracking.END_HOOKS.items()}
+FLOW_END_HOOKS = {k: ITERATION_END_HOOKS.get(k, []) + STOP_SERVER_HOOKS.get(k, [])
+                  for k in (*ITERATION_END_HOOKS, *STOP_SERVER_HOOKS)}
 
 
 class CampaignParams(BaseModel):
@@ -162,7 +171,7 @@ def campaign_run_name() -> str:
         return "campaign"
 
 
-@flow(name="rao-iteration", log_prints=True, flow_run_name="{ctx.name}-iter-{iteration}", **tracking.END_HOOKS)
+@flow(name="rao-iteration", log_prints=True, flow_run_name="{ctx.name}-iter-{iteration}", **ITERATION_END_HOOKS)
 def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str, Any]:
     """One RL iteration; returns the new checkpoint, evaluation metrics, stage timings.
 
@@ -244,9 +253,12 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     The summary's ``timeline`` (:class:`rao_core.progress.Timeline`) holds the flow's wall time stage by stage,
     from its first line to its return (``wall_s`` = their sum); ``rao run`` adds what came before and after
     (its start-up, Prefect's) for its end-of-run table."""
+    from infra.disk import keep_reserve
+
     timeline = Timeline()
     cfg = params.resolve()
     check_task_pool(cfg)  # a bad task file stops the campaign here, before anything is served
+    keep_reserve()  # room to close the MLflow runs FAILED should the disk fill (infra.disk)
     log = get_run_logger()
     timeline.lap("config and task-pool check")
     with storage(cfg) as s3:

@@ -52,6 +52,18 @@ def _one_line(e: BaseException) -> str:
     return lines[0] if len(lines) == 1 else f"{lines[0]} ({len(lines) - 1} more lines; RAO_DEBUG=1 shows all)"
 
 
+def _disk_full_line(e: BaseException) -> str | None:
+    """The one line of a full disk (``infra.disk``: the path, its free space, what to do) when ``e`` says a disk
+    is full, else None; never raises."""
+    try:
+        from infra.disk import as_disk_full
+
+        full = as_disk_full(e)
+    except Exception:  # noqa: BLE001 - the error's own line is printed instead
+        return None
+    return None if full is None else str(full)
+
+
 def _usage_line(e: BaseException) -> str:
     """One line for a click usage error: the message (whitespace collapsed) and the command's --help."""
     msg = " ".join(e.format_message().split())  # type: ignore[attr-defined]
@@ -66,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     - exit 2, a usage or input error: bad option values, missing arguments, unknown commands (click),
       :class:`rao_cli.InputError` (a file, folder or reference the user named), ``ConfigError`` (a config
       file or ``--set``), ``ModelError`` (a model folder missing or incomplete);
-    - exit 1, a failure while working: services that fail or do not answer (``ServiceError``, OSError),
+    - exit 1, a failure while working: services that fail or do not answer (``ServiceError``, OSError), a
+      full disk (``infra.disk``: the path, its free space, what to do),
       anything else a command raises (ValueError, ...); an exception no command expects (a bug) is named
       with its type;
     - exit 130 (Ctrl-C: ``error: interrupted (SIGINT)``) or 143 (SIGTERM: ``error: interrupted (SIGTERM)``);
@@ -130,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, OSError, ServiceError, ValidationError, ImportError) as e:
             if debug:
                 raise
+            full = _disk_full_line(e)  # ENOSPC, a copy's list of errors holding one, a full embedded S3
+            if full:
+                fail(full, 1)
             if isinstance(e, ValidationError):
                 from rao_core.jsonl import one_line_error
 
@@ -138,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as e:  # noqa: BLE001 - still one line; RAO_DEBUG=1 shows where
             if debug:
                 raise
+            full = _disk_full_line(e)  # e.g. boto3's S3UploadFailedError: InternalError of a full SeaweedFS
+            if full:
+                fail(full, 1)
             fail(f"{type(e).__name__}: {_one_line(e)} (unexpected; RAO_DEBUG=1 shows the traceback)", 1)
     finally:
         if own_term and signal.getsignal(signal.SIGTERM) == terminated:

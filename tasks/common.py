@@ -23,6 +23,7 @@ from prefect.cache_policies import NONE
 from prefect.context import get_run_context
 from pydantic import BaseModel
 
+from infra.disk import as_disk_full
 from infra.storage import ArtifactStore, S3Settings
 from rao_core.config import CampaignConfig
 from rao_core.paths import rao_home
@@ -189,14 +190,21 @@ def done_key(iteration: int | str, stage: str) -> str:
     return iter_key(iteration, f"_done/{stage}.json")
 
 
+def stage_label(iteration: int | str, stage_name: str) -> str:
+    """``iteration 2 train``, ``warm_start`` (the warm start's ``iter-0``): a stage as a user reads it."""
+    return f"iteration {iteration} {stage_name}" if isinstance(iteration, int) else stage_name.replace("_", " ")
+
+
 def stage(stage_name: str, **task_options: Any) -> Callable[[Callable[..., R]], Task[..., R]]:
     """Make ``fn(ctx, iteration, ...) -> StageRecord`` a resumable Prefect task (``task_options`` go to
     ``prefect.task``; ``cache_policy`` defaults to NONE).
 
     When the marker ``iteration/_done/<stage_name>.json`` exists, the task returns the record stored there
     (``resumed`` True) without running ``fn``; else it runs ``fn``, sets ``stage_s`` (wall seconds) and
-    writes the marker. ``task.fn(...)`` runs with these semantics outside a flow; ``task.fn.__wrapped__``
-    is ``fn`` itself. ``iteration`` may be left to ``fn``'s default (the warm start's ``"iter-0"``).
+    writes the marker. A full disk (``infra.disk.full_disk``) is raised as one ``DiskFullError`` line naming
+    the path, its free space and this stage, where the campaign resumes. ``task.fn(...)`` runs with these
+    semantics outside a flow; ``task.fn.__wrapped__`` is ``fn`` itself. ``iteration`` may be left to ``fn``'s
+    default (the warm start's ``"iter-0"``).
     """
 
     def deco(fn: Callable[..., R]) -> Task[..., R]:
@@ -212,9 +220,15 @@ def stage(stage_name: str, **task_options: Any) -> Callable[[Callable[..., R]], 
             if store.exists(key):
                 return record.model_validate({**json.loads(store.get_bytes(key)), "resumed": True})
             t0 = time.monotonic()
-            out = fn(*bound.args, **bound.kwargs)
-            out.stage_s = round(time.monotonic() - t0, 3)
-            store.put_bytes(out.model_dump_json(by_alias=True, exclude={"resumed"}).encode(), key)
+            try:
+                out = fn(*bound.args, **bound.kwargs)
+                out.stage_s = round(time.monotonic() - t0, 3)
+                store.put_bytes(out.model_dump_json(by_alias=True, exclude={"resumed"}).encode(), key)
+            except Exception as e:
+                full = as_disk_full(e, resume=stage_label(iteration, stage_name))
+                if full is None or full is e:
+                    raise
+                raise full from e
             return out
 
         return task(**{"cache_policy": NONE, **task_options})(wrapper)
