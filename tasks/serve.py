@@ -300,6 +300,32 @@ def server_diagnosis(ctx: RunContext) -> str:
         return f"the policy server's state is unknown ({type(e).__name__}: {e})"
 
 
+def lost_server_line(ctx: RunContext, what: str, infra: dict[str, int]) -> str | None:
+    """The warning of stage ``what`` (``iteration 2 generate``) that passed although some of its trees ended
+    ``policy_error`` (``infra``: trees per infrastructure failure, under ``runtime.max_infra_failure_share``)
+    because a policy server of this flow died: ``iteration 2 generate: 3 trees ended policy_error (under
+    runtime.max_infra_failure_share 25%: the stage goes on): the vLLM server (pid P) exited with status -9
+    (SIGKILL); log F; the next checkpoint switch (this iteration's evaluation or the next iteration) starts a
+    new one``, a part per dead replica (``replica 2/2: ...``). None when no tree ended ``policy_error`` or every
+    server still runs (external servers: not ours to name). Never raises."""
+    try:
+        n = infra.get("policy_error", 0)
+        servers = [] if ctx.config.serving.external_urls else list(_STATE["servers"])
+        if not n or not servers:
+            return None
+        dead = [(i, x) for i, x in enumerate(servers) if not x.alive()]
+        if not dead:
+            return None
+        parts = [_diagnose(x) if len(servers) == 1 else f"replica {i + 1}/{len(servers)}: {_diagnose(x)}"
+                 for i, x in dead]
+        limit = ctx.config.runtime.max_infra_failure_share
+        return (f"{what}: {n} tree{'s' * (n != 1)} ended policy_error (under runtime.max_infra_failure_share "
+                f"{limit:.0%}: the stage goes on): {'; '.join(parts)}; the next checkpoint switch (this iteration's "
+                f"evaluation or the next iteration) starts a new one")
+    except Exception:  # noqa: BLE001 - a warning never fails the stage it describes
+        return None
+
+
 def shutdown_server() -> None:
     """Stop the flow's vLLM servers (every replica), if any (and drop their records)."""
     with _LOCK:

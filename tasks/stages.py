@@ -162,6 +162,7 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     ui(0, total)
 
     from infra.vllm_metrics import pool_delta, scrape
+    from tasks.serve import lost_server_line
 
     served_before = [scrape(u) for u in served.urls]  # each replica's /metrics counters (None if unreadable)
     t0 = time.monotonic()
@@ -175,6 +176,8 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
     # a dead server fails the stage here (its trees stay in the journal), before anything is stored
     infra = check_infra_failures(ctx, f"iteration {iteration} generate", trees)
+    if (lost := lost_server_line(ctx, f"iteration {iteration} generate", infra)) is not None:
+        log.warning(lost)  # a server died, below the share: named here, replaced at the next switch
     path = write_trees(ctx.local(f"iter-{iteration}/trees.jsonl"), trees)  # one bad tree: a failed record
     ctx.local(f"iter-{iteration}/trees.partial.jsonl").unlink(missing_ok=True)
     up = ctx.store().put_file(path, iter_key(iteration, "trees/trees.jsonl"))
