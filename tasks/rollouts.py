@@ -3,8 +3,10 @@
 With ``execution.backend: ray`` the generate stage (``tasks.stages.generate_trees``) cuts its groups (one RL
 task and its G rollouts) into :class:`Shard` records, at most ``execution.shards`` of them, in task order and
 never splitting a group (the leave-one-out baseline of Eq. 3 needs all G trees of a task). Each shard is one
-Ray task (:func:`run_shard`, ``max_retries = execution.max_retries``) that grows its trees with
-``rao_core.runtime.run_trees`` in the worker's own process: its own REPL sandboxes, its own policy client.
+Ray task (:func:`run_shard`, through :func:`shard_attempt`) that grows its trees with
+``rao_core.runtime.run_trees`` in the worker's own process: its own REPL sandboxes, its own policy client. A
+shard whose worker is lost is submitted again by the stage, at most ``execution.max_retries`` times, each time
+with one line naming the shard, the lost worker and the retry (:func:`run_on_ray`).
 
 Seeds. The iteration's tasks are drawn once, by the stage, as in the local backend
 (``tasks.stages.iteration_tasks``), and every tree's sampling seed is
@@ -13,7 +15,7 @@ the same task and seed whatever the backend, the shard count or the worker (the 
 
 Writes. A shard writes its trees to ONE S3 object, ``iter-K/trees/shards/shard-<i>-of-<n>.jsonl``, in one
 upload (S3 shows an object only once its upload completed: whole or absent), and returns its SHA-256. A shard
-that Ray retries (its worker was lost mid-shard) grows all its trees again and overwrites the same key; the
+that is retried (its worker was lost mid-shard) grows all its trees again and overwrites the same key; the
 stage reads exactly the objects the shards' final results name, each checked against the SHA-256 that result
 returned (an object written by another attempt is a ``ChecksumError``), and checks that they hold exactly the
 planned (task, rollout) pairs: no tree twice, none missing, no half shard. The merged trees then go on as in
@@ -39,7 +41,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -305,7 +307,8 @@ def connect(address: str) -> dict[str, float]:
     token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, where ``rao services
     up --ray`` leaves it) and ``RAY_AUTH_MODE`` is unset, token authentication is used. A cluster on 127.0.0.1
     (``rao services up --ray``'s) is joined on loopback (``infra.services.ray_loopback``: Ray would otherwise
-    replace 127.0.0.1 by the host's network address, where that head does not listen).
+    replace 127.0.0.1 by the host's network address, where that head does not listen). When stdout is not a
+    terminal, Ray prints its own lines without colour codes (``RAY_COLOR_PREFIX=0``).
 
     Raises:
         ShardError: no cluster answers at ``address``: one line saying how to start one.
@@ -316,6 +319,8 @@ def connect(address: str) -> dict[str, float]:
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray sends its token only in mode 'token'
     from infra.services import is_loopback_address, ray_loopback
 
+    if not sys.stdout.isatty():  # Ray's own lines ("(raylet) A worker died ...") without colour codes in a log
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if is_loopback_address(address) and not ("ray" in sys.modules and sys.modules["ray"].is_initialized()):
         ray_loopback()
     import ray
@@ -340,12 +345,32 @@ def _shard_served(served: Any, shard: Shard) -> Any:
     return served
 
 
+def shard_attempt(ctx: Any, iteration: int | str | None, shard: Shard, served: Any, tokenizer_path: str,
+                  make_policy: PolicyFactory) -> Iterator[str | ShardResult]:
+    """One attempt at ``shard`` on a Ray worker, as a streaming generator: first who grows it
+    (:func:`worker_name`), so that a worker lost mid-shard can be named, then :func:`run_shard`'s result."""
+    yield worker_name()
+    yield run_shard(ctx, iteration, shard, served, tokenizer_path, make_policy)
+
+
+def lost_line(what: str, shard: Shard, worker: str, error: BaseException, retry: int, retries: int) -> str:
+    """``iteration 1 generate: shard 2/4 lost (its worker vm:4242@2dd65369 died: WorkerCrashedError); redoing
+    it, retry 1 of 2 (execution.max_retries)``: the pipeline's line for a shard whose worker or node was lost."""
+    where = f"its worker {worker} died" if worker else "lost before it started on a worker"
+    return (f"{what}: shard {shard.index + 1}/{shard.count} lost ({where}: {type(error).__name__}); redoing it, "
+            f"retry {retry} of {retries} (execution.max_retries)")
+
+
 def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], served: Any, tokenizer_path: str,
                make_policy: PolicyFactory, on_result: Callable[[ShardResult], None] | None = None,
                what: str = "") -> list[ShardResult]:
-    """Run every shard as a Ray task (:func:`run_shard`; ``execution.cpus_per_shard`` CPUs,
-    ``execution.max_retries`` retries of a lost worker, none of an exception) on the cluster of
-    :func:`connect`, calling ``on_result`` as each one completes; returns the results in shard order.
+    """Run every shard as a Ray task (:func:`shard_attempt`; ``execution.cpus_per_shard`` CPUs) on the cluster
+    of :func:`connect`, calling ``on_result`` as each one completes; returns the results in shard order.
+
+    A shard whose worker or node is lost (any Ray error but the shard's own exception) is submitted again, at
+    most ``execution.max_retries`` times, each with one warning line naming the shard, the lost worker and the
+    retry (:func:`lost_line`); the retries are the pipeline's, not Ray's, so that the line can be written. An
+    exception of the shard's own code is not retried.
 
     ``make_policy`` must be importable by the workers (a module-level function): Ray sends it by reference.
     ``what`` names the stage in errors (default ``"iteration K generate"``).
@@ -357,29 +382,55 @@ def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], s
     import ray
     from ray.exceptions import RayError, RayTaskError
 
+    from tasks.common import run_logger
+
     ex = ctx.config.execution
     what = what or f"iteration {iteration} generate"
     connect(ex.ray_address)
-    task = ray.remote(run_shard)
-    refs = {task.options(num_cpus=ex.cpus_per_shard, max_retries=ex.max_retries, retry_exceptions=False,
-                         name=f"{ctx.name}-{s.key.replace('/', '-')}")
-            .remote(ctx, iteration, s, _shard_served(served, s), tokenizer_path, make_policy): s for s in shards}
-    pending, results = list(refs), {}
+    task = ray.remote(shard_attempt)
+    log = run_logger()
+
+    def submit(s: Shard) -> Any:
+        return task.options(num_cpus=ex.cpus_per_shard, num_returns="streaming", max_retries=0,
+                            name=f"{ctx.name}-{s.key.replace('/', '-')}").remote(
+            ctx, iteration, s, _shard_served(served, s), tokenizer_path, make_policy)
+
+    attempts = {submit(s): s for s in shards}
+    worker: dict[int, str] = {}  # shard index -> the worker of its current attempt, once it said so
+    retries = {s.index: 0 for s in shards}
+    pending, results = list(attempts), {}
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            s = refs[done[0]]
+            gen = done[0]
+            s = attempts[gen]
             try:
-                r = ray.get(done[0])
+                value = ray.get(next(gen))
             except RayError as e:
-                cause = e.cause if isinstance(e, RayTaskError) and e.cause is not None else e
-                why = " ".join(f"{type(cause).__name__}: {cause}".split())[:400]
-                raise ShardError(f"{what}: shard {s.index + 1}/{s.count} failed "
-                                 f"({ex.max_retries} retries of a lost worker allowed): {why}") from None
-            results[s.index] = r
+                if isinstance(e, RayTaskError) or retries[s.index] >= ex.max_retries:
+                    cause = e.cause if isinstance(e, RayTaskError) and e.cause is not None else e
+                    why = " ".join(f"{type(cause).__name__}: {cause}".split())[:400]
+                    lost = f" (its worker {worker[s.index]})" if s.index in worker and not isinstance(
+                        e, RayTaskError) else ""
+                    raise ShardError(f"{what}: shard {s.index + 1}/{s.count} failed{lost} "
+                                     f"({ex.max_retries} retries of a lost worker allowed): {why}") from None
+                retries[s.index] += 1
+                log.warning(lost_line(what, s, worker.pop(s.index, ""), e, retries[s.index], ex.max_retries))
+                again = submit(s)
+                attempts[again] = s
+                pending.append(again)
+                continue
+            if isinstance(value, str):  # the attempt's worker; its result comes next
+                worker[s.index] = value
+                pending.append(gen)
+                continue
+            results[s.index] = value
             if on_result is not None:
-                on_result(r)
+                on_result(value)
     finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        for gen in pending:
+            try:
+                ray.cancel(gen, force=True)
+            except Exception:  # noqa: BLE001 - already finished or lost
+                pass
     return [results[s.index] for s in shards]

@@ -194,6 +194,19 @@ def test_the_endpoint_policy_sends_the_request_seed_to_the_server():
     assert bodies[0]["prompt"] == [1, 2] and bodies[0]["return_token_ids"] is True
 
 
+def test_a_lost_shard_is_named_with_its_worker_and_the_retry():
+    """Issue 43, item 4: the pipeline's line for a shard whose worker was lost (the drill below checks it on a
+    real cluster)."""
+    from tasks.rollouts import Shard, lost_line
+
+    shard = Shard(index=1, count=4, groups=[], key="iter-1/trees/shards/shard-2-of-4.jsonl")
+    crashed = type("WorkerCrashedError", (Exception,), {})()
+    assert lost_line("iteration 1 generate", shard, "vm:4242@2dd65369", crashed, 1, 2) == (
+        "iteration 1 generate: shard 2/4 lost (its worker vm:4242@2dd65369 died: WorkerCrashedError); redoing it, "
+        "retry 1 of 2 (execution.max_retries)")
+    assert "(lost before it started on a worker: WorkerCrashedError)" in lost_line("x", shard, "", crashed, 2, 2)
+
+
 def test_execution_settings_default_to_local_and_refuse_bad_values():
     cfg = load_config(None)
     assert (cfg.execution.backend, cfg.execution.ray_address, cfg.execution.shards, cfg.execution.max_retries) == \
@@ -306,12 +319,17 @@ def test_the_ray_backend_evaluates_as_the_local_backend(ray_cluster, s3_server, 
 @pytest.mark.services
 @pytest.mark.timeout(900)
 def test_a_worker_killed_mid_shard_is_retried_and_its_trees_written_once(ray_cluster, s3_server, tmp_path,
-                                                                        monkeypatch):
+                                                                        monkeypatch, caplog, capfd):
     """The worker growing one of the 2 shards is SIGKILLed by its policy at its third request (two trees
     answered, the others started: mid-shard, before its object is written): Ray retries the shard in another
     worker process, which regrows all its trees (same seeds) and writes the shard's object; the stage reads
     exactly the 2 shards' objects: 8 trees, each (task, rollout) once, each shard's from one worker, not the
-    killed one; the killed attempt's scratch folder (its REPLs' work folders) is gone."""
+    killed one; the killed attempt's scratch folder (its REPLs' work folders) is gone. The pipeline says so in
+    one line naming the shard, the lost worker (pid and node) and the retry (issue 43, item 4), and Ray's own
+    "(raylet)" line reaches the piped output without colour codes."""
+    import logging
+    import re
+
     import tasks.stages as stages
 
     name = f"drill-{os.getpid()}"
@@ -321,7 +339,8 @@ def test_a_worker_killed_mid_shard_is_retried_and_its_trees_written_once(ray_clu
     marker = kill_marker(name)
     marker.unlink(missing_ok=True)
     try:
-        out = stages.generate_trees.fn(ctx, 1, _served(), str(TINY))
+        with caplog.at_level(logging.INFO, logger="rao"):
+            out = stages.generate_trees.fn(ctx, 1, _served(), str(TINY))
         killed = int(marker.read_text())  # a worker did die mid-shard
     finally:
         marker.unlink(missing_ok=True)
@@ -335,4 +354,10 @@ def test_a_worker_killed_mid_shard_is_retried_and_its_trees_written_once(ray_clu
     assert not list(Path(tempfile.gettempdir()).glob(f"rao-shard-{name}-*"))  # the lost worker's scratch removed
     workers = {shard: {t.meta["worker"] for t in trees if t.meta["shard"] == shard} for shard in ("1/2", "2/2")}
     assert all(len(w) == 1 for w in workers.values()), workers  # one (final) attempt's trees per shard
-    assert all(not w.endswith(f":{killed}") for (w,) in workers.values()), (killed, workers)  # grown elsewhere
+    assert all(f":{killed}@" not in w for (w,) in workers.values()), (killed, workers)  # grown elsewhere
+    lost = [r.getMessage() for r in caplog.records if " lost (" in r.getMessage()]
+    assert len(lost) == 1 and re.fullmatch(
+        rf"iteration 1 generate: shard [12]/2 lost \(its worker [^ ]+:{killed}@[0-9a-f]{{8}} died: "
+        rf"\w+Error\); redoing it, retry 1 of 1 \(execution.max_retries\)", lost[0]), lost
+    out_err = "".join(capfd.readouterr())
+    assert "\x1b[" not in out_err, out_err[-2000:]  # Ray's lines, piped: no colour codes
