@@ -14,10 +14,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
+import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tree(pids: list[int]) -> set[int]:
@@ -70,8 +74,10 @@ def test_loopback_addresses_are_told_from_the_network_ones(monkeypatch, tmp_path
 
 @pytest.mark.timeout(120)
 def test_ray_token_is_made_when_missing_and_kept_when_present(monkeypatch, tmp_path):
-    """``ray start`` in token mode refuses to start without a token: the head makes Ray's own, once."""
-    pytest.importorskip("ray")
+    """``ray start`` in token mode refuses to start without a token: the head makes Ray's own, once (through
+    the ``ray`` command: Ray is not imported here)."""
+    if not (Path(sys.executable).parent / "ray").exists():
+        pytest.skip("Ray is not installed")
     from infra.services import ensure_ray_token
 
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -84,46 +90,96 @@ def test_ray_token_is_made_when_missing_and_kept_when_present(monkeypatch, tmp_p
     assert (tmp_path / ".ray" / "auth_token").read_text() == made
 
 
+def _drive(address: str, ckpt_dir: str) -> None:
+    """The flow's side, run in its own process (as ``rao run`` is; Ray reads its token mode when it is imported,
+    so this test's process, where other tests may have imported Ray already, cannot be the driver): join the
+    head, place one replica, run a task on a worker; print what runs where as one ``LOOPBACK`` JSON line, then
+    wait for a line on stdin before stopping."""
+    import json
+    import sys
+
+    import ray
+
+    from tasks import serve
+    from tasks.records import Checkpoint
+    from tests.pipeline.test_ray_replicas import _ctx
+
+    ctx = _ctx(f"execution.ray_address={address}", "serving.replicas=1", "execution.cpus_per_replica=1")
+    served = serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=ckpt_dir))  # joins (rollouts.connect)
+    worker = ray.get(ray.remote(num_cpus=1)(lambda: os.getpid()).remote(), timeout=120)  # a task on a worker
+    replica = serve._STATE["servers"][0]
+    print("LOOPBACK " + json.dumps({"driver": os.getpid(), "worker": worker, "replica_pid": replica.pid,
+                                    "replica_port": replica.port, "urls": served.urls,
+                                    "nodes": [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]}),
+          flush=True)
+    sys.stdin.readline()
+    serve.shutdown_server()
+    ray.shutdown()
+
+
 @pytest.mark.services
 @pytest.mark.timeout(600)
-def test_the_local_ray_head_its_workers_and_its_replicas_listen_on_loopback_only(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # as `rao services up --ray` exports it (read at Ray's import)
-    ray = pytest.importorskip("ray")
+def test_the_local_ray_head_its_workers_and_its_replicas_listen_on_loopback_only(tmp_path):
+    """A real head (``RayHead``, as ``rao services up --ray`` starts it) joined by a flow process that places a
+    replica and runs a task: every listening socket of the head's processes, their children (the workers, the
+    replica's server) and the flow's process is on 127.0.0.1 or ::1."""
+    import json
+
+    pytest.importorskip("ray")
     from infra.process import _group_members
     from infra.services import RAY_LOOPBACK_ENV, RayHead
-    from tasks import serve
-    from tests.pipeline.test_ray_replicas import _ckpt, _ctx
 
     fake_python = tmp_path / "fake-python"
     fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.pipeline.fake_vllm_main \"$@\"\n")
     fake_python.chmod(fake_python.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("RAO_VLLM_PYTHON", str(fake_python))
-    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     token = tmp_path / "ray-token"
     token.write_text("0123456789abcdef" * 4)
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))  # not ~/.ray/auth_token (test_ray_token_is_made_...)
-    for k, v in RAY_LOOPBACK_ENV.items():  # connect() sets it in this process: restored afterwards
-        monkeypatch.setenv(k, os.environ.get(k, v))
-    serve.shutdown_server()
-    ray.shutdown()
-    head = RayHead(num_cpus=2, object_store_gib=0.3, log_dir=tmp_path / "logs").start()
+    ckpt = tmp_path / "iter-0"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    env = {**os.environ, "RAO_VLLM_PYTHON": str(fake_python), "RAO_HOME": str(tmp_path / "home"),
+           "RAY_AUTH_TOKEN_PATH": str(token),  # not ~/.ray/auth_token (test_ray_token_is_made_...)
+           "RAY_AUTH_MODE": "token"}  # what `rao services up --ray` exports; the driver sets the loopback mode
+    for k in (*RAY_LOOPBACK_ENV, "RAY_ADDRESS"):
+        env.pop(k, None)
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_TOKEN_PATH", "RAO_HOME")}
+    os.environ.update(RAY_AUTH_TOKEN_PATH=str(token), RAO_HOME=str(tmp_path / "home"))  # for the head's env
+    head = driver = None
     try:
-        ctx = _ctx(f"execution.ray_address={head.address}", "serving.replicas=1", "execution.cpus_per_replica=1")
-        served = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-0"))  # joins the head (tasks.rollouts.connect)
-        worker = ray.get(ray.remote(num_cpus=1)(lambda: os.getpid()).remote(), timeout=120)  # a task on a worker
-        replica = serve._STATE["servers"][0]
+        head = RayHead(num_cpus=2, object_store_gib=0.3, log_dir=tmp_path / "logs").start()
+        code = f"from tests.infra.test_ray_loopback import _drive; _drive({head.address!r}, {str(ckpt)!r})"
+        driver = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = []
+        for line in driver.stdout:
+            seen.append(line)
+            if line.startswith("LOOPBACK "):
+                break
+        else:
+            pytest.fail("the flow process ended before it reported:\n" + "".join(seen)[-3000:])
+        info = json.loads(line.removeprefix("LOOPBACK "))
 
-        assert [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]] == ["127.0.0.1"]
-        assert served.urls == [f"http://127.0.0.1:{replica.port}/v1"]
-        session = _tree(_group_members(head.pid)) | {os.getpid()}  # the head's group, its children, the driver
-        assert worker in session and replica.pid in session
+        assert info["nodes"] == ["127.0.0.1"]
+        assert info["urls"] == [f"http://127.0.0.1:{info['replica_port']}/v1"]
+        session = _tree(_group_members(head.pid)) | {info["driver"]}  # the head's group, its children, the flow
+        assert {info["worker"], info["replica_pid"]} <= session
         listening = _listening(session)
         ports = {port for _, port in listening}
-        assert {head.port, replica.port} <= ports, listening  # the GCS and the replica's server were found
+        assert {head.port, info["replica_port"]} <= ports, listening  # the GCS and the replica's server were found
         assert len(listening) >= 5, listening  # GCS, raylet (2), a worker, the client server, ...
         exposed = {f"{ip}:{port}": who for (ip, port), who in listening.items() if not _loopback(ip)}
         assert exposed == {}, f"listening beyond loopback: {exposed}"
     finally:
-        serve.shutdown_server()
-        ray.shutdown()
-        head.stop()
+        if driver is not None:
+            try:
+                driver.communicate("\n", timeout=120)
+            except subprocess.TimeoutExpired:
+                driver.kill()
+                driver.wait()
+        if head is not None:
+            head.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
