@@ -1,23 +1,33 @@
 """The ``rao-evaluate`` flow: the nightly benchmark regression.
 
 Evaluates a registered model version or alias (default ``candidate``) on a benchmark suite (each listed
-environment at its difficulties, recursive and single-agent modes) and compares every metric with the
-``champion`` alias's recorded scores: a drop larger than the tolerance fails the flow run with a clear
-message and a Prefect table artifact listing each comparison. Each entry is evaluated by
-``tasks.stages.evaluate_checkpoint`` (``run_evaluation``, i.e. ``rao_core.evaluation.evaluate_suite``, the
-code of the campaign's evaluation and of ``rao eval``); ``tasks.tracking.log_evaluation`` logs the results
-and the comparison.
+environment at its difficulties and modes; by default the config's own evaluation at ``eval.regression_n_tasks``
+tasks per difficulty) and decides, per ``/success`` metric, whether it is worse than the ``champion`` alias by more
+than the tolerance: a one-sided paired test on the per-task outcomes of both (``rao_core.regression``: Tango's
+score test at level ``eval.regression_alpha``), so a candidate within the tolerance fails at most that share of
+nights. The champion's outcomes come from its stored evaluation of the same tasks (a model-version tag
+``rao.eval.<key>`` pointing at an earlier nightly run) or, without one, from evaluating it in the same run; both
+are stored in the run's ``evaluation.json``. A regression fails the flow run with one line per metric and
+Prefect artifacts (the comparison table: n, successes, Wilson intervals, the test, p, decision, and whether the
+two are the same checkpoint). Each checkpoint is evaluated by ``tasks.stages.evaluate_checkpoint`` (the code of
+the campaign's evaluation and of ``rao eval``); ``tasks.tracking.log_evaluation`` logs the results.
+
+Repeatability: the tasks are fixed by the evaluation seed (``eval.seed``); the sampling is the campaign's
+(``runtime.temperature``), and per-request seeds follow ``serving.request_seeds`` (never sent to vLLM's CPU
+engine), so on CPU two evaluations of one checkpoint differ by sampling noise, which the test allows for.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from flows.forms import FormParams, OptionalFloat, config_value, no_default, plain_description
 from rao_core.config import CampaignConfig
 from rao_core.evaluation import EvalConfig, Mode
 from tasks import tracking
@@ -35,19 +45,21 @@ DEFAULT_CONFIG = "configs/cpu-smoke.yaml"  # the nightly deployment's config (pr
 
 
 def _default_config_eval() -> dict[str, Any]:
-    """``env``, ``difficulties``, ``n_tasks`` and ``modes`` of :data:`DEFAULT_CONFIG`'s own evaluation (what its
-    champion is scored on): the defaults of a suite entry, so that an entry added in the Prefect form starts
-    from them. The plain ``EvalConfig`` defaults when the file cannot be read (import never fails on it)."""
+    """``env``, ``difficulties`` and ``modes`` of :data:`DEFAULT_CONFIG`'s own evaluation and its nightly task
+    count (``eval.regression_n_tasks``): the defaults of a suite entry, so that an entry added in the Prefect form
+    starts from them. The plain ``EvalConfig`` defaults when the file cannot be read (import never fails on it)."""
     try:
         from rao_core.config import load_config
         from rao_core.paths import REPO_ROOT
 
         cfg = load_config(REPO_ROOT / DEFAULT_CONFIG)
-        return {"env": cfg.tasks.env, "difficulties": list(cfg.eval.difficulties), "n_tasks": cfg.eval.n_tasks,
-                "modes": list(cfg.eval.modes)}
+        return {"env": cfg.tasks.env, "difficulties": list(cfg.eval.difficulties),
+                "n_tasks": cfg.eval.regression_n_tasks, "modes": list(cfg.eval.modes)}
     except Exception:  # noqa: BLE001 - the form loses its defaults, the flow still runs
         d = EvalConfig()
-        return {"env": "textcraft-synth", "difficulties": d.difficulties, "n_tasks": d.n_tasks, "modes": d.modes}
+        from rao_core.regression import DEFAULT_N_TASKS
+
+        return {"env": "textcraft-synth", "difficulties": d.difficulties, "n_tasks": DEFAULT_N_TASKS, "modes": d.modes}
 
 
 _FORM = _default_config_eval()
@@ -58,14 +70,19 @@ class SuiteEntry(EvalConfig):
 
     ``difficulties``, ``n_tasks`` and ``modes`` always come from the entry; their defaults (plain values, so
     the Prefect form shows them in a new entry) are those of :data:`DEFAULT_CONFIG`'s ``eval`` section and
-    environment. ``seed``, ``split`` and ``graded`` only when set, else from the config's ``eval`` section
-    (so the nightly evaluates the tasks the champion was scored on).
+    environment, ``n_tasks`` its ``regression_n_tasks``. ``seed``, ``split`` and ``graded`` only when set, else
+    from the config's ``eval`` section (so champion and candidate are evaluated on the same tasks).
     """
+
+    model_config = ConfigDict(json_schema_extra=plain_description(
+        "One benchmark: an environment, its difficulties, tasks per difficulty and modes (the evaluation seed, "
+        "split and grading are the config's unless set)."))
 
     env: str = Field(_FORM["env"], description="Environment, e.g. textcraft-synth.")
     difficulties: list[str] = Field(_FORM["difficulties"], description="Task difficulties evaluated, each "
                                     "reported separately.")
-    n_tasks: int = Field(_FORM["n_tasks"], ge=1, description="Validation tasks per difficulty.")
+    n_tasks: int = Field(_FORM["n_tasks"], ge=1, description="Held-out tasks per difficulty (the decision's n; "
+                         "the config's eval.regression_n_tasks).")
     modes: list[Mode] = Field(_FORM["modes"], description="'recursive' and/or 'single' (delegation off).")
 
     def eval_update(self) -> dict[str, Any]:
@@ -77,41 +94,66 @@ class SuiteEntry(EvalConfig):
 def champion_suite(base: CampaignConfig, n_tasks: int | None = None) -> SuiteEntry:
     """The one rule for what a nightly evaluates by default (the deployment with an empty suite, and
     ``rao evaluate`` without ``--env``): config ``base``'s own evaluation, i.e. ``tasks.env`` with the ``eval``
-    section's difficulties, task count (``n_tasks`` when given), modes, seed, split and grading: exactly what
-    the campaign scored, and tagged, its champion on, so every metric has a champion value to compare with."""
+    section's difficulties, modes, seed, split and grading, at the nightly's task count (``n_tasks`` when given,
+    else ``eval.regression_n_tasks``, sized for the decision's power): the campaign's evaluation tasks first
+    (a larger draw of the same stream starts with them), and the same tasks for champion and candidate."""
     ev = base.eval
-    return SuiteEntry(env=base.tasks.env, difficulties=list(ev.difficulties), n_tasks=n_tasks or ev.n_tasks,
+    return SuiteEntry(env=base.tasks.env, difficulties=list(ev.difficulties), n_tasks=n_tasks or ev.regression_n_tasks,
                       modes=list(ev.modes), seed=ev.seed, split=ev.split, graded=ev.graded)
 
 
 class NothingCompared(RuntimeError):
-    """A nightly evaluation that had no champion value for any metric it measured: it cannot catch a
-    regression, so its flow run fails instead of reporting "no regression"."""
+    """A nightly evaluation with no champion outcome to pair any metric with (no champion, or no task scored
+    in both): it cannot catch a regression, so its flow run fails instead of reporting "no regression"."""
 
 
-class EvaluateParams(BaseModel):
+class NoRegisteredModel(RuntimeError):
+    """The evaluated model is not in the MLflow registry (its campaign has not registered a checkpoint yet):
+    one line naming the campaign to run first, with its command."""
+
+
+_TOLERANCE = config_value("eval.tolerance", DEFAULT_CONFIG)
+
+
+class EvaluateParams(FormParams):
     """Parameters of ``rao-evaluate`` (a Prefect UI form)."""
+
+    model_config = ConfigDict(json_schema_extra=plain_description(
+        "The nightly regression: evaluate a checkpoint and test whether it is worse than the champion by more "
+        "than the tolerance."))
 
     config: str = Field(DEFAULT_CONFIG, description="Campaign config (serving, runtime, storage, eval).")
     model: str = Field("candidate", description="Alias or version of the campaign's registered model, a "
                        "models:/... URI, or an s3:// checkpoint folder (any campaign's).")
     suite: list[SuiteEntry] = Field(default_factory=list, description="Benchmarks to evaluate. Empty (the "
-                                    "default): the config's own evaluation, what its champion was scored on "
-                                    "(champion_suite). A new entry starts from the default config's evaluation.")
-    tolerance: float | None = Field(None, ge=0, description="Allowed drop vs champion (default: eval.tolerance).")
-    name: str = Field("nightly", description="S3 prefix / MLflow run name of the evaluation.")
+                                    "default): the config's own evaluation tasks and modes, at its "
+                                    "eval.regression_n_tasks tasks per difficulty. A new entry starts from the "
+                                    "default config's.")
+    tolerance: OptionalFloat = Field(None, ge=0, json_schema_extra=no_default, description="Allowed drop of "
+                                     "success vs the champion: a regression is a drop beyond it, shown at the "
+                                     f"config's eval.regression_alpha. Empty: the config's eval.tolerance "
+                                     f"({DEFAULT_CONFIG.rsplit('/', 1)[-1]}: {_TOLERANCE}).")
+    name: str = Field("nightly", description="S3 prefix and MLflow run name of the evaluation (the flow run is "
+                      "named NAME-MODEL-DATE).")
     # a plain text field (a `str | None` one needs its "None" toggle clicked in the form); empty = None
     campaign: str = Field("", description="Campaign whose registered model is evaluated (its "
                           "model.registered_model); empty: the config's campaign name.")
+    fresh_champion: bool = Field(False, description="Evaluate the champion in this run even when it has a stored "
+                                 "evaluation of the same tasks (the false-alarm benchmark does).")
 
     @field_validator("campaign", mode="before")
     @classmethod
     def _none_is_empty(cls, v: Any) -> Any:
         return "" if v is None else v
 
-    def flow_run_name(self) -> str:
-        """Prefect flow-run name of this evaluation: ``<name>-<model>``, e.g. ``nightly-candidate``."""
+    def flow_run_prefix(self) -> str:
+        """``<name>-<model>``, e.g. ``nightly-candidate``: the start of this evaluation's flow-run name."""
         return f"{self.name}-{self.model}".replace("models:/", "")
+
+    def flow_run_name(self, when: float | None = None) -> str:
+        """Prefect flow-run name of this evaluation: ``<name>-<model>-<UTC date and time>``, e.g.
+        ``nightly-candidate-2026-12-03-0200``, so every night's run has its own name."""
+        return f"{self.flow_run_prefix()}-{time.strftime('%Y-%m-%d-%H%M', time.gmtime(when))}"
 
 
 def evaluate_run_name() -> str:
@@ -122,30 +164,124 @@ def evaluate_run_name() -> str:
     return (p if isinstance(p, EvaluateParams) else EvaluateParams.model_validate(p)).flow_run_name()
 
 
+def evaluation_key(cfg: CampaignConfig) -> str:
+    """What an evaluation's per-task outcomes depend on besides the weights: the environment and its options,
+    the tasks (difficulties, n_tasks, seed, split), modes, grading and the runtime; 12 hex digits of its
+    sha256. A stored evaluation stands in for the champion's only under the same key."""
+    ev, t = cfg.eval, cfg.tasks
+    what = [t.env, t.env_options, t.generator_options, ev.difficulties, ev.n_tasks, ev.seed, ev.split, ev.modes,
+            ev.graded, cfg.runtime.model_dump(mode="json")]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _metric(key: str, env: str, base_env: str) -> str:
+    """``eval/...`` keys of an entry on another environment than the config's get the environment's name."""
+    return key.replace("eval/", f"eval/{env}/", 1) if env != base_env else key
+
+
+def outcomes_by_metric(rows: list[dict[str, Any]], env: str, base_env: str) -> dict[str, dict[str, Any]]:
+    """``{success metric: {task id: outcome}}`` of an evaluation's table rows (their ``per_task``)."""
+    return {_metric(f"eval/{r['mode']}/{r['difficulty']}/success", env, base_env): dict(r.get("per_task") or {})
+            for r in rows}
+
+
+def same_checkpoint(candidate: Any | None, champion: Any | None, ref: str) -> str:
+    """What candidate and champion share when they are one checkpoint: ``"v2"`` (one registry version),
+    ``"same folder s3://..."`` (two versions, or a folder reference, with one source), else ``""``."""
+    if champion is None:
+        return ""
+    if candidate is not None and candidate.name == champion.name and str(candidate.version) == str(champion.version):
+        return f"v{champion.version}"
+    source = (candidate.source if candidate is not None else ref).rstrip("/")
+    return f"same folder {source}" if source == str(champion.source).rstrip("/") else ""
+
+
+def _registered(ref: str, name: str, campaign: str, config: str, uri: str) -> Any:
+    """The ModelVersion behind ``ref``; :class:`NoRegisteredModel` (one line, with the command to run first)
+    when the registry has no such model or version."""
+    run_first = (f"run campaign {campaign!r} first: `rao run --config {config} --name {campaign}` (or the "
+                 f"campaign deployment with name {campaign} in the Prefect UI), or set `campaign` to one that ran")
+    if not tracking.registered_model_exists(name):
+        raise NoRegisteredModel(f"error: {name} is not a registered model in MLflow at {uri}: campaign "
+                                f"{campaign!r} has not registered a checkpoint yet; {run_first}")
+    mv = tracking.model_version(ref)
+    if mv is None:
+        raise NoRegisteredModel(f"error: {ref} is not in the MLflow registry at {uri} ({name} exists, this alias "
+                                f"or version does not); {run_first}")
+    return mv
+
+
+def _evaluate(ctx: RunContext, ref: str) -> Any:
+    """Serve checkpoint ``ref`` and evaluate it (``tasks.stages.evaluate_checkpoint``)."""
+    from tasks.serve import checkpoint_local
+
+    ckpt = checkpoint_from_uri(ctx, ref)
+    served = serve_checkpoint(ctx, ckpt)
+    return evaluate_checkpoint(ctx, served, str(checkpoint_local(ctx, ckpt)))
+
+
+def _scalars(row: dict[str, Any]) -> dict[str, Any]:
+    """A results-table row without its audit fields (per-task outcomes, histograms, trees)."""
+    return {k: v for k, v in row.items() if not isinstance(v, (dict, list))}
+
+
+def decision_note(n_tasks: list[int], tolerance: float, alpha: float, same: str) -> str:
+    """The markdown note of the decision artifact: the rule, its power at the evaluated n, the same-checkpoint
+    case."""
+    from rao_core.regression import detectable_drop
+
+    power = "; ".join(f"n = {n}: " + (f"a drop of {d:.2f} is caught with 80% power" if (d := detectable_drop(
+        n, tolerance=tolerance, alpha=alpha)) is not None else "no drop is caught with 80% power (too few tasks)")
+        for n in sorted(set(n_tasks)))
+    out = (f"**Rule**: per metric, a one-sided paired test on the per-task outcomes of champion and candidate "
+           f"(Tango's score test; McNemar's at tolerance 0) of *the candidate is worse by more than {tolerance:g}* "
+           f"at alpha {alpha:g}: a candidate within the tolerance fails at most {alpha:.0%} of nights.\n\n"
+           f"**Power**: {power} (two independent evaluations, champion success 0.5: a lower bound).")
+    if same:
+        out += (f"\n\n**Same checkpoint**: candidate and champion are one checkpoint ({same}): this compares two "
+                "evaluations of it, so any difference is evaluation noise.")
+    return out
+
+
 @flow(name="rao-evaluate", log_prints=True, flow_run_name=evaluate_run_name, **FLOW_END_HOOKS)
 def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
-    """Evaluate a registered checkpoint on the suite; fail on a regression vs ``champion``."""
+    """Evaluate a registered checkpoint and test whether it is worse than the champion beyond the tolerance."""
     import mlflow
 
     from flows.campaign import CampaignParams, _mlflow_setup, storage
+    from rao_core.regression import decide
 
     log = get_run_logger()
     base = CampaignParams(config=params.config, name=params.name).resolve()
     uri, exp_id = _mlflow_setup(base)
-    name = tracking.registered_model_name(base, params.campaign or CampaignParams(config=params.config).resolve().name)
+    campaign = params.campaign or CampaignParams(config=params.config).resolve().name
+    name = tracking.registered_model_name(base, campaign)
     ref = params.model
     if not ref.startswith(("models:/", "s3://", "/", ".")):  # an alias or a version of the campaign's model
         ref = f"models:/{name}/{ref}" if ref.isdigit() else f"models:/{name}@{ref}"
+    candidate = None
     if ref.startswith("models:/"):  # compared with the champion of the evaluated model
         name = ref.removeprefix("models:/").split("@")[0].split("/")[0]
+        try:
+            candidate = _registered(ref, name, campaign, params.config, uri)
+        except NoRegisteredModel as e:
+            log.error(str(e))
+            raise
     champ = tracking.alias_version(name, "champion")
-    champion_scores = {k: float(v) for k, v in (champ.tags if champ else {}).items() if k.startswith("eval/")}
     tol = params.tolerance if params.tolerance is not None else base.eval.tolerance
-    run = mlflow.MlflowClient().create_run(exp_id, run_name=f"{params.name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                                           tags={"rao.kind": "evaluation", "rao.model": ref,
-                                                 **tracking.prefect_link_tags()})
+    alpha = base.eval.regression_alpha
+    same = same_checkpoint(candidate, champ, ref)
+    run_id = mlflow.MlflowClient().create_run(
+        exp_id, run_name=f"{params.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        tags={"rao.kind": "evaluation", "rao.model": ref, **tracking.prefect_link_tags(),
+              **({"rao.candidate_version": str(candidate.version)} if candidate is not None else {}),
+              **({"rao.champion_version": str(champ.version)} if champ is not None else {})}).info.run_id
+    if same:
+        log.info(f"{ref} and the champion are the same checkpoint ({same}): two evaluations of it are compared")
     metrics: dict[str, float] = {}
     all_rows: list[dict[str, Any]] = []
+    outcomes: dict[str, Any] = {"candidate": {}, "champion": {}, "champion_from": {}}
+    decisions, n_tasks, stored = [], [], []
     with storage(base) as s3:
         try:
             for entry in params.suite or [champion_suite(base)]:
@@ -153,28 +289,54 @@ def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
                 cfg.tasks.env = entry.env
                 cfg.eval = cfg.eval.model_copy(update=entry.eval_update())
                 ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id)
-                ckpt = checkpoint_from_uri(ctx, ref)
-                served = serve_checkpoint(ctx, ckpt)
-                from tasks.serve import checkpoint_local
-
-                res = evaluate_checkpoint(ctx, served, str(checkpoint_local(ctx, ckpt)))
-                metrics.update({k.replace("eval/", f"eval/{entry.env}/", 1) if entry.env != base.tasks.env else k: v
-                                for k, v in res.metrics.items()})
-                all_rows += [{"env": entry.env, **r} for r in res.rows]
+                key = evaluation_key(cfg)
+                res = _evaluate(ctx, ref)
+                metrics.update({_metric(k, entry.env, base.tasks.env): v for k, v in res.metrics.items()})
+                all_rows += [{"env": entry.env, "checkpoint": "candidate", **_scalars(r)} for r in res.rows]
+                cand = outcomes_by_metric(res.rows, entry.env, base.tasks.env)
+                outcomes["candidate"].update(cand)
+                stored.append(("candidate", key))
+                n_tasks.append(cfg.eval.n_tasks)
+                if champ is None:
+                    continue
+                found = None if params.fresh_champion else tracking.stored_outcomes(champ, key)
+                if found is not None and set(cand) <= set(found[0]):
+                    champ_out, source = found
+                else:  # no stored evaluation of these tasks: evaluate the champion now, on the same tasks
+                    cres = _evaluate(ctx, f"models:/{name}/{champ.version}")
+                    champ_out, source = outcomes_by_metric(cres.rows, entry.env, base.tasks.env), "this run"
+                    metrics.update({f"champion/{_metric(k, entry.env, base.tasks.env)}": v
+                                    for k, v in cres.metrics.items() if k.endswith("/success")})
+                    all_rows += [{"env": entry.env, "checkpoint": f"champion v{champ.version}", **_scalars(r)}
+                                 for r in cres.rows]
+                    stored.append(("champion", key))
+                for m in sorted(cand):
+                    outcomes["champion"][m] = champ_out.get(m)
+                    outcomes["champion_from"][m] = source
+                    decisions.append(decide(m, champ_out.get(m), cand[m], tolerance=tol, alpha=alpha,
+                                            same_checkpoint=same, champion_from=source))
         finally:
             shutdown_server()
-    rows, bad = tracking.log_evaluation(run.info.run_id, params.name, ref, metrics, all_rows, champion_scores, tol)
+    if champ is None:  # nothing to pair with: every metric says so
+        decisions = [decide(m, None, o, tolerance=tol, alpha=alpha) for m, o in sorted(outcomes["candidate"].items())]
+    note = decision_note(n_tasks, tol, alpha, same)
+    rows, bad = tracking.log_evaluation(run_id, params.name, ref, metrics, all_rows, decisions, outcomes, note)
+    for role, key in stored:  # the next night pairs with these outcomes instead of evaluating again
+        version = candidate if role == "candidate" else champ
+        if version is not None:
+            tracking.tag_stored_outcomes(version.name, str(version.version), key, run_id, role)
     if bad:
-        raise RegressionError(f"{ref} regressed vs champion: " + "; ".join(bad))
-    compared = [r["metric"] for r in rows if r["status"] != "new"]
+        raise RegressionError(f"{ref} regressed vs champion v{champ.version}"
+                              + (f" (the same checkpoint: {same})" if same else "") + ": " + "; ".join(bad))
+    compared = [d.metric for d in decisions if d.result is not None]
     if not compared:
-        measured = ", ".join(r["metric"] for r in rows) or "none"
-        scored = ", ".join(sorted(champion_scores)) or "none"
+        measured = ", ".join(sorted(outcomes["candidate"])) or "none"
         raise NothingCompared(
             f"{ref}: no metric compared with the champion, so no regression could be caught: "
-            + (f"{name} has no champion" if champ is None else f"champion v{champ.version} of {name} has scores "
-               f"for {scored}") + f"; this evaluation measured {measured} (evaluate what the champion was scored "
-            f"on: leave the suite empty for the config's own evaluation)")
-    log.info(f"{ref}: no regression vs champion ({len(compared)} of {len(rows)} metrics compared)")
+            + (f"{name} has no champion" if champ is None else f"no task was scored in both evaluations of champion "
+               f"v{champ.version}") + f"; this evaluation measured {measured}")
+    log.info(f"{ref}: no regression vs champion v{champ.version} ({len(compared)} of {len(rows)} metrics compared"
+             + (f"; the same checkpoint: {same}" if same else "") + ")")
     return {"model": ref, "metrics": metrics, "comparison": rows, "rows": all_rows, "compared": compared,
-            "champion": champ.version if champ else None, "json": json.dumps(rows)}
+            "champion": champ.version if champ else None, "same_checkpoint": same, "outcomes": outcomes,
+            "json": json.dumps(rows)}

@@ -262,8 +262,8 @@ def _config_fields(**values):
 def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) -> list:
     """The nightly suite of ``rao evaluate``: one ``SuiteEntry`` per environment (default: the config's).
 
-    The config's environment gets the config's ``eval`` difficulties, task count and modes unless given,
-    so its metrics are the ones the campaign recorded on the champion. Another environment needs
+    The config's environment gets the config's ``eval`` difficulties and modes, and the nightly's task count
+    (``eval.regression_n_tasks``), unless given. Another environment needs
     ``--difficulty``. Every environment and difficulty is checked here, before any service starts: raises
     typer.BadParameter naming ``--env`` for an unknown environment (listing the known ones), ``--difficulty``
     (or ``eval.difficulties``) for a difficulty the environment does not have.
@@ -288,7 +288,7 @@ def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) 
         if own:  # the nightly deployment's rule: the config's own evaluation, difficulties as given
             entries.append(champion_suite(base, n_tasks).model_copy(update={"difficulties": ds}))
         else:
-            entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.n_tasks,
+            entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.regression_n_tasks,
                                       modes=["recursive", "single"]))
     return entries
 
@@ -334,8 +334,9 @@ def _registered_model(base, model: str) -> str:
             MlflowClient().get_model_version(*body.split("/", 1))
     except MlflowException as e:
         first = (str(e).strip().splitlines() or [""])[0]
-        raise InputError(f"--model {model}: {ref} is not in the MLflow registry at {uri} ({first}); run a "
-                         "campaign first (`rao run`) or pass a registered version") from None
+        raise InputError(f"--model {model}: {ref} is not in the MLflow registry at {uri} ({first}); run campaign "
+                         f"{base.name!r} first (`rao run --config CONFIG --name {base.name}`) or pass a registered "
+                         "version") from None
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
@@ -527,14 +528,34 @@ def kill_evaluation_runs(cfg, since_ms: int) -> list[str]:
     return ended
 
 
-def _evaluation_interrupted(cfg, ref: str, flow_run_name: str):
+COMPARISON_COLUMNS = ("metric", "n", "champion", "candidate", "losses/wins", "drop", "drop_bound", "p", "status")
+
+
+def comparison_table(out: dict) -> Table:
+    """The table ``rao evaluate`` prints from ``rao_evaluate``'s result: per metric n, both rates with their
+    Wilson 95% intervals, losses/wins, the drop and its lower bound, p and the decision; the caption names the
+    test and says when candidate and champion are one checkpoint."""
+    rows = out.get("comparison") or []
+    t = Table(title=f"{out['model']} vs champion (v{out['champion']})")
+    for c in COMPARISON_COLUMNS:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*(str(r.get(c, "")) for c in COMPARISON_COLUMNS))
+    notes = sorted({r["test"] for r in rows if r.get("test")})
+    if out.get("same_checkpoint"):
+        notes.append(f"candidate and champion are the same checkpoint ({out['same_checkpoint']})")
+    t.caption = "; ".join(notes) or None
+    return t
+
+
+def _evaluation_interrupted(cfg, ref: str, flow_run_prefix: str):
     """``on_interrupt`` of ``rao evaluate``: the evaluation runs it started become KILLED, its ``rao-evaluate``
-    flow run ``flow_run_name`` CANCELLED."""
+    flow run (named ``flow_run_prefix`` and its date, ``EvaluateParams.flow_run_name``) CANCELLED."""
     import time
 
     return _interrupt_handler(lambda since: kill_evaluation_runs(cfg, since), int(time.time() * 1000),
                               f"evaluation of {ref}", cancel=lambda since: cancel_flow_runs(
-                                  ["rao-evaluate"], since, lambda run_name: run_name == flow_run_name))
+                                  ["rao-evaluate"], since, lambda run_name: run_name.startswith(flow_run_prefix + "-")))
 
 
 @contextlib.contextmanager
@@ -648,13 +669,17 @@ def register(app: typer.Typer) -> None:
         difficulty: list[str] = typer.Option([], help="Difficulties (repeatable); default: the config's "
                                              "eval.difficulties (those the champion was scored on); required "
                                              "for an environment other than the config's."),
-        n_tasks: int = typer.Option(None, min=1, help="Tasks per difficulty; default: the config's eval.n_tasks."),
-        tolerance: float = typer.Option(None, min=0, help="Allowed drop vs champion; default: eval.tolerance."),
+        n_tasks: int = typer.Option(None, min=1, help="Tasks per difficulty (the paired test's n); default: the "
+                                    "config's eval.regression_n_tasks."),
+        tolerance: float = typer.Option(None, min=0, help="Allowed drop vs champion: a regression is a drop beyond "
+                                        "it at the config's eval.regression_alpha; default: eval.tolerance."),
     ) -> None:
-        """Evaluate a registered checkpoint and compare with the champion (the nightly regression).
+        """Evaluate a registered checkpoint and test it against the champion (the nightly regression).
 
-        The suite defaults to the config's own evaluation (environment, difficulties, task count, modes), so
-        every metric has a champion score to compare with. Config, suite and model reference are checked
+        The suite defaults to the config's own evaluation (environment, difficulties, modes) at
+        eval.regression_n_tasks tasks; the champion is evaluated on the same tasks (or its stored outcomes of
+        them are used) and each metric is decided by a one-sided paired test of "worse by more than the
+        tolerance" (rao_core.regression). Config, suite and model reference are checked
         before any service starts; a failure is one ``error:`` line (``RAO_DEBUG=1``: Prefect's log and the
         traceback). Ctrl-C or SIGTERM stops it within seconds: its MLflow run is marked KILLED and its Prefect
         flow run CANCELLED, every process it started is stopped, one error: line is printed (exit 130 / 143).
@@ -672,19 +697,14 @@ def register(app: typer.Typer) -> None:
         try:  # Ctrl-C / SIGTERM: MLflow run KILLED, flow run CANCELLED, children stopped, one line, 130 / 143
             with _checked_s3_checkpoint(base, ref, model), _prefect_failures_quiet():
                 out = run_interruptible(lambda: rao_evaluate(params),
-                                        _evaluation_interrupted(base, ref, params.flow_run_name()))
+                                        _evaluation_interrupted(base, ref, params.flow_run_prefix()))
         except RegressionError as e:
             console.print(f"[red]regression:[/red] {e}", soft_wrap=True)
             raise typer.Exit(1) from None
         except NothingCompared as e:  # it could not catch a regression: not an "ok"
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
-        t = Table(title=f"{out['model']} vs champion (v{out['champion']})")
-        for c in ("metric", "champion", "value", "delta", "status"):
-            t.add_column(c)
-        for r in out["comparison"]:
-            t.add_row(*(str(r[c]) for c in ("metric", "champion", "value", "delta", "status")))
-        console.print(t)
+        console.print(comparison_table(out))
 
     @app.command()
     def deploy(

@@ -2,8 +2,8 @@
 
 - :func:`log_iteration` (a Prefect task) logs one RL iteration: its metrics (trees, judge, samples,
   training, evaluation, timings, serving), the depth histogram, the trees as traces and the campaign's
-  learning curve; :func:`log_evaluation` (a Prefect task) logs a nightly evaluation and its comparison
-  with the champion.
+  learning curve; :func:`log_evaluation` (a Prefect task) logs a nightly evaluation and its paired
+  comparison with the champion (``rao_core.regression``), with the per-task outcomes of both.
 
 - One MLflow run per campaign (tag ``rao.campaign``), one nested run per iteration (``rao.iteration``).
   Each is tagged with the Prefect flow run that last worked on it (``rao.prefect_flow_run_id``, and its
@@ -196,49 +196,102 @@ def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOut
     return LogOutput(metrics=m, times=times)
 
 
-def compare_with_champion(metrics: dict[str, float], champion: dict[str, float], tolerance: float
-                          ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Table rows (metric, champion, value, delta, status) for every ``/success`` metric, and the
-    regressions found by :func:`rao_core.evaluation.compare` (``value < champion - tolerance``)."""
-    from rao_core.evaluation import compare
+EVAL_TAG = "rao.eval."  # + evaluation key: a model version's stored per-task outcomes, "<run id>:<role>"
 
-    bad = compare(metrics, champion, tolerance)
-    flagged = {b.split(":", 1)[0] for b in bad}
-    rows = []
-    for k, v in sorted(metrics.items()):
-        if k.endswith("/success"):
-            c = champion.get(k)
-            rows.append({"metric": k, "champion": "" if c is None else round(c, 4), "value": round(v, 4),
-                         "delta": "" if c is None else round(v - c, 4),
-                         "status": "new" if c is None else ("REGRESSION" if k in flagged else "ok")})
-    return rows, bad
+
+def _markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of ``rows`` (the keys of the first row as columns; ``|`` escaped)."""
+    if not rows:
+        return ""
+    cols = list(rows[0])
+
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|")
+
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                     + ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows])
 
 
 @task(name="log-evaluation", cache_policy=NONE)
 def log_evaluation(run_id: str, name: str, ref: str, metrics: dict[str, float], results: list[dict[str, Any]],
-                   champion: dict[str, float], tolerance: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """Log a nightly evaluation of ``ref`` (metrics, :func:`compare_with_champion` rows, Prefect table
-    artifacts ``artifact_key(name, "comparison")`` and ``"results"`` inside a Prefect run) and end its run
-    ``run_id``, FAILED when a metric regressed or none had a champion value to compare with; returns the
-    comparison rows and the regressions."""
-    from prefect.artifacts import create_table_artifact
+                   decisions: list[Any], outcomes: dict[str, Any], note: str = ""
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Log a nightly evaluation of ``ref``: its metrics, ``evaluation.json`` (metrics, comparison rows, the
+    per-task ``outcomes`` of candidate and champion), and inside a Prefect run the artifacts
+    ``artifact_key(name, "comparison")`` (table), ``"results"`` (table) and ``"decision"`` (markdown: ``note``,
+    the rule and power, then the comparison); end its run ``run_id`` FAILED when a metric regressed or none
+    could be compared. ``decisions``: ``rao_core.regression.RegressionDecision`` per metric. Returns the
+    comparison rows and one message per regression."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     log_metrics(run_id, metrics)
-    rows, bad = compare_with_champion(metrics, champion, tolerance)
-    log_json(run_id, {"metrics": metrics, "comparison": rows}, "evaluation.json")
+    rows = [d.table_row() for d in decisions]
+    bad = [d.message() for d in decisions if d.regression]
+    log_json(run_id, {"metrics": metrics, "comparison": rows, "outcomes": outcomes}, "evaluation.json")
     if in_prefect_run():  # outside a run (direct .fn() calls) there is no artifact to write
         try:
+            verdict = ("REGRESSION: " + "; ".join(bad)) if bad else "no regression"
+            create_markdown_artifact(key=artifact_key(name, "decision"),
+                                     markdown=f"## {ref} vs champion: {verdict}\n\n{note}\n\n{_markdown_table(rows)}\n",
+                                     description=f"{ref} vs champion: {verdict}")
             create_table_artifact(key=artifact_key(name, "comparison"), table=rows or [{"metric": "none"}],
-                                  description=f"{ref} vs champion (tolerance {tolerance})")
+                                  description=f"{ref} vs champion: paired test per metric")
             create_table_artifact(key=artifact_key(name, "results"), table=results or [{"result": "none"}],
                                   description=f"{ref}: success by env, mode and difficulty")
         except Exception as e:  # noqa: BLE001 - the UI's tables never fail the evaluation
             import logging
 
             logging.getLogger("rao").warning(f"evaluation artifacts {name}: {type(e).__name__}: {e}")
-    compared = any(r["status"] != "new" for r in rows)  # none: it could not catch a regression
+    compared = any(d.result is not None for d in decisions)  # none: it could not catch a regression
     _client().set_terminated(run_id, status="FAILED" if bad or not compared else "FINISHED")
     return rows, bad
+
+
+def registered_model_exists(name: str) -> bool:
+    """Whether the MLflow registry has a registered model ``name``."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        _client().get_registered_model(name)
+        return True
+    except MlflowException:
+        return False
+
+
+def model_version(ref: str) -> Any | None:
+    """The ModelVersion of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``, or None when absent."""
+    from mlflow.exceptions import MlflowException
+
+    body = ref.removeprefix("models:/")
+    try:
+        if "@" in body:
+            return _client().get_model_version_by_alias(*body.split("@", 1))
+        return _client().get_model_version(*body.split("/", 1))
+    except MlflowException:
+        return None
+
+
+def stored_outcomes(version: Any, key: str) -> tuple[dict[str, dict[str, float | None]], str] | None:
+    """The per-task outcomes (metric -> task id -> outcome) a nightly stored for model version ``version`` under
+    evaluation key ``key`` (its tag ``rao.eval.<key>``: the run's ``evaluation.json``), and where they come from
+    (``"stored evaluation, run <id>"``); None when it has none or they cannot be read."""
+    tag = (version.tags or {}).get(EVAL_TAG + key)
+    if not tag or ":" not in tag:
+        return None
+    run_id, role = tag.rsplit(":", 1)
+    try:
+        import mlflow
+
+        stored = mlflow.artifacts.load_dict(f"runs:/{run_id}/evaluation.json")["outcomes"][role]
+    except Exception:  # noqa: BLE001 - a deleted run or artifact: evaluate the champion again
+        return None
+    return (stored, f"stored evaluation, run {run_id}") if stored else None
+
+
+def tag_stored_outcomes(name: str, version: str, key: str, run_id: str, role: str) -> None:
+    """Point model version ``version`` of ``name`` at its per-task outcomes in run ``run_id`` (``role``:
+    ``candidate`` or ``champion`` in that run's ``evaluation.json``), for :func:`stored_outcomes`."""
+    _client().set_model_version_tag(name, version, EVAL_TAG + key, f"{run_id}:{role}")
 
 
 def registered_model_name(config: CampaignConfig, campaign: str | None = None) -> str:

@@ -170,7 +170,7 @@ def test_solve_piped_prints_the_tree_once(capsys, tmp_path, one_task):
 # --- rao evaluate ------------------------------------------------------------------------------------------
 
 def test_evaluate_suite_defaults_to_the_configs_own_evaluation():
-    """The champion's scores are keyed by the config's eval difficulties and modes: the suite uses them."""
+    """The suite is the config's eval difficulties and modes, at the nightly's n (eval.regression_n_tasks)."""
     import typer
 
     from rao_cli.pipeline_cmd import _suite
@@ -178,7 +178,7 @@ def test_evaluate_suite_defaults_to_the_configs_own_evaluation():
 
     base = load_config("configs/cpu-smoke.yaml")
     (entry,) = _suite(base, [], [], None)
-    assert (entry.env, entry.difficulties, entry.n_tasks, entry.modes) == ("textcraft-synth", ["tier1"], 8, ["recursive"])
+    assert (entry.env, entry.difficulties, entry.n_tasks, entry.modes) == ("textcraft-synth", ["tier1"], 100, ["recursive"])
     (entry,) = _suite(base, [], ["easy", "medium"], 3)
     assert (entry.difficulties, entry.n_tasks) == (["easy", "medium"], 3)
     with pytest.raises(typer.BadParameter, match="environment 'oolong' is not the config's"):

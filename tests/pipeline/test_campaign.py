@@ -193,12 +193,14 @@ def test_killed_campaign_resumes_without_redoing_work(campaign_env, tiny_model_p
     assert json.loads(store.get_bytes("iter-1/_done/generate.json"))["num_trees"] == 4
 
 
-def test_nightly_evaluation_flags_a_regression(campaign_env, tiny_model_path, vllm_tiny, monkeypatch):
-    """A champion whose recorded success is 1.0 vs a candidate that scores 0: the flow run fails with the
-    regression named, and the MLflow evaluation run is marked FAILED."""
+def test_nightly_evaluation_pairs_the_champion_on_the_same_tasks(campaign_env, tiny_model_path, vllm_tiny, monkeypatch):
+    """Candidate = champion (one version): the champion has no stored evaluation, so the nightly evaluates it in
+    the same run on the same tasks, decides by the paired test (issue 42; the old rule compared the candidate's
+    point estimate with the champion's tag), says they are one checkpoint, and stores both outcome sets.
+    A worse candidate failing is tests/pipeline/test_nightly_decision.py (a seeded fake evaluation)."""
     import mlflow
 
-    from flows.evaluate import EvaluateParams, RegressionError, SuiteEntry, rao_evaluate
+    from flows.evaluate import EvaluateParams, SuiteEntry, rao_evaluate
     from infra.tracking import configure_mlflow
     from tasks import tracking
 
@@ -212,8 +214,12 @@ def test_nightly_evaluation_flags_a_regression(campaign_env, tiny_model_path, vl
     params = EvaluateParams(model="candidate", tolerance=0.1, name="nightly-test",
                             suite=[SuiteEntry(env="textcraft-synth", difficulties=["easy"], n_tasks=2,
                                               modes=["recursive"])])
-    with pytest.raises(RegressionError, match=r"eval/recursive/easy/success: 0\.000 < champion 1\.000"):
-        rao_evaluate(params)
+    out = rao_evaluate(params)
+    (row,) = out["comparison"]
+    assert (row["metric"], row["n"], row["status"], row["same_checkpoint"], row["champion_from"]) == (
+        "eval/recursive/easy/success", 2, "ok", f"v{version}", "this run")
     runs = mlflow.MlflowClient().search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
-    assert len(runs) == 1 and runs[0].info.status == "FAILED"
-    assert runs[0].data.metrics["eval/recursive/easy/success"] == 0.0
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    stored = mlflow.artifacts.load_dict(f"runs:/{runs[0].info.run_id}/evaluation.json")["outcomes"]
+    assert len(stored["candidate"]["eval/recursive/easy/success"]) == 2
+    assert set(stored["champion"]["eval/recursive/easy/success"]) == set(stored["candidate"]["eval/recursive/easy/success"])

@@ -152,8 +152,10 @@ def test_a_killed_vllm_fails_generation_naming_it_and_the_rerun_completes_the_it
 
 def test_a_nightly_that_compares_no_metric_fails_instead_of_reporting_ok(campaign_env, tiny_model_path, vllm_tiny,
                                                                         monkeypatch):
-    """The champion was scored on other tasks (``tier1``) than the suite evaluates (``easy``): nothing can be
-    compared, so the flow run fails with ``NothingCompared`` naming both, and its MLflow run is FAILED."""
+    """The model has no champion (a version was registered, never promoted): nothing can be compared, so the
+    flow run fails with ``NothingCompared`` naming it and what was measured, and its MLflow run is FAILED. (A
+    champion scored on other tasks than the suite is no longer a case: since issue 42 the champion is evaluated
+    on the suite's own tasks.)"""
     import mlflow
 
     from flows.evaluate import EvaluateParams, NothingCompared, SuiteEntry, rao_evaluate
@@ -164,14 +166,11 @@ def test_a_nightly_that_compares_no_metric_fails_instead_of_reporting_ok(campaig
     configure_mlflow()
     exp = mlflow.create_experiment("rao", artifact_location=(campaign_env / "art").as_uri())
     run = mlflow.MlflowClient().create_run(exp).info.run_id
-    version = tracking.register_version("rao-policy-smoke", str(tiny_model_path), run,
-                                        {"eval/recursive/tier1/success": 0.5})
-    assert tracking.promote("rao-policy-smoke", version, 0.5, "eval/recursive/tier1/success")
+    tracking.register_version("rao-policy-smoke", str(tiny_model_path), run, {"eval/recursive/tier1/success": 0.5})
     params = EvaluateParams(model="candidate", name="nightly-none",
                             suite=[SuiteEntry(difficulties=["easy"], n_tasks=2, modes=["recursive"])])
     with pytest.raises(NothingCompared, match=r"no metric compared with the champion, so no regression could be "
-                       r"caught: champion v1 of rao-policy-smoke has scores for eval/recursive/tier1/success; this "
-                       r"evaluation measured eval/recursive/easy/success"):
+                       r"caught: rao-policy-smoke has no champion; this evaluation measured eval/recursive/easy/success"):
         rao_evaluate(params)
     runs = mlflow.MlflowClient().search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
     assert [r.info.status for r in runs] == ["FAILED"]

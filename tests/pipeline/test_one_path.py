@@ -152,24 +152,25 @@ def test_pipeline_warm_start_refuses_to_train_without_a_successful_demonstration
 
 def test_nightly_suite_entry_is_an_eval_config():
     """A suite entry sets difficulties, n_tasks and modes (its defaults included: those of the nightly's
-    config, configs/cpu-smoke.yaml, so a new entry of the Prefect form starts from them) and, only when given,
-    seed/split/graded; the rest comes from the config's eval section (the champion's task set)."""
+    config, configs/cpu-smoke.yaml, so a new entry of the Prefect form starts from them; n_tasks its
+    eval.regression_n_tasks, the decision's n) and, only when given, seed/split/graded; the rest comes from the
+    config's eval section (the tasks champion and candidate are both evaluated on)."""
     from flows.evaluate import EvaluateParams, SuiteEntry, champion_suite
     from rao_core.config import EvalSettings, load_config
 
     smoke = load_config("configs/cpu-smoke.yaml")
     d = SuiteEntry()
     assert (d.env, d.difficulties, d.n_tasks, d.modes) == (smoke.tasks.env, smoke.eval.difficulties,
-                                                           smoke.eval.n_tasks, smoke.eval.modes)
+                                                           smoke.eval.regression_n_tasks, smoke.eval.modes)
     form = EvaluateParams.model_json_schema()["$defs"]["SuiteEntry"]["properties"]  # what "Add item" fills in
     assert (form["difficulties"]["default"], form["modes"]["default"]) == (["tier1"], ["recursive"])
     assert EvaluateParams().suite == []  # the deployment's default: the config's own evaluation
     c = champion_suite(smoke)
-    assert (c.env, c.difficulties, c.n_tasks, c.modes, c.seed) == ("textcraft-synth", ["tier1"], 8, ["recursive"],
+    assert (c.env, c.difficulties, c.n_tasks, c.modes, c.seed) == ("textcraft-synth", ["tier1"], 100, ["recursive"],
                                                                    smoke.eval.seed)
     base = EvalSettings(seed=99, n_tasks=4, tolerance=0.2, graded=False)
     ev = base.model_copy(update=SuiteEntry(env="oolong", difficulties=["singledoc_rolls"]).eval_update())
-    assert (ev.difficulties, ev.n_tasks, ev.modes) == (["singledoc_rolls"], 8, ["recursive"])
+    assert (ev.difficulties, ev.n_tasks, ev.modes) == (["singledoc_rolls"], 100, ["recursive"])
     assert (ev.seed, ev.graded, ev.tolerance) == (99, False, 0.2)
     ev = base.model_copy(update=SuiteEntry(seed=5, graded=True, modes=["single"]).eval_update())
     assert (ev.seed, ev.graded, ev.modes) == (5, True, ["single"])

@@ -1,4 +1,4 @@
-"""Pipeline helpers without the heavy services: champion comparison, registry promotion, tree metrics."""
+"""Pipeline helpers without the heavy services: the nightly's logging, registry promotion, tree metrics."""
 
 from __future__ import annotations
 
@@ -8,29 +8,16 @@ from rao_core.metrics import depth_histogram, tree_metrics
 from rao_core.tree import EndReason, ExecutionTree, Node
 
 
-def test_compare_with_champion_rows_and_regressions():
-    from tasks.tracking import compare_with_champion
-
-    metrics = {"eval/recursive/easy/success": 0.5, "eval/recursive/hard/success": 0.30,
-               "eval/single/easy/success": 0.9, "eval/recursive/easy/depth": 1.0}
-    champion = {"eval/recursive/easy/success": 0.7, "eval/recursive/hard/success": 0.32}
-    rows, bad = compare_with_champion(metrics, champion, tolerance=0.05)
-    # easy: 0.5 < 0.7 - 0.05 -> regression; hard: 0.30 >= 0.32 - 0.05 -> ok; single/easy: champion lacks it -> new
-    status = {r["metric"]: r["status"] for r in rows}
-    assert status == {"eval/recursive/easy/success": "REGRESSION", "eval/recursive/hard/success": "ok",
-                      "eval/single/easy/success": "new"}
-    assert len(bad) == 1 and bad[0].startswith("eval/recursive/easy/success")
-    assert [r["delta"] for r in rows if r["metric"].endswith("hard/success")] == [-0.02]
-
-
 def test_log_evaluation_logs_the_comparison_and_fails_the_run_on_a_regression(tmp_path, monkeypatch):
-    """The nightly flow's logging task: metrics and evaluation.json on the run, which ends FAILED on a
-    regression and FINISHED otherwise; two Prefect table artifacts inside a Prefect run (recorded here: outside
-    a flow run Prefect would start a temporary API server for them), none outside one."""
+    """The nightly flow's logging task: metrics and evaluation.json (with both outcome sets) on the run, which
+    ends FAILED on a regression (rao_core.regression.decide) and FINISHED otherwise; inside a Prefect run the
+    decision (markdown) and two table artifacts (recorded here: outside a flow run Prefect would start a
+    temporary API server for them), none outside one."""
     import mlflow
     import prefect.artifacts
 
     from infra.tracking import configure_mlflow
+    from rao_core.regression import decide
     from tasks import tracking
     from tasks.common import in_prefect_run
     from tasks.tracking import log_evaluation
@@ -38,21 +25,31 @@ def test_log_evaluation_logs_the_comparison_and_fails_the_run_on_a_regression(tm
     configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")
     client = mlflow.MlflowClient()
     exp = mlflow.create_experiment("nightly", artifact_location=(tmp_path / "a").as_uri())
-    artifacts = []
+    artifacts, notes = [], []
     monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda key, **kw: artifacts.append(key))
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact",
+                        lambda key, markdown, **kw: (artifacts.append(key), notes.append(markdown)))
     monkeypatch.setattr(tracking, "in_prefect_run", lambda: True)  # as in the nightly flow's run
     m = "eval/recursive/easy/success"
-    for value, status in ((0.5, "FAILED"), (0.7, "FINISHED")):
+    champ = {f"t{i}": float(i < 30) for i in range(50)}  # 30/50
+    for solved, status in ((10, "FAILED"), (30, "FINISHED")):  # 10/50: 20 losses, a drop of 0.4
+        cand = {f"t{i}": float(i < solved) for i in range(50)}
         run = client.create_run(exp).info.run_id
-        rows, bad = log_evaluation.fn(run, "nightly", "models:/p@candidate", {m: value}, [], {m: 0.7}, 0.05)
-        assert bool(bad) == (status == "FAILED") and rows[0]["metric"] == m
-        assert client.get_run(run).info.status == status and client.get_run(run).data.metrics[m] == value
+        d = decide(m, champ, cand, tolerance=0.05)
+        rows, bad = log_evaluation.fn(run, "nightly", "models:/p@candidate", {m: solved / 50}, [], [d],
+                                      {"candidate": {m: cand}, "champion": {m: champ}}, "the rule")
+        assert bool(bad) == (status == "FAILED") and rows[0]["metric"] == m and rows[0]["n"] == 50
+        assert client.get_run(run).info.status == status and client.get_run(run).data.metrics[m] == solved / 50
         assert client.list_artifacts(run)[0].path == "evaluation.json"
-    assert artifacts == ["nightly-comparison", "nightly-results"] * 2
+        assert mlflow.artifacts.load_dict(f"runs:/{run}/evaluation.json")["outcomes"]["champion"][m] == champ
+    assert artifacts == ["nightly-decision", "nightly-comparison", "nightly-results"] * 2
+    assert notes[0].startswith("## models:/p@candidate vs champion: REGRESSION: ") and "the rule" in notes[0]
+    assert "| metric | n | champion | candidate |" in notes[1] and "no regression" in notes[1]
     monkeypatch.setattr(tracking, "in_prefect_run", in_prefect_run)  # the real check: this test is in no run
     run = client.create_run(exp).info.run_id
-    log_evaluation.fn(run, "nightly", "models:/p@candidate", {m: 0.7}, [], {m: 0.7}, 0.05)
-    assert artifacts == ["nightly-comparison", "nightly-results"] * 2
+    log_evaluation.fn(run, "nightly", "models:/p@candidate", {m: 0.6}, [], [decide(m, champ, champ, tolerance=0.05)],
+                      {}, "")
+    assert len(artifacts) == 6
 
 
 def test_promotion_moves_champion_only_when_not_worse(tmp_path, monkeypatch):

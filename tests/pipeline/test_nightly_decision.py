@@ -1,0 +1,195 @@
+"""The nightly regression flow (flows/evaluate.py) on a seeded fake evaluation: no vLLM, no Prefect API, an
+SQLite MLflow registry. The fake evaluates ``n_tasks`` tasks whose success probabilities are drawn once per
+task (seed 7); each evaluation is a fresh Bernoulli draw of them, so two evaluations of one checkpoint differ as
+they do on the CPU server (issue 42: the same version scored 0.25, 0.50 and 0.125 on the same 8 tasks)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import re
+
+import pytest
+
+from tasks.records import EvalOutput
+
+M = "eval/recursive/tier1/success"
+
+
+class FakeEvaluation:
+    """``flows.evaluate._evaluate``: per-task outcomes of a checkpoint; ``lowered[ref]`` lowers its per-task
+    probabilities (a worse checkpoint). Records the references it evaluated."""
+
+    def __init__(self, seed: int = 7, lowered: dict[str, float] | None = None):
+        self.rng = random.Random(seed)
+        self.probs: list[float] = []
+        self.lowered = lowered or {}
+        self.calls: list[tuple[str, int]] = []
+
+    def __call__(self, ctx, ref: str) -> EvalOutput:
+        from rao_core.evaluation import wilson_interval
+
+        n = ctx.config.eval.n_tasks
+        while len(self.probs) < n:
+            self.probs.append(self.rng.random())
+        self.calls.append((ref, n))
+        low = next((v for k, v in self.lowered.items() if ref.endswith(k)), 0.0)
+        per_task = {f"task-{i}": float(self.rng.random() < max(0.0, p - low)) for i, p in enumerate(self.probs[:n])}
+        s = sum(per_task.values())
+        lo, hi = wilson_interval(s, n)
+        row = {"mode": "recursive", "difficulty": "tier1", "n": n, "successes": s, "success": s / n,
+               "ci95": f"[{lo:.2f}, {hi:.2f}]", "per_task": per_task}
+        return EvalOutput(metrics={M: s / n, "eval/recursive/tier1/n": float(n)}, rows=[row])
+
+
+@pytest.fixture
+def nightly(tmp_path, monkeypatch):
+    """flows.evaluate with a fake evaluation, a fake S3, a plain logger and an SQLite MLflow; yields a helper
+    that registers versions of campaign ``smoke``'s model."""
+    import mlflow
+
+    import flows.campaign
+    import flows.evaluate as fe
+    from infra.tracking import configure_mlflow
+    from tasks import tracking
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")
+    mlflow.create_experiment("rao", artifact_location=(tmp_path / "art").as_uri())
+
+    @contextlib.contextmanager
+    def fake_storage(cfg):
+        from infra.storage import S3Settings
+
+        yield S3Settings("http://127.0.0.1:9", "rao", "k", "s")
+
+    monkeypatch.setattr(flows.campaign, "storage", fake_storage)
+    monkeypatch.setattr(fe, "shutdown_server", lambda: None)
+    monkeypatch.setattr(fe, "get_run_logger", lambda: logging.getLogger("rao.test"))
+    monkeypatch.setattr(fe.tracking, "log_evaluation", fe.tracking.log_evaluation.fn)
+
+    class Helper:
+        fe_module = fe
+
+        def register(self, iteration: int) -> str:
+            client = mlflow.MlflowClient()
+            exp = client.get_experiment_by_name("rao").experiment_id
+            run = client.create_run(exp).info.run_id
+            return tracking.register_version("rao-policy-smoke", f"s3://rao/smoke/iter-{iteration}/checkpoint", run,
+                                             {M: 0.5, "rao.campaign": "smoke", "rao.iteration": iteration})
+
+        def champion(self, version: str) -> None:
+            mlflow.MlflowClient().set_registered_model_alias("rao-policy-smoke", "champion", version)
+
+        def run(self, fake: FakeEvaluation, **params):
+            monkeypatch.setattr(fe, "_evaluate", fake)
+            return fe.rao_evaluate.fn(fe.EvaluateParams(**params))
+
+    return Helper()
+
+
+def _evaluation_runs():
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    exp = client.get_experiment_by_name("rao").experiment_id
+    return client.search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'", order_by=["start_time ASC"])
+
+
+def test_an_unchanged_checkpoint_passes_and_the_next_night_pairs_with_its_stored_outcomes(nightly):
+    """Candidate = champion = v1 (100 tasks): the champion has no stored evaluation, so both are evaluated in
+    the run, on the same tasks; the table says they are one checkpoint and shows n, intervals, test and p; both
+    outcome sets land in evaluation.json. The next night evaluates the candidate only and pairs with them."""
+    import mlflow
+
+    v1 = nightly.register(0)
+    nightly.champion(v1)
+    fake = FakeEvaluation()
+    out = nightly.run(fake)
+    assert fake.calls == [("models:/rao-policy-smoke@candidate", 100), ("models:/rao-policy-smoke/1", 100)]
+    (row,) = out["comparison"]
+    assert row["status"] == "ok" and row["n"] == 100 and row["same_checkpoint"] == "v1"
+    assert row["champion_from"] == "this run" and row["test"].startswith("tango-score, one-sided: drop > 0.1")
+    assert re.fullmatch(r"\d+/100 = 0\.\d{3} \[0\.\d\d, 0\.\d\d\]", row["candidate"]), row  # Wilson 95%
+    assert set(out["outcomes"]["candidate"][M]) == set(out["outcomes"]["champion"][M]) == {f"task-{i}" for i in range(100)}
+    (run,) = _evaluation_runs()
+    assert run.info.status == "FINISHED" and run.data.tags["rao.champion_version"] == "1"
+    stored = mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/evaluation.json")
+    assert stored["outcomes"]["champion"][M] == out["outcomes"]["champion"][M]
+    fake2 = FakeEvaluation(seed=7)  # the same task probabilities, new draws
+    out2 = nightly.run(fake2)
+    assert fake2.calls == [("models:/rao-policy-smoke@candidate", 100)]  # the champion's outcomes were stored
+    assert out2["comparison"][0]["champion_from"].startswith("stored evaluation, run ")
+    assert out2["comparison"][0]["status"] == "ok"
+
+
+def test_a_clearly_worse_candidate_fails_with_the_test_named(nightly):
+    """v2's per-task probabilities are v1's lowered by 0.3: RegressionError naming the counts, the bound and p;
+    the MLflow run FAILED; the champion evaluated on the same 100 tasks."""
+    from flows.evaluate import RegressionError
+
+    nightly.champion(nightly.register(0))
+    nightly.register(1)  # candidate = v2
+    fake = FakeEvaluation(lowered={"@candidate": 0.3})
+    with pytest.raises(RegressionError, match=r"models:/rao-policy-smoke@candidate regressed vs champion v1: "
+                       rf"{M}: \d+/100 vs champion \d+/100 \(drop 0\.\d+, 95% lower bound 0\.\d+ > tolerance 0\.1; "
+                       r"tango-score p = 0\.\d+\)"):
+        nightly.run(fake)
+    assert [c[0] for c in fake.calls] == ["models:/rao-policy-smoke@candidate", "models:/rao-policy-smoke/1"]
+    (run,) = _evaluation_runs()
+    assert run.info.status == "FAILED" and M in run.data.metrics and f"champion/{M}" in run.data.metrics
+
+
+def test_no_registered_model_is_one_line_with_the_campaign_to_run_first(nightly):
+    """Everyone who names their campaign got MLflow's 'Registered Model ... not found' traceback every night."""
+    from flows.evaluate import NoRegisteredModel
+
+    with pytest.raises(NoRegisteredModel) as e:
+        nightly.run(FakeEvaluation(), campaign="mine")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("error: rao-policy-mine is not a registered model in MLflow at ")
+    assert msg.endswith("campaign 'mine' has not registered a checkpoint yet; run campaign 'mine' first: `rao run "
+                        "--config configs/cpu-smoke.yaml --name mine` (or the campaign deployment with name mine in "
+                        "the Prefect UI), or set `campaign` to one that ran")
+
+
+def test_without_a_champion_nothing_is_compared(nightly):
+    from flows.evaluate import NothingCompared
+
+    nightly.register(0)
+    with pytest.raises(NothingCompared, match=r"no regression could be caught: rao-policy-smoke has no champion; "
+                       rf"this evaluation measured {M}"):
+        nightly.run(FakeEvaluation())
+    assert [r.info.status for r in _evaluation_runs()] == ["FAILED"]
+
+
+def test_fresh_champion_evaluates_it_again_and_the_run_name_has_the_date(nightly):
+    from flows.evaluate import EvaluateParams
+
+    v1 = nightly.register(0)
+    nightly.champion(v1)
+    nightly.run(FakeEvaluation())
+    fake = FakeEvaluation()
+    out = nightly.run(fake, fresh_champion=True, suite=[{"difficulties": ["tier1"], "n_tasks": 20}])
+    assert [n for _, n in fake.calls] == [20, 20] and out["comparison"][0]["n"] == 20
+    name = EvaluateParams().flow_run_name(0)
+    assert name == "nightly-candidate-1970-01-01-0000" and name.startswith(EvaluateParams().flow_run_prefix())
+    assert json.loads(out["json"])[0]["champion_from"] == "this run"
+
+
+def test_rao_evaluate_prints_n_intervals_p_and_the_same_checkpoint(nightly):
+    from rich.console import Console
+
+    from rao_cli.pipeline_cmd import comparison_table
+
+    nightly.champion(nightly.register(0))
+    out = nightly.run(FakeEvaluation())
+    console = Console(width=250, record=True)
+    console.print(comparison_table(out))
+    text = console.export_text()
+    assert "metric" in text and "losses/wins" in text and "drop_bound" in text and " ok " in text
+    assert re.search(r"\d+/100 = 0\.\d{3} \[0\.\d\d, 0\.\d\d\]", text)
+    assert "tango-score, one-sided: drop > 0.1 at alpha 0.05; candidate and champion are the same checkpoint (v1)" in text
