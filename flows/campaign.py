@@ -25,11 +25,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field, field_validator
 
+from flows.forms import FormParams, OptionalFloat, OptionalInt, empty_means, no_default
 from infra.storage import ArtifactStore
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
 from rao_core.progress import Timeline
 from tasks import tracking
-from tasks.common import RunContext, done_key
+from tasks.common import RunContext, artifact_key, done_key
 from tasks.records import Checkpoint, EvalOutput, ServedEndpoint
 from tasks.serve import STOP_SERVER_HOOKS, serve_checkpoint, shutdown_server
 from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
@@ -52,7 +53,7 @@ FLOW_END_HOOKS = {k: ITERATION_END_HOOKS.get(k, []) + STOP_SERVER_HOOKS.get(k, [
                   for k in (*ITERATION_END_HOOKS, *STOP_SERVER_HOOKS)}
 
 
-class CampaignParams(BaseModel):
+class CampaignParams(FormParams):
     """Parameters of a campaign run (rendered as a form in the Prefect UI). Unset fields keep the file's values."""
 
     config: str = Field("configs/cpu-smoke.yaml", description="YAML config file (relative to the repo or absolute).")
@@ -60,20 +61,29 @@ class CampaignParams(BaseModel):
     name: str = Field("", description="Campaign name (resume key, S3 prefix, MLflow run name; lowercase letters, "
                       "digits, dashes). A campaign of this name that already exists is RESUMED after its last "
                       "completed stage, not started again: give a new name for a new campaign. Empty: the config "
-                      "file's name (cpu-smoke: 'smoke'), resumed the same way.")
+                      "file's name (cpu-smoke: 'smoke'), resumed the same way.",
+                      # the form checks the rule as it is typed (it was checked only after Submit)
+                      json_schema_extra={"pattern": f"^$|{NAME_PATTERN}"})
     # Plain text fields like name (a `str | None` field needs its "None" toggle clicked in the form before it
-    # can be typed in); empty or None: the config file's value. The numeric fields below keep `X | None`:
-    # no number means "the file's value", and no number is typeable as that.
+    # can be typed in); empty or None: the config file's value. The numeric fields are plain number inputs
+    # (flows.forms.OptionalInt: `int | None` in Python, no type toggle in the form); empty: the file's value,
+    # which the help text names for the default config.
     env: str = Field("", description="Environment, e.g. textcraft-synth. Empty: the config file's.")
-    iterations: int | None = Field(None, ge=0, description="RL iterations.")
-    tasks_per_iteration: int | None = Field(None, ge=1, description="RL tasks sampled per iteration.")
-    G: int | None = Field(None, ge=2, description="Rollout trees per task (group size of Eq. 3).")
-    lam: float | None = Field(None, ge=0, description="Weight of the delegation bonus: its cap (algo.bonus useful) or "
-                              "lambda of Eq. (1) (eq1). Empty: the config file's (unset there: the environment's cap).")
-    max_depth: int | None = Field(None, ge=0, description="Maximum recursion depth.")
-    context_window: int | None = Field(None, ge=256, description="Tokens per agent node.")
+    iterations: OptionalInt = Field(None, ge=0, json_schema_extra=no_default,
+                                    description=f"RL iterations. {empty_means('iterations')}")
+    tasks_per_iteration: OptionalInt = Field(None, ge=1, json_schema_extra=no_default, description="RL tasks sampled "
+                                             f"per iteration. {empty_means('tasks.tasks_per_iteration')}")
+    G: OptionalInt = Field(None, ge=2, json_schema_extra=no_default, description="Rollout trees per task (group size "
+                           f"of Eq. 3). {empty_means('algo.G')}")
+    lam: OptionalFloat = Field(None, ge=0, json_schema_extra=no_default, description="Weight of the delegation bonus: "
+                               "its cap (algo.bonus useful) or lambda of Eq. (1) (eq1). Empty: the config file's "
+                               "(unset there, as in cpu-smoke: the environment's cap, textcraft-synth 0.4).")
+    max_depth: OptionalInt = Field(None, ge=0, json_schema_extra=no_default,
+                                   description=f"Maximum recursion depth. {empty_means('runtime.max_depth')}")
+    context_window: OptionalInt = Field(None, ge=256, json_schema_extra=no_default,
+                                        description=f"Tokens per agent node. {empty_means('runtime.context_window')}")
     model_path: str = Field("", description="Initial checkpoint folder. Empty: the config file's model.path.")
-    seed: int | None = Field(None, description="Master seed.")
+    seed: OptionalInt = Field(None, json_schema_extra=no_default, description=f"Master seed. {empty_means('seed')}")
     overrides: list[str] = Field(default_factory=list, description="Extra KEY=VALUE overrides, e.g. trainer.lr=1e-5.")
 
     @field_validator("name", "env", "model_path", mode="before")
@@ -229,11 +239,69 @@ def completed_summary(store: Any, cfg: CampaignConfig) -> dict[str, Any] | None:
     return summary if summary.get("iterations_planned") == cfg.iterations else None
 
 
-def already_complete_line(summary: dict[str, Any]) -> str:
-    """The log line of a re-run of a complete campaign: nothing was run, and where the summary comes from."""
+def already_complete_line(summary: dict[str, Any], cli: bool = False) -> str:
+    """The log line of a re-run of a complete campaign: nothing was run, where the summary comes from, and how
+    to train further, in the words of where it was started: ``rao run``'s options (``cli``) or the run form's
+    fields (a flow run, whose summary is its ``<campaign>-summary`` artifact)."""
+    where, how = (("below", "another --name, or more --iterations") if cli else
+                  (f"in this flow run's artifact {artifact_key(summary['campaign'], 'summary')}",
+                   "another name, or more iterations, in the run form"))
     return (f"campaign {summary['campaign']} is already complete ({summary['iterations_planned']} iterations, "
             f"completed {summary.get('completed_at', '?')}): nothing to run, no server started, nothing logged; "
-            f"the summary below is that run's (use another --name, or more --iterations, to train further)")
+            f"the summary {where} is that run's (use {how} to train further)")
+
+
+def mlflow_link(summary: dict[str, Any]) -> str:
+    """Where the campaign's MLflow run is: its page in the MLflow UI (the model-training view,
+    ``infra.tracking.MODEL_TRAINING_VIEW``) on the tracking server, or, for a local store, at the UI that
+    ``mlflow ui --backend-store-uri <uri>`` serves on port 5000 (the command is given)."""
+    from infra.tracking import MODEL_TRAINING_VIEW
+
+    uri, exp, run = summary.get("mlflow_uri", ""), summary.get("mlflow_experiment_id"), summary.get("mlflow_run_id")
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    page = f"{base}/#/experiments/{exp}/runs/{run}?{MODEL_TRAINING_VIEW}" if exp else f"{base} (run {run})"
+    return page if base == uri.rstrip("/") else f"{page} (start the UI: `.venv/bin/mlflow ui --backend-store-uri {uri}`)"
+
+
+def summary_markdown(summary: dict[str, Any], note: str = "") -> str:
+    """The campaign's summary as markdown (the flow run's ``<campaign>-summary`` artifact, the UI's copy of
+    ``rao run``'s end-of-run table): validation success by iteration with Wilson intervals, model version and
+    champion, the flow's wall time, where the artifacts are and the MLflow link. ``note``: a first line."""
+    def ev(rows: list[dict[str, Any]]) -> str:
+        return "<br>".join(f"{r['mode']}/{r['difficulty']}: {r['success']:.2f} {r['ci95']} (n {r['n']})"
+                           for r in rows or [])
+
+    lines = [f"## Campaign {summary['campaign']}", ""] + ([note, ""] if note else [])
+    lines += ["| iteration | train success | evaluation: success [95% CI] | version | champion |", "|---|---|---|---|---|"]
+    if summary.get("base_eval"):
+        reg = (summary.get("warm_start") or {}).get("register") or {}
+        lines.append(f"| 0 | | {ev(summary['base_eval'])} | {reg.get('version', '')} | "
+                     f"{'yes' if reg.get('champion') else ''} |")
+    for it in summary.get("iterations", []):
+        reg, m = it.get("register") or {}, it.get("metrics") or {}
+        lines.append(f"| {it['iteration']} | {m.get('success/root', float('nan')):.2f} | {ev(it.get('eval_rows'))} | "
+                     f"{reg.get('version', '')}{'' if reg.get('updated', True) else ' (no update)'} | "
+                     f"{'yes' if reg.get('champion') else ''} |")
+    lines += ["", f"- wall time: {summary.get('wall_s', '?')} s" + (f", completed {summary['completed_at']}"
+                                                                  if summary.get("completed_at") else ""),
+              f"- artifacts: {summary.get('s3_prefix', '?')}", f"- MLflow: {mlflow_link(summary)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_artifact(summary: dict[str, Any], note: str = "") -> None:
+    """The ``<campaign>-summary`` markdown artifact of this flow run (inside a Prefect run only; never fails it)."""
+    from tasks.common import in_prefect_run
+
+    if not in_prefect_run():
+        return
+    try:
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(key=artifact_key(summary["campaign"], "summary"),
+                                 markdown=summary_markdown(summary, note),
+                                 description=f"campaign {summary['campaign']}: results, artifacts, MLflow link")
+    except Exception as e:  # noqa: BLE001 - the UI's copy never fails the campaign
+        get_run_logger().warning(f"summary artifact: {type(e).__name__}: {e}")
 
 
 def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
@@ -265,14 +333,16 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
         done = completed_summary(ArtifactStore(s3, cfg.name), cfg)
         if done is not None:
             log.info(already_complete_line(done))
+            _summary_artifact(done, already_complete_line(done))
             return {**done, "already_complete": True}
         timeline.lap("S3 storage start, completion check")
         summary = _run_campaign(cfg, s3, timeline)
         ArtifactStore(s3, cfg.name).put_bytes(json.dumps(summary, default=str).encode(), CAMPAIGN_DONE_KEY)
     timeline.lap("campaign marker, S3 storage stop")  # this run's own table; the stored one ends before it
     summary.update(timeline=timeline.to_dict(), wall_s=round(timeline.total, 1))
-    log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow run {summary['mlflow_run_id']}; "
+    log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow {mlflow_link(summary)}; "
              f"artifacts {summary['s3_prefix']}")
+    _summary_artifact(summary)
     return summary
 
 

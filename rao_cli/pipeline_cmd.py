@@ -637,7 +637,7 @@ def register(app: typer.Typer) -> None:
         if done is not None:
             from flows.campaign import already_complete_line
 
-            console.print(already_complete_line(done), soft_wrap=True)
+            console.print(already_complete_line(done, cli=True), soft_wrap=True)
             print_summary(done)
             return
         from infra.process import run_interruptible
