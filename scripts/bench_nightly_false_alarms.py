@@ -1,0 +1,100 @@
+"""The nightly regression's false-alarm rate, measured (issue 42, item 2; results in docs/pipeline.md "Nightly
+regression").
+
+Runs the nightly (``flows.evaluate.rao_evaluate``, the deployment's code path) ``--runs`` times on one checkpoint
+against itself: ``--model`` (default ``champion``) of campaign ``--campaign``'s registered model, with
+``fresh_champion`` so that every run evaluates the checkpoint twice on the same tasks (the config's own evaluation
+at ``eval.regression_n_tasks`` tasks, or ``--n-tasks``), and decides as a night does. Every failure is a false
+alarm. Prints one line per run (successes of both evaluations, losses/wins, p, decision, wall time), then the
+false alarms / runs with their Wilson 95% interval, the smallest drop the settings catch with 80% power
+(``rao_core.regression.detectable_drop``) and the min / median / max wall time of a run. ``--out`` writes it all
+as JSON.
+
+Needs a registered champion (``make run`` registers campaign ``smoke``'s) and the services of a campaign. On the
+CPU defaults a run is two evaluations of 100 tasks (~15 min) plus a vLLM start: 20 runs take about 6 hours.
+Run it on an otherwise quiet machine.
+
+Usage: .venv/bin/python scripts/bench_nightly_false_alarms.py [--runs 20] [--config configs/cpu-smoke.yaml]
+       [--campaign smoke] [--model champion] [--n-tasks N] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def _comparison(name: str) -> list[dict]:
+    """The comparison rows of the newest evaluation run named ``<name>-...`` (its evaluation.json)."""
+    import mlflow
+
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list", max_results=1,
+                              filter_string=f"tags.`rao.kind` = 'evaluation' and attributes.run_name LIKE '{name}-%'",
+                              order_by=["attributes.start_time DESC"])
+    if not runs:
+        return []
+    return mlflow.artifacts.load_dict(f"runs:/{runs[0].info.run_id}/evaluation.json").get("comparison", [])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--config", default="configs/cpu-smoke.yaml")
+    ap.add_argument("--campaign", default="", help="Campaign whose registered model is used (default: the config's).")
+    ap.add_argument("--model", default="champion", help="Alias or version checked against itself.")
+    ap.add_argument("--n-tasks", type=int, default=None, help="Tasks per difficulty (default eval.regression_n_tasks).")
+    ap.add_argument("--out", default="", help="Write the runs and the summary as JSON here.")
+    args = ap.parse_args()
+
+    from rao_cli.pipeline_cmd import _prefect_env
+
+    _prefect_env()
+    from flows.campaign import CampaignParams
+    from flows.evaluate import EvaluateParams, RegressionError, champion_suite, rao_evaluate
+    from rao_core.evaluation import wilson_interval
+    from rao_core.regression import detectable_drop
+
+    base = CampaignParams(config=args.config).resolve()
+    entry = champion_suite(base, args.n_tasks)
+    tol, alpha = base.eval.tolerance, base.eval.regression_alpha
+    runs: list[dict] = []
+    for i in range(1, args.runs + 1):
+        name = f"bench-fa-{i}"
+        params = EvaluateParams(config=args.config, model=args.model, campaign=args.campaign, suite=[entry],
+                                name=name, fresh_champion=True)
+        t0 = time.monotonic()
+        try:
+            rao_evaluate(params)
+            alarm = False
+        except RegressionError:
+            alarm = True
+        wall = time.monotonic() - t0
+        rows = _comparison(name)
+        runs.append({"run": i, "false_alarm": alarm, "wall_s": round(wall, 1), "comparison": rows})
+        detail = "; ".join(f"{r['metric']}: champion {r['champion']}, candidate {r['candidate']}, losses/wins "
+                           f"{r['losses/wins']}, p {r['p']}, {r['status']}, {r['same_checkpoint']}" for r in rows)
+        print(f"run {i}/{args.runs}: {'FALSE ALARM' if alarm else 'ok'} in {wall:.0f} s  {detail}", flush=True)
+
+    alarms = sum(r["false_alarm"] for r in runs)
+    lo, hi = wilson_interval(alarms, len(runs))
+    walls = [r["wall_s"] for r in runs]
+    drop = detectable_drop(entry.n_tasks, tolerance=tol, alpha=alpha)
+    summary = {"runs": len(runs), "false_alarms": alarms, "false_alarm_ci95": [round(lo, 3), round(hi, 3)],
+               "n_tasks": entry.n_tasks, "difficulties": entry.difficulties, "modes": entry.modes,
+               "tolerance": tol, "alpha": alpha, "detectable_drop_80": drop,
+               "wall_s": {"min": min(walls), "median": statistics.median(walls), "max": max(walls)},
+               "config": args.config, "model": args.model, "campaign": args.campaign or base.name}
+    print(f"false alarms: {alarms}/{len(runs)} (95% CI [{lo:.2f}, {hi:.2f}]); n = {entry.n_tasks} tasks per "
+          f"difficulty, tolerance {tol:g}, alpha {alpha:g}")
+    print("detectable drop at 80% power: " + (f"{drop:.3f}" if drop is not None else "none (too few tasks)")
+          + " (independent evaluations, champion success 0.5: a conservative bound)")
+    print(f"wall time per run: min {min(walls):.0f} s, median {statistics.median(walls):.0f} s, max {max(walls):.0f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"summary": summary, "runs": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
