@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
 from flows.forms import FormParams, OptionalFloat, OptionalInt, empty_means, no_default
 from infra.storage import ArtifactStore
