@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,7 +91,8 @@ def log_trees_as_traces(run_id: str, experiment_id: str, trees: Sequence[Executi
     """One MLflow trace per tree (the first ``limit``), linked to ``run_id``; returns the number logged.
 
     Spans: the trace's root span is the root node; each node's span (type AGENT) holds one span per turn
-    (type LLM: inputs the cell the model wrote, outputs what the REPL printed, the turn's token usage in
+    (type LLM: inputs the cell the model wrote and outputs what the REPL printed, each a fenced markdown code
+    block (:func:`_fenced`: MLflow renders span strings as markdown), the turn's token usage in
     ``mlflow.chat.tokenUsage``, which MLflow sums into the trace's tokens column) and its children's spans,
     so the spans nest like the execution tree. Status: a node span is ERROR only when the node ended by an
     infrastructure failure (:data:`rao_core.judge.stage.INFRA_END_REASONS`); the trace is ERROR only when
@@ -148,11 +150,11 @@ def _log_turns(client: Any, trace_id: str, parent_id: str, node: Node) -> None:
         attrs = {"turn": i, "finish_reason": turn.finish_reason, "cell_status": turn.cell_status,
                  "queue_s": turn.queue_s, "generation_s": turn.generation_s, "execution_s": turn.execution_s,
                  SpanAttributeKey.CHAT_USAGE: usage}
+        cell = _fenced(_short(turn.code), "python") if turn.code is not None else _short(turn.text)
         span = client.start_span(name=f"turn {i}", trace_id=trace_id, parent_id=parent_id, span_type="LLM",
-                                 inputs={"code": _short(turn.code if turn.code is not None else turn.text)},
-                                 attributes={k: v for k, v in attrs.items() if v is not None},
+                                 inputs={"code": cell}, attributes={k: v for k, v in attrs.items() if v is not None},
                                  start_time_ns=_ns(t))
-        client.end_span(trace_id, span.span_id, outputs={"output": _short(turn.observation)},
+        client.end_span(trace_id, span.span_id, outputs={"output": _fenced(_short(turn.observation), "text")},
                         end_time_ns=_ns(t, dt))
         if t:  # unknown start (0): every span takes MLflow's "now"
             t += dt
@@ -194,6 +196,19 @@ def _error_status(description: str) -> Any:
 def _ns(t: float, plus: float = 0.0) -> int | None:
     """UNIX seconds ``t`` (+ ``plus``) as nanoseconds; None (MLflow uses "now") when ``t`` is unknown (0)."""
     return int((t + plus) * 1e9) if t else None
+
+
+def _fenced(text: str | None, lang: str) -> str | None:
+    """``text`` as a fenced markdown code block (```` ```python ... ``` ````; None and "" unchanged). MLflow's
+    trace view renders a span's string inputs and outputs as markdown, so a bare cell showed as one run-on
+    paragraph with its ``# comments`` as headings (issue 42); fenced, it shows as code, lines and indentation
+    kept (the maintainers' advice, mlflow/mlflow#17863). The fence is longer than any run of backticks inside
+    (CommonMark), so a cell containing ````` ``` ````` cannot close it early."""
+    if not text:
+        return text
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
 
 
 def _short(x: Any, limit: int = 2000) -> Any:

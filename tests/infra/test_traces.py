@@ -103,7 +103,10 @@ def test_one_span_per_turn_under_its_node_with_token_usage(client):
     assert child.parent_id == root.span_id and grandchild.parent_id == child.span_id  # nested like the tree
 
     second = next(s for s in turns if s.parent_id == root.span_id and s.attributes["turn"] == 1)
-    assert second.inputs == {"code": "print(x)"} and second.outputs == {"output": "1"}
+    # fenced: MLflow renders span strings as markdown (a bare cell was one run-on line, a comment a heading)
+    assert second.inputs == {"code": "```python\nprint(x)\n```"} and second.outputs == {"output": "```text\n1\n```"}
+    first = next(s for s in turns if s.parent_id == root.span_id and s.attributes["turn"] == 0)
+    assert first.outputs == {"output": ""}  # nothing printed: nothing to fence
     assert second.attributes["mlflow.chat.tokenUsage"] == {"input_tokens": 20, "output_tokens": 4,
                                                            "total_tokens": 24}
     assert second.span_type == "LLM" and second.attributes["cell_status"] == "ok"
@@ -123,3 +126,13 @@ def test_experiment_opens_in_the_model_training_view(client):
     assert [ensure_experiment(n) for n in ("kind-old", "kind-guessed", "kind-chosen")] == [old, guessed, chosen]
     assert kind(old) == kind(guessed) == "custom_model_development"
     assert kind(chosen) == "genai_development"  # a person's choice stays
+
+
+def test_a_cell_is_a_fenced_code_block_that_its_own_backticks_cannot_close():
+    """Issue 42: a cell with `# comment` lines and a markdown string inside stays one code block."""
+    from infra.tracking import _fenced
+
+    cell = "# count the planks\nx = '```'\n    print(x)"
+    assert _fenced(cell, "python") == "````python\n" + cell + "\n````"
+    assert _fenced("print(1)", "python") == "```python\nprint(1)\n```"
+    assert _fenced(None, "text") is None and _fenced("", "text") == ""
