@@ -155,9 +155,20 @@ def _tokenizer_path(ctx: RunContext, ckpt: Checkpoint) -> str:
     return str(checkpoint_local(ctx, ckpt))
 
 
+def log_config_params(run_id: str, cfg: CampaignConfig) -> None:
+    """The config, flattened (``trainer.lr``, ``algo.G``, ...), as the parameters of run ``run_id``."""
+    import mlflow
+
+    flat = _flatten(cfg.model_dump(mode="json"))
+    for i in range(0, len(flat), 90):
+        mlflow.MlflowClient().log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500])
+                                                        for k, v in list(flat.items())[i:i + 90]])
+
+
 def iteration_run(ctx: RunContext, iteration: int) -> str:
     """The MLflow run of one iteration (nested in the campaign run; found again on resume): its metrics are
-    those of the checkpoint the iteration registers, so the registry's Compare view shows each version's own."""
+    those of the checkpoint the iteration registers, so the registry's Compare view shows each version's own,
+    and its parameters the campaign's config (that view's Parameters section was empty: issue 42)."""
     import mlflow
 
     it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
@@ -166,6 +177,7 @@ def iteration_run(ctx: RunContext, iteration: int) -> str:
             ctx.mlflow_experiment_id, run_name=f"{ctx.name}-iter-{iteration}",
             tags={"rao.campaign": ctx.name, "rao.iteration": str(iteration), "rao.kind": "iteration",
                   "mlflow.parentRunId": ctx.campaign_run_id}).info.run_id
+        log_config_params(it_run, ctx.config)
     tracking.claim_run(it_run)
     return it_run
 
@@ -376,10 +388,7 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
         run = mlflow.MlflowClient().create_run(exp_id, run_name=cfg.name,
                                                tags={"rao.campaign": cfg.name, "rao.kind": "campaign"})
         run_id = run.info.run_id
-        flat = _flatten(cfg.model_dump(mode="json"))
-        for i in range(0, len(flat), 90):
-            mlflow.MlflowClient().log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500])
-                                                            for k, v in list(flat.items())[i:i + 90]])
+        log_config_params(run_id, cfg)
         tracking.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
     tracking.claim_run(run_id)
     summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": [],

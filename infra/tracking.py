@@ -62,7 +62,7 @@ def artifact_root() -> str:
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 #: The query string of an MLflow UI link that opens the model-training view (runs, metrics, registry). MLflow 3.17's
-#: UI chooses the view from a browser-wide switch ("GenAI apps & agents" / "Machine learning" in its sidebar,
+#: UI chooses the view from a browser-wide switch ("GenAI apps & agents" / "Model training" in its sidebar,
 #: stored in the browser as ``mlflow.workflowType``, GenAI by default) or this query parameter, and then
 #: ignores the experiment's kind tag above (read from its JavaScript bundle: the kind comes from the switch
 #: whenever the switch is shown); the tag is kept for MLflow versions and tools that read it.

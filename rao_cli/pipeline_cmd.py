@@ -65,7 +65,7 @@ def mlflow_hint(summary: dict) -> str:
     exp = summary.get("mlflow_experiment_id")
     if exp:
         line += (f"\n           then open http://127.0.0.1:5000/#/experiments/{exp}?{MODEL_TRAINING_VIEW} (the runs "
-                 "table; or pick \"Machine learning\" in the sidebar once: the browser remembers it)")
+                 "table; or pick \"Model training\" in the sidebar once: the browser remembers it)")
     return line
 
 

@@ -122,6 +122,9 @@ def learning_curve_figure(run_id: str, keys: Sequence[str], title: str):
         if hist:
             ax.plot([m.step for m in hist], [m.value for m in hist], marker="o", label=k)
     ax.set_xlabel("iteration")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole: no 0.5 ticks (issue 42)
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.grid(alpha=0.3)

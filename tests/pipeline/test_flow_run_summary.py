@@ -62,3 +62,40 @@ def test_the_summary_artifact_is_written_in_a_flow_run_only(monkeypatch):
     campaign._summary_artifact(SUMMARY, "a note")
     (key, md), = made
     assert key == "ui-demo-summary" and md.startswith("## Campaign ui-demo\n\na note\n")
+
+
+def test_learning_curve_ticks_are_whole_iterations(monkeypatch):
+    """Two points (iterations 0 and 1) drew ticks at 0.0, 0.2, ... 1.0 (issue 42)."""
+    from types import SimpleNamespace
+
+    from tasks import tracking
+
+    class History:
+        def get_metric_history(self, run_id, key):
+            return [SimpleNamespace(step=0, value=0.25), SimpleNamespace(step=1, value=0.5)]
+
+    monkeypatch.setattr(tracking, "_client", History)
+    fig = tracking.learning_curve_figure("run", ["eval/recursive/tier1/success"], "t")
+    ticks = [t for t in fig.axes[0].get_xticks() if -0.5 <= t <= 1.5]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_iteration_runs_carry_the_config_as_parameters(tmp_path, monkeypatch):
+    """The registry's Compare view of two versions compares their iteration runs: their Parameters section was
+    empty (only the campaign run had the config)."""
+    import mlflow
+
+    from flows.campaign import CampaignParams, iteration_run
+    from infra.tracking import configure_mlflow
+    from tasks.common import RunContext
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+    configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")
+    exp = mlflow.create_experiment("c", artifact_location=(tmp_path / "a").as_uri())
+    cfg = CampaignParams().resolve()
+    ctx = RunContext(config=cfg, s3={}, mlflow_uri="", mlflow_experiment_id=exp,
+                     campaign_run_id=mlflow.MlflowClient().create_run(exp).info.run_id)
+    run = iteration_run(ctx, 1)
+    params = mlflow.MlflowClient().get_run(run).data.params
+    assert params["algo.G"] == str(cfg.algo.G) and params["trainer.lr"] == str(cfg.trainer.lr)
+    assert iteration_run(ctx, 1) == run  # found again on resume, parameters not logged twice
