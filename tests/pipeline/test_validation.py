@@ -78,3 +78,24 @@ def test_no_progress_bars_in_the_stage_log(capfd):
     got = capfd.readouterr()
     assert rep["success"] is True
     assert "Calculating Metrics" not in got.err + got.out and "it/s" not in got.err
+
+
+def test_a_baseline_rounded_above_the_bound_still_passes():
+    """The first ablation run (cap 0.4): seven roots at R = 1.4 and one at 0 gave the failed root the
+    leave-one-out baseline 1.4000000000000001 and A = -1.4000000000000001, outside [-1.4, 1.4]."""
+    from infra.validation import validate_training_data
+
+    trees = []
+    for i in range(8):
+        t = _tree(i, 0.0 if i == 0 else 1.0)
+        t.nodes = t.nodes[:1]
+        t.nodes[0].children = []
+        trees.append(t)
+    for t in trees[1:]:  # a credited child that succeeded: R = 1 + 0.4
+        t.nodes[0].children = ["0.0"]
+        t.nodes.append(_tree(9, 1.0).nodes[1])
+    batch = build_samples(trees, lam=0.4, bonus="useful")
+    root0 = next(s for s in batch.samples if s.tree_id == "t0" and s.depth == 0)
+    assert abs(root0.advantage) > 1.4  # the rounding this test is about
+    rep = validate_training_data(trees, batch, max_depth=2, lam=0.4, context_window=100)
+    assert rep["success"] is True, rep["failures"]
