@@ -567,8 +567,8 @@ def test_a_run_option_the_parameters_refuse_is_named_as_written(capsys, monkeypa
             "error: Invalid value for '--name': Value error, a campaign name is lowercase letters, digits and "
             f"dashes, starting with a letter or digit (got {name!r}) (see `rao run --help`)")
     code, err = _run(capsys, "experiment", "textcraft-tier1", "--arm", "both")
-    assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--arm': Input should be 'recursive' or "
-                                                  "'single' (got 'both') (see `rao experiment textcraft-tier1 --help`)")
+    assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--arm': Input should be 'recursive', "
+                                                  "'outcome' or 'single' (got 'both') (see `rao experiment textcraft-tier1 --help`)")
 
 
 @pytest.mark.parametrize("extra", [[], ["--difficulty", "easy"]])

@@ -88,7 +88,7 @@ def test_set_errors_name_the_set_not_the_file(tmp_path):
 def test_difficulties_are_checked_against_the_environment_at_load():
     """tasks, eval and warm_start difficulties must be ones the environment's generator knows."""
     shapes = ", ".join(f"'tier1x{k}'" for k in range(2, 13))  # the tier1x<K> delegation shapes (issue 25)
-    expected = f"expected one of ['tier1', {shapes}, 'easy', 'medium', 'hard', 'extreme', 'mixed']"
+    expected = f"expected one of ['tier1', {shapes}, 'nest1', 'nest2', 'easy', 'medium', 'hard', 'extreme', 'mixed']"
     msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml", ["tasks.difficulties=[nope]"]).value)
     assert msg == ("--set tasks.difficulties=[nope]: tasks.difficulties = ['nope']: unknown textcraft-synth "
                    f"difficulty 'nope'; {expected} (tasks.env = 'textcraft-synth')")  # the value came from --set
