@@ -559,6 +559,13 @@ async def run_trees(env: Environment, tasks_with_rollouts: Iterable[tuple[Task, 
         for t in trees:
             if not t.done() and not t.cancelling():
                 t.cancel()
-        await uncancellable(asyncio.gather(*trees, return_exceptions=True))
-        await shared.pool.close()
-        bar.stop()
+        # One uncancellable block for both: a second cancellation arriving while the trees close must not
+        # skip the pool's close (it re-raises only after the pool is closed).
+        async def close_all() -> None:
+            await asyncio.gather(*trees, return_exceptions=True)
+            await shared.pool.close()
+
+        try:
+            await uncancellable(close_all())
+        finally:
+            bar.stop()

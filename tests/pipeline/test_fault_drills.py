@@ -159,10 +159,12 @@ def test_a_corrupted_s3_object_is_a_checksum_error_naming_it(s3_server, tmp_path
 
 
 def _scored_trees():
+    """Four trees scored as the judge stage scores them under the default config (its bonus and weight)."""
     from rao_core.rewards import assign_rewards
     from tests.pipeline.test_validation import _tree
 
-    return [assign_rewards(_tree(i, float(i % 2)), 0.5) for i in range(4)]
+    algo, env = CampaignConfig().algo, CampaignConfig().tasks.env
+    return [assign_rewards(_tree(i, float(i % 2)), algo.bonus_weight(env), bonus=algo.bonus) for i in range(4)]
 
 
 def _break_advantage(x):
