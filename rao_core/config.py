@@ -435,10 +435,12 @@ class CampaignConfig(_Strict):
     @field_validator("tasks")
     @classmethod
     def _known_env(cls, v: TaskSettings) -> TaskSettings:
-        from rao_core.envs import ENV_NAMES
+        from rao_core.envs import env_class
 
-        if v.env not in ENV_NAMES:
-            raise ValueError(f"tasks.env = {v.env!r}: unknown environment {v.env!r}; expected one of {ENV_NAMES}")
+        try:
+            env_class(v.env)  # a registry name, an alias, or an import path 'module:Class' (registered here)
+        except ValueError as e:
+            raise ValueError(f"tasks.env = {v.env!r}: {e}") from None
         return v
 
     @model_validator(mode="after")

@@ -579,8 +579,8 @@ def test_evaluate_unknown_environment_is_named_with_the_known_ones(capsys, in_pr
 
     code, err = _run(capsys, "evaluate", "--env", "nosuchenv", *extra)
     assert code == 2 and _one_error_line(err) == (f"error: Invalid value for '--env': unknown environment "
-                                                  f"'nosuchenv'; expected one of {ENV_NAMES} (see `rao evaluate "
-                                                  "--help`)")
+                                                  f"'nosuchenv'; expected one of {ENV_NAMES} or an import path "
+                                                  "'module:Class' (see `rao evaluate --help`)")
 
 
 def test_the_end_of_run_prefect_hint_names_a_server_of_this_campaigns_database(tmp_path, monkeypatch,

@@ -5,11 +5,20 @@ gold-path) policy and the judge prompt shipped in its package. Adding an environ
 plus one line here (``docs/environments.md`` walks through ``rao_core/envs/example``). Names (used in
 task files' ``env`` field and on the command line): ``textcraft-synth``, ``oolong``, ``deepdive`` (alias
 ``deepdive-synth``), ``arte`` (alias ``arte-synth``), ``example``.
+
+An environment outside this package needs no edit here: name it by import path, ``"module:Class"``
+(``tasks.env: pagecount:PageCountEnv``, ``--env pagecount:PageCountEnv``), as uvicorn and gym name theirs. The
+module is imported with the current folder on ``sys.path``; the class is registered on first use under its
+``name`` (the name its task files carry) with the import path as an alias, its expert and judge prompt
+taken from its class attributes ``expert_policy`` (``"module:Class"``) and ``judge_prompt`` (a file beside the
+module). ``docs/tutorial.md`` builds one.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -47,8 +56,44 @@ def _names() -> dict[str, str]:
     return {n: canonical for canonical, e in REGISTRY.items() for n in (canonical, *e.aliases)}
 
 
+def _is_import_path(name: str) -> bool:
+    return name.count(":") == 1 and all(part.replace(".", "").replace("_", "").isalnum()
+                                        for part in name.split(":"))
+
+
+def register_import_path(name: str) -> str:
+    """Register the environment class named by the import path ``"module:Class"`` (once per process) and
+    return its registry name (the class's ``name``). The current folder is put on ``sys.path`` first, so a
+    module beside the config is found. Raises ValueError naming the path and what failed (no such module or
+    class, not an ``Environment`` subclass, a ``name`` already registered for another class)."""
+    if name in _names():
+        return _names()[name]
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        cls = _load(name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"environment {name!r}: cannot import it ({type(e).__name__}: {e}); expected "
+                         "'module:Class' importable from the current folder or an installed package") from None
+    if not (isinstance(cls, type) and issubclass(cls, Environment)) or not getattr(cls, "name", None):
+        raise ValueError(f"environment {name!r}: {cls!r} is not an Environment subclass with a `name`")
+    known = REGISTRY.get(cls.name)
+    if known is not None and known.env != name:
+        raise ValueError(f"environment {name!r}: its name {cls.name!r} is already registered for {known.env}")
+    REGISTRY[cls.name] = EnvEntry(name, (name,), getattr(cls, "expert_policy", None),
+                                  getattr(cls, "judge_prompt", None))
+    return cls.name
+
+
 def canonical_name(name: str) -> str:
-    """The registry name of ``name`` (``deepdive-synth`` -> ``deepdive``); unknown names come back as is."""
+    """The registry name of ``name`` (``deepdive-synth`` -> ``deepdive``; an import path ``"module:Class"`` ->
+    its class's ``name``, registering it); unknown names come back as is."""
+    if name not in _names() and _is_import_path(name):
+        try:
+            return register_import_path(name)
+        except ValueError:
+            return name
     return _names().get(name, name)
 
 
@@ -58,10 +103,14 @@ def _load(target: str) -> Any:
 
 
 def env_class(name: str) -> type[Environment]:
-    """The class of environment ``name`` (not instantiated); raises ValueError listing the known names."""
+    """The class of environment ``name`` (a registry name, an alias or an import path ``"module:Class"``; not
+    instantiated); raises ValueError listing the known names, or naming what failed for an import path."""
+    if _is_import_path(name):
+        register_import_path(name)
     names = _names()
     if name not in names:
-        raise ValueError(f"unknown environment {name!r}; expected one of {sorted(names)}")
+        raise ValueError(f"unknown environment {name!r}; expected one of {sorted(names)} or an import path "
+                         "'module:Class'")
     return _load(REGISTRY[names[name]].env)
 
 
@@ -92,6 +141,6 @@ def packaged_judge_prompt(env_name: str) -> Path | None:
 
 __all__ = [
     "REGISTRY", "ChildSpec", "ENV_NAMES", "EnvEntry", "Environment", "Episode", "Task", "ToolError", "ToolSpec",
-    "canonical_name", "env_class", "get_env", "load_tasks", "oracle_policy", "packaged_judge_prompt", "tool",
-    "write_tasks",
+    "canonical_name", "env_class", "get_env", "load_tasks", "oracle_policy", "packaged_judge_prompt",
+    "register_import_path", "tool", "write_tasks",
 ]

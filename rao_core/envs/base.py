@@ -262,6 +262,11 @@ class Environment(ABC):
     #: Default cap of the delegation bonus (``algo.bonus: useful`` with ``algo.lam`` unset; rao_core.rewards).
     #: Each environment sets its own, with its source (docs/algorithm.md, "Ours vs the authors' code").
     delegation_cap: ClassVar[float] = 0.4
+    #: Expert policy ``"module:Class"`` (built with no arguments) of an environment named by import path;
+    #: registered environments name theirs in ``rao_core.envs.REGISTRY``.
+    expert_policy: ClassVar[str | None] = None
+    #: Judge prompt file beside the module of an environment named by import path (docs/judging.md format).
+    judge_prompt: ClassVar[str | None] = None
 
     def bonus_exclusion(self, episode: Episode, parent: Node, child: ChildSpec) -> str | None:
         """Why a child launched by ``parent`` with ``child`` earns ``parent`` no delegation bonus, or None.
