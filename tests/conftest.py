@@ -25,6 +25,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(__file__).resolve().parent.parent / "var" / "cache" / "vllm"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _ray_token_of_the_session(tmp_path_factory):
+    """Ray's auth token for the tests' heads in a temporary file (``RAY_AUTH_TOKEN_PATH``), not the user's
+    ``~/.ray/auth_token``, which ``infra.services.ensure_ray_token`` would otherwise create and leave behind.
+    A token the environment already gives is kept."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        yield
+        return
+    import secrets
+
+    token = tmp_path_factory.mktemp("ray") / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+
+
 @dataclass
 class ServedModel:
     """What a test needs to talk to a served model."""
