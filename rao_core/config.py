@@ -311,6 +311,10 @@ class Endpoint(_Strict):
                       "(one-sided pooled z-test, rao_core.evaluation.two_proportion_test), 'mcnemar' (paired "
                       "on per-task outcomes) or a test over seeds.")
     n: int = Field(ge=1, description="Evaluation tasks per point at the endpoint (per seed).")
+    min_difference: float | None = Field(None, ge=-1, le=1, description="Smallest difference of success rates "
+                                         "(the endpoint's point minus `against`'s, pooled over seeds) the endpoint "
+                                         "also needs to be supported; None = the test alone decides "
+                                         "(tasks.experiment.seed_comparison).")
 
     @field_validator("iteration")
     @classmethod

@@ -79,6 +79,9 @@ class DemoConfig(BaseModel):
     split_targets_min: int = Field(0, ge=0, description="A node that may delegate and has at least this many "
                                    "targets launches one sub-agent per target (the tier1x<K> delegation shape; "
                                    "TextCraftExpert.split_targets_min); 0 = never.")
+    recurse: bool = Field(False, description="TextCraft: the expert that recurses (TextCraftExpert.recurse, the "
+                          "nest<L> shape): a node that may delegate launches one sub-agent per craftable ingredient "
+                          "it lacks, then makes its own craft; at the depth limit it is the plain expert.")
     only_successful_nodes: bool = Field(True, description="Train only on nodes the verifier accepted "
                                         "(verifier >= 1); False keeps every node of a kept tree.")
     child_sample_trees: int | None = Field(None, ge=0, description="Children's nodes become SFT samples in "
@@ -163,7 +166,7 @@ def expert_for_tree(env_name: str, config: DemoConfig, index: int, runtime_confi
     """The scripted expert of demonstration tree ``index`` (seeded draw of variety settings).
 
     TextCraft-Synth: a ``TextCraftExpert`` with ``seed = config.seed * 100003 + index``, the config's
-    parallel/sub-optimal probabilities, wording variety and ``split_targets_min``, a delegate threshold drawn
+    parallel/sub-optimal probabilities, wording variety, ``split_targets_min`` and ``recurse``, a delegate threshold drawn
     from ``config.delegate_min_depths``, and the runtime's max depth. Other environments: their oracle
     policy (``rao_core.runtime.oracle_policy``) as is.
     """
@@ -178,7 +181,7 @@ def expert_for_tree(env_name: str, config: DemoConfig, index: int, runtime_confi
                            max_depth=runtime_config.effective_max_depth,
                            max_children=runtime_config.max_children_per_node,
                            child_steps=runtime_config.max_steps_per_node,
-                           split_targets_min=config.split_targets_min)
+                           split_targets_min=config.split_targets_min, recurse=config.recurse)
 
 
 def single_agent_tree(config: DemoConfig, index: int) -> bool:

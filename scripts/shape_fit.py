@@ -31,16 +31,9 @@ from rao_core.warmstart import DemoConfig, _EosTerminated, expert_for_tree
 
 
 def expert(env_name: str, demo: DemoConfig, index: int, rc: RuntimeConfig, recurse: bool = False) -> Policy:
-    """Tree ``index``'s expert: the warm start's (``expert_for_tree``), or with ``recurse`` the recursing
-    TextCraft expert with the same seed, probabilities and runtime limits."""
-    if not recurse:
-        return expert_for_tree(env_name, demo, index, rc)
-    from rao_core.policies.textcraft_expert import TextCraftExpert
-
-    return TextCraftExpert(seed=demo.seed * 100003 + index, parallel_prob=demo.parallel_prob,
-                           suboptimal_prob=demo.suboptimal_prob, wording_variety=demo.wording_variety,
-                           max_depth=rc.effective_max_depth, max_children=rc.max_children_per_node,
-                           child_steps=rc.max_steps_per_node, recurse=True)
+    """Tree ``index``'s expert: the warm start's (``expert_for_tree``), with ``recurse`` the recursing TextCraft
+    expert (``DemoConfig.recurse``: what the nested experiment's warm start demonstrates)."""
+    return expert_for_tree(env_name, demo.model_copy(update={"recurse": recurse}) if recurse else demo, index, rc)
 
 
 async def arm_row(env, tasks, tok, rc: RuntimeConfig, demo: DemoConfig, recurse: bool = False) -> dict:

@@ -14,6 +14,12 @@ per RL iteration, the rollout and training statistics the campaign logged to MLf
 and preregistered endpoint. The stored trees of a point (``rao_core.evaluation.tree_sample``: a few compact
 trees) go to ``docs/results/trees/<experiment>/<arm>-it<i>-<difficulty>-<mode>.jsonl.gz``
 (:func:`write_tree_sample`, :func:`read_tree_sample`).
+
+A run whose trees may grow deeper than one level (``runtime.max_depth`` >= 2: ``rao experiment
+textcraft-nested``, issue 39; :func:`deep_config`) also gets, from the same per-point fields, the per-depth
+tables (:func:`depth_markdown`), the depth plot ``docs/img/<experiment>-depth.png`` (:func:`depth_png`: node
+success by depth and iteration, the depth histogram of the evaluated trees) and, over seeds, the share of trees
+reaching each depth with intervals (:func:`depth_seeds_markdown`).
 """
 
 from __future__ import annotations
@@ -53,18 +59,22 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
     """The rollout and training statistics of one RL iteration, from the metrics it logged to MLflow
     (``tasks.tracking.log_iteration``; the campaign summary keeps them per iteration): ``rollout_root_success``
     (``success/root``: mean success s of the rollout roots), ``rollout_depth1_success`` (``success/depth_1``;
-    None without a depth-1 node), ``rollout_trees``, ``rollout_tokens`` (completion tokens of all rollout
+    None without a depth-1 node), ``rollout_success_per_depth`` (``{d: success/depth_<d>}`` for every depth
+    logged, in depth order), ``rollout_trees``, ``rollout_tokens`` (completion tokens of all rollout
     nodes), ``rollout_delegation_rate``, ``rollout_end_reasons`` ({reason: share of nodes}), ``samples`` and
     ``signal_samples`` (training samples, and those with a non-zero coefficient), ``samples_per_depth``
     (``{d: {samples, signal_samples, mean_abs_advantage, assistant_tokens}}``, from ``samples/depth_<d>/*``)
     and ``train`` (the trainer's ``train/*`` values of the iteration). A metric not logged is None."""
     per_depth: dict[str, dict[str, float]] = {}
+    success = {k.removeprefix("success/depth_"): v for k, v in metrics.items()
+               if k.startswith("success/depth_") and k.removeprefix("success/depth_").isdigit()}
     for k, v in metrics.items():
         if k.startswith("samples/depth_") and k.count("/") == 2:
             d, name = k.removeprefix("samples/depth_").split("/")
             per_depth.setdefault(d, {})[name] = v
     return {"rollout_root_success": metrics.get("success/root"),
             "rollout_depth1_success": metrics.get("success/depth_1"),
+            "rollout_success_per_depth": dict(sorted(success.items(), key=lambda kv: int(kv[0]))),
             "rollout_trees": metrics.get("samples/num_trees"),
             "rollout_tokens": metrics.get("tokens/completion_total"),
             "rollout_delegation_rate": metrics.get("tree/delegation_rate"),
@@ -197,7 +207,7 @@ def arm_tests(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, difficulty: str,
-                    alpha: float = 0.05) -> dict[str, Any] | None:
+                    alpha: float = 0.05, min_difference: float | None = None) -> dict[str, Any] | None:
     """A comparison over seeds that accounts for them (docs/results.md; /work spec experiments.md): ``arm``'s
     last point vs ``against`` (another arm's last point, or ``"warm_start"``: the same arm's iteration 0) on
     ``difficulty``, from the per-task outcomes of every seed's record.
@@ -210,7 +220,9 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
     - over seeds: the per-seed differences of success rate d_s, a one-sample t-test (df = seeds - 1), with
       their mean and range; with three seeds it has little power and is reported, not required.
 
-    ``supported`` (the preregistered rule): the task-level p < ``alpha`` and every d_s > 0.
+    ``supported`` (the preregistered rule): the task-level p < ``alpha`` and every d_s > 0, and, with
+    ``min_difference`` (``eval.endpoint.min_difference``), the pooled difference (successes summed over seeds,
+    ``pooled_difference``) at least that.
 
     Returns None when no record has both points with per-task outcomes. Units: rates in [0, 1].
     """
@@ -250,46 +262,55 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
                if len(ds) > 1 and len(set(ds)) > 1 else float("nan"))
     pooled = {k: [sum(s[k][0] for s in per_seed), sum(s[k][1] for s in per_seed)] for k in ("arm", "against")}
     ci = {k: list(wilson_interval(min(v[0], v[1]), v[1])) for k, v in pooled.items()}
+    pooled_diff = pooled["arm"][0] / pooled["arm"][1] - pooled["against"][0] / pooled["against"][1]
+    big_enough = min_difference is None or pooled_diff >= min_difference - 1e-12
     return {"arm": arm, "against": against, "difficulty": difficulty, "seeds": [s["seed"] for s in per_seed],
             "per_seed": per_seed, "pooled": pooled, "pooled_ci95": ci,
             "mean_difference": sum(ds) / len(ds), "difference_range": [min(ds), max(ds)],
             "tasks_paired": len(diffs), "tasks_arm_better": pos, "tasks_against_better": neg,
             "p_tasks_sign_test": p_tasks, "p_seeds_t_test": p_seeds, "alpha": alpha,
-            "supported": bool(p_tasks < alpha and all(d > 0 for d in ds)),
+            "pooled_difference": pooled_diff, "min_difference": min_difference,
+            "supported": bool(p_tasks < alpha and all(d > 0 for d in ds) and big_enough),
             "test": "one-sided exact sign test over tasks on the seed-averaged per-task difference (preregistered); "
                     "one-sided t-test over the per-seed differences (reported)"}
 
 
 def comparisons_markdown(experiment: str, records: list[dict[str, Any]], difficulty: str | None = None) -> str:
-    """The ``## Seeds: <experiment>`` section for experiments with per-task outcomes: every arm's last
-    iteration vs its warm start and every pair of :data:`ARM_PAIRS`, by :func:`seed_comparison`, one row
-    each; the preregistered endpoint (``eval.endpoint`` of the records) is marked."""
-    diff = difficulty or next((p["difficulty"] for r in records for p in r.get("points", [])), None)
+    """The ``## Seeds: <experiment>`` section for experiments with per-task outcomes: per evaluated difficulty
+    (``difficulty``: that one only), every arm's last iteration vs its warm start and every pair of
+    :data:`ARM_PAIRS`, by :func:`seed_comparison`, one row each; the preregistered endpoint (``eval.endpoint``
+    of the records: its arm, against and difficulty) is marked and judged with its ``min_difference``."""
+    diffs = [difficulty] if difficulty else list(dict.fromkeys(p["difficulty"] for r in records
+                                                               for p in r.get("points", [])))
     arms = list(dict.fromkeys(p["arm"] for r in records for p in r.get("points", [])))
     ep = next((r.get("endpoint") for r in records if r.get("endpoint")), None) or {}
-    lines = [f"## Seeds: {experiment}", "",
-             f"Difficulty {diff}; each row pairs the same held-out tasks across seeds (per-task outcomes).", "",
-             "| comparison | seeds | per-seed (arm vs against) | mean difference [range] | pooled arm | pooled against "
-             "| tasks better / worse | p (sign test, tasks) | p (t-test, seeds) | supported |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"## Seeds: {experiment}"]
 
     def frac(x: list, ci: list) -> str:
         return f"{x[0]:g}/{x[1]} = {x[0] / x[1]:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if x[1] else ""
 
     pairs = [(a, "warm_start") for a in arms] + [(a, b) for a, b in ARM_PAIRS if a in arms and b in arms]
-    for a, b in pairs:
-        c = seed_comparison(records, a, b, diff) if diff else None
-        if c is None:
-            continue
-        mark = " (preregistered)" if (ep.get("arm"), ep.get("against")) == (a, b) else ""
-        seeds = "; ".join(f"{s['seed']}: {s['arm'][0]:g}/{s['arm'][1]} vs {s['against'][0]:g}/{s['against'][1]}"
-                          for s in c["per_seed"])
-        lo, hi = c["difference_range"]
-        lines.append(f"| {a} vs {b}{mark} | {len(c['seeds'])} | {seeds} | {c['mean_difference']:+.2f} [{lo:+.2f}, "
-                     f"{hi:+.2f}] | {frac(c['pooled']['arm'], c['pooled_ci95']['arm'])} | "
-                     f"{frac(c['pooled']['against'], c['pooled_ci95']['against'])} | {c['tasks_arm_better']} / "
-                     f"{c['tasks_against_better']} | {c['p_tasks_sign_test']:.4f} | {c['p_seeds_t_test']:.3f} | "
-                     f"{'yes' if c['supported'] else 'no'} |")
+    for diff in diffs:
+        lines += ["", f"Difficulty {diff}; each row pairs the same held-out tasks across seeds (per-task outcomes).",
+                  "", "| comparison | seeds | per-seed (arm vs against) | mean difference [range] | pooled arm | "
+                  "pooled against | tasks better / worse | p (sign test, tasks) | p (t-test, seeds) | supported |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for a, b in pairs:
+            pre = (ep.get("arm"), ep.get("against")) == (a, b) and ep.get("difficulty", diff) == diff
+            c = seed_comparison(records, a, b, diff, min_difference=ep.get("min_difference") if pre else None)
+            if c is None:
+                continue
+            mark = " (preregistered)" if pre else ""
+            seeds = "; ".join(f"{s['seed']}: {s['arm'][0]:g}/{s['arm'][1]} vs {s['against'][0]:g}/{s['against'][1]}"
+                              for s in c["per_seed"])
+            lo, hi = c["difference_range"]
+            need = f" (pooled difference >= {c['min_difference']:g}: {c['pooled_difference']:+.2f})" \
+                if c["min_difference"] is not None else ""
+            lines.append(f"| {a} vs {b}{mark} | {len(c['seeds'])} | {seeds} | {c['mean_difference']:+.2f} [{lo:+.2f}, "
+                         f"{hi:+.2f}] | {frac(c['pooled']['arm'], c['pooled_ci95']['arm'])} | "
+                         f"{frac(c['pooled']['against'], c['pooled_ci95']['against'])} | {c['tasks_arm_better']} / "
+                         f"{c['tasks_against_better']} | {c['p_tasks_sign_test']:.4f} | {c['p_seeds_t_test']:.3f} | "
+                         f"{'yes' if c['supported'] else 'no'}{need} |")
     return "\n".join(lines) + "\n"
 
 
@@ -348,6 +369,181 @@ def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def deep_config(config: dict[str, Any] | None) -> bool:
+    """Whether a run's config (``CampaignConfig.model_dump``, a record's ``config_values``) lets trees grow
+    deeper than one level (``runtime.max_depth`` >= 2 with delegation on): its results get the per-depth
+    tables and the depth plot (:func:`depth_markdown`, :func:`depth_png`, :func:`depth_seeds_markdown`)."""
+    rt = (config or {}).get("runtime") or {}
+    return int(rt.get("max_depth") or 0) >= 2 and rt.get("delegation", True) is not False
+
+
+def depth_reach(depth_hist: dict[str, int], depth: int) -> tuple[int, int]:
+    """(trees of depth >= ``depth``, all trees) of a point's ``depth_hist`` ({tree depth: trees})."""
+    return (sum(c for d, c in depth_hist.items() if int(d) >= depth), sum(depth_hist.values()))
+
+
+def _frac(k: float, n: int) -> str:
+    """``k/n = rate [lo, hi]`` with the Wilson 95% interval; empty for n = 0."""
+    from rao_core.evaluation import wilson_interval
+
+    if not n:
+        return ""
+    lo, hi = wilson_interval(min(k, n), n)
+    return f"{k:g}/{n} = {k / n:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _max_tree_depth(points: list[dict[str, Any]]) -> int:
+    return max((int(d) for p in points for d in (p.get("depth_hist") or {})), default=0)
+
+
+def depth_markdown(rows: list[dict[str, Any]]) -> str:
+    """Two tables of an experiment's points (rows or record points with ``per_depth`` and ``depth_hist``,
+    ``rao_core.evaluation.depth_stats``): per depth of every point, its nodes, their success (mean verifier
+    value of the scored ones), delegation rate, children per node and end reasons; per point, the depth
+    histogram of the evaluated trees and the share that reached each depth >= 1 (Wilson 95%). Empty when no
+    row has per-depth statistics (rows older than issue 38)."""
+    rows = [r for r in rows if r.get("per_depth")]
+    if not rows:
+        return ""
+
+    def cell(v: Any) -> str:
+        return "" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = ["### Per depth", "",
+             "| arm | iteration | eval mode | difficulty | depth | nodes | success | delegation rate | "
+             "children per node | end reasons |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for d, st in sorted(r["per_depth"].items(), key=lambda kv: int(kv[0])):
+            ends = ", ".join(f"{k} {v}" for k, v in st.get("end_reasons", {}).items())
+            lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | {d} | {st['nodes']} | "
+                         f"{cell(st.get('success'))} | {cell(st.get('delegation_rate'))} | "
+                         f"{cell(st.get('children_per_node'))} | {ends} |")
+    deepest = max(1, _max_tree_depth(rows))
+    lines += ["", "### Depth of the evaluated trees", "",
+              "| arm | iteration | eval mode | difficulty | trees by depth | "
+              + " | ".join(f"depth >= {d}" for d in range(1, deepest + 1)) + " |",
+              "|---|---|---|---|---|" + "---|" * deepest]
+    for r in rows:
+        hist = r.get("depth_hist") or {}
+        reach = " | ".join(_frac(*depth_reach(hist, d)) for d in range(1, deepest + 1))
+        lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | "
+                     f"{', '.join(f'{d}: {c}' for d, c in hist.items())} | {reach} |")
+    return "\n".join(lines) + "\n"
+
+
+def depth_seeds_markdown(records: list[dict[str, Any]]) -> str:
+    """Per seed and pooled over seeds, for each arm (in its evaluation mode, :data:`ARM_MODES`) and evaluated
+    difficulty, the warm start and the last iteration: root success and the share of trees that reached each
+    depth >= 1 (both with Wilson 95% intervals; pooled = counts summed over seeds), and the success of the nodes
+    at each depth >= 1 (mean verifier value, with their number). Empty without per-depth statistics."""
+    pts = [p for r in records for p in r.get("points", []) if p.get("per_depth")]
+    if not pts:
+        return ""
+    deepest = max(1, _max_tree_depth(pts))
+    ds = range(1, deepest + 1)
+    lines = ["### Per depth over seeds", "",
+             "| arm | difficulty | seed | iteration | success | " + " | ".join(f"trees at depth >= {d}" for d in ds)
+             + " | " + " | ".join(f"depth-{d} node success (nodes)" for d in ds) + " |",
+             "|---|---|---|---|---|" + "---|" * (2 * deepest)]
+    arms = list(dict.fromkeys(p["arm"] for p in pts))
+    for arm in arms:
+        for diff in dict.fromkeys(p["difficulty"] for p in pts):
+            for which in ("warm start", "last"):
+                tot = {"s": [0.0, 0], "reach": {d: [0, 0] for d in ds}, "nodes": {d: [0.0, 0] for d in ds}}
+                seeds = 0
+                for rec in sorted(records, key=lambda r: r["seed"]):
+                    ps = [p for p in rec.get("points", []) if p["arm"] == arm and p["difficulty"] == diff
+                          and p["mode"] == ARM_MODES.get(arm, arm) and p.get("per_depth")]
+                    if not ps:
+                        continue
+                    p = (min if which == "warm start" else max)(ps, key=lambda q: q["iteration"])
+                    seeds += 1
+                    hist, per = p.get("depth_hist") or {}, p["per_depth"]
+                    tot["s"][0] += p["successes"]
+                    tot["s"][1] += p["n"] - p.get("unscored", 0)
+                    reach, node = [], []
+                    for d in ds:
+                        k, n = depth_reach(hist, d)
+                        tot["reach"][d][0] += k
+                        tot["reach"][d][1] += n
+                        reach.append(_frac(k, n))
+                        st = per.get(str(d)) or {}
+                        if st.get("success") is not None:
+                            tot["nodes"][d][0] += st["success"] * st["scored"]
+                            tot["nodes"][d][1] += st["scored"]
+                        node.append("" if st.get("success") is None else f"{st['success']:.2f} ({st['nodes']})")
+                    lines.append(f"| {arm} | {diff} | {rec['seed']} | {p['iteration']} | "
+                                 f"{_frac(p['successes'], p['n'] - p.get('unscored', 0))} | " + " | ".join(reach)
+                                 + " | " + " | ".join(node) + " |")
+                if seeds > 1:
+                    reach = [_frac(*tot["reach"][d]) for d in ds]
+                    node = [f"{tot['nodes'][d][0] / tot['nodes'][d][1]:.2f} ({tot['nodes'][d][1]} scored)"
+                            if tot["nodes"][d][1] else "" for d in ds]
+                    lines.append(f"| {arm} | {diff} | pooled ({seeds} seeds) | {which} | {_frac(*tot['s'])} | "
+                                 + " | ".join(reach) + " | " + " | ".join(node) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def depth_png(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """The depth plot of an experiment whose trees may grow deeper than one level: left, the success of the
+    nodes at each depth by iteration, one line per (arm, difficulty, depth) (depth 0 = the roots: the
+    difficulty's success); right, the depth histogram of the evaluated trees (share of trees per depth) of
+    each (arm, difficulty) at its first and last iteration. None (nothing written) when no row has per-depth
+    statistics."""
+    rows = [r for r in rows if r.get("per_depth")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (ax, axh) = plt.subplots(1, 2, figsize=(11, 4))
+    series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault((r["arm"], r["mode"], r["difficulty"]), []).append(r)
+    styles = ["-", "--", ":", "-."]
+    for k, ((arm, mode, diff), rs) in enumerate(sorted(series.items())):
+        rs = sorted(rs, key=lambda r: r["iteration"])
+        for d in sorted({d for r in rs for d in r["per_depth"]}, key=int):
+            pts = [(r["iteration"], r["per_depth"][d]["success"]) for r in rs
+                   if d in r["per_depth"] and r["per_depth"][d].get("success") is not None]
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="os^vD"[int(d) % 5],
+                        linestyle=styles[k % len(styles)], color=f"C{int(d)}", label=f"{arm} / {diff}: depth {d}")
+    ax.set_xlabel("iteration (0 = warm start)")
+    ax.set_ylabel("node success at each depth")
+    ax.set_ylim(-0.02, 1.02)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    bars = []
+    for (arm, mode, diff), rs in sorted(series.items()):
+        its = sorted({r["iteration"] for r in rs})
+        for it in dict.fromkeys([its[0], its[-1]]):
+            r = next(x for x in rs if x["iteration"] == it)
+            hist = r.get("depth_hist") or {}
+            total = sum(hist.values()) or 1
+            bars.append((f"{arm} / {diff} / it {it}", {int(d): c / total for d, c in hist.items()}))
+    depths = sorted({d for _, h in bars for d in h}) or [0]
+    width = 0.8 / max(1, len(bars))
+    for j, (label, h) in enumerate(bars):
+        axh.bar([d + (j - (len(bars) - 1) / 2) * width for d in depths], [h.get(d, 0.0) for d in depths],
+                width=width, label=label)
+    axh.set_xticks(depths)
+    axh.set_xlabel("tree depth (0 = the root alone)")
+    axh.set_ylabel("share of evaluated trees")
+    axh.set_ylim(0, 1.02)
+    axh.grid(alpha=0.3, axis="y")
+    axh.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _section_title(experiment: str) -> str:
     if experiment == "textcraft-cpu":
         return "## Learning curve: recursive vs single agent (TextCraft-Synth, CPU)"
@@ -356,8 +552,10 @@ def _section_title(experiment: str) -> str:
 
 def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experiment: str = "textcraft-cpu",
                      img: str = "learning_curve.png", test: dict[str, Any] | None = None,
-                     arm_tests_: list[dict[str, Any]] | None = None) -> str:
-    """The results section of docs/results.md for ``experiment`` (``arm_tests_``: :func:`arm_tests`)."""
+                     arm_tests_: list[dict[str, Any]] | None = None, depth_img: str | None = None) -> str:
+    """The results section of docs/results.md for ``experiment`` (``arm_tests_``: :func:`arm_tests`); with
+    ``depth_img`` (trees deeper than one level: :func:`deep_config`) also that plot (:func:`depth_png`) and the
+    per-depth tables (:func:`depth_markdown`)."""
     arm_tests_ = arm_tests_ or []
     lines = [
         _section_title(experiment), "",
@@ -403,6 +601,9 @@ def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experimen
                   f"({a[x][0]:g}/{a[x][1]}) vs {y} iteration {a[f'{y}_iteration']} "
                   f"({a[y][0]:g}/{a[y][1]}): difference {a['difference']:+.3f}, z = {a['z']:.2f}, "
                   f"p = {a['p_value']:.4f}."]
+    if depth_img:
+        lines += ["", f"![node success by depth and the depth of the evaluated trees](img/{depth_img})", "",
+                  depth_markdown(rows).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -489,6 +690,8 @@ def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_do
 
     with_tasks = any(p.get("per_task") for r in records for p in r.get("points", []))
     md = comparisons_markdown(experiment, records) if with_tasks else seeds_markdown(experiment, records)
+    if any(deep_config(r.get("config_values")) for r in records):
+        md += "\n" + depth_seeds_markdown(records)
     if write_docs:
         replace_section((root or REPO_ROOT) / "docs/results.md", f"## Seeds: {experiment}", md)
     return md
@@ -524,7 +727,9 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
     campaign). ``docs/results.md`` is rewritten only from this experiment's section title to the next
     ``## `` section, so other experiments' sections are kept; each file is replaced atomically.
     ``training``: per-iteration statistics (:func:`iteration_stats` rows); ``trees``: the stored trees of each
-    point (:func:`write_tree_files`). Returns ``{"record", "markdown", "plot"}``.
+    point (:func:`write_tree_files`). Returns ``{"record", "markdown", "plot", "depth_plot"}``
+    (``depth_plot``: :func:`depth_png`, for a run whose trees may grow deeper than one level,
+    :func:`deep_config`; else None).
     """
     from rao_core.jsonl import atomic_path
     from rao_core.paths import REPO_ROOT
@@ -532,6 +737,7 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
     root = out_root or REPO_ROOT
     img_name = "learning_curve.png" if experiment == "textcraft-cpu" else f"{experiment}.png"
     img = learning_curve_png(rows, root / "docs/img" / img_name)
+    depth_img = depth_png(rows, root / "docs/img" / f"{experiment}-depth.png") if deep_config(config) else None
     files = write_tree_files(root, experiment, trees or {})
     record = experiment_record(experiment, rows, meta, checkpoints, config, training, files)
     rec_path = root / "docs/results" / f"{experiment}.json"
@@ -539,7 +745,7 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
     with atomic_path(rec_path) as tmp:
         Path(tmp).write_text(json.dumps(record, indent=2) + "\n")
     md = results_markdown(rows, meta, experiment=experiment, img=img_name, test=record["test"],
-                          arm_tests_=record["arm_tests"])
+                          arm_tests_=record["arm_tests"], depth_img=depth_img.name if depth_img else None)
     if write_docs:
         replace_section(root / "docs/results.md", _section_title(experiment), md)
     import mlflow
@@ -548,4 +754,6 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
 
     tracking.log_json(run_id, {"rows": rows, "meta": meta}, "experiment/results.json")
     mlflow.MlflowClient().log_artifact(run_id, str(img), "experiment")
-    return {"record": record, "markdown": md, "plot": str(img)}
+    if depth_img:
+        mlflow.MlflowClient().log_artifact(run_id, str(depth_img), "experiment")
+    return {"record": record, "markdown": md, "plot": str(img), "depth_plot": str(depth_img) if depth_img else None}

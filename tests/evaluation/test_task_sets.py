@@ -96,7 +96,7 @@ def test_endpoint_and_dev_blocks_are_validated():
     cfg = load_config(TIER1X, [ep, "eval.dev={seed: 9}"], check_paths=False)
     assert cfg.eval.endpoint.model_dump() == {"arm": "recursive", "difficulty": "tier1x2", "mode": "recursive",
                                               "iteration": "last", "against": "warm_start",
-                                              "test": "two_proportion_z", "n": 100}
+                                              "test": "two_proportion_z", "n": 100, "min_difference": None}
     assert cfg.eval.dev.n_tasks == 20 and load_config(TIER1X, check_paths=False).eval.endpoint is None
     with pytest.raises(ConfigError, match="eval.endpoint.difficulty = 'tier1x9' is not one of"):
         load_config(TIER1X, [ep.replace("difficulty: tier1x2", "difficulty: tier1x9")], check_paths=False)
