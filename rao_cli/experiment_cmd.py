@@ -1,5 +1,6 @@
-"""``rao experiment textcraft-ablation|textcraft-tier1x|textcraft-tier1|textcraft-cpu``: learning-curve experiments on CPU
-(RAO vs an outcome-only ablation vs a single agent; recursive vs single agent)."""
+"""``rao experiment textcraft-ablation|textcraft-nested|textcraft-tier1x|textcraft-tier1|textcraft-cpu``:
+learning-curve experiments on CPU (RAO vs an outcome-only ablation vs a single agent; recursion one level deeper
+than trained; recursive vs single agent)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,27 @@ def textcraft_ablation(
     endpoint preregistered in the config; one run per seed."""
     _run("textcraft-ablation", config, iterations, arm, write_docs, override, seed, single_max_steps,
          single_warm_start)
+
+
+@app.command("textcraft-nested")
+def textcraft_nested(
+    config: str = typer.Option("configs/experiment-textcraft-nested.yaml", help="Config of the experiment."),
+    iterations: int = typer.Option(None, help="RL iterations (default: the config's)."),
+    arm: list[str] = typer.Option(["recursive"], help="Arms to run (repeatable): recursive (RAO; the experiment), "
+                                  "outcome (outcome-only credit), single (single agent)."),
+    seed: list[int] = typer.Option([], help=SEED_HELP),
+    write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-nested[-seed<S>].json, "
+                                    "docs/img/textcraft-nested.png and docs/img/textcraft-nested-depth.png."),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override for every arm (repeatable)."),
+) -> None:
+    """Recursion one level deeper than trained (issue 39): warm-start SmolLM2-135M on demonstrations of the
+    expert that recurses on TextCraft-Synth nest1 tasks (a tier-2 target made of two tier-1 sub-goals: trees of
+    depth 1), run RAO iterations on nest1 with max_depth 4 (never binding) at a 1344-token window, and evaluate
+    after each on fresh held-out nest1 and nest2 tasks (nest2: depth 2, never seen in training), n = 100 per
+    point, endpoint preregistered in the config; per depth: nodes, success, delegation, children, end reasons,
+    and the depth histogram of the evaluated trees; one run per seed."""
+    _run("textcraft-nested", config, iterations, arm, write_docs, override, seed)
 
 
 @app.command("textcraft-tier1x")

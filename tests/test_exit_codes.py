@@ -70,6 +70,7 @@ CASES = [
     ("experiment textcraft-tier1 --arm both", 2, "Invalid value for '--arm'"),
     ("experiment textcraft-tier1x --single-max-steps 0", 2, "Invalid value for '--single-max-steps'"),
     ("experiment textcraft-ablation --single-warm-start mine", 2, "Invalid value for '--single-warm-start'"),
+    ("experiment textcraft-nested --arm deeper", 2, "Invalid value for '--arm'"),
     ("experiment textcraft-cpu --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
     ("experiment seeds no-such-experiment", 2, "no record of no-such-experiment under "),
     ("solve --env nosuchenv --task-file {garbage}", 2, "Invalid value for '--env': unknown environment 'nosuchenv'"),
