@@ -1,6 +1,6 @@
-"""``rao experiment textcraft-ablation|textcraft-nested|textcraft-tier1x|textcraft-tier1|textcraft-cpu``:
-learning-curve experiments on CPU (RAO vs an outcome-only ablation vs a single agent; recursion one level deeper
-than trained; recursive vs single agent)."""
+"""``rao experiment``: learning-curve experiments on CPU, one command each (textcraft-ablation, textcraft-nested,
+textcraft-tier1x, textcraft-tier1, textcraft-cpu: RAO vs an outcome-only ablation vs a single agent; recursion one
+level deeper than trained; recursive vs single agent)."""
 
 from __future__ import annotations
 
