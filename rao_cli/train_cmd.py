@@ -67,6 +67,10 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (an existing checkpoint there is replaced atomically; a folder holding anything else is refused)."),
         config: Path | None = typer.Option(None, "--config", help="YAML/JSON file: TrainerConfig fields, or a campaign config (validated whole, as `rao run` does; its `trainer:` section is used)."),
         iteration: int = typer.Option(0, "--iteration", help="RL iteration recorded in the manifest."),
+        max_staleness: int = typer.Option(
+            0, "--max-staleness", min=0, help="Asynchronous RL: samples may come from checkpoints up to this many "
+            "versions older than MODEL (version = --iteration - 1; a sample's policy_version); those are trained "
+            "with the decoupled off-policy loss. Older samples are refused (docs/algorithm.md, 'Asynchronous RL')."),
         metrics_out: Path | None = typer.Option(
             None, "--metrics-out", help="Also append each step's metrics to this file as JSON lines "
             '{"step": {...}}, {"progress": {"done": D, "total": T}} and {"phase": "..."} (the phases before and '
@@ -105,7 +109,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             record({"phase": f"started, {len(rows)} samples read"})
-            res = train(rows, model, out, cfg, iteration=iteration, on_step=show,
+            res = train(rows, model, out, cfg, iteration=iteration, on_step=show, max_staleness=max_staleness,
                         on_progress=lambda done, total: record({"progress": {"done": done, "total": total}}),
                         on_phase=lambda line: record({"phase": line}))
             # ru_maxrss is in KiB on Linux

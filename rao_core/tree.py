@@ -175,6 +175,9 @@ class ExecutionTree(BaseModel):
     error: str | None = None  # set when the rollout itself crashed (partial tree kept)
     policy: str = ""  # model name / checkpoint / scripted policy name
     seed: int | None = None  # sampling seed of the rollout (rao_core.task_sampling.rollout_seed); None: unseeded
+    # the checkpoint version that generated it (the RL iteration of checkpoint iter-K, the warm start 0;
+    # rao_core.samples.sample_staleness); None: scripted, or recorded before asynchronous RL (issue 40)
+    policy_version: int | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")

@@ -146,8 +146,13 @@ def _policy(ctx: RunContext, served: ServedEndpoint):
 
 
 @stage("generate", name="generate-trees")
-def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, tokenizer_path: str) -> GenerateOutput:
+def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, tokenizer_path: str,
+                   policy_version: int | None = None) -> GenerateOutput:
     """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI.
+
+    Each tree records ``policy_version``, the version of the served checkpoint (None: ``iteration - 1``, the
+    synchronous loop's parent; checkpoint ``iter-K`` is version K), which the trainer's staleness check reads
+    (``algo.max_staleness``, docs/algorithm.md "Asynchronous RL").
 
     Each tree's sampling seed is ``rollout_seed(seed, iteration, task_id, g)`` (``ExecutionTree.seed``).
     ``execution.backend`` says where the trees grow: 'local', in this process (one ``run_trees``); 'ray', as
@@ -172,8 +177,10 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
         trees = _generate_locally(ctx, iteration, tasks, served, tokenizer_path, ui)
     gen_s = time.monotonic() - t0
     serving = pool_delta(served_before, [scrape(u) for u in served.urls], gen_s)
+    version = iteration - 1 if policy_version is None else policy_version
     for t in trees:
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
+        t.policy_version = version
     # a dead server fails the stage here (its trees stay in the journal), before anything is stored
     infra = check_infra_failures(ctx, f"iteration {iteration} generate", trees)
     if (lost := lost_server_line(ctx, f"iteration {iteration} generate", infra)) is not None:
@@ -351,7 +358,8 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
         run = run_training(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
                            on_step=steps.append, on_progress=ui, samples_path=samples_path,
                            around_child=gpus_released(ctx),
-                           on_status=lambda line: log.info(f"iteration {iteration} train: {line}"))
+                           on_status=lambda line: log.info(f"iteration {iteration} train: {line}"),
+                           max_staleness=ctx.config.algo.max_staleness)
         peak_rss_mb = run.peak_rss_mb
         train_s = time.monotonic() - t0
         log.info(f"trained {len(steps)} steps in {train_s:.1f} s ({tcfg.process}"

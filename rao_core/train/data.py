@@ -104,7 +104,9 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str =
 
     Returns ``input_ids`` [B, L] long, ``attention_mask`` [B, L] long, ``loss_mask`` [B, L] float (1 on
     assistant tokens; all 0 when ``zero_out``, used for the filler micro-batches that keep processes in
-    step), ``behaviour_logprobs`` [B, L] float, ``coef`` [B] float (``weight * advantage``), ``depth`` [B] long.
+    step), ``behaviour_logprobs`` [B, L] float, ``coef`` [B] float (``weight * advantage``), ``depth`` [B] long;
+    and ``proximal_logprobs`` [B, L] float only when a sample carries them (a stale sample, asynchronous RL): the
+    other samples' rows are their behaviour log-probs (behaviour weight 1, the on-policy ratio).
     """
     B, L = len(samples), max(len(s.token_ids) for s in samples)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -121,4 +123,10 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str =
     coef = torch.tensor([s.weight * s.advantage for s in samples], dtype=torch.float32)
     depth = torch.tensor([s.depth for s in samples], dtype=torch.long)
     out = dict(input_ids=ids, attention_mask=attn, loss_mask=lmask, behaviour_logprobs=old, coef=coef, depth=depth)
+    if any(s.proximal_logprobs is not None for s in samples):
+        prox = old.clone()
+        for b, s in enumerate(samples):
+            if s.proximal_logprobs is not None:
+                prox[b, :len(s.proximal_logprobs)] = torch.tensor(s.proximal_logprobs, dtype=torch.float32)
+        out["proximal_logprobs"] = prox
     return {k: v.to(device) for k, v in out.items()}

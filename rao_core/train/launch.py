@@ -81,7 +81,8 @@ def _cpu_threads() -> int:
 
 
 def launch_command(samples: Path, model_path: Path, out_dir: Path, config_path: Path, metrics_path: Path, *,
-                   iteration: int, accelerate_config: str | os.PathLike[str] | None = None) -> list[str]:
+                   iteration: int, accelerate_config: str | os.PathLike[str] | None = None,
+                   max_staleness: int = 0) -> list[str]:
     """The ``accelerate launch ... rao train ...`` argv (module docstring)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if accelerate_config is not None:
@@ -92,6 +93,8 @@ def launch_command(samples: Path, model_path: Path, out_dir: Path, config_path: 
     cmd += ["--quiet", "-m", "rao_cli.main", "train", "--samples", str(samples), "--model", str(model_path),
             "--out", str(out_dir), "--config", str(config_path), "--iteration", str(iteration),
             "--metrics-out", str(metrics_path)]
+    if max_staleness:
+        cmd += ["--max-staleness", str(max_staleness)]
     return cmd
 
 
@@ -159,12 +162,13 @@ def train_in_subprocess(
     env: dict[str, str] | None = None,
     on_status: Callable[[str], None] | None = None,
     heartbeat_s: float = 20.0,
+    max_staleness: int = 0,
 ) -> SubprocessTrainResult:
     """Train in a child process (module docstring); same inputs and checkpoint as :func:`rao_core.train.train`.
 
     Args:
         samples: a samples file (``.jsonl``/``.parquet``) the child reads.
-        model_path, out_dir, config, iteration: as for :func:`rao_core.train.train`.
+        model_path, out_dir, config, iteration, max_staleness: as for :func:`rao_core.train.train`.
         on_step: called in this process with each step's metrics dict, as the child reports them.
         on_progress: called in this process with ``(steps done, steps planned)`` as the child reports them.
         show_progress: False: no terminal bar; None/True: a rich bar "training steps" when stdout is a
@@ -195,7 +199,8 @@ def train_in_subprocess(
     metrics_path.unlink(missing_ok=True)
     acc_cfg = accelerate_config if accelerate_config is not None else config.accelerate_config
     cmd = launch_command(Path(samples).resolve(), Path(model_path).resolve(), out_dir, cfg_path, metrics_path,
-                         iteration=iteration, accelerate_config=resolve_accelerate_config(acc_cfg))
+                         iteration=iteration, accelerate_config=resolve_accelerate_config(acc_cfg),
+                         max_staleness=max_staleness)
     steps: list[dict[str, float]] = []
     end: dict[str, Any] = {}
     pos = 0
@@ -272,7 +277,7 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
                  on_progress: Callable[[int, int], None] | None = None,
                  samples_path: str | os.PathLike[str] | None = None,
                  around_child: contextlib.AbstractContextManager | None = None,
-                 on_status: Callable[[str], None] | None = None) -> TrainingRun:
+                 on_status: Callable[[str], None] | None = None, max_staleness: int = 0) -> TrainingRun:
     """Train ``batch`` from ``model_path`` into ``out_dir`` where ``config.process`` says: the one dispatch
     of the campaign's train stage and of the warm start.
 
@@ -283,12 +288,13 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
     ``(steps done, steps planned)`` after each step, in this process, in either mode; a rich bar of the
     steps is drawn when stdout is a terminal. ``on_status`` gets one line per phase of the trainer (loading,
     first step, saving) and, from a child, a line whenever ``heartbeat_s`` (20) seconds pass without one.
+    ``max_staleness``: the asynchronous-RL bound (``algo.max_staleness``), as for :func:`rao_core.train.train`.
     """
     if config.process != "subprocess":
         from rao_core.train import train
 
         res = train(batch, model_path, out_dir, config, iteration=iteration, on_step=on_step, on_progress=on_progress,
-                    on_phase=on_status)
+                    on_phase=on_status, max_staleness=max_staleness)
         return TrainingRun(checkpoint=res.checkpoint, metrics=res.metrics)
     if samples_path is None:
         from rao_core.samples import write_samples
@@ -297,5 +303,5 @@ def run_training(batch: SampleBatch, model_path: str | os.PathLike[str], out_dir
         write_samples(samples_path, batch)
     with around_child or contextlib.nullcontext():
         sub = train_in_subprocess(samples_path, model_path, out_dir, config, iteration=iteration, on_step=on_step,
-                                  on_progress=on_progress, on_status=on_status)
+                                  on_progress=on_progress, on_status=on_status, max_staleness=max_staleness)
     return TrainingRun(checkpoint=sub.checkpoint, metrics=sub.metrics, peak_rss_mb=sub.peak_rss_mb)

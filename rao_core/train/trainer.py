@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from rao_core.progress import ProgressCallback, StepProgress
-from rao_core.samples import Sample, SampleBatch, read_samples
+from rao_core.samples import Sample, SampleBatch, check_staleness, read_samples, sample_staleness
 from rao_core.train.checkpoint import (MANIFEST_NAME, atomic_folder, check_out_folder, data_hash, is_lora_checkpoint,
                                       read_manifest)
 from rao_core.train.config import TrainerConfig, cpu_has_bf16
@@ -218,6 +218,7 @@ class _Session:
     sharded: bool = False  # FSDP: the optimizer state is sharded, not saved
     base_dtype: torch.dtype = torch.float32  # the loaded weights' dtype (:func:`policy_load_dtype`)
     steps: int = 0  # optimizer steps taken by this call
+    off_policy: bool = False  # some kept sample came from an older checkpoint (decoupled loss, asynchronous RL)
 
     def logprobs(self, m: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """[B, L] float32 log-probs of the batch's tokens under model ``m`` (chunked LM head when possible,
@@ -244,6 +245,8 @@ def train(
     on_progress: ProgressCallback | None = None,
     show_progress: bool | None = None,
     on_phase: Callable[[str], None] | None = None,
+    max_staleness: int = 0,
+    parent_version: int | None = None,
 ) -> TrainResult:
     """Train the policy on ``samples`` starting from ``model_path``; save the new checkpoint at ``out_dir``.
 
@@ -269,6 +272,12 @@ def train(
         on_phase: called with one line as each phase begins (main process only): ``samples checked (N);
             loading the model``, ``model and optimizer ready; first optimizer step running`` (loading takes a
             while on a CPU, and so does one step), ``saving checkpoint``.
+        max_staleness: asynchronous RL (``algo.max_staleness``, docs/algorithm.md "Asynchronous RL"): samples
+            may come from checkpoints up to this many versions older than ``model_path``; those that do are
+            trained with the decoupled off-policy loss (:func:`_proximal_logprobs`). 0: every sample must come
+            from ``model_path`` itself (or carry no version).
+        parent_version: the policy version of ``model_path`` (None: ``max(iteration - 1, 0)``, the campaign's
+            numbering: checkpoint ``iter-K`` is version K).
 
     Returns:
         :class:`TrainResult` with the checkpoint path, the per-step metrics and the manifest.
@@ -278,6 +287,8 @@ def train(
         ValueError: bad samples (see :func:`rao_core.train.data.validate_samples`), a LoRA adapter as
             ``model_path`` without ``config.lora``, untied embeddings at save time; all before any step
             except the last.
+        StaleSamplesError: a sample more than ``max_staleness`` versions older than ``model_path``
+            (:func:`rao_core.samples.check_staleness`), or (ValueError) newer than it; before the model loads.
     """
     from transformers import AutoConfig
 
@@ -294,6 +305,8 @@ def train(
         save_dtype = getattr(torch, save_dtype)
     validate_samples(all_rows, vocab_size=int(hf_cfg.vocab_size), loss_type=cfg.loss_type,
                      max_length=getattr(hf_cfg, "max_position_embeddings", None))
+    parent_version = max(iteration - 1, 0) if parent_version is None else parent_version
+    staleness = check_staleness(all_rows, parent_version, max_staleness)  # lag -> samples; refuses older ones
     main = os.environ.get("RANK", "0") == "0"  # before the accelerator exists: accelerate launch sets RANK
 
     def phase(name: str) -> None:
@@ -303,11 +316,14 @@ def train(
     phase(f"samples checked ({len(all_rows)}); loading the model")
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
     rows, skipped = _skip_zero_coefficient(all_rows, cfg)
+    rows = _proximal_logprobs(run, rows, sample_staleness(rows, parent_version), phase)
     phase("model and optimizer ready; first optimizer step running")
     metrics = _train_epochs(run, rows, skipped, iteration, on_step, on_progress,
                             show_progress is not False and run.accelerator.is_main_process)
     phase("saving checkpoint")
     manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration)
+    manifest["policy_version"] = {"parent": parent_version, "max_staleness": max_staleness,
+                                  "staleness": {str(k): v for k, v in sorted(staleness.items())}}
     optim_state = None if run.sharded else {
         "optimizer": run.optimizer.state_dict(), "steps": run.warmup.steps_before + run.steps,
         "loss_type": cfg.loss_type, "lora": cfg.lora is not None}
@@ -414,6 +430,35 @@ def _skip_zero_coefficient(rows: list[Sample], cfg: TrainerConfig) -> tuple[list
     return kept, (len(rows) - len(kept), tokens)
 
 
+def _proximal_logprobs(run: _Session, rows: list[Sample], lags: list[int],
+                       phase: Callable[[str], None]) -> list[Sample]:
+    """``rows`` with ``proximal_logprobs`` [T] set on each sample generated by an older checkpoint (``lags[i] >
+    0``): log pi_prox of the checkpoint being trained from, before any step, in eval mode and without gradient
+    (AReaL's proximal policy, arXiv:2505.24298 Eq. 5; docs/algorithm.md "Asynchronous RL"). Sets
+    ``run.off_policy``. Samples of the trained checkpoint itself are returned unchanged (their ratio stays the
+    on-policy one). Only the samples whose loss uses the ratio to pi_behaviour need it (every loss here does)."""
+    stale = [i for i, lag in enumerate(lags) if lag > 0]
+    if not stale:
+        return rows
+    phase(f"proximal log-probs of {len(stale)} samples from older checkpoints")
+    cfg, out = run.cfg, list(rows)
+    mbs = make_micro_batches([len(rows[i].token_ids) for i in stale], micro_batch_tokens=cfg.micro_batch_tokens,
+                             micro_batch_size=cfg.micro_batch_size)
+    run.model.eval()
+    try:
+        with torch.no_grad():
+            for mb in mbs:  # every process runs every micro-batch: the same forwards everywhere (FSDP)
+                batch = collate([rows[stale[k]] for k in mb.indices], run.pad_id, run.accelerator.device)
+                lp = run.logprobs(run.model, batch).float().cpu()  # [B, L]
+                for b, k in enumerate(mb.indices):
+                    s = rows[stale[k]]
+                    out[stale[k]] = s.model_copy(update={"proximal_logprobs": lp[b, :len(s.token_ids)].tolist()})
+    finally:
+        run.model.train()
+    run.off_policy = True
+    return out
+
+
 def planned_steps(n_micro_batches: int, cfg: TrainerConfig, world: int = 1) -> int:
     """Optimizer steps :func:`train` takes over ``n_micro_batches`` micro-batches on ``world`` processes:
     ``epochs`` x ceil(micro-batches, padded to a multiple of ``world``, / (``grad_accum`` x ``world``)) (one step
@@ -475,6 +520,7 @@ def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer:
             lp, batch["behaviour_logprobs"], batch["loss_mask"], batch["coef"],
             loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
             ref_logprobs=ref_lp, kl_coef=cfg.kl_coef, normalizer=normalizer, aggregation=cfg.loss_aggregation,
+            prox_logprobs=batch.get("proximal_logprobs"), behaviour_weight_cap=cfg.behaviour_weight_cap,
         )
         # accelerate's backward divides by num_steps; the loss is already normalised over the whole step
         acc.backward(loss * acc.gradient_accumulation_steps)
@@ -497,7 +543,7 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
     step_samples = sum(1 for i in idx if tokens_of[i] > 0) + skipped[0]
     step_tokens = sum(tokens_of[i] for i in idx) + skipped[1]
     normalizer = max(step_samples if cfg.loss_aggregation == "sequence_mean" else step_tokens, 1) / world
-    sums = torch.zeros(9, device=dev, dtype=torch.float64)
+    sums = torch.zeros(12, device=dev, dtype=torch.float64)
     kl_depth = torch.zeros(2, max(s.depth for s in rows) + 1, device=dev, dtype=torch.float64)  # [sum k3, tokens]
     local = step_mbs[rank::world]
     acc.gradient_accumulation_steps, acc.step = len(local), 0  # accumulate() syncs on the last of these
@@ -510,6 +556,7 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
                 st.loss_sum, st.pg_loss_sum, st.ref_kl_sum, st.tokens, st.clipped_tokens, st.ratio_sum,
                 batch["attention_mask"].sum().to(st.tokens.dtype), torch.tensor(float(mb.padded_tokens), device=dev),
                 torch.tensor(float(len(mb.indices)), device=dev),
+                st.stale_tokens, st.behaviour_weight_sum, st.capped_tokens,
             ]).to(torch.float64)
             kl_depth[0].index_add_(0, batch["depth"], st.kl_mismatch_per_sample.to(torch.float64))
             kl_depth[1].index_add_(0, batch["depth"], st.tokens_per_sample.to(torch.float64))
@@ -536,6 +583,11 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
         "train/optimizer_steps_total": float(run.warmup.steps_before + run.steps),
         "train/tokens_per_s": float(sums[6]) / dt if dt > 0 else 0.0,
     }
+    if run.off_policy:  # asynchronous RL: how off-policy the step's tokens were (docs/algorithm.md, "Metric names")
+        stale_tok = float(sums[9])
+        m["train/stale_token_frac"] = stale_tok / tok
+        m["train/behaviour_weight_mean"] = float(sums[10]) / stale_tok if stale_tok else 1.0
+        m["train/behaviour_weight_capped_frac"] = float(sums[11]) / stale_tok if stale_tok else 0.0
     for d in range(kl_depth.shape[1]):
         if kl_depth[1, d] > 0:
             m[f"train/kl_mismatch_depth_{d}"] = float(kl_depth[0, d] / kl_depth[1, d])

@@ -1,0 +1,144 @@
+"""Asynchronous RL, items 1-2 of issue 40: the decoupled off-policy loss (AReaL, arXiv:2505.24298 Eq. 5), the
+staleness bound on training samples and the trainer's proximal log-probs (docs/algorithm.md, "Asynchronous RL")."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rao_core.samples import Sample, StaleSamplesError, check_staleness, node_sample, sample_staleness
+from rao_core.train import TrainerConfig, train
+from rao_core.train.data import collate
+from rao_core.train.loss import policy_loss
+from tests.algo.test_trainer import _samples
+
+
+def _case():
+    """One sample, 3 tokens, the last two trained: theta, pi_prox and pi_behaviour log-probs chosen by hand."""
+    prox = torch.tensor([[0.0, -1.0, -2.0]])
+    old = torch.tensor([[0.0, -1.0 - math.log(2.0), -2.0 - math.log(8.0)]])  # u = 2 on token 1, 8 on token 2
+    lp = (prox + torch.tensor([[0.0, math.log(1.1), math.log(1.1)]])).requires_grad_(True)  # rho to prox = 1.1
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    return lp, prox, old, mask
+
+
+def test_decoupled_ppo_by_hand_weights_each_token_by_u_and_drops_it_above_the_cap():
+    lp, prox, old, mask = _case()
+    loss, st = policy_loss(lp, old, mask, torch.tensor([1.0]), loss_type="ppo", clip_eps_low=0.2, clip_eps_high=0.2,
+                           prox_logprobs=prox, behaviour_weight_cap=5.0)
+    # token 1: -min(1.1 * 1, clip(1.1) * 1) * u = -1.1 * 2; token 2: u = 8 > 5, dropped; normaliser 2 tokens
+    assert loss.item() == pytest.approx(-1.1)
+    loss.backward()
+    assert lp.grad[0, 1].item() == pytest.approx(-1.1)  # d/dlp of -u * exp(lp - prox) / 2 = -2 * 1.1 / 2
+    assert lp.grad[0, 2].item() == 0.0 and lp.grad[0, 0].item() == 0.0
+    assert st.stale_tokens.item() == 2 and st.capped_tokens.item() == 1
+    assert st.behaviour_weight_sum.item() == pytest.approx(10.0)
+    assert st.ratio_sum.item() == pytest.approx(2.2)  # the ratio is to pi_prox, not to pi_behaviour
+
+
+def test_without_a_cap_every_stale_token_counts_and_the_clip_is_around_the_proximal_policy():
+    lp, prox, old, mask = _case()
+    with torch.no_grad():
+        lp[0, 2] = prox[0, 2] + math.log(1.5)  # rho = 1.5 to prox: clipped at 1.2 (A > 0)
+    loss, st = policy_loss(lp, old, mask, torch.tensor([1.0]), loss_type="ppo", clip_eps_low=0.2, clip_eps_high=0.2,
+                           prox_logprobs=prox, behaviour_weight_cap=None)
+    assert loss.item() == pytest.approx(-(1.1 * 2 + 1.2 * 8) / 2)
+    assert st.capped_tokens.item() == 0 and st.clipped_tokens.item() == 1
+
+
+@pytest.mark.parametrize("loss_type", ["ppo", "cispo", "reinforce"])
+def test_proximal_equal_to_behaviour_is_the_on_policy_loss_and_gradient_exactly(loss_type):
+    torch.manual_seed(0)
+    old = -torch.rand(2, 5) * 3
+    base = old + 0.3 * torch.randn(2, 5)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float32)
+    coef = torch.tensor([0.7, -1.3])
+    a, b = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
+    la, sa = policy_loss(a, old, mask, coef, loss_type=loss_type)
+    lb, sb = policy_loss(b, old, mask, coef, loss_type=loss_type, prox_logprobs=old.clone(), behaviour_weight_cap=5.0)
+    la.backward()
+    lb.backward()
+    assert lb.item() == la.item()
+    assert torch.equal(a.grad, b.grad)
+    assert sb.stale_tokens.item() == 0 and sb.capped_tokens.item() == 0 and sa.stale_tokens.item() == 0
+
+
+def test_proximal_logprobs_of_another_shape_or_non_finite_are_refused():
+    lp, prox, old, mask = _case()
+    with pytest.raises(ValueError, match="prox_logprobs"):
+        policy_loss(lp, old, mask, torch.tensor([1.0]), prox_logprobs=prox[:, :2])
+    bad = prox.clone()
+    bad[0, 1] = float("nan")
+    with pytest.raises(ValueError, match="non-finite proximal"):
+        policy_loss(lp, old, mask, torch.tensor([1.0]), prox_logprobs=bad)
+
+
+def _versioned(versions):
+    return [Sample(tree_id=f"t{i}", node_id="r", group_id="g", depth=0, token_ids=[1, 2, 3], assistant_mask=[0, 1, 1],
+                   behaviour_logprobs=[0.0, -1.0, -1.0], success=1.0, reward=1.0, baseline=0.5, advantage=0.5,
+                   policy_version=v) for i, v in enumerate(versions)]
+
+
+def test_staleness_is_the_lag_behind_the_trained_checkpoint_and_older_samples_are_refused():
+    rows = _versioned([4, 3, 1, None])
+    assert sample_staleness(rows, 4) == [0, 1, 3, 0]  # no version: a demonstration, counted as current
+    assert check_staleness(rows, 4, 3) == {0: 2, 1: 1, 3: 1}
+    with pytest.raises(StaleSamplesError, match=r"1 of 4 training samples .* oldest lag 3; algo.max_staleness 2"):
+        check_staleness(rows, 4, 2)
+    with pytest.raises(StaleSamplesError, match="max_staleness 0"):
+        check_staleness(rows, 4, 0)  # the synchronous loop takes only the trained checkpoint's own samples
+    with pytest.raises(ValueError, match="newer than the checkpoint trained from"):
+        sample_staleness(_versioned([5]), 4)
+
+
+def test_a_tree_passes_its_policy_version_to_its_node_samples_and_the_version_is_stored():
+    from rao_core.tree import ExecutionTree, Node
+
+    root = Node(node_id="root", depth=0, goal="g", token_ids=[1, 2], assistant_mask=[0, 1],
+                behaviour_logprobs=[0.0, -0.5])
+    tree = ExecutionTree(tree_id="t", task_id="x", env="textcraft", root_id="root", nodes=[root], policy_version=2)
+    s = node_sample(tree, root, success=1.0, reward=1.0, baseline=0.0, advantage=1.0)
+    assert s.policy_version == 2
+    s2 = s.model_copy(update={"proximal_logprobs": [0.0]})
+    assert "proximal_logprobs" not in json.loads(s2.model_dump_json())  # never stored: the trainer computes it
+    assert json.loads(s2.model_dump_json())["policy_version"] == 2
+
+
+def test_collate_gives_proximal_rows_only_when_a_sample_carries_them():
+    rows = _versioned([0, 0])
+    assert "proximal_logprobs" not in collate(rows, pad_id=0)
+    rows[1] = rows[1].model_copy(update={"proximal_logprobs": [0.0, -0.5, -0.25]})
+    batch = collate(rows, pad_id=0)
+    assert batch["proximal_logprobs"].tolist() == [[0.0, -1.0, -1.0], [0.0, -0.5, -0.25]]  # row 0: its behaviour
+
+
+def test_the_trainer_refuses_samples_older_than_the_bound_before_loading(tiny, tmp_path):
+    rows = [s.model_copy(update={"policy_version": 0}) for s in _samples(tiny)]
+    with pytest.raises(StaleSamplesError, match="more than 1 checkpoint version"):
+        train(rows, tiny, tmp_path / "ckpt", TrainerConfig(loss_type="ppo"), iteration=3, max_staleness=1)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_stale_sample_trains_against_the_proximal_policy(tiny, tmp_path):
+    # behaviour log-probs of -1 (a policy unlike the tiny model): on-policy the first step's ratio is far from 1;
+    # with the samples marked one version old, the ratio is to pi_prox (the checkpoint trained from) and is 1
+    rows = _samples(tiny, on_policy=False)
+    cfg = TrainerConfig(loss_type="ppo", lr=1e-3, micro_batch_size=2, max_grad_norm=1.0, behaviour_weight_cap=None)
+    on, off = [], []
+    train(rows, tiny, tmp_path / "on", cfg, iteration=2, on_step=on.append)
+    stale = [s.model_copy(update={"policy_version": 0}) for s in rows]  # iteration 2 trains version 1
+    res = train(stale, tiny, tmp_path / "off", cfg, iteration=2, on_step=off.append, max_staleness=1)
+    assert off[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert abs(on[0]["train/ratio_mean"] - 1.0) > 0.1
+    assert off[0]["train/stale_token_frac"] == 1.0 and off[0]["train/behaviour_weight_capped_frac"] == 0.0
+    # the random model gives these tokens about exp(-10), the behaviour policy said exp(-1): u = pi_prox / pi_behaviour << 1
+    assert off[0]["train/behaviour_weight_mean"] < 0.01
+    assert "train/stale_token_frac" not in on[0]
+    assert res.manifest["policy_version"] == {"parent": 1, "max_staleness": 1, "staleness": {"1": 4}}
+    # the cap drops the tokens whose u exceeds it: a behaviour policy that gave them exp(-20) makes u about exp(10)
+    unlikely = [s.model_copy(update={"behaviour_logprobs": [-20.0 * m for m in s.assistant_mask]}) for s in stale]
+    capped = []
+    train(unlikely, tiny, tmp_path / "cap", cfg.model_copy(update={"behaviour_weight_cap": 5.0}), iteration=2,
+          on_step=capped.append, max_staleness=1)
+    assert capped[0]["train/behaviour_weight_capped_frac"] == 1.0 and capped[0]["train/loss"] == 0.0
