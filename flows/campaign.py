@@ -8,6 +8,12 @@ generates or evaluates. Each (metric, step) reaches MLflow once however often it
 stage's marker, and ``tasks.tracking.log_metrics``). A campaign already complete (``_done/campaign.json``)
 returns its stored summary at once (:func:`completed_summary`).
 
+Asynchronous RL (``algo.max_staleness >= 1``, issue 40): the iterations run as the K + 1 steps of
+``rao_core.async_rl.overlap_schedule``, each a ``rao-overlap-step`` subflow (:func:`rao_overlap_step`) whose train
+side (judge, validate, train iteration k) and serving side (evaluate, register and log iteration k - 1, then
+generate iteration k + 1) run at once, each in its own thread under the step's flow run, every stage the same
+resumable Prefect task as in the synchronous loop. Resume replays the steps; each stage skips on its marker.
+
 Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedFS server of
 ``rao services up`` if one runs, else starts one for its own duration (data kept under
 ``$RAO_HOME/services/seaweedfs``, so a later run resumes from it). MLflow defaults to SQLite.
@@ -27,11 +33,13 @@ from pydantic import Field, field_validator
 
 from flows.forms import FormParams, OptionalFloat, OptionalInt, empty_means, no_default
 from infra.storage import ArtifactStore
+from rao_core.async_rl import OverlapStep, overlap_schedule, tree_version
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
 from rao_core.progress import Timeline
 from tasks import tracking
-from tasks.common import RunContext, artifact_key, done_key
-from tasks.records import Checkpoint, EvalOutput, ServedEndpoint
+from tasks.common import RunContext, artifact_key, done_key, stored_record
+from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput,
+                           ValidateOutput)
 from tasks.serve import STOP_SERVER_HOOKS, serve_checkpoint, shutdown_server
 from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
                           train_policy, validate_dataset)
@@ -200,9 +208,6 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str
     Resumed, it starts a policy server only for a stage that still has to run: generation (serving the
     parent ``ckpt``) or evaluation (serving the new checkpoint); a completed iteration starts none, and its
     metrics come from the ``log`` stage's marker (MLflow is not written again)."""
-    import mlflow
-
-    log = get_run_logger()
     it_run = iteration_run(ctx, iteration)
     times: dict[str, float] = {}
     store = ctx.store()
@@ -222,18 +227,102 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str
         served2 = serve_checkpoint(ctx, tr.checkpoint) if todo["evaluate"] else ServedEndpoint()
         times["serve_new"] = time.monotonic() - t
         ev = evaluate(ctx, iteration, served2, _tokenizer_path(ctx, tr.checkpoint) if todo["evaluate"] else "")
-    reg = register_checkpoint(ctx, iteration, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0)
+    return _finish_iteration(ctx, iteration, gen, judged, val, tr, ev, times, it_run)
+
+
+def _finish_iteration(ctx: RunContext, k: int, gen: GenerateOutput, judged: JudgeOutput, val: ValidateOutput,
+                      tr: TrainOutput, ev: EvalOutput, times: dict[str, float], it_run: str | None = None
+                      ) -> dict[str, Any]:
+    """Register iteration ``k``'s checkpoint and log its metrics (both resumable stages) to its MLflow run
+    ``it_run`` (found or made when None); the iteration's summary entry. The one ending of an iteration,
+    synchronous or overlapped."""
+    import mlflow
+
+    it_run = it_run or iteration_run(ctx, k)
+    reg = register_checkpoint(ctx, k, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0)
     for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
                       ("register", reg)]:
         if out.stage_s is not None:
-            times[name] = out.stage_s
-    logged = tracking.log_iteration(ctx, iteration, it_run, gen, judged, val, tr, ev, times)
+            times.setdefault(name, out.stage_s)
+    logged = tracking.log_iteration(ctx, k, it_run, gen, judged, val, tr, ev, times)
     m, times = logged.metrics, logged.times or times  # a resumed log: the times of the run that logged them
-    log.info(f"iteration {iteration}: root success {m.get('success/root', float('nan')):.3f}, "
-             f"model version {reg.version} (champion moved: {reg.champion})")
+    get_run_logger().info(f"iteration {k}: root success {m.get('success/root', float('nan')):.3f}, "
+                          f"model version {reg.version} (champion moved: {reg.champion})")
     mlflow.MlflowClient().set_terminated(it_run)
     return {"checkpoint": tr.checkpoint, "metrics": m, "times": times, "register": reg.model_dump(by_alias=True),
             "eval_rows": ev.rows}
+
+
+def _in_thread(pool: Any, fn: Any) -> Any:
+    """``fn()`` in a thread of ``pool`` under this flow run's context (its Prefect tasks are this run's)."""
+    import contextvars
+
+    return pool.submit(contextvars.copy_context().run, fn)
+
+
+@flow(name="rao-overlap-step", log_prints=True, flow_run_name="{ctx.name}-step-{plan.step}", **ITERATION_END_HOOKS)
+def rao_overlap_step(ctx: RunContext, plan: OverlapStep, serve: Checkpoint, parent: Checkpoint | None = None,
+                     ) -> dict[str, Any]:
+    """One step of an overlapped campaign (``rao_core.async_rl``): the server holds ``serve`` (version
+    ``plan.serve``); the train side trains iteration ``plan.train`` from ``parent``, while the serving side
+    evaluates, registers and logs iteration ``plan.evaluate`` (whose checkpoint is ``serve``) and then grows
+    iteration ``plan.generate_next``'s trees.
+
+    Returns ``trained`` (the train side's TrainOutput or None), ``finished`` (the summary entry of the
+    iteration evaluated, or None) and ``spans``: each side's (start, end) seconds from the step's start."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    log = get_run_logger()
+    store, cfg, t_step = ctx.store(), ctx.config, time.monotonic()
+    eval_on = cfg.eval.enabled and plan.evaluate is not None
+    todo = [(plan.generate_first, "generate"), (plan.evaluate if eval_on else None, "evaluate"),
+            (plan.generate_next, "generate")]
+    need_server = any(k is not None and not store.exists(done_key(k, s)) for k, s in todo)
+    served = serve_checkpoint(ctx, serve) if need_server else ServedEndpoint()  # between generations only
+    serve_s = time.monotonic() - t_step
+    tok = _tokenizer_path(ctx, serve) if need_server else ""
+    gen_first = None
+    if plan.generate_first is not None:
+        gen_first = generate_trees(ctx, plan.generate_first, served, tok, policy_version=plan.serve)
+    spans: dict[str, tuple[float, float]] = {}
+
+    def train_side() -> TrainOutput | None:
+        if plan.train is None:
+            return None
+        t0, k = time.monotonic() - t_step, plan.train
+        gen = gen_first if plan.generate_first == k else stored_record(ctx, k, "generate", GenerateOutput)
+        judged = judge_trees(ctx, k, gen.trees_uri)
+        val = validate_dataset(ctx, k, judged.scored_uri)
+        tr = train_policy(ctx, k, val.samples_uri, parent)
+        spans["train side"] = (t0, time.monotonic() - t_step)
+        return tr
+
+    def serving_side() -> dict[str, Any] | None:
+        t0, finished = time.monotonic() - t_step, None
+        if plan.evaluate is not None:
+            e = plan.evaluate
+            ev = evaluate(ctx, e, served, tok if not store.exists(done_key(e, "evaluate")) else "") \
+                if cfg.eval.enabled else EvalOutput()
+            records = [stored_record(ctx, e, s, r) for s, r in (("generate", GenerateOutput), ("judge", JudgeOutput),
+                                                                 ("validate", ValidateOutput), ("train", TrainOutput))]
+            finished = _finish_iteration(ctx, e, *records, ev, {"serve_new": round(serve_s, 3)})
+        if plan.generate_next is not None:
+            generate_trees(ctx, plan.generate_next, served, tok, policy_version=plan.serve)
+        if plan.evaluate is not None or plan.generate_next is not None:
+            spans["serving side"] = (t0, time.monotonic() - t_step)
+        return finished
+
+    with ThreadPoolExecutor(2, thread_name_prefix=f"step-{plan.step}") as pool:
+        train_f, serve_f = _in_thread(pool, train_side), _in_thread(pool, serving_side)
+        finished, trained = serve_f.result(), train_f.result()  # either side's failure fails the step
+    log.info(f"step {plan.step}: " + "; ".join(f"{n} {a:.0f}-{b:.0f} s" for n, (a, b) in spans.items())
+             + (f"; overlap {_overlap(spans):.0f} s" if len(spans) == 2 else ""))
+    return {"trained": trained, "finished": finished, "spans": spans, "serve_s": round(serve_s, 3)}
+
+
+def _overlap(spans: dict[str, tuple[float, float]]) -> float:
+    """Seconds during which every span of ``spans`` ran at once (0 when they did not meet)."""
+    return max(0.0, min(b for _, b in spans.values()) - max(a for a, _ in spans.values()))
 
 
 CAMPAIGN_DONE_KEY = "_done/campaign.json"  # the summary of the run that completed the campaign
@@ -421,16 +510,15 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
                                                                     it0).model_dump(by_alias=True)
             mlflow.MlflowClient().set_terminated(it0)
             timeline.lap("register iteration 0")
-        for k in range(1, cfg.iterations + 1):
+        if cfg.algo.max_staleness >= 1 and cfg.iterations >= 1:
+            _overlapped_iterations(ctx, ckpt, summary, timeline)
+        for k in range(1, cfg.iterations + 1) if cfg.algo.max_staleness == 0 else ():
             t_it = time.time()
             resumed = ctx.store().exists(done_key(k, "log"))  # complete: its stages return their markers
             out = rao_iteration(ctx, k, ckpt)
             ckpt = out["checkpoint"]
             timeline.lap(f"iteration {k}", _iteration_detail(out["times"], time.time() - t_it, resumed))
-            from infra.retention import prune_campaign  # checkpoints.*: resume and the registry keep theirs
-
-            prune_campaign(ctx.store(), cfg.checkpoints, out["register"]["model"], ctx.local("checkpoints"))
-            timeline.lap(f"retention after iteration {k}")
+            _retention(ctx, out, timeline, k)
             summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
                                           "register": out["register"], "eval_rows": out["eval_rows"],
                                           "checkpoint_local": ckpt.local})
@@ -444,6 +532,38 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
     timeline.lap("MLflow campaign run end")
     summary.update(timeline=timeline.to_dict(), wall_s=round(timeline.total, 1))
     return summary
+
+
+def _retention(ctx: RunContext, finished: dict[str, Any], timeline: Timeline, k: int) -> None:
+    """``checkpoints.*`` retention once iteration ``k`` is finished (resume and the registry keep theirs)."""
+    from infra.retention import prune_campaign
+
+    prune_campaign(ctx.store(), ctx.config.checkpoints, finished["register"]["model"], ctx.local("checkpoints"))
+    timeline.lap(f"retention after iteration {k}")
+
+
+def _overlapped_iterations(ctx: RunContext, ckpt: Checkpoint, summary: dict[str, Any], timeline: Timeline) -> None:
+    """The iterations of an asynchronous campaign (``algo.max_staleness >= 1``): the steps of
+    ``rao_core.async_rl.overlap_schedule``, each a :func:`rao_overlap_step` subflow, from checkpoint ``ckpt``
+    (version 0); appends each finished iteration to ``summary`` and each step to ``timeline`` with both sides'
+    spans and their overlap."""
+    ckpts = {0: ckpt}
+    for plan in overlap_schedule(ctx.config.iterations):
+        t0 = time.time()
+        out = rao_overlap_step(ctx, plan, ckpts[plan.serve], ckpts.get(plan.train - 1) if plan.train else None)
+        if out["trained"] is not None:
+            ckpts[plan.train] = out["trained"].checkpoint
+        spans = out["spans"]
+        detail = "; ".join(f"{n} {a:.0f}-{b:.0f} s" for n, (a, b) in spans.items())
+        what = " + ".join(x for x in (f"train {plan.train}" if plan.train else "",
+                                      f"evaluate {plan.evaluate}" if plan.evaluate else "",
+                                      f"generate {plan.generate_next}" if plan.generate_next else "") if x)
+        timeline.lap(f"step {plan.step} ({what})", f"swap {out['serve_s']:.0f} s; {detail}"
+                     + (f"; overlap {_overlap(spans):.0f} s of {time.time() - t0:.0f} s" if len(spans) == 2 else ""))
+        if (fin := out["finished"]) is not None:
+            _retention(ctx, fin, timeline, plan.evaluate)
+            summary["iterations"].append({"iteration": plan.evaluate, **{k: fin[k] for k in (
+                "metrics", "times", "register", "eval_rows")}, "checkpoint_local": fin["checkpoint"].local})
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

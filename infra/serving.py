@@ -447,7 +447,8 @@ def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = No
     one fixed checkpoint (``rao eval``), without LoRA slots or sleep mode; its GPUs (``gpus.serve``), tensor and
     data parallelism, memory share, dtype and limits are the campaign's.
     ``replica``: which of the ``serving.replicas`` servers (0-based): its GPUs (:func:`gpu_share`) or, on CPU
-    with more than one replica, its cores (:func:`cpu_share`; one replica binds every core, as before). Raises
+    with more than one replica, its cores (:func:`cpu_share`; one replica binds every core, as before), of
+    ``serving.cpus`` when set (the core split of asynchronous RL; ``rao eval`` binds all of them). Raises
     ServiceError for a replica beyond ``serving.replicas`` or more CPU replicas than cores. (``rao eval``,
     ``switching=False``, starts one server: on CPU it binds every core; on GPUs it takes replica 0's GPUs.)
     """
@@ -456,7 +457,8 @@ def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = No
         raise ServiceError(f"replica {replica} of serving.replicas = {s.replicas}")
     gpu = has_cuda_gpu() if on_gpu is None else on_gpu
     pooled = s.replicas > 1 and switching  # `rao eval` (switching False) starts one server: every core
-    cpus = cpu_share(replica, s.replicas) if pooled and not gpu and not cfg.gpus.serve else []
+    split = (pooled or bool(s.cpus)) and not gpu and not cfg.gpus.serve  # serving.cpus: a core split
+    cpus = cpu_share(replica, s.replicas if switching else 1, list(s.cpus) or None) if split else []
     return VLLMServer(
         model_path, served_model_name=s.served_model_name, max_model_len=s.max_model_len,
         kv_cache_gib=s.kv_cache_gib, extra_args=list(s.extra_args), logprobs_mode=s.logprobs_mode, dtype=s.dtype,

@@ -123,6 +123,10 @@ class ServingSettings(_Strict):
                           "cores (and its own kv_cache_gib); each tree is pinned to one replica for its whole "
                           "life (prefix cache), new trees go to the replica with the fewest trees in flight; a "
                           "checkpoint switch reaches every replica before the next stage. 1: one server.")
+    cpus: list[int] = Field(default_factory=list, description="On CPU, the cores the embedded vLLM server binds "
+                            "(VLLM_CPU_OMP_THREADS_BIND), split among serving.replicas; with trainer.cpus, the core "
+                            "split that lets asynchronous RL (algo.max_staleness >= 1) generate and train at once "
+                            "(e.g. serving.cpus [1], trainer.cpus [0]). Empty: every core. Unused on GPUs.")
     served_model_name: str = Field("policy", description="Model name sent in requests.")
     max_model_len: int = Field(8192, ge=256, description="vLLM context length, tokens (>= runtime.context_window).")
     kv_cache_gib: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU, GiB.")
@@ -532,6 +536,10 @@ class CampaignConfig(_Strict):
         """vLLM's parallelism, memory, LoRA and sleep flags have one source; gpus.serve matches TP x DP.
         (An external server's switch is checked by :func:`load_config`: :func:`external_switch_problem`.)"""
         s = self.serving
+        if self.algo.max_staleness >= 1 and self.gpus.sleep_while_training:
+            raise ValueError("algo.max_staleness >= 1 (asynchronous RL) generates while the trainer runs: serving "
+                             "cannot sleep for training (gpus.sleep_while_training); give them separate GPUs "
+                             "(gpus.serve, gpus.train) or set algo.max_staleness 0")
         if s.switch == "none" and not s.external_urls:
             raise ValueError("serving.switch 'none' needs serving.base_url (an embedded server always follows "
                              "the trained checkpoint)")

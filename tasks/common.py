@@ -195,6 +195,15 @@ def stage_label(iteration: int | str, stage_name: str) -> str:
     return f"iteration {iteration} {stage_name}" if isinstance(iteration, int) else stage_name.replace("_", " ")
 
 
+def stored_record(ctx: RunContext, iteration: int | str, stage_name: str, record: type[R]) -> R:
+    """The record a completed stage stored in its marker (``resumed`` True), as :func:`stage` returns it on
+    resume, without a task run. Raises FileNotFoundError naming the stage when it has not completed."""
+    store, key = ctx.store(), done_key(iteration, stage_name)
+    if not store.exists(key):
+        raise FileNotFoundError(f"{stage_label(iteration, stage_name)} has not completed (no marker {store.uri(key)})")
+    return record.model_validate({**json.loads(store.get_bytes(key)), "resumed": True})
+
+
 def stage(stage_name: str, **task_options: Any) -> Callable[[Callable[..., R]], Task[..., R]]:
     """Make ``fn(ctx, iteration, ...) -> StageRecord`` a resumable Prefect task (``task_options`` go to
     ``prefect.task``; ``cache_policy`` defaults to NONE).

@@ -367,7 +367,14 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
     entries = ctx.store().put_dir(out_dir, iter_key(iteration, "checkpoint"))
     ctx.store().write_manifest(iter_key(iteration, "checkpoint.manifest.json"), entries)
     (out_dir / ".complete").write_text("ok")
-    last = steps[-1] if steps else {}
+    last = dict(steps[-1]) if steps else {}
+    from collections import Counter
+
+    from rao_core.samples import sample_staleness
+
+    # the staleness histogram of the iteration's samples (asynchronous RL: lag behind the trained checkpoint)
+    for lag, n in sorted(Counter(sample_staleness(batch.samples, iteration - 1)).items()):
+        last[f"staleness/lag_{lag}_samples"] = float(n)
     return TrainOutput(checkpoint=Checkpoint(name=name, uri=ctx.store().uri(iter_key(iteration, "checkpoint")),
                                              local=str(out_dir)),
                        steps=len(steps), train_s=round(train_s, 3), last_step=last, metrics=steps,

@@ -128,6 +128,10 @@ class TrainerConfig(BaseModel):
         "'subprocess' = `accelerate launch -m rao_cli.main train` in a child process (rao_core.train.launch), so "
         "that its memory goes back to the OS before vLLM serves the next checkpoint; 'inline' = train() in the "
         "calling process (tests). rao train and train() themselves ignore it.")
+    cpus: list[int] = Field(default_factory=list, description="The cores the training child may run on "
+                            "(`taskset -c`; torch threads = their number); the trainer's half of a core split with "
+                            "serving.cpus (asynchronous RL on CPU). Empty: every core this process may use. Only "
+                            "with process 'subprocess'.")
     accelerate_config: str | None = Field(
         None, description="accelerate config file for the subprocess launch (e.g. configs/accelerate/fsdp.yaml on "
         "GPUs); None: one process, no mixed-precision override, torch threads = the CPUs this process may use.")

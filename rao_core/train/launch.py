@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,14 +82,16 @@ def _cpu_threads() -> int:
 
 def launch_command(samples: Path, model_path: Path, out_dir: Path, config_path: Path, metrics_path: Path, *,
                    iteration: int, accelerate_config: str | os.PathLike[str] | None = None,
-                   max_staleness: int = 0) -> list[str]:
-    """The ``accelerate launch ... rao train ...`` argv (module docstring)."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+                   max_staleness: int = 0, cpus: Sequence[int] = ()) -> list[str]:
+    """The ``accelerate launch ... rao train ...`` argv (module docstring); with ``cpus`` (``trainer.cpus``)
+    behind ``taskset -c`` with one torch thread per core."""
+    cmd = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
+    cmd += [sys.executable, "-m", "accelerate.commands.launch"]
     if accelerate_config is not None:
         cmd += ["--config_file", str(accelerate_config)]
     else:
         cmd += ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--num_cpu_threads_per_process", str(_cpu_threads())]
+                "--num_cpu_threads_per_process", str(len(cpus) if cpus else _cpu_threads())]
     cmd += ["--quiet", "-m", "rao_cli.main", "train", "--samples", str(samples), "--model", str(model_path),
             "--out", str(out_dir), "--config", str(config_path), "--iteration", str(iteration),
             "--metrics-out", str(metrics_path)]
@@ -200,7 +202,7 @@ def train_in_subprocess(
     acc_cfg = accelerate_config if accelerate_config is not None else config.accelerate_config
     cmd = launch_command(Path(samples).resolve(), Path(model_path).resolve(), out_dir, cfg_path, metrics_path,
                          iteration=iteration, accelerate_config=resolve_accelerate_config(acc_cfg),
-                         max_staleness=max_staleness)
+                         max_staleness=max_staleness, cpus=config.cpus)
     steps: list[dict[str, float]] = []
     end: dict[str, Any] = {}
     pos = 0

@@ -142,3 +142,56 @@ def test_a_stale_sample_trains_against_the_proximal_policy(tiny, tmp_path):
     train(unlikely, tiny, tmp_path / "cap", cfg.model_copy(update={"behaviour_weight_cap": 5.0}), iteration=2,
           on_step=capped.append, max_staleness=1)
     assert capped[0]["train/behaviour_weight_capped_frac"] == 1.0 and capped[0]["train/loss"] == 0.0
+
+
+def test_current_samples_train_exactly_as_the_synchronous_trainer(tiny, tmp_path):
+    # staleness 0 is today's loop: samples stamped with the parent's version (lag 0) give the same loss, metrics
+    # and weights as samples without a version, whatever bound is allowed
+    from safetensors.torch import load_file
+
+    rows = _samples(tiny)
+    cfg = TrainerConfig(loss_type="ppo", lr=1e-3, micro_batch_size=2, max_grad_norm=1.0)
+    a, b = [], []
+    train(rows, tiny, tmp_path / "a", cfg, iteration=3, on_step=a.append)
+    train([s.model_copy(update={"policy_version": 2}) for s in rows], tiny, tmp_path / "b", cfg, iteration=3,
+          on_step=b.append, max_staleness=1)
+    drop = ("train/step_s", "train/tokens_per_s")
+    assert [{k: v for k, v in m.items() if k not in drop} for m in a] == \
+        [{k: v for k, v in m.items() if k not in drop} for m in b]
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 5])
+def test_the_overlap_schedule_runs_each_stage_once_in_order_with_a_lag_of_at_most_one(K):
+    from rao_core.async_rl import overlap_schedule, tree_version
+
+    steps = overlap_schedule(K)
+    assert len(steps) == K + 1 and [p.step for p in steps] == list(range(1, K + 2))
+    where = {}
+    for p in steps:
+        for what in ("generate_first", "generate_next", "train", "evaluate"):
+            k = getattr(p, what)
+            if k is not None:
+                key = ("generate" if what.startswith("generate") else what, k)
+                assert key not in where, f"{key} scheduled twice"
+                where[key] = p
+    assert set(where) == {(s, k) for s in ("generate", "train", "evaluate") for k in range(1, K + 1)}
+    for k in range(1, K + 1):
+        gen, tr, ev = where[("generate", k)], where[("train", k)], where[("evaluate", k)]
+        # trees come from the served checkpoint, which is tree_version(k); they exist before training starts
+        assert gen.serve == tree_version(k, 1)
+        assert gen.step < tr.step or (gen.step == tr.step and gen.generate_first == k)
+        assert ev.step == tr.step + 1 and ev.serve == k  # evaluated once trained, on its own checkpoint
+        assert (k - 1) - tree_version(k, 1) == (0 if k == 1 else 1)  # trained from k - 1: lag 0, then 1
+    assert tree_version(3, 0) == 2 and tree_version(1, 3) == 0
+    with pytest.raises(ValueError):
+        overlap_schedule(0)
+
+
+def test_asynchronous_rl_cannot_sleep_the_server_for_training():
+    from rao_core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="gpus.sleep_while_training"):
+        load_config("configs/cpu-smoke.yaml", {"algo.max_staleness": 1, "gpus.sleep_while_training": True})
+    assert load_config("configs/cpu-smoke.yaml", {"algo.max_staleness": 1}).algo.max_staleness == 1
