@@ -317,9 +317,13 @@ def train(
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
     rows, skipped = _skip_zero_coefficient(all_rows, cfg)
     rows = _proximal_logprobs(run, rows, sample_staleness(rows, parent_version), phase)
-    phase("model and optimizer ready; first optimizer step running")
+    resume = _ResumePoint(out_dir.with_name(out_dir.name + ".resume"),
+                          f"{data_hash(all_rows)}:{cfg.config_hash()}:{model_path}:{iteration}")
+    done = resume.load(run)  # the metrics of the steps an interrupted run of the same inputs already took
+    phase(f"resumed after optimizer step {len(done)} ({resume.folder})" if done else
+          "model and optimizer ready; first optimizer step running")
     metrics = _train_epochs(run, rows, skipped, iteration, on_step, on_progress,
-                            show_progress is not False and run.accelerator.is_main_process)
+                            show_progress is not False and run.accelerator.is_main_process, resume=resume, done=done)
     phase("saving checkpoint")
     manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration)
     manifest["policy_version"] = {"parent": parent_version, "max_staleness": max_staleness,
@@ -330,6 +334,7 @@ def train(
     _save(run.accelerator, run.model, run.tokenizer, out_dir, manifest, tied=run.tied, lora=cfg.lora is not None,
           save_dtype=save_dtype, optim_state=optim_state)
     run.accelerator.wait_for_everyone()
+    resume.remove()
     return TrainResult(checkpoint=out_dir, metrics=metrics, manifest=manifest)
 
 
@@ -469,12 +474,63 @@ def planned_steps(n_micro_batches: int, cfg: TrainerConfig, world: int = 1) -> i
     return min(total, cfg.max_steps) if cfg.max_steps is not None else total
 
 
+class _ResumePoint:
+    """The resume point of one :func:`train` call (``TrainerConfig.resume_every_s``): ``folder/state.pt`` holds
+    the weights, optimizer, scheduler and RNG state after some optimizer step, and the metrics of the steps
+    taken, under ``key`` (data hash, config hash, parent path, iteration): a later call with another key
+    ignores it. One process only (under FSDP/DDP nothing is saved or loaded)."""
+
+    def __init__(self, folder: Path, key: str) -> None:
+        self.folder, self.key, self.saved_at = folder, key, time.monotonic()
+
+    def _usable(self, run: _Session) -> bool:
+        return run.cfg.resume_every_s is not None and run.accelerator.num_processes == 1
+
+    def load(self, run: _Session) -> list[dict[str, float]]:
+        """Restore ``run`` from a matching resume point; the metrics of its steps ([] when there is none)."""
+        path = self.folder / "state.pt"
+        if not (self._usable(run) and path.exists()):
+            return []
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if state.get("key") != self.key:
+            return []
+        run.accelerator.unwrap_model(run.model).load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        random.setstate(state["py_rng"])
+        run.steps = int(state["steps"])
+        return list(state["metrics"])
+
+    def maybe_save(self, run: _Session, metrics: list[dict[str, float]], last: bool) -> None:
+        """Save after this step when ``resume_every_s`` passed since the last save (never after the last step:
+        the checkpoint follows). Written to a temporary file, then renamed: a kill mid-write keeps the old one."""
+        if last or not self._usable(run) or time.monotonic() - self.saved_at < run.cfg.resume_every_s:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / "state.pt.tmp"
+        torch.save({"key": self.key, "steps": run.steps, "metrics": metrics,
+                    "model": run.accelerator.unwrap_model(run.model).state_dict(),
+                    "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                    "rng": torch.get_rng_state(), "py_rng": random.getstate()}, tmp)
+        os.replace(tmp, self.folder / "state.pt")
+        self.saved_at = time.monotonic()
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], iteration: int,
                   on_step: StepCallback | None, on_progress: ProgressCallback | None = None,
-                  show_progress: bool = False) -> list[dict[str, float]]:
+                  show_progress: bool = False, resume: _ResumePoint | None = None,
+                  done: Sequence[dict[str, float]] = ()) -> list[dict[str, float]]:
     """Every optimizer step of ``cfg.epochs`` passes (or ``max_steps``): length-sorted micro-batches in the
     order of :func:`epoch_order`, ``grad_accum`` micro-batches per process per step (all of them when None).
-    Progress (bar, ``on_progress``) is reported on the main process only."""
+    Progress (bar, ``on_progress``) is reported on the main process only. The first ``len(done)`` steps were
+    taken by an interrupted run (``resume``, whose state ``run`` holds): they are replayed from ``done`` (their
+    metrics reported again), not recomputed; ``resume`` saves a new point as the steps go."""
     cfg, world = run.cfg, run.accelerator.num_processes
     mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
                              micro_batch_size=cfg.micro_batch_size)
@@ -482,21 +538,26 @@ def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], i
     per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
     metrics: list[dict[str, float]] = []
     main = run.accelerator.is_main_process
-    with StepProgress("training steps", planned_steps(len(mbs), cfg, world),
+    planned = planned_steps(len(mbs), cfg, world)
+    with StepProgress("training steps", planned,
                       on_progress=on_progress if main else None, show=show_progress and main) as progress:
         for epoch in range(cfg.epochs):
             order = epoch_order(len(mbs), seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
             order += [-1] * (-len(order) % world)  # fillers (-1): every process runs as many micro-batches
             chunk = per_step or len(order)
             for start in range(0, len(order), chunk):
-                # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
-                m = _optimizer_step(run, rows, mbs, tokens_of, order[start:start + chunk],
-                                    skipped if per_step is None else (0, 0), epoch)
+                if len(metrics) < len(done):  # taken before the interruption: its state is restored
+                    m = dict(done[len(metrics)])
+                else:  # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
+                    m = _optimizer_step(run, rows, mbs, tokens_of, order[start:start + chunk],
+                                        skipped if per_step is None else (0, 0), epoch)
                 metrics.append(m)
                 if on_step is not None and main:
                     on_step(m)
                 progress.advance()
-                if cfg.max_steps is not None and run.steps >= cfg.max_steps:
+                if resume is not None and len(metrics) > len(done):
+                    resume.maybe_save(run, metrics, last=len(metrics) >= planned)
+                if cfg.max_steps is not None and len(metrics) >= cfg.max_steps:
                     return metrics
     return metrics
 

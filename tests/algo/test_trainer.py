@@ -322,3 +322,39 @@ def test_a_training_child_reports_progress_to_this_process(tmp_path, monkeypatch
     assert calls == [(1, 2), (2, 2)] and [s["train/step"] for s in steps] == [1, 2] and res.peak_rss_mb == 1.0
     out = capsys.readouterr().out
     assert "training steps" in out and "2/2" in out
+
+
+def test_an_interrupted_training_resumes_after_its_last_saved_step_with_the_same_result(tiny, tmp_path):
+    # issue 43: a warm start killed mid-way (the OOM killer) continues from its resume point, not from step 0
+    from safetensors.torch import load_file
+
+    samples = _samples(tiny)
+    cfg = TrainerConfig(loss_type="sft", lr=1e-3, micro_batch_size=1, grad_accum=1, epochs=2, max_grad_norm=1.0,
+                        resume_every_s=0.0)  # a resume point after every step
+    whole = train(samples, tiny, tmp_path / "whole", cfg, iteration=1)
+    assert len(whole.metrics) == 8 and not (tmp_path / "whole.resume").exists()  # removed once saved
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_step_5(m):
+        if m["train/step"] == 5:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(samples, tiny, tmp_path / "cut", cfg, iteration=1, on_step=kill_after_step_5)
+    assert (tmp_path / "cut.resume" / "state.pt").exists() and not (tmp_path / "cut").exists()
+    phases, seen = [], []
+    res = train(samples, tiny, tmp_path / "cut", cfg, iteration=1, on_phase=phases.append, on_step=seen.append)
+    assert any(p.startswith("resumed after optimizer step 4") for p in phases)  # step 5's point was not saved
+    assert [m["train/step"] for m in seen] == [1, 2, 3, 4, 5, 6, 7, 8]  # every step reported, 1-4 replayed
+    assert res.manifest["num_steps"] == 8
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert [m["train/loss"] for m in res.metrics] == pytest.approx([m["train/loss"] for m in whole.metrics])
+    # another config (or samples, parent, iteration) does not pick up a stale resume point
+    with pytest.raises(Killed):
+        train(samples, tiny, tmp_path / "other", cfg, iteration=1, on_step=kill_after_step_5)
+    phases = []
+    train(samples, tiny, tmp_path / "other", cfg.model_copy(update={"lr": 2e-3}), iteration=1, on_phase=phases.append)
+    assert not any(p.startswith("resumed") for p in phases)

@@ -26,3 +26,32 @@ def test_trainer_cpus_put_the_training_child_behind_taskset_with_one_thread_per_
     assert cmd[-2:] == ["--max-staleness", "1"]
     plain = launch_command(Path("s"), Path("m"), Path("o"), Path("c"), Path("j"), iteration=2)
     assert "taskset" not in plain and "--max-staleness" not in plain
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_async", Path(__file__).resolve().parents[2] / "scripts"
+                                                  / "bench_async.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_async_benchmark_reads_iterations_and_steps_from_a_campaign_timeline():
+    bench = _bench()
+    sync = {"timeline": {"rows": [{"stage": "warm start", "s": 300.0}, {"stage": "iteration 1", "s": 200.0},
+                                  {"stage": "retention after iteration 1", "s": 1.0},
+                                  {"stage": "iteration 2", "s": 180.0}, {"stage": "iteration 3", "s": 170.0},
+                                  {"stage": "iteration 4", "s": 190.0}]}}
+    assert bench.per_iteration_seconds(sync, 4) == {"median_s": 180.0, "total_s": 741.0}
+    steps = {"timeline": {"rows": [{"stage": "step 1 (train 1 + generate 2)", "s": 150.0},
+                                   {"stage": "step 2 (train 2 + evaluate 1 + generate 3)", "s": 120.0},
+                                   {"stage": "retention after iteration 1", "s": 2.0},
+                                   {"stage": "step 3 (train 3 + evaluate 2 + generate 4)", "s": 110.0},
+                                   {"stage": "step 4 (train 4 + evaluate 3)", "s": 100.0},
+                                   {"stage": "step 5 (evaluate 4)", "s": 30.0}]}}
+    assert bench.per_iteration_seconds(steps, 4) == {"median_s": 110.0, "total_s": 512.0}
+    assert bench.mode_overrides("async-split", [1], [0]) == ["serving.cpus=[1]", "trainer.cpus=[0]",
+                                                             "algo.max_staleness=1"]
+    assert bench.mode_overrides("sync", [1], [0]) == []
