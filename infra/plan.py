@@ -425,12 +425,19 @@ def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_nam
         plan.placement.append(f"shared GPUs    {_ranges(shared)}: "
                               + ("vLLM sleeps (level 1) while the trainer runs" if g.sleep_while_training
                                  else "vLLM stays resident while the trainer runs"))
+    if cfg.algo.max_staleness >= 1:  # rao_core.async_rl: the two sides of a step hold their GPUs at once
+        plan.placement.append(
+            f"asynchronous   algo.max_staleness {cfg.algo.max_staleness}: in step k vLLM (GPUs "
+            f"{_ranges(g.serve) or '-'}) serves checkpoint k-1, evaluates it and generates iteration k+1 while the "
+            f"trainer (GPUs {_ranges(g.train) or '-'}) trains iteration k on trees one version old"
+            + (f"; GPUs {_ranges(shared)} hold both at once" if shared else "; no GPU is shared"))
     plan.placement += rollout_placement(cfg)
     camp = rao_home() / "campaigns" / cfg.name  # iteration 1's paths (tasks/stages.py: _train)
     parent = cfg.model.path if cfg.warm_start.mode == "none" else camp / "checkpoints/iter-0"
     cmd = launch_command(camp / "iter-1/samples.jsonl", parent, camp / "checkpoints/iter-1",
                          camp / "checkpoints/iter-1.train-io/trainer.json",
-                         camp / "checkpoints/iter-1.train-io/metrics.jsonl", iteration=1, accelerate_config=acc_path)
+                         camp / "checkpoints/iter-1.train-io/metrics.jsonl", iteration=1, accelerate_config=acc_path,
+                         max_staleness=cfg.algo.max_staleness, cpus=cfg.trainer.cpus)
     plan.commands.append(("trainer (iteration 1)", shlex.join(cmd)))
 
     # memory per GPU and phase

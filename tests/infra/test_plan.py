@@ -171,3 +171,15 @@ def test_a_plan_without_a_gpu_names_the_missing_option(monkeypatch):
         plan.run_plan(str(GPU8), [], gpus=1, echo=lambda s: None)
     with pytest.raises(ValueError, match=r"give the target machine as --gpus N --gpu-mem-gib M"):
         plan.run_plan(str(GPU8), [], echo=lambda s: None)
+
+
+def test_the_plan_prints_the_asynchronous_layout():
+    # issue 40, item 4: with algo.max_staleness >= 1 the plan says which GPUs serve and which train in a step
+    from infra.plan import build_plan, format_plan
+
+    text = format_plan(build_plan(_cfg(GPU8, "algo.max_staleness=1"), 8, 80, config_name=GPU8))
+    assert ("asynchronous   algo.max_staleness 1: in step k vLLM (GPUs 0-3) serves checkpoint k-1, evaluates it and "
+            "generates iteration k+1 while the trainer (GPUs 4-7) trains iteration k on trees one version old; "
+            "no GPU is shared") in text
+    assert text.count("--max-staleness 1") == 1  # the trainer's command
+    assert "asynchronous" not in format_plan(build_plan(_cfg(), 8, 80, config_name=GPU8))
