@@ -33,18 +33,22 @@ from pydantic import Field, field_validator
 
 from flows.forms import FormParams, OptionalFloat, OptionalInt, empty_means, no_default
 from infra.storage import ArtifactStore
-from rao_core.async_rl import OverlapStep, overlap_schedule, tree_version
+from rao_core.async_rl import OverlapStep, overlap_schedule
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
 from rao_core.progress import Timeline
 from tasks import tracking
-from tasks.common import RunContext, artifact_key, done_key, stored_record
+from tasks.common import RunContext, done_key, stored_record
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput,
                            ValidateOutput)
 from tasks.serve import STOP_SERVER_HOOKS, serve_checkpoint, shutdown_server
 from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
                           train_policy, validate_dataset)
+from tasks.bookkeeping import (CAMPAIGN_DONE_KEY, already_complete_line, campaign_run, completed_summary,  # noqa: F401
+                               iteration_run, log_config_params, mlflow_link, mlflow_setup, summary_artifact,
+                               summary_markdown)
 from tasks.warm_start import warm_start
 
+_summary_artifact = summary_artifact  # the name this module had
 
 def release_disk_reserve(flow, flow_run, state) -> None:
     """Prefect state hook, before the MLflow runs are closed: on a full disk, free the reserve under
@@ -163,31 +167,8 @@ def _tokenizer_path(ctx: RunContext, ckpt: Checkpoint) -> str:
     return str(checkpoint_local(ctx, ckpt))
 
 
-def log_config_params(run_id: str, cfg: CampaignConfig) -> None:
-    """The config, flattened (``trainer.lr``, ``algo.G``, ...), as the parameters of run ``run_id``."""
-    import mlflow
-
-    flat = _flatten(cfg.model_dump(mode="json"))
-    for i in range(0, len(flat), 90):
-        mlflow.MlflowClient().log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500])
-                                                        for k, v in list(flat.items())[i:i + 90]])
 
 
-def iteration_run(ctx: RunContext, iteration: int) -> str:
-    """The MLflow run of one iteration (nested in the campaign run; found again on resume): its metrics are
-    those of the checkpoint the iteration registers, so the registry's Compare view shows each version's own,
-    and its parameters the campaign's config (that view's Parameters section was empty: issue 42)."""
-    import mlflow
-
-    it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)
-    if it_run is None:
-        it_run = mlflow.MlflowClient().create_run(
-            ctx.mlflow_experiment_id, run_name=f"{ctx.name}-iter-{iteration}",
-            tags={"rao.campaign": ctx.name, "rao.iteration": str(iteration), "rao.kind": "iteration",
-                  "mlflow.parentRunId": ctx.campaign_run_id}).info.run_id
-        log_config_params(it_run, ctx.config)
-    tracking.claim_run(it_run)
-    return it_run
 
 
 def campaign_run_name() -> str:
@@ -325,91 +306,18 @@ def _overlap(spans: dict[str, tuple[float, float]]) -> float:
     return max(0.0, min(b for _, b in spans.values()) - max(a for a, _ in spans.values()))
 
 
-CAMPAIGN_DONE_KEY = "_done/campaign.json"  # the summary of the run that completed the campaign
 
 
-def completed_summary(store: Any, cfg: CampaignConfig) -> dict[str, Any] | None:
-    """The stored summary of campaign ``cfg.name`` when it is complete for ``cfg`` (its marker
-    ``CAMPAIGN/_done/campaign.json`` exists and records ``cfg.iterations`` iterations), else None.
-
-    ``store`` is the campaign's ``infra.storage.ArtifactStore``. A campaign asked for more iterations than it
-    ran is not complete: it resumes with the next one."""
-    if not store.exists(CAMPAIGN_DONE_KEY):
-        return None
-    summary = json.loads(store.get_bytes(CAMPAIGN_DONE_KEY))
-    return summary if summary.get("iterations_planned") == cfg.iterations else None
 
 
-def already_complete_line(summary: dict[str, Any], cli: bool = False) -> str:
-    """The log line of a re-run of a complete campaign: nothing was run, where the summary comes from, and how
-    to train further, in the words of where it was started: ``rao run``'s options (``cli``) or the run form's
-    fields (a flow run, whose summary is its ``<campaign>-summary`` artifact)."""
-    where, how = (("below", "another --name, or more --iterations") if cli else
-                  (f"in this flow run's artifact {artifact_key(summary['campaign'], 'summary')}",
-                   "another name, or more iterations, in the run form"))
-    return (f"campaign {summary['campaign']} is already complete ({summary['iterations_planned']} iterations, "
-            f"completed {summary.get('completed_at', '?')}): nothing to run, no server started, nothing logged; "
-            f"the summary {where} is that run's (use {how} to train further)")
 
 
-def mlflow_link(summary: dict[str, Any]) -> str:
-    """Where the campaign's MLflow run is: its page in the MLflow UI (the model-training view,
-    ``infra.tracking.MODEL_TRAINING_VIEW``) on the tracking server, or, for a local store, at the UI that
-    ``mlflow ui --backend-store-uri <uri>`` serves on port 5000 (the command is given)."""
-    from infra.tracking import MODEL_TRAINING_VIEW
-
-    uri, exp, run = summary.get("mlflow_uri", ""), summary.get("mlflow_experiment_id"), summary.get("mlflow_run_id")
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    page = f"{base}/#/experiments/{exp}/runs/{run}?{MODEL_TRAINING_VIEW}" if exp else f"{base} (run {run})"
-    return page if base == uri.rstrip("/") else f"{page} (start the UI: `.venv/bin/mlflow ui --backend-store-uri {uri}`)"
 
 
-def summary_markdown(summary: dict[str, Any], note: str = "") -> str:
-    """The campaign's summary as markdown (the flow run's ``<campaign>-summary`` artifact, the UI's copy of
-    ``rao run``'s end-of-run table): validation success by iteration with Wilson intervals, model version and
-    champion, the flow's wall time, where the artifacts are and the MLflow link. ``note``: a first line."""
-    def ev(rows: list[dict[str, Any]]) -> str:
-        return "<br>".join(f"{r['mode']}/{r['difficulty']}: {r['success']:.2f} {r['ci95']} (n {r['n']})"
-                           for r in rows or [])
-
-    lines = [f"## Campaign {summary['campaign']}", ""] + ([note, ""] if note else [])
-    lines += ["| iteration | train success | evaluation: success [95% CI] | version | champion |", "|---|---|---|---|---|"]
-    if summary.get("base_eval"):
-        reg = (summary.get("warm_start") or {}).get("register") or {}
-        lines.append(f"| 0 | | {ev(summary['base_eval'])} | {reg.get('version', '')} | "
-                     f"{'yes' if reg.get('champion') else ''} |")
-    for it in summary.get("iterations", []):
-        reg, m = it.get("register") or {}, it.get("metrics") or {}
-        lines.append(f"| {it['iteration']} | {m.get('success/root', float('nan')):.2f} | {ev(it.get('eval_rows'))} | "
-                     f"{reg.get('version', '')}{'' if reg.get('updated', True) else ' (no update)'} | "
-                     f"{'yes' if reg.get('champion') else ''} |")
-    lines += ["", f"- wall time: {summary.get('wall_s', '?')} s" + (f", completed {summary['completed_at']}"
-                                                                  if summary.get("completed_at") else ""),
-              f"- artifacts: {summary.get('s3_prefix', '?')}", f"- MLflow: {mlflow_link(summary)}"]
-    return "\n".join(lines) + "\n"
 
 
-def _summary_artifact(summary: dict[str, Any], note: str = "") -> None:
-    """The ``<campaign>-summary`` markdown artifact of this flow run (inside a Prefect run only; never fails it)."""
-    from tasks.common import in_prefect_run
-
-    if not in_prefect_run():
-        return
-    try:
-        from prefect.artifacts import create_markdown_artifact
-
-        create_markdown_artifact(key=artifact_key(summary["campaign"], "summary"),
-                                 markdown=summary_markdown(summary, note),
-                                 description=f"campaign {summary['campaign']}: results, artifacts, MLflow link")
-    except Exception as e:  # noqa: BLE001 - the UI's copy never fails the campaign
-        get_run_logger().warning(f"summary artifact: {type(e).__name__}: {e}")
 
 
-def _mlflow_setup(cfg: CampaignConfig) -> tuple[str, str]:
-    from infra.tracking import configure_mlflow, ensure_experiment
-
-    uri = configure_mlflow(cfg.tracking.tracking_uri)
-    return uri, ensure_experiment(cfg.tracking.experiment)
 
 
 @flow(name="rao-campaign", log_prints=True, flow_run_name=campaign_run_name, **FLOW_END_HOOKS)
@@ -434,7 +342,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
         done = completed_summary(ArtifactStore(s3, cfg.name), cfg)
         if done is not None:
             log.info(already_complete_line(done))
-            _summary_artifact(done, already_complete_line(done))
+            summary_artifact(done, already_complete_line(done))
             return {**done, "already_complete": True}
         timeline.lap("S3 storage start, completion check")
         summary = _run_campaign(cfg, s3, timeline)
@@ -443,7 +351,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     summary.update(timeline=timeline.to_dict(), wall_s=round(timeline.total, 1))
     log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow {mlflow_link(summary)}; "
              f"artifacts {summary['s3_prefix']}")
-    _summary_artifact(summary)
+    summary_artifact(summary)
     return summary
 
 
@@ -471,15 +379,8 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
     import mlflow
 
     timeline = timeline or Timeline()
-    uri, exp_id = _mlflow_setup(cfg)
-    run_id = tracking.find_campaign_run(exp_id, cfg.name)
-    if run_id is None:
-        run = mlflow.MlflowClient().create_run(exp_id, run_name=cfg.name,
-                                               tags={"rao.campaign": cfg.name, "rao.kind": "campaign"})
-        run_id = run.info.run_id
-        log_config_params(run_id, cfg)
-        tracking.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
-    tracking.claim_run(run_id)
+    uri, exp_id = mlflow_setup(cfg)
+    run_id = campaign_run(cfg, exp_id)
     summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": [],
                                "iterations_planned": cfg.iterations, "mlflow_experiment_id": exp_id}
     ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id, campaign_run_id=run_id)
@@ -566,12 +467,3 @@ def _overlapped_iterations(ctx: RunContext, ckpt: Checkpoint, summary: dict[str,
                 "metrics", "times", "register", "eval_rows")}, "checkpoint_local": fin["checkpoint"].local})
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out

@@ -248,12 +248,13 @@ def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
     """Evaluate a registered checkpoint and test whether it is worse than the champion beyond the tolerance."""
     import mlflow
 
-    from flows.campaign import CampaignParams, _mlflow_setup, storage
+    from flows.campaign import CampaignParams, storage
+    from tasks.bookkeeping import mlflow_setup
     from rao_core.regression import decide
 
     log = get_run_logger()
     base = CampaignParams(config=params.config, name=params.name).resolve()
-    uri, exp_id = _mlflow_setup(base)
+    uri, exp_id = mlflow_setup(base)
     campaign = params.campaign or CampaignParams(config=params.config).resolve().name
     name = tracking.registered_model_name(base, campaign)
     ref = params.model

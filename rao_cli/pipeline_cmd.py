@@ -203,11 +203,12 @@ def _make_started_at() -> float | None:
 
 
 def completed_campaign(cfg) -> dict | None:
-    """The stored summary of campaign ``cfg`` when it is already complete (``flows.campaign.completed_summary``:
+    """The stored summary of campaign ``cfg`` when it is already complete (``tasks.bookkeeping.completed_summary``:
     every iteration asked for has run), else None. Opens the campaign's storage (the configured endpoint, that of
     ``rao services up``, or an embedded SeaweedFS for the duration of the check) and reads one object: no
     Prefect API, no policy server, nothing written to MLflow."""
-    from flows.campaign import completed_summary, storage
+    from flows.campaign import storage
+    from tasks.bookkeeping import completed_summary
     from infra.storage import ArtifactStore
 
     with storage(cfg) as s3:
