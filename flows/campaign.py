@@ -37,18 +37,16 @@ from rao_core.async_rl import OverlapStep, overlap_schedule
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
 from rao_core.progress import Timeline
 from tasks import tracking
+from tasks.bookkeeping import (CAMPAIGN_DONE_KEY, already_complete_line, campaign_run, completed_summary,
+                               iteration_run, mlflow_link, mlflow_setup, summary_artifact)
 from tasks.common import RunContext, done_key, stored_record
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput,
                            ValidateOutput)
 from tasks.serve import STOP_SERVER_HOOKS, serve_checkpoint, shutdown_server
 from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
                           train_policy, validate_dataset)
-from tasks.bookkeeping import (CAMPAIGN_DONE_KEY, already_complete_line, campaign_run, completed_summary,  # noqa: F401
-                               iteration_run, log_config_params, mlflow_link, mlflow_setup, summary_artifact,
-                               summary_markdown)
 from tasks.warm_start import warm_start
 
-_summary_artifact = summary_artifact  # the name this module had
 
 def release_disk_reserve(flow, flow_run, state) -> None:
     """Prefect state hook, before the MLflow runs are closed: on a full disk, free the reserve under
@@ -165,10 +163,6 @@ def _tokenizer_path(ctx: RunContext, ckpt: Checkpoint) -> str:
     from tasks.serve import checkpoint_local
 
     return str(checkpoint_local(ctx, ckpt))
-
-
-
-
 
 
 def campaign_run_name() -> str:
@@ -296,28 +290,17 @@ def rao_overlap_step(ctx: RunContext, plan: OverlapStep, serve: Checkpoint, pare
     with ThreadPoolExecutor(2, thread_name_prefix=f"step-{plan.step}") as pool:
         train_f, serve_f = _in_thread(pool, train_side), _in_thread(pool, serving_side)
         finished, trained = serve_f.result(), train_f.result()  # either side's failure fails the step
-    log.info(f"step {plan.step}: " + "; ".join(f"{n} {a:.0f}-{b:.0f} s" for n, (a, b) in spans.items())
-             + (f"; overlap {_overlap(spans):.0f} s" if len(spans) == 2 else ""))
+    log.info(f"step {plan.step}: {_spans_text(spans)}")
     return {"trained": trained, "finished": finished, "spans": spans, "serve_s": round(serve_s, 3)}
 
 
-def _overlap(spans: dict[str, tuple[float, float]]) -> float:
-    """Seconds during which every span of ``spans`` ran at once (0 when they did not meet)."""
-    return max(0.0, min(b for _, b in spans.values()) - max(a for a, _ in spans.values()))
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+def _spans_text(spans: dict[str, tuple[float, float]]) -> str:
+    """``train side 0-95 s; serving side 0-80 s; overlap 80 s``: each side's span from the step's start and, when
+    both ran, the seconds during which they ran at once (0 when they did not meet)."""
+    text = "; ".join(f"{n} {a:.0f}-{b:.0f} s" for n, (a, b) in spans.items())
+    if len(spans) == 2:
+        text += f"; overlap {max(0.0, min(b for _, b in spans.values()) - max(a for a, _ in spans.values())):.0f} s"
+    return text
 
 
 @flow(name="rao-campaign", log_prints=True, flow_run_name=campaign_run_name, **FLOW_END_HOOKS)
@@ -411,18 +394,16 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
                                                                     it0).model_dump(by_alias=True)
             mlflow.MlflowClient().set_terminated(it0)
             timeline.lap("register iteration 0")
-        if cfg.algo.max_staleness >= 1 and cfg.iterations >= 1:
+        if cfg.algo.max_staleness == 0:
+            for k in range(1, cfg.iterations + 1):
+                t_it = time.time()
+                resumed = ctx.store().exists(done_key(k, "log"))  # complete: its stages return their markers
+                out = rao_iteration(ctx, k, ckpt)
+                ckpt = out["checkpoint"]
+                timeline.lap(f"iteration {k}", _iteration_detail(out["times"], time.time() - t_it, resumed))
+                _iteration_done(ctx, k, out, summary, timeline)
+        elif cfg.iterations >= 1:  # asynchronous RL (overlap_schedule needs an iteration)
             _overlapped_iterations(ctx, ckpt, summary, timeline)
-        for k in range(1, cfg.iterations + 1) if cfg.algo.max_staleness == 0 else ():
-            t_it = time.time()
-            resumed = ctx.store().exists(done_key(k, "log"))  # complete: its stages return their markers
-            out = rao_iteration(ctx, k, ckpt)
-            ckpt = out["checkpoint"]
-            timeline.lap(f"iteration {k}", _iteration_detail(out["times"], time.time() - t_it, resumed))
-            _retention(ctx, out, timeline, k)
-            summary["iterations"].append({"iteration": k, "metrics": out["metrics"], "times": out["times"],
-                                          "register": out["register"], "eval_rows": out["eval_rows"],
-                                          "checkpoint_local": ckpt.local})
     finally:
         shutdown_server()
     timeline.lap("vLLM stop")
@@ -435,12 +416,17 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
     return summary
 
 
-def _retention(ctx: RunContext, finished: dict[str, Any], timeline: Timeline, k: int) -> None:
-    """``checkpoints.*`` retention once iteration ``k`` is finished (resume and the registry keep theirs)."""
+def _iteration_done(ctx: RunContext, k: int, finished: dict[str, Any], summary: dict[str, Any],
+                    timeline: Timeline) -> None:
+    """After iteration ``k`` finished (``finished``: :func:`_finish_iteration`'s entry), in either loop:
+    ``checkpoints.*`` retention (resume and the registry keep theirs), then its row of ``summary``."""
     from infra.retention import prune_campaign
 
     prune_campaign(ctx.store(), ctx.config.checkpoints, finished["register"]["model"], ctx.local("checkpoints"))
     timeline.lap(f"retention after iteration {k}")
+    summary["iterations"].append({"iteration": k, **{f: finished[f] for f in ("metrics", "times", "register",
+                                                                              "eval_rows")},
+                                  "checkpoint_local": finished["checkpoint"].local})
 
 
 def _overlapped_iterations(ctx: RunContext, ckpt: Checkpoint, summary: dict[str, Any], timeline: Timeline) -> None:
@@ -454,16 +440,12 @@ def _overlapped_iterations(ctx: RunContext, ckpt: Checkpoint, summary: dict[str,
         out = rao_overlap_step(ctx, plan, ckpts[plan.serve], ckpts.get(plan.train - 1) if plan.train else None)
         if out["trained"] is not None:
             ckpts[plan.train] = out["trained"].checkpoint
-        spans = out["spans"]
-        detail = "; ".join(f"{n} {a:.0f}-{b:.0f} s" for n, (a, b) in spans.items())
         what = " + ".join(x for x in (f"train {plan.train}" if plan.train else "",
                                       f"evaluate {plan.evaluate}" if plan.evaluate else "",
                                       f"generate {plan.generate_next}" if plan.generate_next else "") if x)
-        timeline.lap(f"step {plan.step} ({what})", f"swap {out['serve_s']:.0f} s; {detail}"
-                     + (f"; overlap {_overlap(spans):.0f} s of {time.time() - t0:.0f} s" if len(spans) == 2 else ""))
-        if (fin := out["finished"]) is not None:
-            _retention(ctx, fin, timeline, plan.evaluate)
-            summary["iterations"].append({"iteration": plan.evaluate, **{k: fin[k] for k in (
-                "metrics", "times", "register", "eval_rows")}, "checkpoint_local": fin["checkpoint"].local})
+        timeline.lap(f"step {plan.step} ({what})",
+                     f"swap {out['serve_s']:.0f} s; {_spans_text(out['spans'])} (step {time.time() - t0:.0f} s)")
+        if out["finished"] is not None:
+            _iteration_done(ctx, plan.evaluate, out["finished"], summary, timeline)
 
 

@@ -201,6 +201,11 @@ def stored_record(ctx: RunContext, iteration: int | str, stage_name: str, record
     store, key = ctx.store(), done_key(iteration, stage_name)
     if not store.exists(key):
         raise FileNotFoundError(f"{stage_label(iteration, stage_name)} has not completed (no marker {store.uri(key)})")
+    return _marker_record(store, key, record)
+
+
+def _marker_record(store: ArtifactStore, key: str, record: type[R]) -> R:
+    """The record stored in the marker ``key`` of ``store``, marked ``resumed``."""
     return record.model_validate({**json.loads(store.get_bytes(key)), "resumed": True})
 
 
@@ -227,7 +232,7 @@ def stage(stage_name: str, **task_options: Any) -> Callable[[Callable[..., R]], 
             ctx, iteration = bound.arguments["ctx"], bound.arguments["iteration"]
             store, key = ctx.store(), done_key(iteration, stage_name)
             if store.exists(key):
-                return record.model_validate({**json.loads(store.get_bytes(key)), "resumed": True})
+                return _marker_record(store, key, record)
             t0 = time.monotonic()
             try:
                 out = fn(*bound.args, **bound.kwargs)

@@ -177,7 +177,9 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
         trees = _generate_locally(ctx, iteration, tasks, served, tokenizer_path, ui)
     gen_s = time.monotonic() - t0
     serving = pool_delta(served_before, [scrape(u) for u in served.urls], gen_s)
-    version = iteration - 1 if policy_version is None else policy_version
+    from rao_core.async_rl import tree_version
+
+    version = tree_version(iteration, 0) if policy_version is None else policy_version
     for t in trees:
         t.meta.update({"campaign": ctx.name, "iteration": iteration})
         t.policy_version = version

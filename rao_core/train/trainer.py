@@ -317,15 +317,16 @@ def train(
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
     rows, skipped = _skip_zero_coefficient(all_rows, cfg)
     rows = _proximal_logprobs(run, rows, sample_staleness(rows, parent_version), phase)
+    rows_hash = data_hash(all_rows)  # the resume point's key and the manifest's data_hash
     resume = _ResumePoint(out_dir.with_name(out_dir.name + ".resume"),
-                          f"{data_hash(all_rows)}:{cfg.config_hash()}:{model_path}:{iteration}")
+                          f"{rows_hash}:{cfg.config_hash()}:{model_path}:{iteration}")
     done = resume.load(run)  # the metrics of the steps an interrupted run of the same inputs already took
     phase(f"resumed after optimizer step {len(done)} ({resume.folder})" if done else
           "model and optimizer ready; first optimizer step running")
     metrics = _train_epochs(run, rows, skipped, iteration, on_step, on_progress,
                             show_progress is not False and run.accelerator.is_main_process, resume=resume, done=done)
     phase("saving checkpoint")
-    manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration)
+    manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration, rows_hash)
     manifest["policy_version"] = {"parent": parent_version, "max_staleness": max_staleness,
                                   "staleness": {str(k): v for k, v in sorted(staleness.items())}}
     optim_state = None if run.sharded else {
@@ -656,13 +657,14 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
 
 
 def _manifest(run: _Session, model_path: Path, base_path: Path, all_rows: list[Sample], rows: list[Sample],
-              metrics: list[dict[str, float]], iteration: int) -> dict[str, Any]:
-    """The checkpoint's ``rao-checkpoint.json``: lineage, data and config hashes, what ran and how."""
+              metrics: list[dict[str, float]], iteration: int, rows_hash: str) -> dict[str, Any]:
+    """The checkpoint's ``rao-checkpoint.json``: lineage, data and config hashes (``rows_hash``:
+    ``data_hash(all_rows)``), what ran and how."""
     cfg, parent = run.cfg, read_manifest(model_path) or {}
     return {
         "kind": "lora" if cfg.lora is not None else "full", "parent_checkpoint": str(model_path),
         "parent_iteration": parent.get("iteration"), "parent_data_hash": parent.get("data_hash"),
-        "base_model": str(base_path), "iteration": iteration, "data_hash": data_hash(all_rows),
+        "base_model": str(base_path), "iteration": iteration, "data_hash": rows_hash,
         "config_hash": cfg.config_hash(), "config": json.loads(cfg.model_dump_json()),
         "num_samples": len(all_rows), "num_trained_samples": len(rows), "num_steps": run.steps,
         "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows), "created_at": time.time(),

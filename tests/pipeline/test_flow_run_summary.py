@@ -18,7 +18,7 @@ SUMMARY = {
 
 
 def test_summary_markdown_has_the_results_the_artifacts_and_the_mlflow_link():
-    from flows.campaign import summary_markdown
+    from tasks.bookkeeping import summary_markdown
 
     md = summary_markdown(SUMMARY)
     assert md.startswith("## Campaign ui-demo\n")
@@ -51,15 +51,15 @@ def test_the_summary_artifact_is_written_in_a_flow_run_only(monkeypatch):
     import prefect.artifacts
 
     import tasks.common
-    from flows import campaign
+    from tasks import bookkeeping
 
     made = []
     monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact",
                         lambda key, markdown, **kw: made.append((key, markdown)))
-    campaign._summary_artifact(SUMMARY)
+    bookkeeping.summary_artifact(SUMMARY)
     assert made == []  # not in a run
     monkeypatch.setattr(tasks.common, "in_prefect_run", lambda: True)
-    campaign._summary_artifact(SUMMARY, "a note")
+    bookkeeping.summary_artifact(SUMMARY, "a note")
     (key, md), = made
     assert key == "ui-demo-summary" and md.startswith("## Campaign ui-demo\n\na note\n")
 
