@@ -115,7 +115,7 @@ def test_campaign_refuses_a_bad_pool_before_serving(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the campaign went past the task-pool check")
 
-    monkeypatch.setattr(campaign, "_mlflow_setup", boom)
+    monkeypatch.setattr(campaign, "mlflow_setup", boom)
     monkeypatch.setattr(campaign, "serve_checkpoint", boom)
     path = _write(tmp_path / "pool.jsonl", [_textcraft_record(), _textcraft_record(targets={"zz9_i999": 1})])
     params = campaign.CampaignParams(overrides=[f"tasks.train_file={path}", "tasks.env=textcraft-synth"])
