@@ -12,7 +12,9 @@ peak RSS is per run:
 - ``full``: the same trainer with ``logprob_chunk_tokens=None`` (full logits), to separate the chunking
   from the rest of the trainer;
 - ``bf16``: ``chunked`` with ``dtype=bfloat16_if_native`` (bf16 autocast where the CPU or GPU has native
-  bf16, else the same as ``chunked``).
+  bf16, else the same as ``chunked``);
+- ``gc``: ``bf16`` with ``gradient_checkpointing=True`` (the decoder layers' activations recomputed in the
+  backward pass instead of kept: issue 43's cheap memory reduction; compare it with ``bf16``).
 Each run does ``--steps`` optimizer steps of ``--mbs`` micro-batches of ``--rows`` x ``--seq`` tokens.
 The runs are interleaved (repeat 1: plain, chunked, ...; repeat 2: plain, chunked, ...) so that a drift of
 the machine's speed hits all loops alike. Per run: median step time over the steps after the first
@@ -62,7 +64,7 @@ def peak_mem_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_trainer(a, lora: bool, chunked: bool = True, dtype: str = "auto") -> dict:
+def run_trainer(a, lora: bool, chunked: bool = True, dtype: str = "auto", checkpointing: bool = False) -> dict:
     import tempfile
 
     from transformers import AutoConfig
@@ -72,7 +74,8 @@ def run_trainer(a, lora: bool, chunked: bool = True, dtype: str = "auto") -> dic
     samples = make_samples(a.rows * a.mbs * a.steps, a.seq, int(AutoConfig.from_pretrained(a.model).vocab_size))
     cfg = TrainerConfig(loss_type="ppo", lr=1e-6, micro_batch_size=a.rows, grad_accum=a.mbs, shuffle=False,
                         lora=LoraSettings(r=16, alpha=32) if lora else None,
-                        logprob_chunk_tokens=a.chunk_tokens if chunked else None, dtype=dtype)
+                        logprob_chunk_tokens=a.chunk_tokens if chunked else None, dtype=dtype,
+                        gradient_checkpointing=checkpointing)
     with tempfile.TemporaryDirectory() as d:
         res = train(samples, a.model, Path(d) / "ck", cfg)
     times = [m["train/step_s"] for m in res.metrics][1:]
@@ -119,7 +122,8 @@ def run_plain(a, lora: bool) -> dict:
 
 
 RUNNERS = {"plain": run_plain, "chunked": run_trainer, "full": lambda a, lora: run_trainer(a, lora, chunked=False),
-           "bf16": lambda a, lora: run_trainer(a, lora, dtype="bfloat16_if_native")}
+           "bf16": lambda a, lora: run_trainer(a, lora, dtype="bfloat16_if_native"),
+           "gc": lambda a, lora: run_trainer(a, lora, dtype="bfloat16_if_native", checkpointing=True)}
 
 
 def _stats(xs: list[float]) -> str:
@@ -137,7 +141,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=4, help="samples per micro-batch")
     p.add_argument("--mbs", type=int, default=2, help="micro-batches per optimizer step")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every run")
-    p.add_argument("--kinds", default="plain,chunked", help="comma list of plain, chunked, full, bf16 (plain first)")
+    p.add_argument("--kinds", default="plain,chunked", help="comma list of plain, chunked, full, bf16, gc "
+                   "(plain first)")
     p.add_argument("--modes", default="full,lora", help="comma list of full, lora")
     p.add_argument("--chunk-tokens", type=int, default=1024, help="TrainerConfig.logprob_chunk_tokens (chunked)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: "chunked-full" etc., run in a subprocess
@@ -148,7 +153,7 @@ def main() -> None:
         return
     kinds, modes = a.kinds.split(","), a.modes.split(",")
     if kinds[0] != "plain" or not set(kinds) <= set(RUNNERS) or not set(modes) <= {"full", "lora"} or a.steps < 2:
-        sys.exit("--kinds must start with plain and name only plain/chunked/full/bf16; --modes full/lora; "
+        sys.exit("--kinds must start with plain and name only plain/chunked/full/bf16/gc; --modes full/lora; "
                  "--steps >= 2")
     runs: dict[tuple[str, str], list[dict]] = {(k, m): [] for m in modes for k in kinds}
     for rep in range(a.repeats):
