@@ -27,7 +27,27 @@ What a row keeps so a reader can audit it (issue 38, ``docs/results/*.json``): t
 (``per_task``, for paired tests), root end reasons, completion tokens per tree (mean and total; not tokens
 per solved task, which restates the success rate), wall-clock per tree (mean and median), the histograms
 of children per tree and of tree depth, per-depth node statistics, and a bounded sample of its trees made
-small by :func:`compact_tree` (:func:`tree_sample`: failures and successes alternately, in task order).
+small by :func:`compact_tree` (:func:`tree_sample`: failures and successes alternately, in task order),
+and why each missed task missed (``misses``: :func:`miss_cause` over the scored roots with a value below 1).
+
+Miss attribution (issue 38 item 4; a project addition, the paper does not attribute failures): each missed
+root gets ONE primary cause read from its execution tree, the first that holds in this order:
+
+1. ``child_two_targets``: the root gave a depth-1 child two or more targets (``goal_args["targets"]`` with
+   >= 2 items; in the ``tier1x<K>`` shape one child per target is what fits a window);
+2. ``child_failed``: a depth-1 child ended by its own doing (finished, max_steps or context_overflow) without
+   succeeding (verifier < 1, or no value and not finished). Children cut by the tree's limits, by an
+   infrastructure error or by cancellation are not counted here: their cause is the tree's (below). This
+   departs from the plain rule "a depth-1 node with verifier < 1" so that a timeout is not read as a
+   child's failure;
+3. ``window``: the root ended by its context window (``context_overflow``);
+4. ``limit``: the root ended by a step or time limit (``max_steps``, ``tree_step_budget``,
+   ``tree_timeout``), or some node was cut by the tree's budget or wall-clock limit;
+5. ``error``: an infrastructure failure (the root ended ``policy_error``, ``sandbox_error``,
+   ``token_prefix_break`` or ``cancelled``, any node ended by one of the first three, or the rollout crashed:
+   ``tree.error``);
+6. ``finished_wrong``: the root called finish with every child fine and its targets not crafted;
+7. ``other``: anything else (a root still ``running``; not expected in a finished tree).
 """
 
 from __future__ import annotations
@@ -46,18 +66,23 @@ from rao_core.envs.base import Environment, Task
 from rao_core.metrics import parallel_share
 from rao_core.policies.base import Policy
 from rao_core.runtime import RuntimeConfig, run_trees
-from rao_core.tree import ExecutionTree, Node, verifier_value
+from rao_core.tree import EndReason, ExecutionTree, Node, verifier_value
 
-__all__ = ["COMPACT_MAX_CHARS", "SAMPLE_MAX_CHARS", "STORED_TREES", "DevSet", "EvalConfig", "EvalRow", "EvalReport",
-           "Mode", "compact_tree", "compare", "depth_stats", "dev_tasks", "eval_tasks", "evaluate_policy",
-           "evaluate_suite", "mode_runtime", "render_report", "report_from_trees", "run_evaluation", "summarise",
-           "tree_sample", "wilson_interval", "Z95"]
+__all__ = ["COMPACT_MAX_CHARS", "MISS_CAUSES", "SAMPLE_MAX_CHARS", "STORED_TREES", "DevSet", "EvalConfig", "EvalRow",
+           "EvalReport", "Mode", "compact_tree", "compare", "depth_stats", "dev_tasks", "eval_tasks", "evaluate_policy",
+           "evaluate_suite", "miss_cause", "miss_counts", "mode_runtime", "render_report", "report_from_trees",
+           "run_evaluation", "summarise", "tree_sample", "wilson_interval", "Z95"]
 
 Mode = Literal["recursive", "single"]
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 STORED_TREES = 10  # evaluated trees kept per (mode, difficulty) row by default (EvalConfig.stored_trees)
 COMPACT_MAX_CHARS = 4000  # longest text, code, observation or goal a compact tree keeps (compact_tree)
 SAMPLE_MAX_CHARS = 400_000  # JSON characters of one row's compact trees at most (tree_sample; ~60 KB gzipped)
+#: Primary causes of a missed task, in order of precedence (module docstring; :func:`miss_cause`).
+MISS_CAUSES = ("child_two_targets", "child_failed", "window", "limit", "error", "finished_wrong", "other")
+_CHILD_OWN_ENDS = frozenset({EndReason.FINISHED, EndReason.MAX_STEPS, EndReason.CONTEXT_OVERFLOW})
+_TREE_LIMIT_ENDS = frozenset({EndReason.TREE_STEP_BUDGET, EndReason.TREE_TIMEOUT})
+_INFRA_ENDS = frozenset({EndReason.POLICY_ERROR, EndReason.SANDBOX_ERROR, EndReason.TOKEN_PREFIX_BREAK})
 
 
 class EvalConfig(BaseModel):
@@ -187,6 +212,7 @@ class EvalRow(BaseModel):
     children_per_tree: dict[str, int] = Field(default_factory=dict)  # the root's children -> trees
     depth_hist: dict[str, int] = Field(default_factory=dict)  # tree depth (0 = root only) -> trees
     per_depth: dict[str, dict[str, Any]] = Field(default_factory=dict)  # depth -> depth_stats(...)
+    misses: dict[str, int] = Field(default_factory=dict)  # miss_counts(...): cause -> missed scored roots
     sample: list[ExecutionTree] = Field(default_factory=list, exclude=True)  # tree_sample(...): compact trees
 
     @property
@@ -213,8 +239,8 @@ class EvalRow(BaseModel):
         difficulty, n, unscored, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth, delegation_rate,
         wall_s, child_success (None without children), child_nodes, parallel_share, tree_wall_s (mean) and
         tree_wall_s_median, tokens_per_tree (mean completion tokens) and tokens_total; then the audit fields
-        of the experiment's record: end_reasons, children_per_tree, depth_hist, per_depth, per_task, and
-        ``trees`` (the compact sample as JSON objects; absent when empty). Tokens per solved task are no
+        of the experiment's record: end_reasons, children_per_tree, depth_hist, per_depth, per_task, misses
+        (:func:`miss_counts`), and ``trees`` (the compact sample as JSON objects; absent when empty). Tokens per solved task are no
         longer a column (they restate the success rate: issue 38)."""
         row = {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "unscored": self.unscored,
                "successes": round(self.successes, 4), "success": round(self.success, 3),
@@ -226,7 +252,7 @@ class EvalRow(BaseModel):
                "tokens_per_tree": round(self.mean_tokens, 1), "tokens_total": self.tokens_total,
                "end_reasons": dict(self.end_reasons), "children_per_tree": dict(self.children_per_tree),
                "depth_hist": dict(self.depth_hist), "per_depth": {d: dict(v) for d, v in self.per_depth.items()},
-               "per_task": dict(self.per_task)}
+               "per_task": dict(self.per_task), "misses": dict(self.misses)}
         if self.sample:
             row["trees"] = [t.model_dump(mode="json") for t in self.sample]
         return row
@@ -312,6 +338,53 @@ def depth_stats(trees: Sequence[ExecutionTree]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _target_count(node: Node) -> int:
+    """How many targets ``node``'s structured goal names (``goal_args["targets"]``: a dict or a list); 0
+    without any."""
+    targets = node.goal_args.get("targets")
+    return len(targets) if isinstance(targets, (dict, list, tuple)) else 0
+
+
+def _child_failed(node: Node) -> bool:
+    """True when a child ended by its own doing (finished, max_steps, context_overflow) without succeeding:
+    verifier value < 1, or no value and not finished."""
+    if node.end_reason not in _CHILD_OWN_ENDS:
+        return False
+    value = verifier_value(node)
+    return value < 1.0 if value is not None else not node.finished
+
+
+def miss_cause(tree: ExecutionTree) -> str | None:
+    """The primary cause (one of :data:`MISS_CAUSES`) of ``tree``'s miss, by the precedence of the module
+    docstring; None when the root succeeded (value >= 1) or could not be verified (unscored: not a miss).
+    Reads only the tree (its root, its depth-1 children and every node's end reason)."""
+    value = verifier_value(tree.root)
+    if value is None or value >= 1.0:
+        return None
+    root, kids = tree.root, tree.children_of(tree.root_id)
+    if any(_target_count(k) >= 2 for k in kids):
+        return "child_two_targets"
+    if any(_child_failed(k) for k in kids):
+        return "child_failed"
+    if root.end_reason == EndReason.CONTEXT_OVERFLOW:
+        return "window"
+    if root.end_reason == EndReason.MAX_STEPS or any(x.end_reason in _TREE_LIMIT_ENDS for x in tree.nodes):
+        return "limit"
+    if (tree.error or root.end_reason == EndReason.CANCELLED
+            or any(x.end_reason in _INFRA_ENDS for x in tree.nodes)):
+        return "error"
+    if root.finished:
+        return "finished_wrong"
+    return "other"
+
+
+def miss_counts(trees: Sequence[ExecutionTree]) -> dict[str, int]:
+    """``{cause: missed roots}`` of :func:`miss_cause` over ``trees``, causes in :data:`MISS_CAUSES` order,
+    only those that occur (empty when nothing missed); the counts sum to the scored roots below 1."""
+    counts = Counter(c for t in trees if (c := miss_cause(t)) is not None)
+    return {c: counts[c] for c in MISS_CAUSES if counts[c]}
+
+
 def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, graded: bool = True,
               wall_s: float = 0.0, keep_trees: int = 0, max_sample_chars: int = SAMPLE_MAX_CHARS) -> EvalRow:
     """One :class:`EvalRow` from ``trees`` (module docstring: success rule, Wilson interval, audit fields);
@@ -348,7 +421,7 @@ def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, gra
         per_task={t.task_id: outcome(v) for t, v in zip(trees, vals)}, tokens_total=int(tokens),
         median_tree_wall_s=statistics.median(walls) if walls else 0.0,
         children_per_tree=_histogram([len(t.children_of(t.root_id)) for t in trees]),
-        depth_hist=_histogram([t.depth for t in trees]), per_depth=depth_stats(trees),
+        depth_hist=_histogram([t.depth for t in trees]), per_depth=depth_stats(trees), misses=miss_counts(trees),
         sample=tree_sample(trees, keep_trees, max_chars=max_sample_chars) if keep_trees else [],
     )
 

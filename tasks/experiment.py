@@ -8,7 +8,8 @@ evaluated difficulty, recursive mode: a one-sided pooled two-proportion z-test
 
 What a record holds so a reader can recompute every sentence about it (issue 38): per point, the
 evaluation row's audit fields (:data:`POINT_KEYS`: per-task outcomes, root end reasons, tokens and
-wall-clock per tree, children and depth histograms, per-depth statistics) and the file of its stored trees;
+wall-clock per tree, children and depth histograms, per-depth statistics, the cause of each miss) and the
+file of its stored trees;
 per RL iteration, the rollout and training statistics the campaign logged to MLflow
 (:func:`iteration_stats`, key ``training``); and the run's arms, seeds (training and evaluation), commits
 and preregistered endpoint. The stored trees of a point (``rao_core.evaluation.tree_sample``: a few compact
@@ -40,7 +41,7 @@ from rao_core.evaluation import two_proportion_test
 #: ``tokens_per_tree`` and ``tokens_total``: tokens per solved task restate the success rate).
 POINT_KEYS = ("unscored", "child_success", "child_nodes", "parallel_share", "tree_wall_s", "tree_wall_s_median",
               "tokens_per_tree", "tokens_total", "tokens_per_success", "end_reasons", "children_per_tree",
-              "depth_hist", "per_depth", "per_task")
+              "depth_hist", "per_depth", "per_task", "misses")
 #: Largest stored-trees file (bytes, gzipped): trees at the end of a sample are dropped until it fits.
 TREE_FILE_MAX_BYTES = 200_000
 
@@ -128,7 +129,8 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
     """The ``docs/results/<experiment>.json`` record: points (with :data:`POINT_KEYS` and, from
     ``tree_files`` ``{point_key: (path, trees)}``, ``trees`` and ``trees_stored``), the per-iteration
     ``training`` statistics (:func:`iteration_stats` rows with their ``arm`` and ``iteration``), the run's
-    ``arm``/``arms``, ``seed``, ``eval_seed``, commits and ``endpoint`` from ``meta`` (None when ``meta``
+    ``arm``/``arms``, ``seed``, ``eval_seed``, commits, ``endpoint`` and ``single_max_steps`` (the single
+    arm's node step limit) from ``meta`` (None when ``meta``
     lacks them), and the test of the recursive arm's last iteration vs its warm start on the first
     evaluated difficulty (recursive mode)."""
     from rao_core.paths import REPO_ROOT
@@ -168,7 +170,8 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
             "eval_seed": meta.get("eval_seed"), "dev_seed": meta.get("dev_seed"), "commit": meta["commit"],
             "config_commit": meta.get("config_commit"), "config_dirty": meta.get("config_dirty"),
             "endpoint": meta.get("endpoint"), "task_sets": meta.get("task_sets"), "date": meta["date"],
-            "wall_s": round(meta["wall_s"], 1), "config_values": config, "points": points,
+            "wall_s": round(meta["wall_s"], 1), "single_max_steps": meta.get("single_max_steps"),
+            "config_values": config, "points": points,
             "training": list(training or []), "warm_start": meta.get("warm_start"), "test": test,
             "arm_tests": arm_tests(points)}
 
