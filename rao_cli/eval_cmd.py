@@ -1,8 +1,11 @@
 """``rao eval``: evaluate any checkpoint folder on any task file, with the campaign's evaluation code.
 
-The command serves the checkpoint with vLLM as the campaign's serving stage does
-(``infra.serving.server_from_config``: the serving settings and the GPU placement of ``--config``, i.e.
-``gpus.serve`` as CUDA_VISIBLE_DEVICES and vLLM's tensor/data parallelism; no LoRA slots, no sleep mode) or uses a running OpenAI-compatible server (``--base-url``), then calls
+The command is one job of ``tasks.studies.serve_and_evaluate``, the serve-then-evaluate path the checkpoint
+studies share (``rao experiment textcraft-generalisation`` / ``textcraft-wallclock``): it serves the
+checkpoint with vLLM as the campaign's serving stage does (``infra.serving.server_from_config``: the serving
+settings and the GPU placement of ``--config``, i.e. ``gpus.serve`` as CUDA_VISIBLE_DEVICES and vLLM's
+tensor/data parallelism; no LoRA slots, no sleep mode; ``max_model_len`` at least the runtime's context
+window) or uses a running OpenAI-compatible server (``--base-url``), then calls
 ``rao_core.evaluation.run_evaluation``, the function behind the campaign's, the experiment's and the
 nightly evaluations, with the runtime limits of ``--config``. It prints the success rate with its Wilson
 95% interval; ``--json`` prints exactly one JSON object on stdout (everything else goes to stderr).
@@ -55,7 +58,7 @@ def register(app: typer.Typer) -> None:
         from infra.models import ModelError
         from rao_cli import InputError, input_errors
         from rao_core.envs import get_env, load_tasks
-        from rao_core.evaluation import EvalConfig, render_report, run_evaluation
+        from rao_core.evaluation import EvalConfig, render_report
         from rao_core.runtime import load_tokenizer
 
         if mode not in ("recursive", "single"):
@@ -78,32 +81,16 @@ def register(app: typer.Typer) -> None:
                                          param_hint="'--n'")
             tasks = tasks[:n]
         ev = EvalConfig(modes=[mode], graded=cfg.eval.graded)  # the tasks are given: only modes/graded matter
-        tokenizer = load_tokenizer(str(model))
+        load_tokenizer(str(model))  # a checkpoint without a chat template fails here, before any server starts
         say = (lambda msg: print(msg, file=sys.stderr)) if as_json else print
 
         def evaluate() -> object:
-            server = None
-            try:
-                if base_url:
-                    from infra.serving import wait_for_server
+            from tasks.studies import EvalJob, serve_and_evaluate
 
-                    wait_for_server(base_url)
-                    url, name = base_url, served_name or cfg.serving.served_model_name
-                else:
-                    from infra.serving import server_from_config
-
-                    server = server_from_config(cfg, model, switching=False)  # as the campaign serves (tasks/serve.py)
-                    where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
-                    say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
-                    server.on_progress = say  # its phases from its log, and a line every 20 s
-                    server.start()
-                    url, name = server.base_url, server.model
-                say(f"evaluating {len(tasks)} {env.name} tasks of {task_file}, mode {mode}")
-                return run_evaluation(ev, env=env, tasks=tasks, runtime=cfg.runtime, tokenizer=tokenizer,
-                                      base_url=url, model=name)
-            finally:
-                if server is not None:
-                    server.stop()
+            job = EvalJob(label=f"{len(tasks)} {env.name} tasks of {task_file}, mode {mode}", config=ev,
+                          runtime=cfg.runtime, tasks=tasks)
+            return serve_and_evaluate(cfg, model, [job], env=env, base_url=base_url, served_name=served_name,
+                                      say=say)[0]
 
         def on_interrupt(signum: int) -> str:
             import signal
@@ -125,3 +112,5 @@ def register(app: typer.Typer) -> None:
         print(f"success {row.success:.3f} (95% CI [{row.ci_low:.3f}, {row.ci_high:.3f}]) = {row.successes:g} / "
               f"{row.scored} tasks{extra}; mean depth {row.mean_depth:.2f}, delegation rate "
               f"{row.delegation_rate:.2f}")
+        if row.misses:  # rao_core.evaluation.miss_cause: one cause per missed task
+            print("missed: " + ", ".join(f"{c} {k}" for c, k in row.misses.items()))

@@ -1,6 +1,8 @@
 """``rao experiment``: learning-curve experiments on CPU, one command each (textcraft-ablation, textcraft-nested,
 textcraft-tier1x, textcraft-tier1, textcraft-cpu: RAO vs an outcome-only ablation vs a single agent; recursion one
-level deeper than trained; recursive vs single agent)."""
+level deeper than trained; recursive vs single agent), and the studies of an experiment's checkpoints
+(textcraft-generalisation: success and the cause of each miss vs the number of sub-goals K; textcraft-wallclock:
+wall-clock one tree at a time, children gathered vs sequential vs the single agent; ``tasks/studies.py``)."""
 
 from __future__ import annotations
 
@@ -156,3 +158,117 @@ def seeds(
     with input_errors():  # no record, or one that is not JSON: one error: line naming it, exit 2
         records = seed_records(experiment)
     console.print(write_seeds_section(experiment, records, write_docs))
+
+
+RECORD_HELP = "Experiment record whose checkpoints (each arm's last iteration), configs and evaluation seed are used."
+STUDY_DOCS_HELP = ("Write docs/results/{name}.json, its stored trees and the {doc} section (else all of it goes to "
+                   "a folder ./{name}/ and the section is only printed).")
+
+
+def _arm_paths(values: list[str]) -> list[str]:
+    """typer callback of ``--model`` (generalisation): every value is ARM=PATH."""
+    for v in values:
+        arm, _, path = v.partition("=")
+        if not arm.strip() or not path.strip():
+            raise typer.BadParameter(f"expected ARM=PATH (e.g. single=/path/to/checkpoint), got {v!r}")
+    return values
+
+
+DRY_RUN_HELP = "Print the plan (checkpoints, evaluations, runtimes, task sets checked) and start nothing."
+
+
+def _run_study(plan_fn, write_docs: bool, dry_run: bool, **options) -> None:
+    """Plan the study (every input checked: one ``error:`` line, exit 2, before any server starts); with
+    ``dry_run`` print the plan and stop; else run it interruptibly (Ctrl-C / SIGTERM: the server stopped, the
+    record so far kept, exit 130 / 143) and print its markdown section."""
+    from pathlib import Path
+
+    from rao_cli import input_errors
+    from tasks.studies import plan_text, run_study
+
+    with input_errors():
+        plan = plan_fn(**options)
+    if dry_run:
+        print(plan_text(plan))
+        return
+    from infra.process import run_interruptible
+
+    def on_interrupt(signum: int) -> str:
+        import signal
+
+        return (f"interrupted ({signal.Signals(signum).name}): {plan.name} stopped; the points done so far are in "
+                f"docs/results/{plan.name}.json (complete: false)")
+
+    root = None if write_docs else Path(plan.name).resolve()
+    out = run_interruptible(lambda: run_study(plan, write_docs=write_docs, root=root,
+                                              say=lambda m: print(m, flush=True)), on_interrupt)
+    print(out["markdown"])
+    print(f"record: {out['record_path']}")
+
+
+@app.command("textcraft-generalisation")
+def textcraft_generalisation(
+    record: str = typer.Option("docs/results/textcraft-ablation.json", help=RECORD_HELP),
+    arm: list[str] = typer.Option(["recursive", "single"], help="Arms whose last checkpoint is evaluated (repeatable): "
+                                  "recursive (RAO), outcome (outcome-only credit), single (single agent)."),
+    n: int = typer.Option(100, min=1, help="Held-out tasks per K (the record's eval.seed, split validation)."),
+    k: list[int] = typer.Option([2, 3, 4, 5], "--k", help="K of the TextCraft-Synth shape tier1x<K> (K distinct "
+                                "tier-1 targets; repeatable)."),
+    model: list[str] = typer.Option([], "--model", callback=_arm_paths, help="ARM=PATH: evaluate this checkpoint "
+                                    "folder for ARM instead of the record's last (repeatable)."),
+    write_docs: bool = typer.Option(True, help=STUDY_DOCS_HELP.format(name="textcraft-generalisation[-seed<S>]",
+                                                                      doc="docs/results.md (with its plot)")),
+    dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override of every arm's config (repeatable), e.g. "
+                                       "runtime.tree_timeout_s=600."),
+) -> None:
+    """Generalisation as a curve (issue 38 item 4): the last checkpoints of the ablation's arms evaluated on
+    tier1x2..tier1x5 (n per K, fresh held-out tasks), each arm in its own mode, every miss attributed to one
+    cause from its execution tree (child given two targets, children failed, the root's window, a limit, an
+    error, the root finished wrong). Each checkpoint is served once. Writes
+    docs/results/textcraft-generalisation[-seed<S>].json and a section with a plot in docs/results.md."""
+    from tasks.studies import plan_generalisation
+
+    models = dict(v.partition("=")[::2] for v in model)
+    command = (f"rao experiment textcraft-generalisation --record {record}" + "".join(f" --arm {a}" for a in arm)
+               + f" --n {n}" + "".join(f" --k {x}" for x in k) + "".join(f" --model {v}" for v in model)
+               + "".join(f" --set {o}" for o in override))
+    _run_study(plan_generalisation, write_docs, dry_run, record=record, arms=list(arm), n=n, ks=list(k), models=models,
+               overrides=list(override), command=command)
+
+
+@app.command("textcraft-wallclock")
+def textcraft_wallclock(
+    record: str = typer.Option("docs/results/textcraft-ablation.json", help=RECORD_HELP),
+    model: str = typer.Option(None, "--model", help="Recursive checkpoint folder (default: the record's recursive "
+                              "arm's last)."),
+    single_model: str = typer.Option(None, "--single-model", help="Single agent's checkpoint folder (default: the "
+                                     "record's single arm's last)."),
+    n: int = typer.Option(30, min=1, help="Held-out tasks per K (the record's eval.seed, split validation)."),
+    k: list[int] = typer.Option([2, 3, 4, 6], "--k", help="K of tier1x<K> (repeatable)."),
+    single_window: int = typer.Option(4096, min=128, help="The single agent's context window (tokens): one that fits "
+                                      "the task; the server's max_model_len is raised to it."),
+    setting: list[str] = typer.Option(["gather", "sequential", "single"], "--setting", help="Settings (repeatable): "
+                                      "gather (children as the policy launches them), sequential "
+                                      "(runtime.sequential_children), single (delegation off, --single-window)."),
+    write_docs: bool = typer.Option(True, help=STUDY_DOCS_HELP.format(name="textcraft-wallclock",
+                                                                      doc="docs/benchmarks.md")),
+    dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override of every setting's config (repeatable)."),
+) -> None:
+    """Wall-clock, one tree at a time (issue 38 item 5): a trained recursive checkpoint with
+    runtime.max_concurrent_trees 1, children gathered as the policy writes them vs forced sequential
+    (runtime.sequential_children), and the single agent with a window that fits, on tier1x2, 3, 4, 6 (n tasks
+    each): median wall-clock and completion tokens per tree, success with its Wilson interval, and the ratios
+    sequential / gather and single / gather per K. Writes docs/results/textcraft-wallclock.json and a section of
+    docs/benchmarks.md."""
+    from tasks.studies import plan_wallclock
+
+    command = (f"rao experiment textcraft-wallclock --record {record}" + (f" --model {model}" if model else "")
+               + (f" --single-model {single_model}" if single_model else "") + f" --n {n}"
+               + "".join(f" --k {x}" for x in k) + f" --single-window {single_window}"
+               + "".join(f" --setting {x}" for x in setting) + "".join(f" --set {o}" for o in override))
+    _run_study(plan_wallclock, write_docs, dry_run, record=record, model=model, single_model=single_model, n=n, ks=list(k),
+               single_window=single_window, settings=list(setting), overrides=list(override), command=command)

@@ -73,6 +73,8 @@ CASES = [
     ("experiment textcraft-nested --arm deeper", 2, "Invalid value for '--arm'"),
     ("experiment textcraft-cpu --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
     ("experiment seeds no-such-experiment", 2, "no record of no-such-experiment under "),
+    ("experiment textcraft-generalisation --arm both", 2, "error: unknown arm 'both' (expected one of "),
+    ("experiment textcraft-wallclock --setting fast", 2, "error: unknown setting 'fast' (expected one of "),
     ("solve --env nosuchenv --task-file {garbage}", 2, "Invalid value for '--env': unknown environment 'nosuchenv'"),
     ("solve --env textcraft-synth --task-file {garbage}", 2, "error: {garbage}:1: not a valid task record"),
     ("train --samples {tmp}/none.jsonl --model {ckpt} --out {tmp}/out", 2,

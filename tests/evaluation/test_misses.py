@@ -1,5 +1,6 @@
-"""Issue 38 item 4: each missed task gets one cause read from its execution tree (rao_core.evaluation.miss_cause),
-by hand-built trees: every cause alone, then the precedence when several hold."""
+"""Issue 38 item 4: the cause of each missed task (rao_core.evaluation.miss_cause), by hand-built trees.
+
+Every cause alone, then the precedence when several hold, then the counts an evaluation row keeps."""
 
 from __future__ import annotations
 

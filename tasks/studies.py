@@ -1,0 +1,697 @@
+"""Checkpoint studies of issue 38 (generalisation by K, wall-clock one tree at a time); serve_and_evaluate.
+
+:func:`serve_and_evaluate` serves ONE checkpoint folder with vLLM as the campaign's serving stage does
+(``infra.serving.server_from_config`` with ``switching=False``: the serving settings and GPU placement of
+the config, no LoRA slots, no sleep mode), or uses a running OpenAI-compatible server (``base_url``), or a
+given policy (tests: a scripted one, no server), and runs every :class:`EvalJob` against it through
+``rao_core.evaluation.run_evaluation``, the function behind the campaign's, the experiment's and the
+nightly evaluations. The server is stopped at the end, whatever happens. ``rao eval`` is one job; each study
+runs all its jobs of a checkpoint against one server, so every checkpoint is served once.
+
+**Generalisation as a curve** (``rao experiment textcraft-generalisation``, issue 38 item 4): the last
+checkpoint of each asked arm of an ablation record (``docs/results/textcraft-ablation[-seed<S>].json``, or
+``--model ARM=PATH``) evaluated on TextCraft-Synth ``tier1x<K>`` (K distinct tier-1 targets) for K = 2..5,
+n tasks per K drawn with the record's fresh evaluation seed (``eval.seed``, split ``validation``), each arm
+in its own mode (``tasks.experiment.ARM_MODES``: recursive and outcome with delegation, single without) and
+with the runtime it was trained and evaluated with (the record's ``config_values`` with
+``flows.experiment.arm_overrides``: e.g. the single arm's node step limit). Every miss gets one cause from
+its execution tree (``rao_core.evaluation.miss_cause``: a child given two targets, children failed, the
+root's window, a limit, an error, the root finished wrong). K = 2 are the ablation's own evaluation tasks
+(same seed; the first n); K >= 3 were never trained on (the RL pool and the demonstrations are K = 2 only).
+Project choice: the trees grown at once shrink with K (:func:`trees_at_once`) so that about as many nodes run
+at once as in the ablation's K = 2 evaluations; otherwise the tree's wall-clock limit (``tree_timeout_s``)
+would measure the wait behind a loaded CPU server for wide trees, not the tree.
+
+**Wall-clock, one tree at a time** (``rao experiment textcraft-wallclock``, issue 38 item 5): one trained
+recursive checkpoint with ``runtime.max_concurrent_trees: 1`` and children launched as the policy writes
+them (``asyncio.gather`` where it gathers: setting ``gather``) vs forced one at a time (``sequential``:
+``runtime.sequential_children``, a runtime switch, not a prompt), and the single agent (delegation off) with
+a window that fits (``single``: ``runtime.context_window`` = ``--single-window``, 4096 by default; the
+server's ``max_model_len`` is raised to it) on ``tier1x<K>`` for K = 2, 3, 4, 6, n tasks each: median
+wall-clock per tree, completion tokens per tree, success with its Wilson interval, and per K the ratios of
+median wall sequential / gather and single / gather (:func:`wallclock_ratios`). Departures from the paper,
+which reports up to 2.5x less wall-clock from parallel children on GPUs: here the policy decides whether
+it gathers (``parallel_share`` reports how often children overlapped), one CPU server decodes every
+sequence, the tree's wall-clock limit is raised to :data:`WALLCLOCK_TREE_TIMEOUT_S` so that no setting is cut,
+and requests are unseeded (the evaluation's rule), so the settings' trees of a task are not paired.
+
+Task sets: the study's evaluation tasks (every K) are checked against the record's training pool and
+demonstrations and its development set before any server starts (``rao_core.task_sampling.check_task_sets``;
+for TextCraft a task is its target multiset, so a K >= 3 task can never be a K = 2 training task, and the
+validation split's targets are held out of training). Records: ``docs/results/<study>.json`` (per point n,
+successes, success, ci95, per_task, misses, end_reasons, tree wall median and mean, tokens per tree,
+children and depth histograms, the checkpoint; the command, commit, date, checkpoints, eval seed, task
+sets), a few stored trees per point under ``docs/results/trees/<study>/``; the markdown comes from the
+records by pure functions (:func:`generalisation_markdown`, :func:`wallclock_markdown`) and goes to
+``docs/results.md`` (with the plot ``docs/img/<study>.png``, :func:`generalisation_png`) and
+``docs/benchmarks.md`` through ``tasks.experiment.replace_section``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rao_core.envs.base import Environment, Task
+from rao_core.evaluation import MISS_CAUSES, EvalConfig, EvalReport, EvalRow
+from rao_core.runtime import RuntimeConfig
+
+GENERALISATION = "textcraft-generalisation"
+WALLCLOCK = "textcraft-wallclock"
+DEFAULT_RECORD = "docs/results/textcraft-ablation.json"
+GENERALISATION_KS = (2, 3, 4, 5)
+WALLCLOCK_KS = (2, 3, 4, 6)
+WALLCLOCK_SETTINGS = ("gather", "sequential", "single")
+#: The wall-clock study's tree limit, seconds: a tree alone on the server is timed, never cut (the RL runs'
+#: 300 s were sized for 16 trees at once).
+WALLCLOCK_TREE_TIMEOUT_S = 1800.0
+#: Trees kept per wall-clock point (the study is about time; the generalisation keeps the config's).
+WALLCLOCK_STORED_TREES = 4
+GENERALISATION_TITLE = f"## Generalisation (issue 38 item 4): `{GENERALISATION}"  # + "`" or "-seed<S>`"
+WALLCLOCK_TITLE = "## Wall-clock, one tree at a time (issue 38 item 5)"
+MISS_LABELS = {"child_two_targets": "child given 2+ targets", "child_failed": "children failed",
+               "window": "root's window", "limit": "limit", "error": "error", "finished_wrong": "root finished wrong",
+               "other": "other"}
+
+
+class EvalJob(BaseModel):
+    """One evaluation against a served checkpoint: which tasks (``config``, or ``tasks`` given), how the agent
+    runs (``runtime``), and the ``label`` its progress lines name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    config: EvalConfig
+    runtime: RuntimeConfig
+    tasks: list[Task] | None = Field(None, description="The tasks (e.g. a task file); None: eval_tasks(config).")
+
+
+def serving_config(cfg: Any, jobs: Sequence[EvalJob]) -> Any:
+    """``cfg`` (a ``rao_core.config.CampaignConfig``) with ``serving.max_model_len`` raised to the largest
+    context window of ``jobs`` (unchanged when it already fits): the server must take every job's prompts."""
+    need = max([cfg.serving.max_model_len, *(j.runtime.context_window for j in jobs)])
+    if need == cfg.serving.max_model_len:
+        return cfg
+    return cfg.model_copy(update={"serving": cfg.serving.model_copy(update={"max_model_len": need})})
+
+
+def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: Environment,
+                       base_url: str | None = None, served_name: str | None = None, policy: Any = None,
+                       say: Callable[[str], None] = print,
+                       on_report: Callable[[EvalJob, EvalReport], None] | None = None) -> list[EvalReport]:
+    """Serve checkpoint ``model`` once and run every job of ``jobs`` against it, in order.
+
+    Args:
+        cfg: the campaign config whose serving settings and GPU placement start the server
+            (``serving.max_model_len`` raised to the jobs' largest window: :func:`serving_config`).
+        model: checkpoint folder (its tokenizer's chat template is used by every job).
+        jobs: the evaluations (:class:`EvalJob`).
+        env: the environment of the tasks.
+        base_url / served_name: use this running OpenAI-compatible server (model name ``served_name``, default
+            ``serving.served_model_name``) instead of starting vLLM.
+        policy: use this policy (e.g. scripted) instead of any server; closed at the end.
+        say: progress lines (the server's start phases, each job's start and result).
+        on_report: called with each job and its report as soon as it is done (e.g. to save a partial record).
+
+    Returns:
+        One ``EvalReport`` per job, in order. Raises ``infra.serving.ServiceError`` when the server does not
+        start or answer; the server is stopped in every case (an interrupt included).
+    """
+    import asyncio
+
+    from rao_core import evaluation
+    from rao_core.runtime import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model))
+    server = None
+    reports: list[EvalReport] = []
+    try:
+        if policy is not None:
+            url, name = None, "policy"
+        elif base_url:
+            from infra.serving import wait_for_server
+
+            wait_for_server(base_url)
+            url, name = base_url, served_name or cfg.serving.served_model_name
+        else:
+            from infra.serving import server_from_config
+
+            server = server_from_config(serving_config(cfg, jobs), model, switching=False)  # as tasks/serve.py
+            where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
+            say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
+            server.on_progress = say  # its phases from its log, and a line every 20 s
+            server.start()
+            url, name = server.base_url, server.model
+        for job in jobs:
+            say(f"evaluating {job.label}")
+            report = evaluation.run_evaluation(job.config, env=env, tasks=job.tasks, runtime=job.runtime,
+                                               tokenizer=tokenizer, base_url=url, model=name, policy=policy,
+                                               close_policy=False)
+            reports.append(report)
+            for r in report.rows:
+                say(f"  {job.label}: {r.mode} {r.difficulty}: success {r.success:.3f} = {r.successes:g} / {r.scored}"
+                    f" [{r.ci_low:.2f}, {r.ci_high:.2f}], median tree wall {r.median_tree_wall_s:.1f} s, "
+                    f"{r.wall_s:.0f} s in all")
+            if on_report is not None:
+                on_report(job, report)
+    finally:
+        if policy is not None:
+            asyncio.run(policy.aclose())
+        if server is not None:
+            server.stop()
+    return reports
+
+
+# -- records (pure) ---------------------------------------------------------------------------------------
+def study_point(row: EvalRow, trees: Sequence[Any] = (), **labels: Any) -> dict[str, Any]:
+    """One record point from an evaluation row: ``labels`` (e.g. arm, k, setting, checkpoint) then the row's
+    ``table_row`` fields without its stored trees, with ``ci95`` as ``[low, high]`` (4 decimals), the tree
+    wall median and mean to 0.01 s, and, from ``trees`` (the row's execution trees), ``per_task_wall_s`` and
+    ``per_task_tokens`` ({task id: seconds / completion tokens}) so medians and paired ratios can be recomputed."""
+    row_d = {k: v for k, v in row.table_row().items() if k != "trees"}
+    row_d.update(ci95=[round(row.ci_low, 4), round(row.ci_high, 4)], tree_wall_s=round(row.mean_tree_wall_s, 2),
+                 tree_wall_s_median=round(row.median_tree_wall_s, 2))
+    extra = {}
+    if trees:
+        extra = {"per_task_wall_s": {t.task_id: round(t.wall_s, 2) for t in trees},
+                 "per_task_tokens": {t.task_id: sum(x.num_completion_tokens for x in t.nodes) for t in trees}}
+    return {**labels, **row_d, **extra}
+
+
+def study_name(base: str, source: dict[str, Any]) -> str:
+    """``base`` with the source record's seed suffix: ``textcraft-generalisation`` for
+    ``textcraft-ablation``, ``textcraft-generalisation-seed1`` for ``textcraft-ablation-seed1``."""
+    exp = str(source.get("experiment") or "")
+    tail = exp.rpartition("-seed")[2] if "-seed" in exp else ""
+    return f"{base}-seed{tail}" if tail.isdigit() else base
+
+
+def last_checkpoints(record: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """``{arm: (checkpoint folder, iteration)}`` of each arm's last evaluated iteration in an experiment
+    record (points in the arm's own mode, ``tasks.experiment.ARM_MODES``; points without a checkpoint are
+    skipped)."""
+    from tasks.experiment import ARM_MODES
+
+    out: dict[str, tuple[str, int]] = {}
+    for p in record.get("points", []):
+        arm = p.get("arm")
+        if not p.get("checkpoint") or p.get("mode") != ARM_MODES.get(arm, arm):
+            continue
+        if arm not in out or int(p["iteration"]) > out[arm][1]:
+            out[arm] = (p["checkpoint"], int(p["iteration"]))
+    return out
+
+
+def trees_at_once(k: int, base_trees: int, base_k: int = 2) -> int:
+    """Trees grown at once for ``tier1x<k>`` so that about as many nodes (a root and its k children) run at once
+    as ``base_trees`` trees of ``tier1x<base_k>``: ``max(1, base_trees * (1 + base_k) // (1 + k))`` (16 at K = 2
+    gives 12, 9, 8 at K = 3, 4, 5)."""
+    return max(1, base_trees * (1 + base_k) // (1 + k))
+
+
+def wallclock_ratios(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per K (increasing): the median tree wall of each setting and the ratios ``sequential_over_gather`` and
+    ``single_over_gather`` (None when a setting is missing or gather's median is 0). A ratio above 1: gather
+    was faster."""
+    by_k: dict[int, dict[str, float]] = {}
+    for p in points:
+        by_k.setdefault(int(p["k"]), {})[p["setting"]] = float(p["tree_wall_s_median"])
+    out = []
+    for k in sorted(by_k):
+        m = by_k[k]
+        g = m.get("gather")
+
+        def over(s: str) -> float | None:
+            return round(m[s] / g, 3) if g and s in m else None
+
+        out.append({"k": k, **{s: m.get(s) for s in WALLCLOCK_SETTINGS},
+                    "sequential_over_gather": over("sequential"), "single_over_gather": over("single")})
+    return out
+
+
+def _mean_children(hist: dict[str, int]) -> float | None:
+    trees = sum(hist.values())
+    return sum(int(k) * v for k, v in hist.items()) / trees if trees else None
+
+
+def _cell(v: Any, fmt: str = "{}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def _ci(p: dict[str, Any]) -> str:
+    lo, hi = p["ci95"]
+    return f"[{lo:.2f}, {hi:.2f}]"
+
+
+def generalisation_table(points: Sequence[dict[str, Any]]) -> str:
+    """The generalisation table, one row per (arm, K) in the record's order: n (scored), success, Wilson 95%
+    interval, delegation rate, depth-1 success, tokens per tree, median tree wall, tasks missed, and the
+    missed tasks by cause (:data:`rao_core.evaluation.MISS_CAUSES`; ``other`` only when some point has it)."""
+    causes = [c for c in MISS_CAUSES if c != "other" or any(p.get("misses", {}).get("other") for p in points)]
+    head = ["arm", "K", "n", "success", "95% CI", "delegation rate", "depth-1 success", "tokens per tree",
+            "tree wall median (s)", "missed", *(MISS_LABELS[c] for c in causes)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in points:
+        misses = p.get("misses") or {}
+        scored = p["n"] - p.get("unscored", 0)
+        cells = [p["arm"], str(p["k"]), str(scored), f"{p['success']:.2f}", _ci(p),
+                 _cell(p.get("delegation_rate"), "{:.2f}"), _cell(p.get("child_success"), "{:.2f}"),
+                 _cell(p.get("tokens_per_tree"), "{:.0f}"), _cell(p.get("tree_wall_s_median"), "{:.1f}"),
+                 str(sum(misses.values())), *(str(misses.get(c, 0)) for c in causes)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def wallclock_table(points: Sequence[dict[str, Any]]) -> str:
+    """The wall-clock table, one row per (K, setting), by K then setting (:data:`WALLCLOCK_SETTINGS` order): n,
+    success with its Wilson 95% interval, median and mean tree wall, completion tokens per tree, mean children
+    of the root, parallel share, context window; then one row per K with the ratios of
+    :func:`wallclock_ratios`."""
+    head = ["K", "setting", "n", "success", "95% CI", "tree wall median (s)", "tree wall mean (s)",
+            "tokens per tree", "children per tree", "parallel share", "window"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    order = {s: i for i, s in enumerate(WALLCLOCK_SETTINGS)}
+    for p in sorted(points, key=lambda p: (int(p["k"]), order.get(p["setting"], len(order)))):
+        scored = p["n"] - p.get("unscored", 0)
+        lines.append("| " + " | ".join([
+            str(p["k"]), p["setting"], str(scored), f"{p['success']:.2f}", _ci(p), f"{p['tree_wall_s_median']:.1f}",
+            _cell(p.get("tree_wall_s"), "{:.1f}"), _cell(p.get("tokens_per_tree"), "{:.0f}"),
+            _cell(_mean_children(p.get("children_per_tree") or {}), "{:.2f}"),
+            _cell(p.get("parallel_share"), "{:.2f}"), _cell(p.get("context_window"))]) + " |")
+    lines += ["", "| K | median tree wall: gather / sequential / single (s) | sequential / gather | single / gather |",
+              "|---|---|---|---|"]
+    for r in wallclock_ratios(points):
+        walls = " / ".join(_cell(r[s], "{:.1f}") or "-" for s in WALLCLOCK_SETTINGS)
+        lines.append(f"| {r['k']} | {walls} | {_cell(r['sequential_over_gather'], '{:.2f}x') or '-'} | "
+                     f"{_cell(r['single_over_gather'], '{:.2f}x') or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _header(record: dict[str, Any]) -> list[str]:
+    ckpts = ", ".join(f"{a} `{c}`" for a, c in record["checkpoints"].items())
+    state = "" if record.get("complete", True) else " **Incomplete: the run stopped before its last point.**"
+    return [f"Command: `{record['command']}`  ",
+            f"Commit `{record['commit']}`, run on {record['date']}, wall time {record['wall_s'] / 60:.1f} min; "
+            f"record `docs/results/{record['experiment']}.json`.{state}  ",
+            f"Checkpoints: {ckpts} (from `{record['source_record']}`, training seed {record.get('seed')}).  ",
+            f"Evaluation tasks: {record['n_tasks']} per K, eval.seed {record['eval_seed']}, split {record['split']}; "
+            f"checked disjoint from the training pool and demonstrations: "
+            + ", ".join(f"{k}: {v}" for k, v in (record.get("task_sets") or {}).items()) + "."]
+
+
+def generalisation_markdown(record: dict[str, Any], img: str | None = None) -> str:
+    """The ``docs/results.md`` section of a generalisation record: title, command, checkpoints, tasks, the
+    plot ``img`` (a path relative to docs/) and :func:`generalisation_table`."""
+    title = GENERALISATION_TITLE.replace(f"`{GENERALISATION}", f"`{record['experiment']}") + "`"
+    lines = [title, "", *_header(record),
+             "Each arm in its own mode (recursive arms with delegation, the single agent without) and runtime as "
+             "trained; K = 2 is the trained shape (the ablation's own evaluation tasks), K >= 3 never trained on. "
+             "Each missed task has one cause, first that holds: a child given two or more targets, a child that "
+             "failed by itself, the root's window, a step or time limit, an infrastructure error, the root "
+             "finished wrong (`rao_core.evaluation.miss_cause`). Success with Wilson 95% intervals.", ""]
+    if img:
+        lines += [f"![success vs K per arm, and the missed tasks by cause]({img})", ""]
+    lines.append(generalisation_table(record["points"]).rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def wallclock_markdown(record: dict[str, Any]) -> str:
+    """The ``docs/benchmarks.md`` section of a wall-clock record: title, command, checkpoints, tasks, the
+    settings and :func:`wallclock_table`."""
+    lines = [WALLCLOCK_TITLE, "", *_header(record),
+             f"One tree at a time (`runtime.max_concurrent_trees: 1`), tree limit {record['tree_timeout_s']:g} s; "
+             "gather: children launched as the policy writes them (asyncio.gather where it gathers; parallel share = "
+             "share of children that overlapped a sibling); sequential: the same checkpoint with "
+             "`runtime.sequential_children: true`; single: the single agent, delegation off, at the window shown. "
+             "Requests are unseeded: the settings' trees of a task differ by sampling. A ratio above 1: gather "
+             "was faster (the paper: up to 2.5x less wall-clock from parallel children).", "",
+             wallclock_table(record["points"]).rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def generalisation_png(points: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Left: success vs K per arm with Wilson 95% bars. Right: the share of tasks missed by each cause per
+    (arm, K), stacked (one bar per arm within each K)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(dict.fromkeys(p["arm"] for p in points))
+    ks = sorted({int(p["k"]) for p in points})
+    fig, (ax, ax1) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm in arms:
+        ps = sorted((p for p in points if p["arm"] == arm), key=lambda p: int(p["k"]))
+        ys = [p["success"] for p in ps]
+        err = [[y - p["ci95"][0] for y, p in zip(ys, ps)], [p["ci95"][1] - y for y, p in zip(ys, ps)]]
+        ax.errorbar([int(p["k"]) for p in ps], ys, yerr=err, marker="o", capsize=3,
+                    linestyle="--" if arm == "single" else "-", label=f"{arm} ({ps[0]['mode']} mode)")
+    ax.set_xticks(ks)
+    ax.set_xlabel("K (targets per task; trained on K = 2)")
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    width = 0.8 / max(1, len(arms))
+    colours = plt.get_cmap("tab10")
+    for i, arm in enumerate(arms):
+        for p in (p for p in points if p["arm"] == arm):
+            x, bottom, scored = int(p["k"]) - 0.4 + width * (i + 0.5), 0.0, max(1, p["n"] - p.get("unscored", 0))
+            for j, cause in enumerate(MISS_CAUSES):
+                share = (p.get("misses") or {}).get(cause, 0) / scored
+                if share:
+                    ax1.bar(x, share, width * 0.9, bottom=bottom, color=colours(j),
+                            label=MISS_LABELS[cause] if cause not in ax1.get_legend_handles_labels()[1] else None)
+                    bottom += share
+            ax1.text(x, bottom + 0.01, arm[:3], ha="center", fontsize=6)
+    handles, labels = ax1.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    ax1.legend(seen.values(), seen.keys(), fontsize=7)
+    ax1.set_xticks(ks)
+    ax1.set_xlabel("K")
+    ax1.set_ylabel("share of tasks missed, by cause")
+    ax1.set_ylim(0, 1.05)
+    ax1.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# -- planning: every input checked before any server starts --------------------------------------------------
+class StudyRun(BaseModel):
+    """One checkpoint of a study and its jobs: served once (:func:`serve_and_evaluate`)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    checkpoint: str
+    config: Any  # rao_core.config.CampaignConfig: serving settings and placement of this checkpoint's server
+    jobs: list[EvalJob]
+    labels: list[dict[str, Any]]  # per job: the point's labels (arm / setting, k, mode, ...)
+
+
+class StudyPlan(BaseModel):
+    """A study ready to run: its record's name and metadata, and its checkpoints with their jobs."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str
+    study: str  # GENERALISATION | WALLCLOCK
+    meta: dict[str, Any]
+    runs: list[StudyRun]
+
+
+def read_record(path: str | Path, root: Path | None = None) -> tuple[dict[str, Any], str]:
+    """The experiment record at ``path`` (a relative path: under ``root``, the repository by default, else from
+    the working folder) and its path as written in a study's record. FileNotFoundError / ValueError naming the file when it is
+    missing, not JSON, or has no points or no config."""
+    from rao_core.paths import REPO_ROOT
+
+    root = root or REPO_ROOT
+    p = Path(path) if Path(path).is_absolute() or not (root / path).is_file() else root / path
+    if not p.is_file():
+        where = str(p) if Path(path).is_absolute() else f"{path} (neither under {root} nor in the working folder)"
+        raise FileNotFoundError(f"record not found: {where}; run `rao experiment textcraft-ablation` first, or name "
+                                "one with --record")
+    try:
+        rec = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not a JSON record: {e}") from None
+    if not isinstance(rec, dict) or not rec.get("points") or not (rec.get("config_values") or rec.get("config")):
+        raise ValueError(f"{p}: not an experiment record (no points or no config)")
+    return rec, str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
+
+
+def _checkpoint(path: str, what: str, root: Path) -> str:
+    p = Path(path) if Path(path).is_absolute() else root / path
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint folder of {what} not found: {p} has no config.json")
+    return str(p)
+
+
+def arm_config(record: dict[str, Any], arm: str, overrides: Sequence[str] = ()) -> Any:
+    """The campaign config arm ``arm`` of ``record`` ran with: the record's ``config_values`` (else its config
+    file at its ``seed``) with ``flows.experiment.arm_overrides`` (the single arm's node step limit: the
+    record's ``single_max_steps``, else the experiment's default), no endpoint, then ``overrides``.
+    Raises ValueError for an unknown arm, ``rao_core.config.ConfigError`` for a bad override."""
+    from flows.experiment import arm_overrides
+    from rao_core.config import load_config
+
+    values, source = record.get("config_values"), record.get("config") or "<record>"
+    seed = [] if values else [f"seed={record['seed']}"] if record.get("seed") is not None else []
+    base = load_config(None if values else source, seed, data=values, check_paths=False)
+    rt = base.runtime
+    steps = record.get("single_max_steps") or rt.max_steps_per_node * (1 + rt.max_children_per_node)
+    extra = arm_overrides(arm, [], base.model.registered_model, None, steps) + ["eval.endpoint=null"]
+    return load_config(None if values else source, [*seed, *extra, *overrides], data=values, check_paths=False)
+
+
+def runtime_summary(rt: RuntimeConfig) -> dict[str, Any]:
+    """The runtime fields a study's reader needs (window, limits, sampling, concurrency) as a dict."""
+    return {f: getattr(rt, f) for f in ("context_window", "max_new_tokens", "max_steps_per_node", "max_children_per_node",
+                                        "max_depth", "delegation", "sequential_children", "tree_timeout_s",
+                                        "temperature", "max_concurrent_trees")}
+
+
+def _eval_config(cfg: Any, difficulties: list[str], n: int, mode: str, stored: int | None = None) -> EvalConfig:
+    e = cfg.eval
+    return EvalConfig(difficulties=difficulties, n_tasks=n, seed=e.seed, split=e.split, modes=[mode], graded=e.graded,
+                      stored_trees=e.stored_trees if stored is None else stored)
+
+
+def _check_tasks(cfg: Any, difficulties: list[str], n: int) -> dict[str, int]:
+    """``check_task_sets`` of ``cfg`` with the study's evaluation set (``difficulties``, ``n`` each)."""
+    from rao_core.task_sampling import check_task_sets
+
+    ev = cfg.eval.model_copy(update={"difficulties": difficulties, "n_tasks": n})
+    return check_task_sets(cfg.model_copy(update={"eval": ev}))
+
+
+def _difficulties(ks: Sequence[int], option: str = "--k") -> list[str]:
+    from rao_core.envs.textcraft.tasks import MULTI_TARGET
+
+    if not ks:
+        raise ValueError(f"{option}: give at least one K")
+    if len(set(ks)) != len(ks):
+        raise ValueError(f"{option}: K repeated in {list(ks)}")
+    bad = [k for k in ks if f"tier1x{k}" not in MULTI_TARGET]
+    if bad:
+        raise ValueError(f"{option}: no TextCraft-Synth shape tier1x<K> for K = {bad} (K from "
+                         f"{min(MULTI_TARGET.values())} to {max(MULTI_TARGET.values())})")
+    return [f"tier1x{k}" for k in ks]
+
+
+def _meta(study: str, name: str, record: dict[str, Any], source: str, command: str, n: int, ks: Sequence[int],
+          checkpoints: dict[str, str], task_sets: dict[str, int], cfg: Any, **extra: Any) -> dict[str, Any]:
+    from flows.experiment import _git
+
+    return {"experiment": name, "study": study, "command": command, "commit": _git("rev-parse", "--short", "HEAD")
+            or "unknown", "date": time.strftime("%Y-%m-%d"), "source_record": source,
+            "source_experiment": record.get("experiment"), "seed": record.get("seed", cfg.seed),
+            "eval_seed": cfg.eval.seed, "split": cfg.eval.split, "n_tasks": n, "ks": list(ks),
+            "checkpoints": checkpoints, "task_sets": task_sets, **extra}
+
+
+def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = ("recursive", "single"),
+                        n: int = 100, ks: Sequence[int] = GENERALISATION_KS, models: dict[str, str] | None = None,
+                        overrides: Sequence[str] = (), command: str = "", root: Path | None = None) -> StudyPlan:
+    """The generalisation study (module docstring), every input checked: the record, the arms (known, and
+    with a checkpoint: the record's last iteration, or ``models[arm]``), each checkpoint folder, the Ks, the
+    configs and ``overrides``, and the evaluation tasks against the training sets. Raises ValueError,
+    FileNotFoundError or ``rao_core.config.ConfigError`` with one line naming what is wrong."""
+    from rao_core.paths import REPO_ROOT
+    from tasks.experiment import ARM_MODES
+
+    root = root or REPO_ROOT
+    models = dict(models or {})
+    if not arms:
+        raise ValueError("--arm: give at least one arm")
+    for a in [*arms, *models]:
+        if a not in ARM_MODES:
+            raise ValueError(f"unknown arm {a!r} (expected one of {', '.join(ARM_MODES)})")
+    if len(set(arms)) != len(arms):
+        raise ValueError(f"--arm: arm repeated in {list(arms)}")
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    diffs = _difficulties(ks)
+    rec, source = read_record(record, root)
+    last = last_checkpoints(rec)
+    runs, ckpts, iters, runtimes, task_sets, cfg = [], {}, {}, {}, {}, None
+    for arm in arms:
+        if arm not in models and arm not in last:
+            raise ValueError(f"{source} has no checkpoint of arm {arm!r}; pass --model {arm}=PATH")
+        path = _checkpoint(models.get(arm) or last[arm][0], f"arm {arm}", root)
+        ckpts[arm], iters[arm] = path, None if arm in models else last[arm][1]
+        cfg = arm_config(rec, arm, overrides)
+        mode = ARM_MODES[arm]
+        task_sets = _check_tasks(cfg, diffs, n)
+        base_trees = cfg.runtime.max_concurrent_trees or n
+        jobs, labels = [], []
+        for k, d in zip(ks, diffs):
+            rt = cfg.runtime.model_copy(update={"max_concurrent_trees": trees_at_once(k, base_trees)})
+            jobs.append(EvalJob(label=f"arm {arm}, {n} {d} tasks, mode {mode}", config=_eval_config(cfg, [d], n, mode),
+                                runtime=rt))
+            labels.append({"arm": arm, "k": k, "checkpoint": path, "checkpoint_iteration": iters[arm],
+                           "trees_at_once": rt.max_concurrent_trees})
+        runtimes[arm] = runtime_summary(cfg.runtime)
+        runs.append(StudyRun(checkpoint=path, config=cfg, jobs=jobs, labels=labels))
+    name = study_name(GENERALISATION, rec)
+    meta = _meta(GENERALISATION, name, rec, source, command, n, ks, ckpts, task_sets, cfg, arms=list(arms),
+                 modes={a: ARM_MODES[a] for a in arms}, checkpoint_iterations=iters, runtime=runtimes)
+    return StudyPlan(name=name, study=GENERALISATION, meta=meta, runs=runs)
+
+
+def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, single_model: str | None = None,
+                   n: int = 30, ks: Sequence[int] = WALLCLOCK_KS, single_window: int = 4096,
+                   settings: Sequence[str] = WALLCLOCK_SETTINGS, overrides: Sequence[str] = (), command: str = "",
+                   root: Path | None = None) -> StudyPlan:
+    """The wall-clock study (module docstring), every input checked before any server starts: the record
+    (configs, eval seed and, unless ``model`` / ``single_model`` are given, the recursive and single arms'
+    last checkpoints), the checkpoint folders, the Ks, the settings, the single agent's window and the
+    evaluation tasks against the training sets. Runs the recursive checkpoint's settings interleaved per K
+    (gather then sequential), then the single agent's; a checkpoint used by several settings is served once.
+    Raises ValueError, FileNotFoundError or ``rao_core.config.ConfigError`` with one line."""
+    from rao_core.paths import REPO_ROOT
+
+    root = root or REPO_ROOT
+    if not settings or len(set(settings)) != len(settings):
+        raise ValueError(f"--setting: give each of {', '.join(WALLCLOCK_SETTINGS)} at most once")
+    unknown = [s for s in settings if s not in WALLCLOCK_SETTINGS]
+    if unknown:
+        raise ValueError(f"unknown setting {unknown[0]!r} (expected one of {', '.join(WALLCLOCK_SETTINGS)})")
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    diffs = _difficulties(ks)
+    rec, source = read_record(record, root)
+    last = last_checkpoints(rec)
+    recursive = [s for s in settings if s != "single"]
+    want = {"recursive": model} if recursive else {}
+    want.update({"single": single_model} if "single" in settings else {})
+    ckpts = {}
+    for arm, given in want.items():
+        if not given and arm not in last:
+            raise ValueError(f"{source} has no checkpoint of arm {arm!r}; pass --{'single-' if arm == 'single' else ''}"
+                             "model PATH")
+        ckpts[arm] = _checkpoint(given or last[arm][0], f"the {arm} agent", root)
+    timing = ["runtime.max_concurrent_trees=1", f"runtime.tree_timeout_s={WALLCLOCK_TREE_TIMEOUT_S}",
+              f"eval.stored_trees={WALLCLOCK_STORED_TREES}"]
+    groups: dict[str, StudyRun] = {}
+    cfgs = {}
+    if recursive:
+        cfgs["recursive"] = arm_config(rec, "recursive", [*timing, *overrides])
+    if "single" in settings:
+        fit = max(single_window, arm_config(rec, "single").serving.max_model_len)  # the server takes the window
+        cfgs["single"] = arm_config(rec, "single", [*timing, f"serving.max_model_len={fit}",
+                                                    f"runtime.context_window={single_window}", *overrides])
+    order = [(k, d, s) for k, d in zip(ks, diffs) for s in recursive] + [(k, d, "single") for k, d in zip(ks, diffs)
+                                                                           if "single" in settings]
+    for k, d, s in order:
+        arm = "single" if s == "single" else "recursive"
+        cfg, path = cfgs[arm], ckpts[arm]
+        rt = cfg.runtime.model_copy(update={"sequential_children": s == "sequential"})
+        run = groups.setdefault(path, StudyRun(checkpoint=path, config=cfg, jobs=[], labels=[]))
+        run.jobs.append(EvalJob(label=f"{s}, {n} {d} tasks, one tree at a time",
+                                config=_eval_config(cfg, [d], n, arm), runtime=rt))
+        run.labels.append({"setting": s, "k": k, "checkpoint": path, "context_window": rt.context_window,
+                           "sequential_children": rt.sequential_children})
+    first = next(iter(cfgs.values()))
+    task_sets = _check_tasks(first, diffs, n)
+    meta = _meta(WALLCLOCK, WALLCLOCK, rec, source, command, n, ks, ckpts, task_sets, first, settings=list(settings),
+                 single_window=single_window if "single" in settings else None,
+                 tree_timeout_s=first.runtime.tree_timeout_s,
+                 runtime={a: runtime_summary(c.runtime) for a, c in cfgs.items()})
+    return StudyPlan(name=WALLCLOCK, study=WALLCLOCK, meta=meta, runs=list(groups.values()))
+
+
+def plan_text(plan: StudyPlan) -> str:
+    """What ``plan`` will do, one line each (``--dry-run``): the record it writes, the task sets checked, then
+    per checkpoint (served once) its evaluations with their mode, tasks and the runtime that differs between
+    them (window, step limit, trees at once, sequential children, tree limit)."""
+    m = plan.meta
+    lines = [f"{plan.study}: record docs/results/{plan.name}.json from {m['source_record']} (training seed "
+             f"{m.get('seed')}), {m['n_tasks']} tasks per K, eval.seed {m['eval_seed']}, split {m['split']}",
+             "task sets checked disjoint: " + ", ".join(f"{k}: {v}" for k, v in m["task_sets"].items())]
+    for run in plan.runs:
+        lines.append(f"serve {run.checkpoint} once (max_model_len {serving_config(run.config, run.jobs).serving.max_model_len}):")
+        for job in run.jobs:
+            rt = job.runtime
+            lines.append(f"  {job.label}: window {rt.context_window}, {rt.max_steps_per_node} steps per node, "
+                         f"{rt.max_concurrent_trees or 'all'} trees at once, sequential children "
+                         f"{'on' if rt.sequential_children else 'off'}, tree limit {rt.tree_timeout_s:g} s")
+    return "\n".join(lines)
+
+
+# -- running -------------------------------------------------------------------------------------------------
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    from rao_core.jsonl import atomic_path
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = None,
+              policy_for: Callable[[str], Any] | None = None, base_url: str | None = None,
+              say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``plan``: each checkpoint served once (:func:`serve_and_evaluate`; ``policy_for(checkpoint)``: a
+    policy instead of a server, for tests; ``base_url``: a running server for every checkpoint), one point
+    per job (:func:`study_point`). After each job the record so far is written to
+    ``<root>/docs/results/<name>.json`` with ``"complete": false``; at the end the complete record, the stored
+    trees (``docs/results/trees/<name>/``) and, with ``write_docs``, the markdown section (generalisation:
+    ``docs/results.md`` and the plot ``docs/img/<name>.png``; wall-clock: ``docs/benchmarks.md``). Returns
+    ``{"record", "markdown", "record_path"}``."""
+    from rao_core.envs import get_env
+    from rao_core.paths import REPO_ROOT
+    from tasks.experiment import replace_section, write_tree_sample
+
+    root = root or REPO_ROOT
+    rec_path = root / "docs/results" / f"{plan.name}.json"
+    t0 = time.monotonic()
+    points: list[dict[str, Any]] = []
+    samples: dict[str, list[Any]] = {}
+
+    def record(complete: bool) -> dict[str, Any]:
+        return {**plan.meta, "wall_s": round(time.monotonic() - t0, 1), "complete": complete, "points": list(points)}
+
+    for run in plan.runs:
+        cfg = run.config
+        env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
+        labels = iter(run.labels)
+
+        def keep(job: EvalJob, report: EvalReport, labels=labels) -> None:
+            lab = next(labels)
+            for row in report.rows:
+                trees = [t for t in report.trees if t.meta.get("difficulty") == row.difficulty]
+                key = f"{lab.get('arm') or lab.get('setting')}-{row.difficulty}-{row.mode}"
+                points.append(study_point(row, trees, **lab, trees_file=None))
+                samples[key] = list(row.sample)
+            _write_json(rec_path, record(False))
+
+        serve_and_evaluate(cfg, Path(run.checkpoint), run.jobs, env=env, base_url=base_url, say=say, on_report=keep,
+                           policy=policy_for(run.checkpoint) if policy_for else None)
+    folder = root / "docs/results/trees" / plan.name
+    for old in folder.glob("*.jsonl.gz") if folder.is_dir() else []:
+        old.unlink()
+    for p in points:
+        key = f"{p.get('arm') or p.get('setting')}-{p['difficulty']}-{p['mode']}"
+        f = folder / f"{key}.jsonl.gz"
+        if samples.get(key) and write_tree_sample(f, samples[key]):
+            p["trees_file"] = str(f.relative_to(root))
+    rec = record(True)
+    _write_json(rec_path, rec)
+    if plan.study == GENERALISATION:
+        img = generalisation_png(points, root / "docs/img" / f"{plan.name}.png")
+        md = generalisation_markdown(rec, img=f"img/{img.name}")
+        if write_docs:
+            replace_section(root / "docs/results.md", md.splitlines()[0], md)
+    else:
+        md = wallclock_markdown(rec)
+        if write_docs:
+            replace_section(root / "docs/benchmarks.md", WALLCLOCK_TITLE, md)
+    return {"record": rec, "markdown": md, "record_path": str(rec_path)}

@@ -1,0 +1,300 @@
+"""Issue 38 items 4 and 5: the checkpoint studies of tasks/studies.py (generalisation, wall-clock).
+
+`rao experiment textcraft-generalisation` / `textcraft-wallclock`: pure parts by hand-made points; the planning's
+errors through the command line before any server starts; both studies end to end with the scripted TextCraft
+expert in place of a served checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rao_cli.main import main
+from rao_core.paths import REPO_ROOT, tiny_model_path
+from tasks.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
+                           plan_generalisation, plan_wallclock, run_study, study_name, study_point, trees_at_once,
+                           wallclock_markdown, wallclock_ratios, wallclock_table)
+
+SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+TINY = tiny_model_path()  # resolved before any test moves RAO_HOME
+needs_tok = pytest.mark.skipif(not (TINY / "tokenizer_config.json").exists(),
+                               reason="tiny model tokenizer not prepared (make setup)")
+CONFIG = "configs/experiment-textcraft-ablation.yaml"
+
+
+# -- pure functions -------------------------------------------------------------------------------------------
+def test_trees_at_once_keeps_the_nodes_at_once_about_constant():
+    # 16 trees of K = 2 are 16 x 3 = 48 nodes: 48 // 4 = 12, 48 // 5 = 9, 48 // 6 = 8, 48 // 7 = 6
+    assert [trees_at_once(k, 16) for k in (2, 3, 4, 5, 6)] == [16, 12, 9, 8, 6]
+    assert trees_at_once(12, 1) == 1  # never 0
+
+
+def test_study_name_follows_the_source_records_seed():
+    assert study_name("textcraft-generalisation", {"experiment": "textcraft-ablation"}) == "textcraft-generalisation"
+    assert study_name("textcraft-generalisation", {"experiment": "textcraft-ablation-seed2"}) == \
+        "textcraft-generalisation-seed2"
+    assert study_name("x", {}) == "x"
+
+
+def test_last_checkpoints_take_each_arms_last_iteration_in_its_own_mode():
+    rec = {"points": [
+        {"arm": "recursive", "iteration": 0, "mode": "recursive", "checkpoint": "r0"},
+        {"arm": "recursive", "iteration": 2, "mode": "recursive", "checkpoint": "r2"},
+        {"arm": "recursive", "iteration": 3, "mode": "single", "checkpoint": "r3-single-mode"},  # another mode
+        {"arm": "single", "iteration": 1, "mode": "single", "checkpoint": "s1"},
+        {"arm": "single", "iteration": 2, "mode": "single", "checkpoint": None}]}  # no folder recorded
+    assert last_checkpoints(rec) == {"recursive": ("r2", 2), "single": ("s1", 1)}
+
+
+def _gen_point(arm, k, n, succ, lo, hi, misses, **kw):
+    return {"arm": arm, "k": k, "mode": "single" if arm == "single" else "recursive", "n": n, "unscored": 0,
+            "successes": succ, "success": succ / n, "ci95": [lo, hi], "misses": misses, **kw}
+
+
+def test_generalisation_table_by_hand():
+    points = [_gen_point("recursive", 2, 100, 56, 0.4623, 0.6532, {"child_failed": 30, "window": 11, "limit": 3},
+                         delegation_rate=0.96, child_success=0.692, tokens_per_tree=1292.4, tree_wall_s_median=95.04),
+              _gen_point("single", 3, 100, 0, 0.0, 0.037, {"window": 97, "other": 3}, delegation_rate=0.0,
+                         child_success=None, tokens_per_tree=601.0, tree_wall_s_median=50.0)]
+    lines = generalisation_table(points).splitlines()
+    # 'other' gets a column because one point has it; missed = sum of the causes (30 + 11 + 3 = 44; 97 + 3)
+    assert lines[0] == ("| arm | K | n | success | 95% CI | delegation rate | depth-1 success | tokens per tree | "
+                        "tree wall median (s) | missed | child given 2+ targets | children failed | root's window | "
+                        "limit | error | root finished wrong | other |")
+    assert lines[2] == "| recursive | 2 | 100 | 0.56 | [0.46, 0.65] | 0.96 | 0.69 | 1292 | 95.0 | 44 | 0 | 30 | 11 | 3 | 0 | 0 | 0 |"
+    assert lines[3] == "| single | 3 | 100 | 0.00 | [0.00, 0.04] | 0.00 |  | 601 | 50.0 | 100 | 0 | 0 | 97 | 0 | 0 | 0 | 3 |"
+    assert "other" not in generalisation_table(points[:1]).splitlines()[0]  # no 'other' anywhere: no column
+
+
+def _wall_point(setting, k, median, **kw):
+    return {"setting": setting, "k": k, "n": 30, "unscored": 0, "successes": 15, "success": 0.5,
+            "ci95": [0.3315, 0.6685], "tree_wall_s_median": median, **kw}
+
+
+def test_wallclock_ratios_and_table_by_hand():
+    points = [_wall_point("gather", 2, 20.0, tree_wall_s=22.0, tokens_per_tree=1200.4, parallel_share=0.9,
+                          children_per_tree={"2": 27, "3": 3}, context_window=1536),
+              _wall_point("sequential", 2, 30.0), _wall_point("gather", 6, 40.0), _wall_point("sequential", 6, 100.0),
+              _wall_point("single", 2, 15.0, context_window=4096)]  # the study's order: single last
+    r = wallclock_ratios(points)
+    # K = 2: 30 / 20 = 1.5, 15 / 20 = 0.75; K = 6: 100 / 40 = 2.5, no single point
+    assert r == [{"k": 2, "gather": 20.0, "sequential": 30.0, "single": 15.0, "sequential_over_gather": 1.5,
+                  "single_over_gather": 0.75},
+                 {"k": 6, "gather": 40.0, "sequential": 100.0, "single": None, "sequential_over_gather": 2.5,
+                  "single_over_gather": None}]
+    assert wallclock_ratios([_wall_point("gather", 2, 0.0), _wall_point("sequential", 2, 3.0)])[0][
+        "sequential_over_gather"] is None  # a zero median divides nothing
+    lines = wallclock_table(points).splitlines()
+    # children per tree: (2 x 27 + 3 x 3) / 30 = 2.1
+    assert lines[2] == "| 2 | gather | 30 | 0.50 | [0.33, 0.67] | 20.0 | 22.0 | 1200 | 2.10 | 0.90 | 1536 |"
+    assert lines[3] == "| 2 | sequential | 30 | 0.50 | [0.33, 0.67] | 30.0 |  |  |  |  |  |"
+    assert [ln.split(" | ")[:2] for ln in lines[4:7]] == [["| 2", "single"], ["| 6", "gather"], ["| 6", "sequential"]]
+    assert lines[-2:] == ["| 2 | 20.0 / 30.0 / 15.0 | 1.50x | 0.75x |", "| 6 | 40.0 / 100.0 / - | 2.50x | - |"]
+
+
+def test_study_point_keeps_the_row_and_per_task_times():
+    from rao_core.evaluation import summarise
+    from rao_core.tree import EndReason, ExecutionTree, Node
+
+    trees = [ExecutionTree(tree_id=f"t{i}", env="textcraft-synth", task_id=f"task-{i}", root_id="0", wall_s=w,
+                           nodes=[Node(node_id="0", goal="g", verifier=v, end_reason=e, token_ids=[1, 2, 3],
+                                       assistant_mask=[0, 1, 1])])
+             for i, (v, w, e) in enumerate([(1.0, 10.123, EndReason.FINISHED), (0.0, 30.0, EndReason.CONTEXT_OVERFLOW),
+                                            (0.0, 20.0, EndReason.FINISHED)])]
+    row = summarise(trees, mode="recursive", difficulty="tier1x3")
+    p = study_point(row, trees, arm="recursive", k=3)
+    assert (p["arm"], p["k"], p["difficulty"], p["n"], p["successes"]) == ("recursive", 3, "tier1x3", 3, 1.0)
+    assert p["ci95"] == [round(row.ci_low, 4), round(row.ci_high, 4)] and isinstance(p["ci95"], list)
+    assert p["tree_wall_s_median"] == 20.0 and p["tree_wall_s"] == round((10.123 + 30 + 20) / 3, 2)
+    assert p["misses"] == {"window": 1, "finished_wrong": 1} and p["per_task"] == {"task-0": 1, "task-1": 0, "task-2": 0}
+    assert p["per_task_wall_s"] == {"task-0": 10.12, "task-1": 30.0, "task-2": 20.0}
+    assert p["per_task_tokens"] == {"task-0": 2, "task-1": 2, "task-2": 2} and "trees" not in p
+
+
+def test_markdown_and_plot_from_a_record(tmp_path):
+    rec = {"experiment": "textcraft-generalisation-seed1", "command": "rao experiment textcraft-generalisation",
+           "commit": "abc1234", "date": "2026-12-05", "wall_s": 600.0, "checkpoints": {"recursive": "r2"},
+           "source_record": "docs/results/textcraft-ablation-seed1.json", "seed": 1, "n_tasks": 100,
+           "eval_seed": 20261203, "split": "validation", "task_sets": {"training (seed 1)": 200},
+           "points": [_gen_point("recursive", 2, 100, 56, 0.46, 0.65, {"window": 44}),
+                      _gen_point("recursive", 3, 100, 20, 0.13, 0.29, {"child_failed": 80})]}
+    md = generalisation_markdown(rec, img="img/x.png")
+    assert md.startswith("## Generalisation (issue 38 item 4): `textcraft-generalisation-seed1`\n")
+    assert "wall time 10.0 min" in md and "![success vs K" in md and "| recursive | 3 | 100 | 0.20 |" in md
+    assert "Incomplete" not in md and "Incomplete" in generalisation_markdown({**rec, "complete": False})
+    png = generalisation_png(rec["points"], tmp_path / "g.png")
+    assert png.stat().st_size > 1000
+    wall = {**rec, "experiment": "textcraft-wallclock", "tree_timeout_s": 1800.0,
+            "points": [_wall_point("gather", 2, 20.0), _wall_point("sequential", 2, 50.0)]}
+    md = wallclock_markdown(wall)
+    assert md.startswith("## Wall-clock, one tree at a time (issue 38 item 5)\n") and "| 2 | 20.0 / 50.0 / - | 2.50x | - |" in md
+
+
+# -- planning: one clear error before any server -----------------------------------------------------------
+def _record(tmp_path: Path, name: str = "textcraft-ablation", arms=("recursive", "single"), seed: int = 0) -> Path:
+    """A small experiment record: the ablation's config as run, each arm's iterations 0 and 2 with checkpoint
+    folders (the tiny model; the single arm's through a link, so the two are served separately)."""
+    from rao_core.config import load_config
+
+    cfg = load_config(REPO_ROOT / CONFIG, [f"seed={seed}"], check_paths=False)
+    (tmp_path / "single-ckpt").symlink_to(TINY, target_is_directory=True)
+    ckpt = {"recursive": str(TINY), "outcome": str(TINY), "single": str(tmp_path / "single-ckpt")}
+    points = [{"arm": a, "iteration": i, "difficulty": "tier1x2", "mode": "single" if a == "single" else "recursive",
+               "n": 100, "successes": 40, "success": 0.4, "checkpoint": ckpt[a] if i == 2 else str(tmp_path / "old")}
+              for a in arms for i in (0, 2)]
+    rec = {"experiment": name, "config": CONFIG, "seed": seed, "config_values": cfg.model_dump(mode="json"),
+           "single_max_steps": 42, "points": points}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.fixture
+def no_server(monkeypatch):
+    """Any attempt to build a vLLM server fails the test."""
+    import infra.serving
+
+    def refuse(*a, **k):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(infra.serving, "server_from_config", refuse)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--arm", "both"], "unknown arm 'both' (expected one of recursive, outcome, single)"),
+    (["--arm", "outcome"], "has no checkpoint of arm 'outcome'; pass --model outcome=PATH"),
+    (["--model", "single=/no/such/folder"], "checkpoint folder of arm single not found: /no/such/folder has no config.json"),
+    (["--model", "single"], "expected ARM=PATH"),
+    (["--k", "1"], "no TextCraft-Synth shape tier1x<K> for K = [1]"),
+    (["--k", "3", "--k", "3"], "K repeated in [3, 3]"),
+    (["--set", "runtime.context_window=99999"], "runtime.context_window (99999) exceeds serving.max_model_len (1536)"),
+])
+def test_generalisation_input_errors_are_one_line_before_any_server(capsys, tmp_path, no_server, args, needle):
+    rec = _record(tmp_path)
+    code, out, err = _cli(capsys, "experiment", "textcraft-generalisation", "--record", str(rec), *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert out == ""
+
+
+def test_missing_record_and_wallclock_errors(capsys, tmp_path, no_server):
+    code, _, err = _cli(capsys, "experiment", "textcraft-generalisation", "--record", str(tmp_path / "none.json"))
+    assert code == 2 and err.strip() == (f"error: record not found: {tmp_path / 'none.json'}; run `rao experiment "
+                                         "textcraft-ablation` first, or name one with --record")
+    (tmp_path / "bad.json").write_text("{not json")
+    code, _, err = _cli(capsys, "experiment", "textcraft-wallclock", "--record", str(tmp_path / "bad.json"))
+    assert code == 2 and "bad.json: not a JSON record" in err and len(err.strip().splitlines()) == 1
+    rec = _record(tmp_path, arms=("recursive",))
+    for args, needle in ((["--setting", "fast"], "unknown setting 'fast'"),
+                         ([], "has no checkpoint of arm 'single'; pass --single-model PATH"),
+                         (["--model", str(tmp_path)], "checkpoint folder of the recursive agent not found"),
+                         (["--k", "13"], "K = [13]")):
+        code, out, err = _cli(capsys, "experiment", "textcraft-wallclock", "--record", str(rec), *args)
+        assert code == 2 and err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_dry_run_prints_the_plan_and_serves_nothing(capsys, tmp_path, no_server):
+    rec = _record(tmp_path)
+    code, out, err = _cli(capsys, "experiment", "textcraft-wallclock", "--record", str(rec), "--dry-run",
+                          "--k", "2", "--k", "6", "--n", "3")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("textcraft-wallclock: record docs/results/textcraft-wallclock.json from ")
+    assert "training (seed 0): 200" in lines[1] and "evaluation (eval.seed 20261203): 6" in lines[1]
+    # the recursive checkpoint once (gather and sequential interleaved per K), then the single agent's at 4096
+    assert lines[2] == f"serve {TINY} once (max_model_len 1536):"
+    assert [ln.split(":")[0].strip() for ln in lines[3:7]] == [
+        "gather, 3 tier1x2 tasks, one tree at a time", "sequential, 3 tier1x2 tasks, one tree at a time",
+        "gather, 3 tier1x6 tasks, one tree at a time", "sequential, 3 tier1x6 tasks, one tree at a time"]
+    assert "1 trees at once, sequential children on, tree limit 1800 s" in lines[4]
+    assert lines[7] == f"serve {tmp_path / 'single-ckpt'} once (max_model_len 4096):"
+    assert "window 4096, 42 steps per node" in lines[8]
+
+
+def test_the_generalisation_plan(tmp_path):
+    rec = _record(tmp_path, name="textcraft-ablation-seed1", arms=("recursive", "outcome", "single"), seed=1)
+    plan = plan_generalisation(record=str(rec), arms=["outcome", "single"], n=5, ks=[2, 4], command="c",
+                               models={"outcome": str(TINY)})
+    assert plan.name == "textcraft-generalisation-seed1" and plan.meta["seed"] == 1
+    assert plan.meta["checkpoint_iterations"] == {"outcome": None, "single": 2}  # --model: iteration unknown
+    assert [r.checkpoint for r in plan.runs] == [str(TINY), str(tmp_path / "single-ckpt")]
+    out, single = plan.runs
+    assert [j.config.difficulties for j in out.jobs] == [["tier1x2"], ["tier1x4"]]
+    assert [j.config.modes for j in single.jobs] == [["single"], ["single"]]
+    assert [j.runtime.max_concurrent_trees for j in out.jobs] == [16, 9]  # trees_at_once(16)
+    assert single.jobs[0].runtime.max_steps_per_node == 42 and out.jobs[0].runtime.max_steps_per_node == 6
+    assert out.jobs[0].config.seed == 20261203 and out.jobs[0].config.n_tasks == 5
+    assert plan.meta["task_sets"]["training (seed 1)"] == 200  # checked against the record's own seed's pool
+
+
+# -- end to end with a scripted policy ---------------------------------------------------------------------
+def _expert(single_ckpt: str):
+    from rao_core.policies.textcraft_expert import TextCraftExpert
+
+    def policy_for(path: str):
+        if path == single_ckpt:
+            return TextCraftExpert(seed=0, max_depth=0, suboptimal_prob=0.0, child_steps=6)
+        return TextCraftExpert(seed=0, max_depth=1, split_targets_min=2, parallel_prob=1.0, suboptimal_prob=0.0,
+                               child_steps=6)
+    return policy_for
+
+
+@needs_tok
+def test_generalisation_end_to_end_with_the_scripted_expert(tmp_path):
+    rec = _record(tmp_path)
+    plan = plan_generalisation(record=str(rec), n=2, ks=[2, 3], command="rao experiment textcraft-generalisation",
+                               overrides=[f"runtime.sandbox={SANDBOX}"])
+    said: list[str] = []
+    out = run_study(plan, root=tmp_path, policy_for=_expert(str(tmp_path / "single-ckpt")), say=said.append)
+    r = json.loads((tmp_path / "docs/results/textcraft-generalisation.json").read_text())
+    assert r == out["record"] and r["complete"] is True and r["eval_seed"] == 20261203 and r["n_tasks"] == 2
+    assert [(p["arm"], p["k"], p["mode"], p["difficulty"]) for p in r["points"]] == [
+        ("recursive", 2, "recursive", "tier1x2"), ("recursive", 3, "recursive", "tier1x3"),
+        ("single", 2, "single", "tier1x2"), ("single", 3, "single", "tier1x3")]
+    by = {(p["arm"], p["k"]): p for p in r["points"]}
+    # the expert with delegation launches one child per target and solves every task at 1536 tokens
+    assert by["recursive", 2]["successes"] == 2 and by["recursive", 3]["successes"] == 2
+    assert by["recursive", 3]["children_per_tree"] == {"3": 2} and by["recursive", 3]["misses"] == {}
+    # alone, the expert fits two targets in the window, not three: every K = 3 miss is the root's window
+    assert by["single", 2]["successes"] == 2 and by["single", 3]["successes"] == 0
+    assert by["single", 3]["misses"] == {"window": 2} and by["single", 3]["end_reasons"] == {"context_overflow": 2}
+    assert all(len(p["per_task"]) == 2 and p["n"] == 2 and len(p["ci95"]) == 2 for p in r["points"])
+    assert all((tmp_path / p["trees_file"]).exists() for p in r["points"])
+    assert (tmp_path / "docs/img/textcraft-generalisation.png").exists()
+    md = (tmp_path / "docs/results.md").read_text()
+    assert "## Generalisation (issue 38 item 4): `textcraft-generalisation`" in md
+    assert "| single | 3 | 2 | 0.00 |" in md
+    assert any(s.startswith("evaluating arm single, 2 tier1x3 tasks") for s in said)
+
+
+@needs_tok
+def test_wallclock_end_to_end_with_the_scripted_expert(tmp_path):
+    rec = _record(tmp_path)
+    plan = plan_wallclock(record=str(rec), n=2, ks=[2, 3], command="rao experiment textcraft-wallclock",
+                          overrides=[f"runtime.sandbox={SANDBOX}"])
+    run_study(plan, root=tmp_path, policy_for=_expert(str(tmp_path / "single-ckpt")), say=lambda m: None)
+    r = json.loads((tmp_path / "docs/results/textcraft-wallclock.json").read_text())
+    assert [(p["setting"], p["k"]) for p in r["points"]] == [("gather", 2), ("sequential", 2), ("gather", 3),
+                                                             ("sequential", 3), ("single", 2), ("single", 3)]
+    by = {(p["setting"], p["k"]): p for p in r["points"]}
+    # the expert gathers its children; the runtime switch runs them one at a time, same trees otherwise
+    assert by["gather", 3]["parallel_share"] > 0 and by["sequential", 3]["parallel_share"] == 0
+    assert by["sequential", 3]["sequential_children"] is True and by["gather", 3]["sequential_children"] is False
+    assert all(by[s, k]["successes"] == 2 for s in ("gather", "sequential") for k in (2, 3))
+    # at a 4096-token window the single expert fits three targets
+    assert by["single", 3]["context_window"] == 4096 and by["single", 3]["successes"] == 2
+    assert by["single", 3]["depth_hist"] == {"0": 2}
+    assert all(set(p["per_task_wall_s"]) == set(p["per_task"]) for p in r["points"])
+    assert r["tree_timeout_s"] == 1800.0 and r["runtime"]["single"]["context_window"] == 4096
+    md = (tmp_path / "docs/benchmarks.md").read_text()
+    assert "## Wall-clock, one tree at a time (issue 38 item 5)" in md and "| K | median tree wall" in md
