@@ -47,7 +47,12 @@ class ExperimentParams(BaseModel):
                             description="Experiment name: docs/results/<experiment>.json, docs/img/<experiment>.png.")
     config: str = Field("configs/experiment-textcraft-cpu.yaml", description="Campaign config of both arms.")
     # a plain text field (a `str | None` one needs its "None" toggle clicked in the form); empty = None
-    name: str = Field("", description="Prefix of the two campaign names (empty: the config's name).")
+    name: str = Field("", pattern=r"^([a-z0-9][a-z0-9-]*)?$",  # empty or NAME_PATTERN
+                      description="Name of this run, for a variant of an experiment (e.g. `textcraft-tier1-async` "
+                      "with `algo.max_staleness=1`): its record `docs/results/<name>[-seed<S>].json`, its docs "
+                      "sections and plot, and its campaigns `<name>[-seed<S>]-<arm>`, so it overwrites neither "
+                      "the experiment's record nor its campaigns. Empty: the experiment's record and the "
+                      "config's campaign name.")
     iterations: int | None = Field(None, ge=0, description="RL iterations per arm.")
     arms: list[Literal["recursive", "outcome", "single"]] = Field(
         default_factory=lambda: ["recursive", "single"],
@@ -75,8 +80,10 @@ class ExperimentParams(BaseModel):
         return "" if v is None else v
 
     def seeded_name(self, base_seed: int) -> str:
-        """The record's name: ``experiment``, or ``<experiment>-seed<S>`` for a seed other than ``base_seed``."""
-        return self.experiment if self.seed is None or self.seed == base_seed else f"{self.experiment}-seed{self.seed}"
+        """The record's name: ``name`` (or, empty, ``experiment``), with ``-seed<S>`` for a seed other than
+        ``base_seed``."""
+        base = self.name or self.experiment
+        return base if self.seed is None or self.seed == base_seed else f"{base}-seed{self.seed}"
 
     def seed_overrides(self) -> list[str]:
         """``KEY=VALUE`` overrides that set every seed of a campaign to ``seed`` (none when it is None)."""
@@ -180,7 +187,9 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     base = CampaignParams(config=params.config, iterations=params.iterations, overrides=overrides).resolve()
     experiment = params.seeded_name(cfg0.seed)
     task_sets = check_task_sets(base)  # ValueError naming the overlap: no campaign starts
-    prefix = params.name or (base.name if experiment == params.experiment else f"{base.name}-seed{base.seed}")
+    # campaigns <name or the config's name>[-seed<S>]-<arm>: a named run or another seed never resumes another's
+    prefix = (params.name or base.name) + ("" if experiment == (params.name or params.experiment)
+                                           else f"-seed{base.seed}")
     single_steps = params.single_max_steps or (base.runtime.max_steps_per_node
                                                * (1 + base.runtime.max_children_per_node))
     rows: list[dict[str, Any]] = []
@@ -210,6 +219,7 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     seed = f" --seed {params.seed}" if params.seed is not None else ""
     arms = "".join(f" --arm {a}" for a in params.arms) if params.arms != ["recursive", "single"] else ""
     arms += " --single-warm-start own" if params.single_warm_start == "own" and "single" in params.arms else ""
+    arms += f" --name {params.name}" if params.name else ""
     meta = {"command": f"rao experiment {params.experiment} --config {params.config}{iters}{seed}{arms}{sets}",
             "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,

@@ -17,7 +17,7 @@ console = make_console()
 
 def _run(experiment: str, config: str, iterations: int | None, arm: list[str], write_docs: bool,
          override: list[str], seeds: list[int] | None = None, single_max_steps: int | None = None,
-         single_warm_start: str = "shared") -> None:
+         single_warm_start: str = "shared", name: str = "") -> None:
     """Run ``experiment`` once per seed (``seeds``; none = the config's), then, for several seeds, write the
     side-by-side and pooled section (``tasks.experiment.seeds_markdown``)."""
     from rao_cli.pipeline_cmd import _prefect_env, params_from_options
@@ -30,7 +30,8 @@ def _run(experiment: str, config: str, iterations: int | None, arm: list[str], w
     # by rao_cli.main); both before any service starts
     runs = [params_from_options(ExperimentParams, experiment=experiment, config=config, iterations=iterations,
                                 arms=list(arm), write_docs=write_docs, overrides=list(override), seed=s,
-                                single_max_steps=single_max_steps, single_warm_start=single_warm_start)
+                                single_max_steps=single_max_steps, single_warm_start=single_warm_start,
+                                name=name)
             for s in (seeds or [None])]
     for p in runs:
         CampaignParams(config=config, iterations=iterations, overrides=p.seed_overrides() + list(override)).resolve()
@@ -42,9 +43,12 @@ def _run(experiment: str, config: str, iterations: int | None, arm: list[str], w
     if len(records) > 1:
         from tasks.experiment import write_seeds_section
 
-        console.print(write_seeds_section(experiment, records, write_docs))
+        console.print(write_seeds_section(name or experiment, records, write_docs))
 
 
+NAME_HELP = ("Name of a variant run (e.g. textcraft-tier1-async with --set algo.max_staleness=1): its record "
+             "docs/results/<name>[-seed<S>].json, docs sections and plot, and campaigns <name>[-seed<S>]-<arm>; "
+             "default: the experiment's record and the config's campaign name.")
 SEED_HELP = ("Seed of the run (task pool, demonstrations, sampling, trainers); repeat for several seeds, reported "
              "side by side and pooled (default: the config's seed).")
 
@@ -55,6 +59,7 @@ def textcraft_ablation(
     iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
     arm: list[str] = typer.Option(["recursive", "outcome", "single"], help="Arms to run (repeatable): recursive "
                                   "(RAO), outcome (outcome-only credit), single (single agent)."),
+    name: str = typer.Option("", help=NAME_HELP),
     seed: list[int] = typer.Option([], help=SEED_HELP),
     single_warm_start: str = typer.Option("own", help="own: the single agent's warm start from single-agent "
                                           "demonstrations; shared: the recursive arm's."),
@@ -70,7 +75,7 @@ def textcraft_ablation(
     start, the same RL task stream and rollout budget, evaluated on a fresh held-out set (n = 100) with the
     endpoint preregistered in the config; one run per seed."""
     _run("textcraft-ablation", config, iterations, arm, write_docs, override, seed, single_max_steps,
-         single_warm_start)
+         single_warm_start, name)
 
 
 @app.command("textcraft-nested")
@@ -79,6 +84,7 @@ def textcraft_nested(
     iterations: int = typer.Option(None, help="RL iterations (default: the config's)."),
     arm: list[str] = typer.Option(["recursive"], help="Arms to run (repeatable): recursive (RAO; the experiment), "
                                   "outcome (outcome-only credit), single (single agent)."),
+    name: str = typer.Option("", help=NAME_HELP),
     seed: list[int] = typer.Option([], help=SEED_HELP),
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-nested[-seed<S>].json, "
                                     "docs/img/textcraft-nested.png and docs/img/textcraft-nested-depth.png."),
@@ -91,7 +97,7 @@ def textcraft_nested(
     after each on fresh held-out nest1 and nest2 tasks (nest2: depth 2, never seen in training), n = 100 per
     point, endpoint preregistered in the config; per depth: nodes, success, delegation, children, end reasons,
     and the depth histogram of the evaluated trees; one run per seed."""
-    _run("textcraft-nested", config, iterations, arm, write_docs, override, seed)
+    _run("textcraft-nested", config, iterations, arm, write_docs, override, seed, name=name)
 
 
 @app.command("textcraft-tier1x")
@@ -99,6 +105,7 @@ def textcraft_tier1x(
     config: str = typer.Option("configs/experiment-textcraft-tier1x.yaml", help="Config of both arms."),
     iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
     arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
+    name: str = typer.Option("", help=NAME_HELP),
     seed: list[int] = typer.Option([], help=SEED_HELP),
     single_max_steps: int = typer.Option(None, help="Steps of the single agent's node (default: max_steps_per_node "
                                          "x (1 + max_children_per_node), a whole recursive tree's)."),
@@ -110,8 +117,8 @@ def textcraft_tier1x(
     """The delegation experiment: warm-start SmolLM2-135M on TextCraft-Synth tier1x<K> tasks (K tier-1
     sub-goals that do not fit one node's window), run RAO iterations, evaluate 50 held-out tasks per split
     after each (K = 2, trained; K = 3, harder than anything trained on), recursive arm then the single-agent
-    arm (`--set name=X`: campaigns X-recursive and X-single)."""
-    _run("textcraft-tier1x", config, iterations, arm, write_docs, override, seed, single_max_steps)
+    arm (`--name X`: campaigns X-recursive and X-single, record docs/results/X.json)."""
+    _run("textcraft-tier1x", config, iterations, arm, write_docs, override, seed, single_max_steps, name=name)
 
 
 @app.command("textcraft-tier1")
@@ -119,6 +126,7 @@ def textcraft_tier1(
     config: str = typer.Option("configs/experiment-textcraft-tier1.yaml", help="Config of both arms."),
     iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
     arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
+    name: str = typer.Option("", help=NAME_HELP),
     seed: list[int] = typer.Option([], help=SEED_HELP),
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1.json and "
                                     "docs/img/textcraft-tier1.png."),
@@ -127,7 +135,7 @@ def textcraft_tier1(
 ) -> None:
     """The CPU-scale learning curve: warm-start SmolLM2-135M on TextCraft-Synth tier1 tasks, run RAO
     iterations, evaluate 50 held-out tasks after each (recursive arm, then the single-agent arm)."""
-    _run("textcraft-tier1", config, iterations, arm, write_docs, override, seed)
+    _run("textcraft-tier1", config, iterations, arm, write_docs, override, seed, name=name)
 
 
 @app.command("textcraft-cpu")

@@ -64,8 +64,12 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
     logged, in depth order), ``rollout_trees``, ``rollout_tokens`` (completion tokens of all rollout
     nodes), ``rollout_delegation_rate``, ``rollout_end_reasons`` ({reason: share of nodes}), ``samples`` and
     ``signal_samples`` (training samples, and those with a non-zero coefficient), ``samples_per_depth``
-    (``{d: {samples, signal_samples, mean_abs_advantage, assistant_tokens}}``, from ``samples/depth_<d>/*``)
-    and ``train`` (the trainer's ``train/*`` values of the iteration). A metric not logged is None."""
+    (``{d: {samples, signal_samples, mean_abs_advantage, assistant_tokens}}``, from ``samples/depth_<d>/*``),
+    ``staleness`` (``{lag: samples}``, from ``staleness/lag_<d>_samples``: how many training samples came from a
+    checkpoint that many versions older than the trained one; {} for a run before asynchronous RL) and ``train``
+    (the trainer's ``train/*`` values of the iteration, with the off-policy correction's
+    ``behaviour_weight_mean``, ``behaviour_weight_capped_frac`` and ``stale_token_frac`` when it ran). A metric
+    not logged is None."""
     per_depth: dict[str, dict[str, float]] = {}
     success = {k.removeprefix("success/depth_"): v for k, v in metrics.items()
                if k.startswith("success/depth_") and k.removeprefix("success/depth_").isdigit()}
@@ -83,6 +87,10 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
                                     if k.startswith("end/")},
             "samples": metrics.get("samples/num_samples"), "signal_samples": metrics.get("samples/num_signal_samples"),
             "samples_per_depth": dict(sorted(per_depth.items(), key=lambda kv: int(kv[0]))),
+            "staleness": dict(sorted(((k.removeprefix("staleness/lag_").removesuffix("_samples"), v)
+                                      for k, v in metrics.items()
+                                      if k.startswith("staleness/lag_") and k.endswith("_samples")),
+                                     key=lambda kv: int(kv[0]))),
             "train": {k.removeprefix("train/"): v for k, v in sorted(metrics.items()) if k.startswith("train/")}}
 
 

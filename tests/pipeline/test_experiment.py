@@ -282,7 +282,11 @@ def test_iteration_stats_from_the_logged_metrics():
     assert s["samples_per_depth"] == {"0": {"samples": 48.0, "signal_samples": 40.0, "mean_abs_advantage": 0.4,
                                             "assistant_tokens": 3000.0}, "1": {"samples": 92.0},
                                       "10": {"samples": 1.0}}  # depths in numeric order
-    assert s["train"] == {"loss": 0.1}
+    assert s["train"] == {"loss": 0.1} and s["staleness"] == {}
+    lagged = iteration_stats({"staleness/lag_10_samples": 1.0, "staleness/lag_0_samples": 30.0,
+                              "staleness/lag_1_samples": 12.0, "train/behaviour_weight_mean": 0.97})
+    assert list(lagged["staleness"].items()) == [("0", 30.0), ("1", 12.0), ("10", 1.0)]  # numeric order
+    assert lagged["train"] == {"behaviour_weight_mean": 0.97}
     empty = iteration_stats({})  # an iteration that logged nothing (e.g. a crashed log stage): None, not an error
     assert empty["rollout_root_success"] is None and empty["samples_per_depth"] == {}
 
@@ -467,6 +471,37 @@ def test_the_single_arm_can_build_its_own_warm_start(tmp_path, monkeypatch):
     assert "warm_start.checkpoint=/ck/textcraft-tier1x-recursive" in seen["outcome"]
     assert "warm_start.options.single_agent_fraction=1.0" in seen["single"]
     assert not any(o.startswith("warm_start.checkpoint") for o in seen["single"])
+
+
+def test_a_named_variant_has_its_own_record_and_campaigns(monkeypatch):
+    """Issue 40 item 6: `--name textcraft-tier1-async` (with algo.max_staleness=1) writes its own record and runs its
+    own campaigns, per seed, so it overwrites neither the synchronous record nor resumes its campaigns."""
+    import logging
+
+    import flows.experiment as fe
+
+    seen, written = [], []
+
+    def campaign(params):
+        seen.append(params.name)
+        return {"mlflow_run_id": "x", "warm_start": {"checkpoint_local": "/ck"}, "base_eval": [], "iterations": []}
+
+    monkeypatch.setattr(fe, "rao_campaign", campaign)
+    monkeypatch.setattr(fe, "get_run_logger", lambda: logging.getLogger("test"))
+    monkeypatch.setattr(fe, "write_results", lambda experiment, rows, meta, *a, **k: (
+        written.append((experiment, meta["command"])), {"markdown": "", "record": {}})[1])
+    for seed in (None, 1):
+        fe.rao_experiment.fn(fe.ExperimentParams(experiment="textcraft-tier1", config="configs/experiment-textcraft-"
+                                                 "tier1.yaml", arms=["recursive"], name="textcraft-tier1-async",
+                                                 seed=seed, overrides=["algo.max_staleness=1"], write_docs=False))
+    fe.rao_experiment.fn(fe.ExperimentParams(experiment="textcraft-tier1", config="configs/experiment-textcraft-"
+                                             "tier1.yaml", arms=["recursive"], seed=1, write_docs=False))
+    assert seen == ["textcraft-tier1-async-recursive", "textcraft-tier1-async-seed1-recursive",
+                    "textcraft-tier1-seed1-recursive"]
+    assert [w[0] for w in written] == ["textcraft-tier1-async", "textcraft-tier1-async-seed1", "textcraft-tier1-seed1"]
+    assert written[1][1].endswith("--seed 1 --arm recursive --name textcraft-tier1-async --set algo.max_staleness=1")
+    with pytest.raises(ValueError, match="name"):
+        fe.ExperimentParams(name="Tier1 async")
 
 
 def _record(seed, outcomes):
