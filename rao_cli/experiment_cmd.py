@@ -188,7 +188,8 @@ DRY_RUN_HELP = "Print the plan (checkpoints, evaluations, runtimes, task sets ch
 def _run_study(plan_fn, write_docs: bool, dry_run: bool, **options) -> None:
     """Plan the study (every input checked: one ``error:`` line, exit 2, before any server starts); with
     ``dry_run`` print the plan and stop; else run it interruptibly (Ctrl-C / SIGTERM: the server stopped, the
-    record so far kept, exit 130 / 143) and print its markdown section."""
+    record so far kept, exit 130 / 143; the same command resumes from it: ``tasks.studies.run_study``) and print
+    its markdown section."""
     from pathlib import Path
 
     from rao_cli import input_errors
@@ -205,7 +206,7 @@ def _run_study(plan_fn, write_docs: bool, dry_run: bool, **options) -> None:
         import signal
 
         return (f"interrupted ({signal.Signals(signum).name}): {plan.name} stopped; the points done so far are in "
-                f"docs/results/{plan.name}.json (complete: false)")
+                f"docs/results/{plan.name}.json (complete: false); the same command resumes from them")
 
     root = None if write_docs else Path(plan.name).resolve()
     out = run_interruptible(lambda: run_study(plan, write_docs=write_docs, root=root,

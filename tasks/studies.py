@@ -44,7 +44,9 @@ children and depth histograms, the checkpoint; the command, commit, date, checkp
 sets), a few stored trees per point under ``docs/results/trees/<study>/``; the markdown comes from the
 records by pure functions (:func:`generalisation_markdown`, :func:`wallclock_markdown`) and goes to
 ``docs/results.md`` (with the plot ``docs/img/<study>.png``, :func:`generalisation_png`) and
-``docs/benchmarks.md`` through ``tasks.experiment.replace_section``.
+``docs/benchmarks.md`` through ``tasks.experiment.replace_section``. The record is written after each
+evaluation (``"complete": false``) and an interrupted study resumes from it (:func:`run_study`); a dead
+server (:func:`infra_failures`) stops the study instead of recording its zeros.
 """
 
 from __future__ import annotations
@@ -628,6 +630,28 @@ def plan_text(plan: StudyPlan) -> str:
 
 
 # -- running -------------------------------------------------------------------------------------------------
+#: Root end reasons that are the infrastructure's, not the policy's (as ``tasks.stages.infra_failure``, without
+#: ``tree_timeout``: the tree's wall-clock limit is a limit the studies measure, a miss cause of its own).
+STUDY_INFRA_ENDS = ("policy_error", "sandbox_error", "token_prefix_break")
+#: Record fields that are not the plan's: a partial record is resumed when every other field of the plan matches.
+RUN_FIELDS = ("commit", "date", "wall_s", "complete", "points", "resumed_points")
+
+
+def infra_failures(trees: Sequence[Any]) -> dict[str, int]:
+    """Trees per infrastructure failure (:data:`STUDY_INFRA_ENDS`, or ``crashed`` for a rollout that raised),
+    most frequent first; empty when none."""
+    from collections import Counter
+
+    def why(t: Any) -> str | None:
+        try:
+            end = t.root.end_reason.value
+        except KeyError:  # a crashed rollout without its root
+            end = None
+        return end if end in STUDY_INFRA_ENDS else "crashed" if t.error else None
+
+    return dict(Counter(r for r in map(why, trees) if r).most_common())
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     from rao_core.jsonl import atomic_path
 
@@ -636,53 +660,100 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         Path(tmp).write_text(json.dumps(data, indent=2) + "\n")
 
 
+def _point_key(p: dict[str, Any]) -> str:
+    return f"{p.get('arm') or p.get('setting')}-{p['difficulty']}-{p['mode']}"
+
+
+def resumable_points(rec_path: Path, plan: StudyPlan) -> tuple[list[dict[str, Any]], float]:
+    """The points (and wall seconds) of an INCOMPLETE record at ``rec_path`` written by the same plan (every
+    field of ``plan.meta`` but the commit and date equal), those that match one of the plan's jobs by all its
+    labels; ``([], 0.0)`` otherwise (no record, a complete one, another plan, or not JSON)."""
+    try:
+        old = json.loads(rec_path.read_text())
+    except (OSError, ValueError):
+        return [], 0.0
+    if not isinstance(old, dict) or old.get("complete") is not False:
+        return [], 0.0
+    mine = {k: v for k, v in json.loads(json.dumps(plan.meta)).items() if k not in RUN_FIELDS}
+    if {k: old.get(k) for k in mine} != mine:
+        return [], 0.0
+    labels = [lab for run in plan.runs for lab in run.labels]
+    points = [p for lab in labels for p in old.get("points", []) if all(p.get(k) == v for k, v in lab.items())]
+    return points, float(old.get("wall_s") or 0.0)
+
+
 def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = None,
               policy_for: Callable[[str], Any] | None = None, base_url: str | None = None,
               say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``plan``: each checkpoint served once (:func:`serve_and_evaluate`; ``policy_for(checkpoint)``: a
     policy instead of a server, for tests; ``base_url``: a running server for every checkpoint), one point
-    per job (:func:`study_point`). After each job the record so far is written to
-    ``<root>/docs/results/<name>.json`` with ``"complete": false``; at the end the complete record, the stored
-    trees (``docs/results/trees/<name>/``) and, with ``write_docs``, the markdown section (generalisation:
-    ``docs/results.md`` and the plot ``docs/img/<name>.png``; wall-clock: ``docs/benchmarks.md``). Returns
+    per job (:func:`study_point`). After each job its stored trees (``docs/results/trees/<name>/``) and the
+    record so far are written to ``<root>/docs/results/<name>.json`` with ``"complete": false``; at the end
+    the complete record (stored trees of no point removed) and, with ``write_docs``, the markdown section
+    (generalisation: ``docs/results.md`` and the plot ``docs/img/<name>.png``; wall-clock:
+    ``docs/benchmarks.md``).
+
+    Resuming: when ``docs/results/<name>.json`` is an incomplete record of the same plan
+    (:func:`resumable_points`), its points are kept and only the jobs without one run (a checkpoint with none
+    left is not served). A job whose trees ended by infrastructure failures (:func:`infra_failures`) more than
+    ``runtime.max_infra_failure_share`` of the time (a dead server: its zeros are no measurement) raises
+    ``infra.process.ServiceError`` before its point is recorded, so the same command resumes there. Returns
     ``{"record", "markdown", "record_path"}``."""
+    from infra.process import ServiceError
     from rao_core.envs import get_env
     from rao_core.paths import REPO_ROOT
     from tasks.experiment import replace_section, write_tree_sample
 
     root = root or REPO_ROOT
     rec_path = root / "docs/results" / f"{plan.name}.json"
+    folder = root / "docs/results/trees" / plan.name
     t0 = time.monotonic()
-    points: list[dict[str, Any]] = []
-    samples: dict[str, list[Any]] = {}
+    points, wall0 = resumable_points(rec_path, plan)
+    resumed = len(points)
+    if resumed:
+        say(f"resuming {rec_path.name}: {resumed} evaluations already done (an incomplete record of this plan)")
 
     def record(complete: bool) -> dict[str, Any]:
-        return {**plan.meta, "wall_s": round(time.monotonic() - t0, 1), "complete": complete, "points": list(points)}
+        return {**plan.meta, "wall_s": round(wall0 + time.monotonic() - t0, 1), "complete": complete,
+                **({"resumed_points": resumed} if resumed else {}), "points": list(points)}
+
+    def done(lab: dict[str, Any]) -> bool:
+        return any(all(p.get(k) == v for k, v in lab.items()) for p in points)
 
     for run in plan.runs:
+        todo = [(job, lab) for job, lab in zip(run.jobs, run.labels) if not done(lab)]
+        if not todo:
+            continue
         cfg = run.config
         env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
-        labels = iter(run.labels)
+        labels = iter(lab for _, lab in todo)
 
         def keep(job: EvalJob, report: EvalReport, labels=labels) -> None:
             lab = next(labels)
+            bad = infra_failures(report.trees)
+            limit = job.runtime.max_infra_failure_share
+            if report.trees and sum(bad.values()) > limit * len(report.trees):
+                detail = ", ".join(f"{k} {v}" for k, v in bad.items())
+                raise ServiceError(
+                    f"{job.label}: {sum(bad.values())} of {len(report.trees)} trees ended by infrastructure failures "
+                    f"({detail}; limit {limit:.0%}, runtime.max_infra_failure_share): no point recorded; the "
+                    f"{len(points)} points before it are in {rec_path} (complete: false), and the same command "
+                    "resumes from them")
             for row in report.rows:
                 trees = [t for t in report.trees if t.meta.get("difficulty") == row.difficulty]
-                key = f"{lab.get('arm') or lab.get('setting')}-{row.difficulty}-{row.mode}"
-                points.append(study_point(row, trees, **lab, trees_file=None))
-                samples[key] = list(row.sample)
+                point = study_point(row, trees, **lab, trees_file=None)
+                f = folder / f"{_point_key(point)}.jsonl.gz"
+                if row.sample and write_tree_sample(f, row.sample):
+                    point["trees_file"] = str(f.relative_to(root))
+                points.append(point)
             _write_json(rec_path, record(False))
 
-        serve_and_evaluate(cfg, Path(run.checkpoint), run.jobs, env=env, base_url=base_url, say=say, on_report=keep,
-                           policy=policy_for(run.checkpoint) if policy_for else None)
-    folder = root / "docs/results/trees" / plan.name
+        serve_and_evaluate(cfg, Path(run.checkpoint), [job for job, _ in todo], env=env, base_url=base_url, say=say,
+                           on_report=keep, policy=policy_for(run.checkpoint) if policy_for else None)
+    kept = {root / p["trees_file"] for p in points if p.get("trees_file")}
     for old in folder.glob("*.jsonl.gz") if folder.is_dir() else []:
-        old.unlink()
-    for p in points:
-        key = f"{p.get('arm') or p.get('setting')}-{p['difficulty']}-{p['mode']}"
-        f = folder / f"{key}.jsonl.gz"
-        if samples.get(key) and write_tree_sample(f, samples[key]):
-            p["trees_file"] = str(f.relative_to(root))
+        if old not in kept:  # another run's trees
+            old.unlink()
     rec = record(True)
     _write_json(rec_path, rec)
     if plan.study == GENERALISATION:

@@ -298,3 +298,57 @@ def test_wallclock_end_to_end_with_the_scripted_expert(tmp_path):
     assert r["tree_timeout_s"] == 1800.0 and r["runtime"]["single"]["context_window"] == 4096
     md = (tmp_path / "docs/benchmarks.md").read_text()
     assert "## Wall-clock, one tree at a time (issue 38 item 5)" in md and "| K | median tree wall" in md
+
+
+# -- a study stopped midway: resumed, not redone; a dead server stops it --------------------------------------
+@needs_tok
+def test_an_interrupted_study_resumes_from_its_partial_record(tmp_path):
+    rec = _record(tmp_path)
+    plan = plan_generalisation(record=str(rec), n=2, ks=[2, 3], command="rao experiment textcraft-generalisation",
+                               overrides=[f"runtime.sandbox={SANDBOX}"])
+    policy_for = _expert(str(tmp_path / "single-ckpt"))
+    run_study(plan, root=tmp_path, policy_for=policy_for, say=lambda m: None)
+    path = tmp_path / "docs/results/textcraft-generalisation.json"
+    full = json.loads(path.read_text())
+    # as an interruption during the single arm's K = 3 leaves it: three points, complete false
+    path.write_text(json.dumps({**full, "complete": False, "points": full["points"][:3], "wall_s": 100.0}))
+    said: list[str] = []
+    served: list[str] = []
+    run_study(plan, root=tmp_path, policy_for=lambda p: served.append(p) or policy_for(p), say=said.append)
+    r = json.loads(path.read_text())
+    assert [s for s in said if s.startswith("evaluating")] == ["evaluating arm single, 2 tier1x3 tasks, mode single"]
+    assert served == [str(tmp_path / "single-ckpt")]  # the recursive checkpoint: nothing left to do, not served
+    assert r["complete"] is True and r["points"][:3] == full["points"][:3] and r["wall_s"] >= 100.0
+    assert [(p["arm"], p["k"]) for p in r["points"]] == [("recursive", 2), ("recursive", 3), ("single", 2),
+                                                         ("single", 3)]
+    assert all((tmp_path / p["trees_file"]).exists() for p in r["points"])  # the resumed points keep their trees
+    # a complete record, or one of another plan (here another n), is never resumed: every evaluation runs again
+    said.clear()
+    run_study(plan, root=tmp_path, policy_for=policy_for, say=said.append)
+    assert len([s for s in said if s.startswith("evaluating")]) == 4
+    path.write_text(json.dumps({**full, "complete": False, "points": full["points"][:3]}))
+    other = plan_generalisation(record=str(rec), n=1, ks=[2, 3], command="rao experiment textcraft-generalisation --n 1",
+                                overrides=[f"runtime.sandbox={SANDBOX}"])
+    said.clear()
+    run_study(other, root=tmp_path, policy_for=policy_for, say=said.append)
+    assert len([s for s in said if s.startswith("evaluating")]) == 4
+    assert all(p["n"] == 1 for p in json.loads(path.read_text())["points"])
+
+
+@needs_tok
+def test_a_dead_server_stops_the_study_and_records_no_point_from_it(tmp_path):
+    from infra.process import ServiceError
+    from rao_core.policies.base import Policy, PolicyError
+
+    class Dead(Policy):
+        async def generate(self, request):
+            raise PolicyError("connection refused")
+
+    rec = _record(tmp_path)
+    plan = plan_wallclock(record=str(rec), n=2, ks=[2], settings=["gather", "sequential"], command="c",
+                          overrides=[f"runtime.sandbox={SANDBOX}"])
+    with pytest.raises(ServiceError, match=r"gather, 2 tier1x2 tasks.*2 of 2 trees ended by infrastructure failures"):
+        run_study(plan, root=tmp_path, policy_for=lambda p: Dead(), say=lambda m: None)
+    r = json.loads((tmp_path / "docs/results/textcraft-wallclock.json").read_text()) \
+        if (tmp_path / "docs/results/textcraft-wallclock.json").exists() else {"points": []}
+    assert r["points"] == []  # the failed evaluation's zeros are not measured points
