@@ -34,7 +34,8 @@ Miss attribution (issue 38 item 4; a project addition, the paper does not attrib
 root gets ONE primary cause read from its execution tree, the first that holds in this order:
 
 1. ``child_two_targets``: the root gave a depth-1 child two or more targets (``goal_args["targets"]`` with
-   >= 2 items; in the ``tier1x<K>`` shape one child per target is what fits a window);
+   >= 2 items; in the ``tier1x<K>`` shape one child per target is what fits a window) and that child failed
+   by its own doing (as in 2.); a two-target child that succeeded is not a cause;
 2. ``child_failed``: a depth-1 child ended by its own doing (finished, max_steps or context_overflow) without
    succeeding (verifier < 1, or no value and not finished). Children cut by the tree's limits, by an
    infrastructure error or by cancellation are not counted here: their cause is the tree's (below). This
@@ -362,7 +363,7 @@ def miss_cause(tree: ExecutionTree) -> str | None:
     if value is None or value >= 1.0:
         return None
     root, kids = tree.root, tree.children_of(tree.root_id)
-    if any(_target_count(k) >= 2 for k in kids):
+    if any(_target_count(k) >= 2 and _child_failed(k) for k in kids):
         return "child_two_targets"
     if any(_child_failed(k) for k in kids):
         return "child_failed"

@@ -76,7 +76,7 @@ WALLCLOCK_TREE_TIMEOUT_S = 1800.0
 WALLCLOCK_STORED_TREES = 4
 GENERALISATION_TITLE = f"## Generalisation (issue 38 item 4): `{GENERALISATION}"  # + "`" or "-seed<S>`"
 WALLCLOCK_TITLE = "## Wall-clock, one tree at a time (issue 38 item 5)"
-MISS_LABELS = {"child_two_targets": "child given 2+ targets", "child_failed": "children failed",
+MISS_LABELS = {"child_two_targets": "child given 2+ targets failed", "child_failed": "children failed",
                "window": "root's window", "limit": "limit", "error": "error", "finished_wrong": "root finished wrong",
                "other": "other"}
 
@@ -313,7 +313,7 @@ def generalisation_markdown(record: dict[str, Any], img: str | None = None) -> s
     lines = [title, "", *_header(record),
              "Each arm in its own mode (recursive arms with delegation, the single agent without) and runtime as "
              "trained; K = 2 is the trained shape (the ablation's own evaluation tasks), K >= 3 never trained on. "
-             "Each missed task has one cause, first that holds: a child given two or more targets, a child that "
+             "Each missed task has one cause, first that holds: a child given two or more targets that failed, a child that "
              "failed by itself, the root's window, a step or time limit, an infrastructure error, the root "
              "finished wrong (`rao_core.evaluation.miss_cause`). Success with Wilson 95% intervals.", ""]
     if img:

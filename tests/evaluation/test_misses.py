@@ -32,7 +32,10 @@ def _tree(root_end: EndReason = F, root_value: float | None = 0.0,
     (_tree(root_value=1.0, kids=[(F, 1.0, 1), (F, 1.0, 1)]), None),
     (_tree(root_value=None, kids=[(F, 0.0, 1)]), None),
     # each cause alone
-    (_tree(kids=[(F, 1.0, 2)]), "child_two_targets"),  # the child succeeded: still a 2-target child
+    (_tree(kids=[(F, 0.0, 2)]), "child_two_targets"),  # a 2-target child that failed
+    (_tree(kids=[(EndReason.CONTEXT_OVERFLOW, 0.0, 3)]), "child_two_targets"),  # ... by its window
+    (_tree(kids=[(F, 1.0, 2)]), "finished_wrong"),  # a 2-target child that succeeded is not the cause
+    (_tree(kids=[(EndReason.TREE_TIMEOUT, 0.0, 2)], root_end=EndReason.TREE_TIMEOUT), "limit"),  # cut: the tree's
     (_tree(kids=[(F, 1.0, 1), (F, 0.0, 1)]), "child_failed"),  # finished wrong
     (_tree(kids=[(EndReason.CONTEXT_OVERFLOW, 0.0, 1)]), "child_failed"),  # the child's own window
     (_tree(kids=[(EndReason.MAX_STEPS, None, 1)]), "child_failed"),  # no value, did not finish
@@ -56,8 +59,10 @@ def test_each_cause_alone(tree, cause):
 
 
 def test_precedence():
-    # two targets beats a failed child, the window, a limit and an error
-    assert miss_cause(_tree(EndReason.CONTEXT_OVERFLOW, kids=[(F, 0.0, 1), (F, 1.0, 3)])) == "child_two_targets"
+    # a failed two-target child beats a failed child, the window, a limit and an error
+    assert miss_cause(_tree(EndReason.CONTEXT_OVERFLOW, kids=[(F, 0.0, 1), (F, 0.0, 3)])) == "child_two_targets"
+    # a two-target child that succeeded leaves the cause to the failed one-target child
+    assert miss_cause(_tree(EndReason.CONTEXT_OVERFLOW, kids=[(F, 0.0, 1), (F, 1.0, 3)])) == "child_failed"
     # a failed child beats the root's window, a limit and an error
     assert miss_cause(_tree(EndReason.CONTEXT_OVERFLOW, kids=[(F, 0.0, 1)])) == "child_failed"
     assert miss_cause(_tree(EndReason.TREE_TIMEOUT, kids=[(F, 0.0, 1), (EndReason.TREE_TIMEOUT, 0.0, 1)])) == \
