@@ -76,7 +76,7 @@ WALLCLOCK_TREE_TIMEOUT_S = 1800.0
 WALLCLOCK_STORED_TREES = 4
 GENERALISATION_TITLE = f"## Generalisation (issue 38 item 4): `{GENERALISATION}"  # + "`" or "-seed<S>`"
 WALLCLOCK_TITLE = "## Wall-clock, one tree at a time (issue 38 item 5)"
-MISS_LABELS = {"child_two_targets": "child given 2+ targets failed", "child_failed": "children failed",
+MISS_LABELS = {"child_two_targets": "child given 2+ targets", "child_failed": "children failed",
                "window": "root's window", "limit": "limit", "error": "error", "finished_wrong": "root finished wrong",
                "other": "other"}
 
