@@ -193,3 +193,55 @@ def test_rao_evaluate_prints_n_intervals_p_and_the_same_checkpoint(nightly):
     assert "metric" in text and "losses/wins" in text and "drop_bound" in text and " ok " in text
     assert re.search(r"\d+/100 = 0\.\d{3} \[0\.\d\d, 0\.\d\d\]", text)
     assert "tango-score, one-sided: drop > 0.1 at alpha 0.05; candidate and champion are the same checkpoint (v1)" in text
+
+
+def test_the_prefect_ui_shows_the_passing_and_the_failing_nightly(nightly, prefect_harness, monkeypatch):
+    """Issue 42 item 4: the nightly as a real Prefect flow run (the test harness's API, which the UI reads), on the
+    seeded fake evaluation. An unchanged checkpoint's run completes and its artifacts show n, the Wilson intervals,
+    the test with its p, 'ok' and that candidate and champion are one checkpoint; a clearly worse candidate's run
+    FAILS and the same artifacts show 'regression' and the verdict. Read back through Prefect's API, as the UI does."""
+    import json as _json
+
+    from prefect import task
+    from prefect.artifacts import Artifact
+    from prefect.cache_policies import NONE
+    from prefect.client.orchestration import get_client
+
+    from flows.evaluate import RegressionError
+    from tasks.common import artifact_key
+
+    fe = nightly.fe_module
+    # the fixture calls log_evaluation's function directly (no Prefect run); here it is the flow's task again
+    monkeypatch.setattr(fe.tracking, "log_evaluation", task(name="log-evaluation", cache_policy=NONE)(
+        fe.tracking.log_evaluation))
+
+    def shown(stage: str):
+        a = Artifact.get(artifact_key("nightly", stage))
+        assert a is not None, f"no {stage} artifact"
+        return a, (_json.loads(a.data) if isinstance(a.data, str) and stage != "decision" else a.data)
+
+    def state_of(a) -> str:
+        with get_client(sync_client=True) as c:
+            return c.read_flow_run(a.flow_run_id).state.type.value
+
+    nightly.champion(nightly.register(0))
+    monkeypatch.setattr(fe, "_evaluate", FakeEvaluation())
+    fe.rao_evaluate(fe.EvaluateParams())  # candidate = champion = v1
+    a, (row,) = shown("comparison")
+    assert state_of(a) == "COMPLETED"
+    assert row["status"] == "ok" and row["n"] == 100 and row["same_checkpoint"] == "v1"
+    assert re.fullmatch(r"\d+/100 = 0\.\d{3} \[0\.\d\d, 0\.\d\d\]", row["candidate"]) and row["p"] is not None
+    md, text = shown("decision")
+    assert md.flow_run_id == a.flow_run_id and "vs champion: no regression" in text
+    assert "**Same checkpoint**" in text and "tango-score" in text and "80% power" in text
+
+    nightly.register(1)  # candidate = v2, its per-task success probabilities 0.3 below v1's
+    monkeypatch.setattr(fe, "_evaluate", FakeEvaluation(lowered={"@candidate": 0.3}))
+    with pytest.raises(RegressionError):
+        fe.rao_evaluate(fe.EvaluateParams())
+    b, (row,) = shown("comparison")
+    assert b.flow_run_id != a.flow_run_id and state_of(b) == "FAILED"
+    assert row["status"] == "REGRESSION" and row["n"] == 100 and not row["same_checkpoint"]
+    md, text = shown("decision")
+    assert md.flow_run_id == b.flow_run_id and "vs champion: REGRESSION: " in text
+    assert "**Same checkpoint**" not in text
