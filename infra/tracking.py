@@ -69,6 +69,15 @@ EXPERIMENT_KIND = "custom_model_development"
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
+def mlflow_ui_command(uri: str) -> str:
+    """The shell command that serves the MLflow UI (port 5000) on the tracking store ``uri``: the ``mlflow``
+    executable beside this Python (the project's ``.venv/bin/mlflow``) as an absolute path, so the command works
+    from any folder (a tutorial's own folder included), the path shell-quoted where it needs it."""
+    import shlex
+
+    return f"{shlex.quote(str(Path(sys.executable).parent / 'mlflow'))} ui --backend-store-uri {uri}"
+
+
 def ensure_experiment(name: str) -> str:
     """Create the experiment if missing (artifacts under ``artifact_root()``); returns its id.
 

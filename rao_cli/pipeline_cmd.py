@@ -59,9 +59,9 @@ def mlflow_hint(summary: dict) -> str:
     of its experiment in the model-training view. MLflow 3's UI picks its view from a browser-wide switch
     (GenAI by default), not from the experiment's ``mlflow.experimentKind`` tag: the ``workflowType`` query
     parameter selects the runs table (``infra.tracking.MODEL_TRAINING_VIEW``)."""
-    from infra.tracking import MODEL_TRAINING_VIEW
+    from infra.tracking import MODEL_TRAINING_VIEW, mlflow_ui_command
 
-    line = f"MLflow:    .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_uri']}   (run {summary['mlflow_run_id']})"
+    line = f"MLflow:    {mlflow_ui_command(summary['mlflow_uri'])}   (run {summary['mlflow_run_id']})"
     exp = summary.get("mlflow_experiment_id")
     if exp:
         line += (f"\n           then open http://127.0.0.1:5000/#/experiments/{exp}?{MODEL_TRAINING_VIEW} (the runs "

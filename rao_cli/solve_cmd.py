@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
     """Add ``rao solve`` to ``app``."""
 
     @app.command("solve")
-    def solve(env: str = typer.Option(..., "--env", help="Environment name, e.g. textcraft-synth."),
+    def solve(env: str = typer.Option(..., "--env", help="Environment: a name, e.g. textcraft-synth, or your own "
+                                  "class by import path 'module:Class' (docs/tutorial.md)."),
               task_file: Path = typer.Option(..., "--task-file", help="JSON-lines task file."),
               task_index: int = typer.Option(0, "--task-index", help="Which task of the file (0-based)."),
               policy: str = typer.Option("oracle", "--policy", help="oracle | scripted | endpoint."),

@@ -37,7 +37,8 @@ def _parse_options(options: list[str]) -> dict[str, Any]:
 
 @app.command()
 def generate(
-    env: str = typer.Option(..., "--env", help="Environment name (textcraft-synth, oolong, deepdive, arte, example)."),
+    env: str = typer.Option(..., "--env", help="Environment: a name (textcraft-synth, oolong, deepdive, arte, example) or your own class "
+                     "by import path 'module:Class' (docs/tutorial.md)."),
     n: int = typer.Option(..., "--n", min=1, help="Number of tasks."),
     seed: int = typer.Option(0, "--seed", help="Generation seed: the same seed gives a byte-identical file."),
     difficulty: str | None = typer.Option(None, "--difficulty", help=DIFFICULTY_HELP),

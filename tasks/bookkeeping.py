@@ -93,12 +93,12 @@ def mlflow_link(summary: dict[str, Any]) -> str:
     """Where the campaign's MLflow run is: its page in the MLflow UI (the model-training view,
     ``infra.tracking.MODEL_TRAINING_VIEW``) on the tracking server, or, for a local store, at the UI that
     ``mlflow ui --backend-store-uri <uri>`` serves on port 5000 (the command is given)."""
-    from infra.tracking import MODEL_TRAINING_VIEW
+    from infra.tracking import MODEL_TRAINING_VIEW, mlflow_ui_command
 
     uri, exp, run = summary.get("mlflow_uri", ""), summary.get("mlflow_experiment_id"), summary.get("mlflow_run_id")
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     page = f"{base}/#/experiments/{exp}/runs/{run}?{MODEL_TRAINING_VIEW}" if exp else f"{base} (run {run})"
-    return page if base == uri.rstrip("/") else f"{page} (start the UI: `.venv/bin/mlflow ui --backend-store-uri {uri}`)"
+    return page if base == uri.rstrip("/") else f"{page} (start the UI: `{mlflow_ui_command(uri)}`)"
 
 
 def summary_markdown(summary: dict[str, Any], note: str = "") -> str:

@@ -18,6 +18,9 @@ SUMMARY = {
 
 
 def test_summary_markdown_has_the_results_the_artifacts_and_the_mlflow_link():
+    import sys
+    from pathlib import Path
+
     from tasks.bookkeeping import summary_markdown
 
     md = summary_markdown(SUMMARY)
@@ -26,7 +29,7 @@ def test_summary_markdown_has_the_results_the_artifacts_and_the_mlflow_link():
     assert "| 1 | 0.38 | recursive/tier1: 0.50 [0.22, 0.78] (n 8) | 2 |  |" in md
     assert "- artifacts: s3://rao/ui-demo/" in md
     assert ("- MLflow: http://127.0.0.1:5000/#/experiments/1/runs/abc123?workflowType=machine_learning (start the "
-            "UI: `.venv/bin/mlflow ui --backend-store-uri sqlite:////home/u/.rao/mlflow/mlflow.db`)") in md
+            f"UI: `{Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri sqlite:////home/u/.rao/mlflow/mlflow.db`)") in md
 
 
 def test_mlflow_link_on_a_tracking_server_is_the_page_itself():

@@ -467,9 +467,14 @@ def test_the_forms_optional_text_fields_are_plain_text_with_empty_meaning_the_co
 def test_the_mlflow_hint_links_the_experiment_in_the_model_training_view():
     """MLflow 3.17's UI opens its GenAI view unless the link or its sidebar switch says otherwise (the
     experiment's kind tag is not read then): the end-of-run line gives the link with workflowType."""
+    import sys
+    from pathlib import Path
+
     from rao_cli.pipeline_cmd import mlflow_hint
 
     lines = mlflow_hint({"mlflow_uri": "sqlite:///m.db", "mlflow_run_id": "r1", "mlflow_experiment_id": "7"})
-    assert lines.splitlines()[0] == "MLflow:    .venv/bin/mlflow ui --backend-store-uri sqlite:///m.db   (run r1)"
+    mlflow = Path(sys.executable).parent / "mlflow"  # absolute: the command works from any folder
+    assert mlflow.is_absolute() and mlflow.exists()
+    assert lines.splitlines()[0] == f"MLflow:    {mlflow} ui --backend-store-uri sqlite:///m.db   (run r1)"
     assert "http://127.0.0.1:5000/#/experiments/7?workflowType=machine_learning" in lines.splitlines()[1]
     assert "\n" not in mlflow_hint({"mlflow_uri": "u", "mlflow_run_id": "r"})  # an older stored summary
