@@ -232,14 +232,25 @@ async def test_run_trees_groups(tok):
 
 
 class SlowPolicy(Policy):
-    """Finishes after 0.2 s; counts the trees whose first turn is in flight at once."""
+    """Finishes after 0.2 s; counts the trees whose first turn is in flight at once. With ``wait_for`` = n each
+    call also waits (up to 60 s) until n calls are in flight together, so a peak of n does not depend on how fast
+    a loaded machine starts the trees' REPLs (issue 42: peak 4 of 6 at load); a runtime that let fewer than n
+    run at once would show that smaller peak after the timeout."""
 
-    def __init__(self):
+    def __init__(self, wait_for: int | None = None):
         self.live, self.peak = 0, 0
+        self.wait_for, self.all_in = wait_for, asyncio.Event()
 
     async def generate(self, request):
         self.live += 1
         self.peak = max(self.peak, self.live)
+        if self.wait_for is not None:
+            if self.live >= self.wait_for:
+                self.all_in.set()
+            try:
+                await asyncio.wait_for(self.all_in.wait(), 60)
+            except asyncio.TimeoutError:
+                pass
         await asyncio.sleep(0.2)
         self.live -= 1
         return Generation(text="```python\nfinish(1)\n```")
@@ -268,7 +279,7 @@ async def test_max_concurrent_trees_gates_trees_and_their_clocks(tok):
     roots = [(t.root.timings.started_at, t.root.timings.started_at + t.root.timings.wall_s) for t in trees]
     for start, _ in roots:
         assert sum(1 for s, e in roots if s <= start < e - eps) <= 2, roots
-    ungated = SlowPolicy()
+    ungated = SlowPolicy(wait_for=6)
     await run_trees(FakeEnv(), [(task(task_id="a"), 6)], ungated, cfg(), tokenizer=tok, progress=False)
     assert ungated.peak == 6
 
