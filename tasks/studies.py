@@ -519,6 +519,8 @@ def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = (
             raise ValueError(f"unknown arm {a!r} (expected one of {', '.join(ARM_MODES)})")
     if len(set(arms)) != len(arms):
         raise ValueError(f"--arm: arm repeated in {list(arms)}")
+    if unused := [a for a in models if a not in arms]:
+        raise ValueError(f"--model {unused[0]}=...: arm {unused[0]!r} is not evaluated (add --arm {unused[0]})")
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
     diffs = _difficulties(ks)

@@ -175,6 +175,7 @@ def no_server(monkeypatch):
     (["--arm", "outcome"], "has no checkpoint of arm 'outcome'; pass --model outcome=PATH"),
     (["--model", "single=/no/such/folder"], "checkpoint folder of arm single not found: /no/such/folder has no config.json"),
     (["--model", "single"], "expected ARM=PATH"),
+    (["--model", "outcome=/x"], "--model outcome=...: arm 'outcome' is not evaluated (add --arm outcome)"),
     (["--k", "1"], "no TextCraft-Synth shape tier1x<K> for K = [1]"),
     (["--k", "3", "--k", "3"], "K repeated in [3, 3]"),
     (["--set", "runtime.context_window=99999"], "runtime.context_window (99999) exceeds serving.max_model_len (1536)"),
