@@ -358,3 +358,23 @@ def test_an_interrupted_training_resumes_after_its_last_saved_step_with_the_same
     phases = []
     train(samples, tiny, tmp_path / "other", cfg.model_copy(update={"lr": 2e-3}), iteration=1, on_phase=phases.append)
     assert not any(p.startswith("resumed") for p in phases)
+
+
+def test_gradient_checkpointing_changes_memory_not_the_update(tiny, tmp_path):
+    """trainer.gradient_checkpointing (issue 43: the cheap cut of the activations' memory) recomputes the decoder
+    layers in the backward pass: the same loss, gradient norm and weights as without it, to float32 rounding."""
+    from safetensors.torch import load_file
+
+    samples = _samples(tiny)
+    cfg = TrainerConfig(loss_type="ppo", lr=1e-3, micro_batch_size=2, max_grad_norm=1.0, grad_accum=2)
+    plain = train(samples, tiny, tmp_path / "plain", cfg)
+    ckpt = train(samples, tiny, tmp_path / "gc", cfg.model_copy(update={"gradient_checkpointing": True}))
+    for m, n in zip(plain.metrics, ckpt.metrics, strict=True):
+        for key in ("train/loss", "train/grad_norm", "train/ratio_mean"):
+            assert n[key] == pytest.approx(m[key], rel=1e-5, abs=1e-7), key
+    w0, w1 = load_file(plain.checkpoint / "model.safetensors"), load_file(ckpt.checkpoint / "model.safetensors")
+    start = load_file(tiny / "model.safetensors")
+    assert w0.keys() == w1.keys()
+    moved = max(float((w0[k] - start[k]).abs().max()) for k in w0 if k in start)
+    assert moved > 1e-5  # the step changed the weights, so equal weights mean equal updates
+    assert max(float((w0[k] - w1[k]).abs().max()) for k in w0) < 1e-6
