@@ -9,54 +9,42 @@ import re
 import pytest
 
 from rao_cli.main import main
-
-
-def _run(capsys, *argv: str) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    err = capsys.readouterr().err
-    return e.value.code, err
-
-
-def _one_error_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+from tests.cli import one_error_line, run_cli
 
 
 def test_usage_error_is_one_line(capsys, tmp_path):
-    code, err = _run(capsys, "tasks", "generate", "--env", "textcraft-synth", "--n", "-1",
+    code, _, err = run_cli(capsys, "tasks", "generate", "--env", "textcraft-synth", "--n", "-1",
                      "--out", str(tmp_path / "t.jsonl"))
-    line = _one_error_line(err)
+    line = one_error_line(err)
     assert code == 2 and "'--n'" in line and "rao tasks generate --help" in line
     assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_unknown_command_and_option_are_one_line(capsys):
-    code, err = _run(capsys, "nope")
-    assert code == 2 and "No such command 'nope'" in _one_error_line(err)
-    code, err = _run(capsys, "tasks", "generate", "--nn", "3")
-    assert code == 2 and "--nn" in _one_error_line(err)
+    code, _, err = run_cli(capsys, "nope")
+    assert code == 2 and "No such command 'nope'" in one_error_line(err)
+    code, _, err = run_cli(capsys, "tasks", "generate", "--nn", "3")
+    assert code == 2 and "--nn" in one_error_line(err)
 
 
 def test_missing_sandbox_file_is_one_line(capsys, tmp_path):
-    code, err = _run(capsys, "sandbox", "run", str(tmp_path / "missing.py"))
-    assert code != 0 and "file not found" in _one_error_line(err)
+    code, _, err = run_cli(capsys, "sandbox", "run", str(tmp_path / "missing.py"))
+    assert code != 0 and "file not found" in one_error_line(err)
 
 
 def test_task_for_another_env_is_one_line(capsys, tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"task_id": "o1", "env": "oolong", "data": {}}) + "\n")
-    code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(f))
-    line = _one_error_line(err)
+    code, _, err = run_cli(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(f))
+    line = one_error_line(err)
     assert code == 2 and f"{f}:1:" in line and "env:" in line and "'textcraft-synth'" in line  # input: exit 2
 
 
 def test_bad_task_record_is_one_line(capsys, tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"task_id": 123, "env": "textcraft-synth"}) + "\n")
-    code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(f))
-    assert code == 2 and "task_id: Input should be a valid string" in _one_error_line(err)
+    code, _, err = run_cli(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(f))
+    assert code == 2 and "task_id: Input should be a valid string" in one_error_line(err)
 
 
 def test_unexpected_exception_is_one_line_and_debug_keeps_traceback(capsys, monkeypatch, tmp_path):
@@ -68,8 +56,8 @@ def test_unexpected_exception_is_one_line_and_debug_keeps_traceback(capsys, monk
     monkeypatch.setattr(tasks_cmd, "task_stats", broken)
     f = tmp_path / "t.jsonl"
     f.write_text("")
-    code, err = _run(capsys, "tasks", "stats", str(f))
-    assert code == 1 and "KeyError" in _one_error_line(err) and "RAO_DEBUG=1" in err
+    code, _, err = run_cli(capsys, "tasks", "stats", str(f))
+    assert code == 1 and "KeyError" in one_error_line(err) and "RAO_DEBUG=1" in err
     monkeypatch.setenv("RAO_DEBUG", "1")
     with pytest.raises(KeyError):
         main(["tasks", "stats", str(f)])
@@ -79,8 +67,8 @@ def test_unexpected_exception_is_one_line_and_debug_keeps_traceback(capsys, monk
 
 # --- input checked before anything is written or started (issue 16, fresh-user findings) ---------------------
 
-def _generate(capsys, out, *opts: str) -> tuple[int, str]:
-    return _run(capsys, "tasks", "generate", "--env", "textcraft-synth", "--n", "2", *opts, "--out", str(out))
+def _generate(capsys, out, *opts: str) -> tuple[int, str, str]:
+    return run_cli(capsys, "tasks", "generate", "--env", "textcraft-synth", "--n", "2", *opts, "--out", str(out))
 
 
 @pytest.mark.parametrize("option, expected", [
@@ -91,14 +79,14 @@ def _generate(capsys, out, *opts: str) -> tuple[int, str]:
 ])
 def test_generator_options_are_checked_before_writing(capsys, tmp_path, option, expected):
     out = tmp_path / "t.jsonl"
-    code, err = _generate(capsys, out, "-o", option)
-    assert code == 2 and _one_error_line(err) == f"error: generator option {expected}"
+    code, _, err = _generate(capsys, out, "-o", option)
+    assert code == 2 and one_error_line(err) == f"error: generator option {expected}"
     assert not out.exists()
 
 
 def test_generate_out_folder_names_the_given_path(capsys, tmp_path):
-    code, err = _generate(capsys, tmp_path)
-    line = _one_error_line(err)
+    code, _, err = _generate(capsys, tmp_path)
+    line = one_error_line(err)
     assert code == 2 and "'--out'" in line and f"'{tmp_path}' is a directory" in line
     assert list(tmp_path.iterdir()) == []  # no temporary file left either
 
@@ -120,8 +108,8 @@ def test_generate_help_lists_every_difficulty(capsys):
 def test_non_utf8_task_file_names_file_and_line(capsys, tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_bytes(b'{"task_id": "a", "env": "textcraft-synth"}\n{"task_id": "caf\xe9"}\n')
-    code, err = _run(capsys, "tasks", "stats", str(f))
-    assert code == 2 and _one_error_line(err) == f"error: {f}:2: not UTF-8 text (invalid continuation byte at byte 16)"
+    code, _, err = run_cli(capsys, "tasks", "stats", str(f))
+    assert code == 2 and one_error_line(err) == f"error: {f}:2: not UTF-8 text (invalid continuation byte at byte 16)"
 
 
 # --- rao solve ---------------------------------------------------------------------------------------------
@@ -142,14 +130,14 @@ def one_task(tmp_path):
 def test_bad_script_is_one_line_naming_the_file(capsys, tmp_path, one_task, script, expected):
     s = tmp_path / "s.json"
     s.write_text(script)
-    code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
+    code, _, err = run_cli(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
                      "--script", str(s))
-    line = _one_error_line(err)
+    line = one_error_line(err)
     assert code == 2 and line.startswith(f"error: --script {s}: expected a non-empty JSON list of assistant "
                                          f"messages (strings): {expected}"), line
-    code, err = _run(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
+    code, _, err = run_cli(capsys, "solve", "--env", "textcraft-synth", "--task-file", str(one_task), "--policy", "scripted",
                      "--script", str(tmp_path / "missing.json"))
-    assert code == 2 and _one_error_line(err) == f"error: --script file not found: {tmp_path / 'missing.json'}"
+    assert code == 2 and one_error_line(err) == f"error: --script file not found: {tmp_path / 'missing.json'}"
 
 
 def test_solve_piped_prints_the_tree_once(capsys, tmp_path, one_task):
@@ -228,7 +216,7 @@ def test_evaluate_unknown_difficulty_is_one_line_before_services(tmp_path):
     r = _rao(tmp_path, "evaluate", "--difficulty", "nope", PREFECT_API_URL="http://127.0.0.1:9/api",
              RAO_S3_ENDPOINT="http://127.0.0.1:9", MLFLOW_TRACKING_URI="http://127.0.0.1:9")
     assert r.returncode == 2 and r.stdout == ""
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert "Invalid value for '--difficulty': unknown textcraft-synth difficulty 'nope'" in line
 
 
@@ -237,7 +225,7 @@ def test_evaluate_unregistered_model_is_one_line(tmp_path):
     db = tmp_path / "mlflow.db"
     r = _rao(tmp_path, "evaluate", PREFECT_API_URL="http://127.0.0.1:9/api", RAO_S3_ENDPOINT="http://127.0.0.1:9",
              MLFLOW_TRACKING_URI=f"sqlite:///{db}")
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert r.returncode == 2 and r.stdout == ""  # a reference to nothing: an input error
     assert line.startswith("error: --model candidate: models:/rao-policy-smoke@candidate is not in the MLflow "
                            f"registry at sqlite:///{db} (")
@@ -246,8 +234,8 @@ def test_evaluate_unregistered_model_is_one_line(tmp_path):
 def test_non_utf8_sandbox_file_names_the_file(capsys, tmp_path):
     f = tmp_path / "c.py"
     f.write_bytes(b"print('caf\xe9')\n")
-    code, err = _run(capsys, "sandbox", "run", str(f))
-    assert code == 2 and f"{f}: not UTF-8 text (invalid continuation byte at byte 10)" in _one_error_line(err)
+    code, _, err = run_cli(capsys, "sandbox", "run", str(f))
+    assert code == 2 and f"{f}: not UTF-8 text (invalid continuation byte at byte 10)" in one_error_line(err)
 
 
 @pytest.mark.parametrize("api", [None, "http://127.0.0.1:9/api"])
@@ -256,7 +244,7 @@ def test_deploy_without_a_reachable_prefect_api_is_one_line(tmp_path, monkeypatc
     lines with 4 tracebacks from ``prefect deploy``, and the no-server error went to stdout, wrapped)."""
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     r = _rao(tmp_path, "deploy", **({"PREFECT_API_URL": api} if api else {}))
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert r.returncode == 1 and r.stdout == ""
     if api:
         assert line.startswith(f"error: the Prefect API at {api} does not answer (")
@@ -272,8 +260,8 @@ def test_deploy_without_a_reachable_prefect_api_is_one_line(tmp_path, monkeypatc
 def test_sandbox_limits_out_of_range_are_refused(capsys, tmp_path, option, expected):
     f = tmp_path / "c.py"
     f.write_text("print(1)\n")
-    code, err = _run(capsys, "sandbox", "run", *option, str(f))
-    assert code == 2 and expected in _one_error_line(err)
+    code, _, err = run_cli(capsys, "sandbox", "run", *option, str(f))
+    assert code == 2 and expected in one_error_line(err)
 
 
 def test_sandbox_runs_a_cell_at_the_smallest_memory_limit_it_accepts(capsys, tmp_path):
@@ -291,14 +279,14 @@ def test_sandbox_runs_a_cell_at_the_smallest_memory_limit_it_accepts(capsys, tmp
 
 
 def test_sandbox_run_on_a_folder_says_it_is_a_folder(capsys, tmp_path):
-    code, err = _run(capsys, "sandbox", "run", str(tmp_path))
-    assert code == 2 and f"{tmp_path} is a folder, not a Python file" in _one_error_line(err)
+    code, _, err = run_cli(capsys, "sandbox", "run", str(tmp_path))
+    assert code == 2 and f"{tmp_path} is a folder, not a Python file" in one_error_line(err)
 
 
 def test_prefect_port_out_of_range_is_a_usage_error(capsys):
-    code, err = _run(capsys, "services", "up", "--no-s3", "--prefect-server", "--prefect-port", "99999")
+    code, _, err = run_cli(capsys, "services", "up", "--no-s3", "--prefect-server", "--prefect-port", "99999")
     assert code == 2 and ("Invalid value for '--prefect-port': Input should be less than or equal to 65535"
-                          in _one_error_line(err))  # was an OverflowError from socket.bind
+                          in one_error_line(err))  # was an OverflowError from socket.bind
 
 
 def test_a_service_that_cannot_start_is_one_line_on_stderr(capsys, tmp_path, monkeypatch):
@@ -309,8 +297,8 @@ def test_a_service_that_cannot_start_is_one_line_on_stderr(capsys, tmp_path, mon
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        code, err = _run(capsys, "services", "up", "--no-s3", "--prefect-server", "--prefect-port", str(port))
-    assert code == 1 and _one_error_line(err) == (f"error: Prefect server: port {port} on 127.0.0.1 is in use "
+        code, _, err = run_cli(capsys, "services", "up", "--no-s3", "--prefect-server", "--prefect-port", str(port))
+    assert code == 1 and one_error_line(err) == (f"error: Prefect server: port {port} on 127.0.0.1 is in use "
                                                  "(choose another --prefect-port)")
 
 
@@ -328,11 +316,11 @@ def test_sft_difficulties_come_from_the_environment(capsys, monkeypatch):
     assert demo_difficulties("levels", None) == ["small"]  # no easy/medium there: its first difficulty
     with pytest.raises(typer.BadParameter, match="unknown levels difficulty 'easy'"):
         demo_difficulties("levels", ["easy"])
-    code, err = _run(capsys, "sft", "--env", "oolong", "--out", "unused")
+    code, _, err = run_cli(capsys, "sft", "--env", "oolong", "--out", "unused")
     assert code == 2 and ("Invalid value for '--env': environment 'oolong' has no expert to demonstrate with; one "
-                          "of ['arte', 'deepdive', 'example', 'levels', 'textcraft-synth']") in _one_error_line(err)
-    code, err = _run(capsys, "sft", "--env", "arte", "--difficulty", "tier1", "--out", "unused")
-    assert code == 2 and "unknown arte difficulty 'tier1'" in _one_error_line(err)
+                          "of ['arte', 'deepdive', 'example', 'levels', 'textcraft-synth']") in one_error_line(err)
+    code, _, err = run_cli(capsys, "sft", "--env", "arte", "--difficulty", "tier1", "--out", "unused")
+    assert code == 2 and "unknown arte difficulty 'tier1'" in one_error_line(err)
 
 
 class _LevelsEnv:
@@ -370,8 +358,8 @@ def test_a_failed_sft_leaves_no_temporary_files(capsys, tmp_path, monkeypatch):
     import rao_core.warmstart
 
     monkeypatch.setattr(rao_core.warmstart, "run_warm_start", _fake_warm_start("fail"))
-    code, err = _run(capsys, "sft", "--env", "example", "--out", str(tmp_path / "ckpt"))
-    assert code == 1 and _one_error_line(err) == "error: training failed"
+    code, _, err = run_cli(capsys, "sft", "--env", "example", "--out", str(tmp_path / "ckpt"))
+    assert code == 1 and one_error_line(err) == "error: training failed"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.train.log"]  # the log stays, nothing else
 
 
@@ -394,7 +382,7 @@ def test_an_interrupted_sft_leaves_no_temporary_files_and_says_where_the_log_is(
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143
-    assert _one_error_line(err) == (f"error: interrupted; rao sft stopped and its temporary files removed (training "
+    assert one_error_line(err) == (f"error: interrupted; rao sft stopped and its temporary files removed (training "
                                     f"log kept: {tmp_path / 'ckpt.train.log'}); re-run the command to start again")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.train.log", "started"]
 
@@ -416,7 +404,7 @@ def test_run_errors_from_the_campaign_go_to_stderr(capsys, tmp_path, monkeypatch
     with pytest.raises(SystemExit) as e:
         main(["run", "--set", "warm_start.mode=checkpoint", "--set", f"warm_start.checkpoint={ckpt}"])
     out, err = capsys.readouterr()
-    assert e.value.code == 2 and _one_error_line(err) == "error: checkpoint unreadable: see the log" and out == ""
+    assert e.value.code == 2 and one_error_line(err) == "error: checkpoint unreadable: see the log" and out == ""
 
 
 # --- new-user findings: input checked before anything starts ----------------------------------------------
@@ -449,8 +437,8 @@ def test_an_empty_config_file_is_refused_before_a_campaign_starts(capsys, tmp_pa
     with pytest.raises(ConfigError, match="the config file is empty"):  # every command reads configs here
         read_yaml(f)
     monkeypatch.setattr(flows.campaign, "rao_campaign", lambda params: pytest.fail("a campaign started"))
-    code, err = _run(capsys, "run", "--config", str(f), "--name", "x")
-    assert code == 2 and _one_error_line(err) == f"error: {f}: the config file is empty"
+    code, _, err = run_cli(capsys, "run", "--config", str(f), "--name", "x")
+    assert code == 2 and one_error_line(err) == f"error: {f}: the config file is empty"
 
 
 @pytest.mark.parametrize("model", ["models:/rao-policy-smoke", "models:/", "models:/bad uri",
@@ -460,8 +448,8 @@ def test_evaluate_malformed_model_uri_is_one_line_before_services(capsys, tmp_pa
     """Was ``error: TypeError: MlflowClient.get_model_version() missing 1 required positional argument``."""
     db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    code, err = _run(capsys, "evaluate", "--model", model)
-    line = _one_error_line(err)
+    code, _, err = run_cli(capsys, "evaluate", "--model", model)
+    line = one_error_line(err)
     assert code == 2 and (f"Invalid value for '--model': {model!r} is not a model reference: expected "
                           "models:/<name>/<version>, models:/<name>@<alias>, a version number or an alias of "
                           "rao-policy-smoke") in line, line
@@ -500,13 +488,13 @@ def test_evaluate_s3_checkpoint_without_objects_is_one_line_before_prefect(capsy
     monkeypatch.setattr(ArtifactStore, "list", fake_list)
     monkeypatch.setattr(flows.evaluate, "rao_evaluate", fake_flow)
     ref = "s3://rao/nosuch/iter-1/checkpoint"
-    code, err = _run(capsys, "evaluate", "--model", ref)
-    assert code == 2 and _one_error_line(err) == (
+    code, _, err = run_cli(capsys, "evaluate", "--model", ref)
+    assert code == 2 and one_error_line(err) == (
         f"error: --model {ref}: no objects under {ref} at http://127.0.0.1:9 (expected a checkpoint folder a "
         "campaign uploaded: s3://BUCKET/CAMPAIGN/iter-K/checkpoint)")
     assert listed == [("rao", "nosuch/iter-1", "checkpoint/")] and flow_saw == []
     ok = "s3://rao/smoke/iter-1/checkpoint"
-    code, err = _run(capsys, "evaluate", "--model", ok)
+    code, _, err = run_cli(capsys, "evaluate", "--model", ok)
     assert code == 0 and flow_saw == [(ok, "http://127.0.0.1:9")], err  # the checked storage, not a second one
     assert "RAO_S3_ENDPOINT" not in os.environ and len(opened) == 2
 
@@ -529,7 +517,7 @@ def test_solve_endpoint_without_a_server_is_one_line_before_the_rollout(capsys, 
               "--base-url", url, "--model", "policy"])
     out, err = capsys.readouterr()
     assert e.value.code == 1 and out == "" and waited == [(url, 30.0)]
-    assert _one_error_line(err).startswith(f"error: no OpenAI-compatible server at {url} after 1 s (")
+    assert one_error_line(err).startswith(f"error: no OpenAI-compatible server at {url} after 1 s (")
 
 
 def test_judge_calibrate_reads_the_tree_file_before_contacting_the_server(capsys, tmp_path, monkeypatch):
@@ -541,12 +529,12 @@ def test_judge_calibrate_reads_the_tree_file_before_contacting_the_server(capsys
     f = tmp_path / "garbage.jsonl"
     f.write_text("garbage\n")
     argv = ("judge", "calibrate", "--trees", str(f), "--base-url", "http://127.0.0.1:9/v1")
-    code, err = _run(capsys, *argv)
-    line = _one_error_line(err)
+    code, _, err = run_cli(capsys, *argv)
+    line = one_error_line(err)
     assert code == 2 and line.startswith(f"error: {f}:1: not a valid execution tree record: "), line
     f.write_text("\n")
-    code, err = _run(capsys, *argv)
-    assert code == 2 and _one_error_line(err) == f"error: {f}: holds no execution tree (nothing to calibrate)"
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and one_error_line(err) == f"error: {f}: holds no execution tree (nothing to calibrate)"
 
 
 # --- new-user findings of `rao run` / `rao evaluate` (h24) -----------------------------------------------------
@@ -558,16 +546,16 @@ def test_a_run_option_the_parameters_refuse_is_named_as_written(capsys, monkeypa
 
     monkeypatch.setattr(flows.campaign, "rao_campaign", lambda params: pytest.fail("a campaign started"))
     monkeypatch.setattr(flows.experiment, "rao_experiment", lambda params: pytest.fail("an experiment started"))
-    code, err = _run(capsys, "run", "--iterations", "-1", "--name", "x")
-    assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--iterations': Input should be greater "
+    code, _, err = run_cli(capsys, "run", "--iterations", "-1", "--name", "x")
+    assert code == 2 and one_error_line(err) == ("error: Invalid value for '--iterations': Input should be greater "
                                                   "than or equal to 0 (got -1) (see `rao run --help`)")
     for name in ("../x", "Smoke"):  # was ``--set name=../x: ... String should match pattern '^[a-z0-9]...'``
-        code, err = _run(capsys, "run", "--name", name)
-        assert code == 2 and _one_error_line(err) == (
+        code, _, err = run_cli(capsys, "run", "--name", name)
+        assert code == 2 and one_error_line(err) == (
             "error: Invalid value for '--name': Value error, a campaign name is lowercase letters, digits and "
             f"dashes, starting with a letter or digit (got {name!r}) (see `rao run --help`)")
-    code, err = _run(capsys, "experiment", "textcraft-tier1", "--arm", "both")
-    assert code == 2 and _one_error_line(err) == ("error: Invalid value for '--arm': Input should be 'recursive', "
+    code, _, err = run_cli(capsys, "experiment", "textcraft-tier1", "--arm", "both")
+    assert code == 2 and one_error_line(err) == ("error: Invalid value for '--arm': Input should be 'recursive', "
                                                   "'outcome' or 'single' (got 'both') (see `rao experiment textcraft-tier1 --help`)")
 
 
@@ -577,8 +565,8 @@ def test_evaluate_unknown_environment_is_named_with_the_known_ones(capsys, in_pr
     the config's`` (without --difficulty) or ``... '--difficulty': unknown environment`` (with it)."""
     from rao_core.envs import ENV_NAMES
 
-    code, err = _run(capsys, "evaluate", "--env", "nosuchenv", *extra)
-    assert code == 2 and _one_error_line(err) == (f"error: Invalid value for '--env': unknown environment "
+    code, _, err = run_cli(capsys, "evaluate", "--env", "nosuchenv", *extra)
+    assert code == 2 and one_error_line(err) == (f"error: Invalid value for '--env': unknown environment "
                                                   f"'nosuchenv'; expected one of {ENV_NAMES} or an import path "
                                                   "'module:Class' (see `rao evaluate --help`)")
 
@@ -604,3 +592,4 @@ def test_the_end_of_run_prefect_hint_names_a_server_of_this_campaigns_database(t
                               "the printed URL")
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4242/api/")  # the runs went to that server
     assert prefect_hint() == "Prefect:   http://127.0.0.1:4242  (the UI of PREFECT_API_URL)"
+

@@ -8,19 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rao_cli.main import main
-
-
-def _run(capsys, *argv: str) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    return e.value.code, capsys.readouterr().err
-
-
-def _one_error_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+from tests.cli import one_error_line, run_cli
 
 
 def _writes_checkpoint(out: Path) -> None:
@@ -81,8 +69,8 @@ def test_an_out_folder_that_is_not_a_checkpoint_is_refused_and_kept(capsys, tmp_
     out = tmp_path / "dir"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    code, err = _run(capsys, *_argv(command, tmp_path, out))
-    assert code == 2 and _one_error_line(err) == (f"error: --out {out} exists and is not a checkpoint (holds "
+    code, _, err = run_cli(capsys, *_argv(command, tmp_path, out))
+    assert code == 2 and one_error_line(err) == (f"error: --out {out} exists and is not a checkpoint (holds "
                                                   "precious.txt); choose another folder or remove it")
     assert (out / "precious.txt").read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == ["precious.txt"]
     assert fake_training == []  # refused before any work
@@ -97,7 +85,7 @@ def test_an_existing_checkpoint_is_still_replaced(capsys, tmp_path, fake_trainin
     (out / "config.json").write_text("{}")
     (out / "model.safetensors").write_bytes(b"old")
     check_out_folder(out)  # accepted: a checkpoint (weights) may be replaced
-    code, err = _run(capsys, *_argv(command, tmp_path, out))
+    code, _, err = run_cli(capsys, *_argv(command, tmp_path, out))
     assert code == 0, err
     assert fake_training == [out] and (out / "model.safetensors").read_bytes() == b"new" and (out / MANIFEST_NAME).exists()
 
@@ -150,8 +138,8 @@ def test_config_is_validated_whole_as_rao_run_does(capsys, tmp_path, fake_traini
     with pytest.raises(ConfigError) as expected:  # what `rao run --config` says about the file
         load_config(f, check_paths=False)
     assert "unknown field" in str(expected.value) or "lr = 'fast'" in str(expected.value)
-    code, err = _run(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
-    assert code == 2 and _one_error_line(err) == f"error: {expected.value}"
+    code, _, err = run_cli(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 2 and one_error_line(err) == f"error: {expected.value}"
     assert fake_training == []
 
 
@@ -159,8 +147,8 @@ def test_config_is_validated_whole_as_rao_run_does(capsys, tmp_path, fake_traini
 def test_a_typo_inside_a_section_names_the_file_and_key(capsys, tmp_path, fake_training, command):
     f = tmp_path / "c.yaml"
     f.write_text("warm_start:\n  n_taks: 3\n")
-    code, err = _run(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
-    assert code == 2 and _one_error_line(err) == f"error: {f}: warm_start.n_taks = 3: unknown field"
+    code, _, err = run_cli(capsys, *_argv(command, tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 2 and one_error_line(err) == f"error: {f}: warm_start.n_taks = 3: unknown field"
 
 
 @pytest.mark.parametrize("text, lr", [('{"lr": 0.002, "loss_type": "reinforce"}', 0.002),  # the campaign child's
@@ -169,7 +157,7 @@ def test_a_typo_inside_a_section_names_the_file_and_key(capsys, tmp_path, fake_t
 def test_train_still_reads_its_trainer_settings(capsys, tmp_path, fake_training, text, lr):
     f = tmp_path / "c.yaml"
     f.write_text(text)
-    code, err = _run(capsys, *_argv("train", tmp_path, tmp_path / "ck", "--config", str(f)))
+    code, _, err = run_cli(capsys, *_argv("train", tmp_path, tmp_path / "ck", "--config", str(f)))
     assert code == 0, err
     assert [c.lr for c in fake_training.configs] == [lr]
 
@@ -177,8 +165,8 @@ def test_train_still_reads_its_trainer_settings(capsys, tmp_path, fake_training,
 def test_a_typo_under_the_older_train_section_names_the_given_file(capsys, tmp_path, fake_training):
     f = tmp_path / "c.yaml"
     f.write_text("name: x\ntrain:\n  lrr: 1\n")
-    code, err = _run(capsys, *_argv("train", tmp_path, tmp_path / "ck", "--config", str(f)))
-    assert code == 2 and _one_error_line(err) == f"error: {f}: trainer.lrr = 1: unknown field"
+    code, _, err = run_cli(capsys, *_argv("train", tmp_path, tmp_path / "ck", "--config", str(f)))
+    assert code == 2 and one_error_line(err) == f"error: {f}: trainer.lrr = 1: unknown field"
 
 
 def test_sft_still_reads_demo_settings_written_directly_in_warm_start(capsys, tmp_path, fake_training):
@@ -186,8 +174,8 @@ def test_sft_still_reads_demo_settings_written_directly_in_warm_start(capsys, tm
     campaign check; a bad value there is still DemoConfig's error."""
     f = tmp_path / "c.yaml"
     f.write_text("warm_start:\n  n_tasks: 2\n  single_agent_fraction: 0.25\n  trainer:\n    lr: 2.0e-4\n")
-    code, err = _run(capsys, *_argv("sft", tmp_path, tmp_path / "ck", "--config", str(f)))
+    code, _, err = run_cli(capsys, *_argv("sft", tmp_path, tmp_path / "ck", "--config", str(f)))
     assert code == 0, err
     f.write_text("warm_start:\n  parallel_prob: 3\n")
-    code, err = _run(capsys, *_argv("sft", tmp_path, tmp_path / "ck2", "--config", str(f)))
-    assert code == 2 and "parallel_prob" in _one_error_line(err)
+    code, _, err = run_cli(capsys, *_argv("sft", tmp_path, tmp_path / "ck2", "--config", str(f)))
+    assert code == 2 and "parallel_prob" in one_error_line(err)

@@ -8,29 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from rao_cli.main import main
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    got = capsys.readouterr()
-    return e.value.code, got.out, got.err
-
-
-def _one_error_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+from tests.cli import one_error_line, run_cli
 
 
 @pytest.mark.parametrize("content", ["", "\n  \n"])
-def test_stats_of_a_task_file_with_no_task_is_one_error_line(capsys, tmp_path, content):
+def test_stats_of_a_task_file_with_no_task_isone_error_line(capsys, tmp_path, content):
     f = tmp_path / "t.jsonl"
     f.write_text(content)
-    code, out, err = _run(capsys, "tasks", "stats", str(f))
+    code, out, err = run_cli(capsys, "tasks", "stats", str(f))
     assert code == 2 and out == ""  # an input error (exit-code rule of rao_cli)
-    assert _one_error_line(err) == f"error: {f}: holds no task (no non-blank line); `rao tasks generate` writes task files"
+    assert one_error_line(err) == f"error: {f}: holds no task (no non-blank line); `rao tasks generate` writes task files"
 
 
 @pytest.fixture
@@ -55,22 +42,22 @@ def test_sft_refuses_a_missing_model_before_any_work(capsys, tmp_path, warm_star
     missing, empty = tmp_path / "nope", tmp_path / "notes"
     empty.mkdir()
     (empty / "a.txt").write_text("x")
-    code, out, err = _run(capsys, "sft", "--env", "example", "--model", str(missing), "--out", str(tmp_path / "ck"))
+    code, out, err = run_cli(capsys, "sft", "--env", "example", "--model", str(missing), "--out", str(tmp_path / "ck"))
     assert code == 2 and out == "" and warm_start_calls == []  # no "demonstrations: ..." line, nothing built
-    assert _one_error_line(err) == f"error: Invalid value for '--model': {missing} does not exist (see `rao sft --help`)"
-    code, out, err = _run(capsys, "sft", "--env", "example", "--model", str(empty), "--out", str(tmp_path / "ck"))
+    assert one_error_line(err) == f"error: Invalid value for '--model': {missing} does not exist (see `rao sft --help`)"
+    code, out, err = run_cli(capsys, "sft", "--env", "example", "--model", str(empty), "--out", str(tmp_path / "ck"))
     assert code == 2 and out == "" and warm_start_calls == []
-    assert _one_error_line(err) == (f"error: Invalid value for '--model': {empty} is not a checkpoint folder (no "
+    assert one_error_line(err) == (f"error: Invalid value for '--model': {empty} is not a checkpoint folder (no "
                                     "config.json or adapter_config.json) (see `rao sft --help`)")
     assert not (tmp_path / "ck").exists()
 
 
 def test_sft_names_a_missing_default_model(capsys, tmp_path, monkeypatch, warm_start_calls):
     monkeypatch.setenv("RAO_HOME", str(tmp_path))  # no models/ there
-    code, _, err = _run(capsys, "sft", "--env", "example", "--out", str(tmp_path / "ck"))
+    code, _, err = run_cli(capsys, "sft", "--env", "example", "--out", str(tmp_path / "ck"))
     default = tmp_path / "models" / "smollm2-135m-instruct"
     assert code == 2 and warm_start_calls == []
-    assert _one_error_line(err) == (f"error: Invalid value for '--model': {default} does not exist (the default model; "
+    assert one_error_line(err) == (f"error: Invalid value for '--model': {default} does not exist (the default model; "
                                     "`make setup` installs it) (see `rao sft --help`)")
 
 
@@ -79,9 +66,9 @@ def test_sft_piped_prints_demonstration_progress(capsys, tmp_path, monkeypatch, 
     from rao_core.paths import tiny_model_path
 
     monkeypatch.delenv("RAO_PROGRESS", raising=False)
-    code, out, err = _run(capsys, "sft", "--env", "example", "--model", str(tiny_model_path()),
+    code, out, err = run_cli(capsys, "sft", "--env", "example", "--model", str(tiny_model_path()),
                           "--out", str(tmp_path / "ck"))
-    assert code == 1 and _one_error_line(err) == "error: stop here"
+    assert code == 1 and one_error_line(err) == "error: stop here"
     assert warm_start_calls[0]["model_path"] == tiny_model_path()
     assert [ln for ln in out.splitlines() if ln.startswith("demonstration trees")] == [
         "demonstration trees 1/4", "demonstration trees 2/4", "demonstration trees 3/4", "demonstration trees 4/4"]
@@ -96,19 +83,19 @@ def test_piped_help_is_wider_than_80_columns(capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.delenv("TERMINAL_WIDTH", raising=False)
     typer_width = rich_utils.MAX_WIDTH
-    code, out, _ = _run(capsys, "services", "up", "--help")
+    code, out, _ = run_cli(capsys, "services", "up", "--help")
     assert code == 0 and max(len(ln) for ln in out.splitlines()) == PIPED_HELP_WIDTH
     assert "…" not in out and "--no-mlflow-server" in out and "--no-prefect-server" in out
     assert rich_utils.MAX_WIDTH == typer_width  # typer's own setting is back after the command
-    code, out, _ = _run(capsys, "sft", "--help")
+    code, out, _ = run_cli(capsys, "sft", "--help")
     assert code == 0 and any("--model" in ln and "Checkpoint to fine-tune (default: SmolLM2-135M)." in ln
                              for ln in out.splitlines()), out
-    code, out, _ = _run(capsys, "--help")
+    code, out, _ = run_cli(capsys, "--help")
     assert code == 0 and max(len(ln) for ln in out.splitlines()) == PIPED_HELP_WIDTH
 
 
 def test_help_width_set_by_the_user_is_kept(capsys, monkeypatch):
     monkeypatch.delenv("TERMINAL_WIDTH", raising=False)
     monkeypatch.setenv("COLUMNS", "100")
-    code, out, _ = _run(capsys, "sft", "--help")
+    code, out, _ = run_cli(capsys, "sft", "--help")
     assert code == 0 and max(len(ln) for ln in out.splitlines()) == 100

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from rao_cli.main import main
+from tests.cli import one_error_line, run_cli
 from rao_core.envs.base import write_tasks
 from rao_core.paths import tiny_model_path
 from tests.evaluation.test_evaluation import answering, oolong_tasks
@@ -23,13 +23,6 @@ needs_tok = pytest.mark.skipif(not (TINY / "tokenizer_config.json").exists(),
                                reason="tiny model not prepared (make setup)")
 FAST = ["--set", f"runtime.sandbox={SANDBOX}", "--set", "runtime.context_window=2048",
         "--set", "runtime.max_new_tokens=128"]
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 @pytest.fixture
@@ -58,7 +51,7 @@ def scripted(monkeypatch):
 def _scripted_eval(capsys, tmp_path, *args: str) -> str:
     """``rao eval`` of the tiny checkpoint on three Oolong tasks (gold 4, 10, 7) at a fake URL; its stdout."""
     f = write_tasks(tmp_path / "oolong.jsonl", oolong_tasks(["4", "10", "7"]))
-    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--base-url",
+    code, out, err = run_cli(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--base-url",
                           "http://127.0.0.1:9/v1", *args, *FAST)
     assert code == 0, err
     return out
@@ -98,24 +91,24 @@ def test_binary_scoring_from_the_config(capsys, tmp_path, scripted):
     (["--n", "5"], 2, "Invalid value for '--n': 5 is more than the 2 tasks of "),
     (["--n", "0"], 2, "'--n'"),
 ])
-def test_bad_input_is_one_error_line(capsys, tmp_path, args, code, needle):
+def test_bad_input_isone_error_line(capsys, tmp_path, args, code, needle):
     f = write_tasks(tmp_path / "t.jsonl", oolong_tasks(["1", "2"]))
-    got, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), *args)
+    got, out, err = run_cli(capsys, "eval", "--model", str(TINY), "--task-file", str(f), *args)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert got == code and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
     assert out == ""
 
 
-def test_missing_model_and_mixed_file_are_one_error_line(capsys, tmp_path):
+def test_missing_model_and_mixed_file_areone_error_line(capsys, tmp_path):
     from rao_core.envs import get_env
 
     f = write_tasks(tmp_path / "t.jsonl", oolong_tasks(["1"]))
-    code, _, err = _run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task-file", str(f))
+    code, _, err = run_cli(capsys, "eval", "--model", str(tmp_path / "nope"), "--task-file", str(f))
     assert code == 2 and err.strip() == f"error: model not found: {tmp_path / 'nope'} has no config.json " \
                                         "(a checkpoint folder is expected)"
     mixed = write_tasks(tmp_path / "m.jsonl", oolong_tasks(["1"]) + get_env("textcraft-synth").generate_tasks(
         n=1, seed=0, difficulty="easy"))
-    code, _, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(mixed))
+    code, _, err = run_cli(capsys, "eval", "--model", str(TINY), "--task-file", str(mixed))
     assert code == 2 and "mixes environments ['oolong', 'textcraft-synth']" in err and len(err.splitlines()) == 1
 
 
@@ -129,7 +122,7 @@ def test_eval_starts_vllm_on_the_checkpoint(capsys, tmp_path, tiny_model_path):
 
     f = write_tasks(tmp_path / "t.jsonl", get_env("textcraft-synth").generate_tasks(n=2, seed=0, difficulty="easy",
                                                                                      split="validation"))
-    code, out, err = _run(capsys, "eval", "--model", str(tiny_model_path), "--task-file", str(f), "--json",
+    code, out, err = run_cli(capsys, "eval", "--model", str(tiny_model_path), "--task-file", str(f), "--json",
                           "--set", "serving.max_model_len=2048", "--set", "runtime.max_steps_per_node=2",
                           "--set", "runtime.max_depth=1", *FAST)
     assert code == 0, err
@@ -172,7 +165,7 @@ def test_eval_serves_on_the_campaigns_gpus(capsys, tmp_path, monkeypatch, config
     monkeypatch.setattr(serving, "has_cuda_gpu", lambda: True)
     monkeypatch.setattr(serving.VLLMServer, "start", start)
     f = write_tasks(tmp_path / "t.jsonl", oolong_tasks(["1"]))
-    code, out, err = _run(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--config", config,
+    code, out, err = run_cli(capsys, "eval", "--model", str(TINY), "--task-file", str(f), "--config", config,
                           "--set", f"model.path={TINY}")
     assert code == 1 and err == "error: not started by this test\n" and f"on GPUs {gpus} " in out
     cmd, env = started[0]._cmd(), started[0]._env()

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from rao_cli.main import main
+from tests.cli import run_cli
 
 pytestmark = pytest.mark.services
 
@@ -40,13 +40,6 @@ def _make(s3_server, tmp_path, name: str, iterations=(1, 2)) -> None:
     (local / "trees.jsonl").write_bytes(b"t" * 500)
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 def test_list_and_rm_keep_the_champion_without_force(env, s3_server, capsys):
     import mlflow
 
@@ -63,13 +56,13 @@ def test_list_and_rm_keep_the_champion_without_force(env, s3_server, capsys):
     v2 = c.create_model_version(f"rao-policy-{a}", source=f"s3://rao/{a}/iter-2/checkpoint").version
     c.set_registered_model_alias(f"rao-policy-{a}", "champion", v1)
 
-    code, out, err = _run(capsys, "campaigns", "list")
+    code, out, err = run_cli(capsys, "campaigns", "list")
     assert code == 0, err
     row = next(ln for ln in out.splitlines() if a in ln)
     assert "iter-1, iter-2" in row and f"rao-policy-{a} v{v1} (iter-1)" in row
     assert any(b in ln and "iter-1" in ln for ln in out.splitlines())
 
-    code, out, err = _run(capsys, "campaigns", "rm", a)
+    code, out, err = run_cli(capsys, "campaigns", "rm", a)
     assert code == 0, err
     assert "freed 0.0 MB local" in out and "kept s3://rao/" + a + "/iter-1/checkpoint" in out and "--force" in out
     store = ArtifactStore(s3_server.settings(), a)
@@ -79,10 +72,10 @@ def test_list_and_rm_keep_the_champion_without_force(env, s3_server, capsys):
     assert c.get_model_version(f"rao-policy-{a}", v2).tags.get("rao.pruned") == "true"
     assert c.get_model_version(f"rao-policy-{a}", v1).tags.get("rao.pruned") is None
 
-    code, out, err = _run(capsys, "campaigns", "rm", a, "--force")
+    code, out, err = run_cli(capsys, "campaigns", "rm", a, "--force")
     assert code == 0 and "deleted the champion" in out, err
     assert store.list() == [] and c.get_model_version(f"rao-policy-{a}", v1).tags.get("rao.pruned") == "true"
     assert ArtifactStore(s3_server.settings(), b).list() != []  # the other campaign is untouched
 
-    code, out, err = _run(capsys, "campaigns", "rm", a)
+    code, out, err = run_cli(capsys, "campaigns", "rm", a)
     assert code == 2 and err.strip().startswith(f"error: no campaign '{a}'") and len(err.strip().splitlines()) == 1

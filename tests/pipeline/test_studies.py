@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rao_cli.main import main
+from tests.cli import run_cli
 from rao_core.paths import REPO_ROOT, tiny_model_path
 from tasks.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
                            plan_generalisation, plan_wallclock, run_study, study_name, study_point, trees_at_once,
@@ -152,13 +152,6 @@ def _record(tmp_path: Path, name: str = "textcraft-ablation", arms=("recursive",
     return path
 
 
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 @pytest.fixture
 def no_server(monkeypatch):
     """Any attempt to build a vLLM server fails the test."""
@@ -182,31 +175,31 @@ def no_server(monkeypatch):
 ])
 def test_generalisation_input_errors_are_one_line_before_any_server(capsys, tmp_path, no_server, args, needle):
     rec = _record(tmp_path)
-    code, out, err = _cli(capsys, "experiment", "textcraft-generalisation", "--record", str(rec), *args)
+    code, out, err = run_cli(capsys, "experiment", "textcraft-generalisation", "--record", str(rec), *args)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
     assert out == ""
 
 
 def test_missing_record_and_wallclock_errors(capsys, tmp_path, no_server):
-    code, _, err = _cli(capsys, "experiment", "textcraft-generalisation", "--record", str(tmp_path / "none.json"))
+    code, _, err = run_cli(capsys, "experiment", "textcraft-generalisation", "--record", str(tmp_path / "none.json"))
     assert code == 2 and err.strip() == (f"error: record not found: {tmp_path / 'none.json'}; run `rao experiment "
                                          "textcraft-ablation` first, or name one with --record")
     (tmp_path / "bad.json").write_text("{not json")
-    code, _, err = _cli(capsys, "experiment", "textcraft-wallclock", "--record", str(tmp_path / "bad.json"))
+    code, _, err = run_cli(capsys, "experiment", "textcraft-wallclock", "--record", str(tmp_path / "bad.json"))
     assert code == 2 and "bad.json: not a JSON record" in err and len(err.strip().splitlines()) == 1
     rec = _record(tmp_path, arms=("recursive",))
     for args, needle in ((["--setting", "fast"], "unknown setting 'fast'"),
                          ([], "has no checkpoint of arm 'single'; pass --single-model PATH"),
                          (["--model", str(tmp_path)], "checkpoint folder of the recursive agent not found"),
                          (["--k", "13"], "K = [13]")):
-        code, out, err = _cli(capsys, "experiment", "textcraft-wallclock", "--record", str(rec), *args)
+        code, out, err = run_cli(capsys, "experiment", "textcraft-wallclock", "--record", str(rec), *args)
         assert code == 2 and err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_dry_run_prints_the_plan_and_serves_nothing(capsys, tmp_path, no_server):
     rec = _record(tmp_path)
-    code, out, err = _cli(capsys, "experiment", "textcraft-wallclock", "--record", str(rec), "--dry-run",
+    code, out, err = run_cli(capsys, "experiment", "textcraft-wallclock", "--record", str(rec), "--dry-run",
                           "--k", "2", "--k", "6", "--n", "3")
     assert code == 0, err
     lines = out.splitlines()
