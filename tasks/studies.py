@@ -112,7 +112,9 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
         cfg: the campaign config whose serving settings and GPU placement start the server
             (``serving.max_model_len`` raised to the jobs' largest window: :func:`serving_config`).
         model: checkpoint folder (its tokenizer's chat template is used by every job).
-        jobs: the evaluations (:class:`EvalJob`).
+        jobs: the evaluations (:class:`EvalJob`); a job without ``tasks`` evaluates
+            ``rao_core.evaluation.eval_tasks(env, job.config, **cfg.tasks.generator_options)``, the tasks a
+            campaign with ``cfg`` holds out.
         env: the environment of the tasks.
         base_url / served_name: use this running OpenAI-compatible server (model name ``served_name``, default
             ``serving.served_model_name``) instead of starting vLLM.
@@ -130,6 +132,7 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
     from rao_core.runtime import load_tokenizer
 
     tokenizer = load_tokenizer(str(model))
+    options = cfg.tasks.generator_options  # a job without tasks gets the campaign's held-out set, generated alike
     server = None
     reports: list[EvalReport] = []
     try:
@@ -151,7 +154,8 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
             url, name = server.base_url, server.model
         for job in jobs:
             say(f"evaluating {job.label}")
-            report = evaluation.run_evaluation(job.config, env=env, tasks=job.tasks, runtime=job.runtime,
+            tasks = job.tasks if job.tasks is not None else evaluation.eval_tasks(env, job.config, **options)
+            report = evaluation.run_evaluation(job.config, env=env, tasks=tasks, runtime=job.runtime,
                                                tokenizer=tokenizer, base_url=url, model=name, policy=policy,
                                                close_policy=False)
             reports.append(report)

@@ -346,3 +346,34 @@ def test_a_dead_server_stops_the_study_and_records_no_point_from_it(tmp_path):
     r = json.loads((tmp_path / "docs/results/textcraft-wallclock.json").read_text()) \
         if (tmp_path / "docs/results/textcraft-wallclock.json").exists() else {"points": []}
     assert r["points"] == []  # the failed evaluation's zeros are not measured points
+
+
+@needs_tok
+def test_a_job_without_tasks_evaluates_the_held_out_set_its_campaign_generates(tmp_path, monkeypatch):
+    """serve_and_evaluate (behind rao eval and the studies) generates a job's tasks with the config's
+    tasks.generator_options, as the campaign's held-out set was generated; a job's own tasks are kept."""
+    import rao_core.evaluation as evaluation
+    from rao_core.config import load_config
+    from rao_core.envs import get_env
+    from tasks.studies import EvalJob, serve_and_evaluate
+
+    cfg = load_config(REPO_ROOT / CONFIG, check_paths=False)
+    cfg = cfg.model_copy(update={"tasks": cfg.tasks.model_copy(update={"generator_options": {"graph_seed": 7}})})
+    env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
+    ev = cfg.eval.model_copy(update={"difficulties": ["tier1"], "n_tasks": 3})
+    given = evaluation.eval_tasks(env, ev)[:1]
+    seen = []
+    monkeypatch.setattr(evaluation, "run_evaluation", lambda config, **kw: seen.append(kw["tasks"]) or
+                        evaluation.EvalReport.model_construct(rows=[], trees=[]))
+
+    class Closable:
+        async def aclose(self):
+            pass
+
+    jobs = [EvalJob(label="a", config=ev, runtime=cfg.runtime), EvalJob(label="b", config=ev, runtime=cfg.runtime,
+                                                                         tasks=given)]
+    serve_and_evaluate(cfg, TINY, jobs, env=env, policy=Closable(), say=lambda s: None)
+    want = evaluation.eval_tasks(env, ev, graph_seed=7)
+    assert [t.model_dump() for t in seen[0]] == [t.model_dump() for t in want]
+    assert [t.model_dump() for t in seen[0]] != [t.model_dump() for t in evaluation.eval_tasks(env, ev)]
+    assert seen[1] == given
