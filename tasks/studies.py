@@ -19,7 +19,8 @@ its execution tree (``rao_core.evaluation.miss_cause``: a child given two target
 root's window, a limit, an error, the root finished wrong). K = 2 are the ablation's own evaluation tasks
 (same seed; the first n); K >= 3 were never trained on (the RL pool and the demonstrations are K = 2 only).
 Project choice: the trees grown at once shrink with K (:func:`trees_at_once`) so that about as many nodes run
-at once as in the ablation's K = 2 evaluations; otherwise the tree's wall-clock limit (``tree_timeout_s``)
+at once as in the ablation's K = 2 evaluations (the single agent's trees are one node each: they keep the
+ablation's number); otherwise the tree's wall-clock limit (``tree_timeout_s``)
 would measure the wait behind a loaded CPU server for wide trees, not the tree.
 
 **Wall-clock, one tree at a time** (``rao experiment textcraft-wallclock``, issue 38 item 5): one trained
@@ -542,7 +543,8 @@ def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = (
         base_trees = cfg.runtime.max_concurrent_trees or n
         jobs, labels = [], []
         for k, d in zip(ks, diffs):
-            rt = cfg.runtime.model_copy(update={"max_concurrent_trees": trees_at_once(k, base_trees)})
+            at_once = base_trees if mode == "single" else trees_at_once(k, base_trees)  # a single agent: 1 node
+            rt = cfg.runtime.model_copy(update={"max_concurrent_trees": at_once})
             jobs.append(EvalJob(label=f"arm {arm}, {n} {d} tasks, mode {mode}", config=_eval_config(cfg, [d], n, mode),
                                 runtime=rt))
             labels.append({"arm": arm, "k": k, "checkpoint": path, "checkpoint_iteration": iters[arm],

@@ -226,6 +226,7 @@ def test_the_generalisation_plan(tmp_path):
     assert [j.config.difficulties for j in out.jobs] == [["tier1x2"], ["tier1x4"]]
     assert [j.config.modes for j in single.jobs] == [["single"], ["single"]]
     assert [j.runtime.max_concurrent_trees for j in out.jobs] == [16, 9]  # trees_at_once(16)
+    assert [j.runtime.max_concurrent_trees for j in single.jobs] == [16, 16]  # one node per tree at any K
     assert single.jobs[0].runtime.max_steps_per_node == 42 and out.jobs[0].runtime.max_steps_per_node == 6
     assert out.jobs[0].config.seed == 20261203 and out.jobs[0].config.n_tasks == 5
     assert plan.meta["task_sets"]["training (seed 1)"] == 200  # checked against the record's own seed's pool
