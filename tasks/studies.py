@@ -480,6 +480,22 @@ def _check_tasks(cfg: Any, difficulties: list[str], n: int) -> dict[str, int]:
     return check_task_sets(cfg.model_copy(update={"eval": ev}))
 
 
+def _choices(given: Sequence[str], known: Sequence[str], option: str, what: str) -> None:
+    """Raise ValueError (one line naming ``option``) when ``given`` is empty, repeats a value or has one not in
+    ``known``."""
+    if not given:
+        raise ValueError(f"{option}: give at least one {what}")
+    if len(set(given)) != len(given):
+        raise ValueError(f"{option}: {what} repeated in {list(given)}")
+    if unknown := [g for g in given if g not in known]:
+        raise ValueError(f"unknown {what} {unknown[0]!r} (expected one of {', '.join(known)})")
+
+
+def _at_least_one(n: int) -> None:
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+
+
 def _difficulties(ks: Sequence[int], option: str = "--k") -> list[str]:
     from rao_core.envs.textcraft.tasks import MULTI_TARGET
 
@@ -517,17 +533,12 @@ def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = (
 
     root = root or REPO_ROOT
     models = dict(models or {})
-    if not arms:
-        raise ValueError("--arm: give at least one arm")
-    for a in [*arms, *models]:
-        if a not in ARM_MODES:
-            raise ValueError(f"unknown arm {a!r} (expected one of {', '.join(ARM_MODES)})")
-    if len(set(arms)) != len(arms):
-        raise ValueError(f"--arm: arm repeated in {list(arms)}")
+    _choices(arms, list(ARM_MODES), "--arm", "arm")
+    if models:
+        _choices(list(models), list(ARM_MODES), "--model", "arm")
     if unused := [a for a in models if a not in arms]:
         raise ValueError(f"--model {unused[0]}=...: arm {unused[0]!r} is not evaluated (add --arm {unused[0]})")
-    if n < 1:
-        raise ValueError(f"--n must be >= 1, got {n}")
+    _at_least_one(n)
     diffs = _difficulties(ks)
     rec, source = read_record(record, root)
     last = last_checkpoints(rec)
@@ -570,13 +581,8 @@ def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, si
     from rao_core.paths import REPO_ROOT
 
     root = root or REPO_ROOT
-    if not settings or len(set(settings)) != len(settings):
-        raise ValueError(f"--setting: give each of {', '.join(WALLCLOCK_SETTINGS)} at most once")
-    unknown = [s for s in settings if s not in WALLCLOCK_SETTINGS]
-    if unknown:
-        raise ValueError(f"unknown setting {unknown[0]!r} (expected one of {', '.join(WALLCLOCK_SETTINGS)})")
-    if n < 1:
-        raise ValueError(f"--n must be >= 1, got {n}")
+    _choices(settings, WALLCLOCK_SETTINGS, "--setting", "setting")
+    _at_least_one(n)
     diffs = _difficulties(ks)
     rec, source = read_record(record, root)
     last = last_checkpoints(rec)

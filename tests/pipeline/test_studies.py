@@ -165,6 +165,8 @@ def no_server(monkeypatch):
 
 @pytest.mark.parametrize("args,needle", [
     (["--arm", "both"], "unknown arm 'both' (expected one of recursive, outcome, single)"),
+    (["--arm", "single", "--arm", "single"], "--arm: arm repeated in ['single', 'single']"),
+    (["--model", "best=/x"], "unknown arm 'best' (expected one of recursive, outcome, single)"),
     (["--arm", "outcome"], "has no checkpoint of arm 'outcome'; pass --model outcome=PATH"),
     (["--model", "single=/no/such/folder"], "checkpoint folder of arm single not found: /no/such/folder has no config.json"),
     (["--model", "single"], "expected ARM=PATH"),
@@ -190,6 +192,8 @@ def test_missing_record_and_wallclock_errors(capsys, tmp_path, no_server):
     assert code == 2 and "bad.json: not a JSON record" in err and len(err.strip().splitlines()) == 1
     rec = _record(tmp_path, arms=("recursive",))
     for args, needle in ((["--setting", "fast"], "unknown setting 'fast'"),
+                         (["--setting", "gather", "--setting", "gather"], "--setting: setting repeated in"),
+                         (["--n", "0"], "Invalid value for '--n'"),
                          ([], "has no checkpoint of arm 'single'; pass --single-model PATH"),
                          (["--model", str(tmp_path)], "checkpoint folder of the recursive agent not found"),
                          (["--k", "13"], "K = [13]")):
