@@ -8,7 +8,8 @@ at ``eval.regression_n_tasks`` tasks, or ``--n-tasks``), and decides as a night 
 alarm. Prints one line per run (successes of both evaluations, losses/wins, p, decision, wall time), then the
 false alarms / runs with their Wilson 95% interval, the smallest drop the settings catch with 80% power
 (``rao_core.regression.detectable_drop``) and the min / median / max wall time of a run. ``--out`` writes it all
-as JSON.
+as JSON, the runs so far after each one: a re-run with the same settings and ``--out`` resumes after them,
+so the measurement can be spread over several sittings.
 
 Needs a registered champion (``make run`` registers campaign ``smoke``'s) and the services of a campaign. On the
 CPU defaults a run is two evaluations of 100 tasks (~15 min) plus a vLLM start: 20 runs take about 6 hours.
@@ -24,6 +25,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 
 def _comparison(name: str) -> list[dict]:
@@ -59,8 +61,10 @@ def main() -> None:
     base = CampaignParams(config=args.config).resolve()
     entry = champion_suite(base, args.n_tasks)
     tol, alpha = base.eval.tolerance, base.eval.regression_alpha
-    runs: list[dict] = []
-    for i in range(1, args.runs + 1):
+    runs: list[dict] = _done_runs(args.out, args)
+    if runs:
+        print(f"resuming {args.out}: runs 1-{len(runs)} already done", flush=True)
+    for i in range(len(runs) + 1, args.runs + 1):
         name = f"bench-fa-{i}"
         params = EvaluateParams(config=args.config, model=args.model, campaign=args.campaign, suite=[entry],
                                 name=name, fresh_champion=True)
@@ -76,6 +80,8 @@ def main() -> None:
         detail = "; ".join(f"{r['metric']}: champion {r['champion']}, candidate {r['candidate']}, losses/wins "
                            f"{r['losses/wins']}, p {r['p']}, {r['status']}, {r['same_checkpoint']}" for r in rows)
         print(f"run {i}/{args.runs}: {'FALSE ALARM' if alarm else 'ok'} in {wall:.0f} s  {detail}", flush=True)
+        if args.out:  # after every run, so that an interrupted measurement resumes here
+            _write(args.out, {"settings": _settings(args), "complete": False, "runs": runs})
 
     alarms = sum(r["false_alarm"] for r in runs)
     lo, hi = wilson_interval(alarms, len(runs))
@@ -92,8 +98,31 @@ def main() -> None:
           + " (independent evaluations, champion success 0.5: a conservative bound)")
     print(f"wall time per run: min {min(walls):.0f} s, median {statistics.median(walls):.0f} s, max {max(walls):.0f} s")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"summary": summary, "runs": runs}, f, indent=1)
+        _write(args.out, {"settings": _settings(args), "complete": True, "summary": summary, "runs": runs})
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    return {"config": args.config, "campaign": args.campaign, "model": args.model, "n_tasks": args.n_tasks}
+
+
+def _done_runs(out: str, args: argparse.Namespace) -> list[dict]:
+    """The runs an earlier, interrupted measurement with the same settings wrote to ``out`` (none without
+    ``out`` or when the file is missing); exits with one ``error:`` line when ``out`` holds other settings."""
+    if not out or not Path(out).exists():
+        return []
+    try:
+        old = json.loads(Path(out).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --out {out}: not a JSON record of this script ({e}); name another file")
+    if old.get("settings") != _settings(args):
+        raise SystemExit(f"error: --out {out} holds runs with other settings ({old.get('settings')}); name another file")
+    return [r for r in old.get("runs", []) if r.get("run", 0) <= args.runs]
+
+
+def _write(out: str, data: dict) -> None:
+    tmp = Path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(out)
 
 
 if __name__ == "__main__":
