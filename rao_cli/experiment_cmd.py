@@ -281,3 +281,30 @@ def textcraft_wallclock(
                + "".join(f" --setting {x}" for x in setting) + "".join(f" --set {o}" for o in override))
     _run_study(plan_wallclock, write_docs, dry_run, record=record, model=model, single_model=single_model, n=n, ks=list(k),
                single_window=single_window, settings=list(setting), overrides=list(override), command=command)
+
+@app.command("textcraft-nested-control")
+def textcraft_nested_control(
+    record: str = typer.Option("docs/results/textcraft-nested.json", help="textcraft-nested record whose recursive "
+                               "checkpoints, config, evaluation seed and trees at full depth are used."),
+    iteration: list[int] = typer.Option([], "--iteration", help="Iterations whose checkpoint is evaluated "
+                                        "(repeatable; default: the warm start and the last)."),
+    difficulty: str = typer.Option("nest2", help="The record's evaluated split to repeat at max_depth 1."),
+    n: int = typer.Option(None, min=1, help="Tasks (default: the record's n; at most that, the first n pair with "
+                          "the record's trees)."),
+    write_docs: bool = typer.Option(True, help=STUDY_DOCS_HELP.format(name="textcraft-nested-control[-seed<S>]",
+                                                                      doc="docs/results.md")),
+    dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override of the config (repeatable)."),
+) -> None:
+    """The depth-limited control (issue 39 item 4): the nested experiment's recursive checkpoints on its own
+    nest2 tasks with runtime.max_depth 1 (the root may delegate, its children may not), paired by task with the
+    record's trees at full depth: what depth buys, measured. Each checkpoint is served once. Writes
+    docs/results/textcraft-nested-control[-seed<S>].json and a section in docs/results.md."""
+    from tasks.studies import plan_depth_control
+
+    command = (f"rao experiment textcraft-nested-control --record {record}"
+               + "".join(f" --iteration {i}" for i in iteration) + f" --difficulty {difficulty}"
+               + (f" --n {n}" if n else "") + "".join(f" --set {o}" for o in override))
+    _run_study(plan_depth_control, write_docs, dry_run, record=record, iterations=list(iteration),
+               difficulty=difficulty, n=n, overrides=list(override), command=command)

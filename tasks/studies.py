@@ -1,4 +1,5 @@
-"""Checkpoint studies of issue 38 (generalisation by K, wall-clock one tree at a time); serve_and_evaluate.
+"""Checkpoint studies of issue 38 (generalisation by K, wall-clock one tree at a time) and issue 39 (the
+depth-limited control); serve_and_evaluate.
 
 :func:`serve_and_evaluate` serves ONE checkpoint folder with vLLM as the campaign's serving stage does
 (``infra.serving.server_from_config`` with ``switching=False``: the serving settings and GPU placement of
@@ -7,6 +8,13 @@ given policy (tests: a scripted one, no server), and runs every :class:`EvalJob`
 ``rao_core.evaluation.run_evaluation``, the function behind the campaign's, the experiment's and the
 nightly evaluations. The server is stopped at the end, whatever happens. ``rao eval`` is one job; each study
 runs all its jobs of a checkpoint against one server, so every checkpoint is served once.
+
+**The depth-limited control** (``rao experiment textcraft-nested-control``, issue 39 item 4): the recursive
+arm's checkpoints of a ``textcraft-nested`` record (the warm start and the last iteration by default) on the
+record's own ``nest2`` tasks with ``runtime.max_depth: 1`` (the root may delegate, its children may not), every
+other runtime setting as trained, so that what depth buys is measured against the record's trees of the same
+tasks at full depth (paired by task; :func:`depth_control_table`). Records
+``docs/results/textcraft-nested-control[-seed<S>].json``, a section of ``docs/results.md``.
 
 **Generalisation as a curve** (``rao experiment textcraft-generalisation``, issue 38 item 4): the last
 checkpoint of each asked arm of an ablation record (``docs/results/textcraft-ablation[-seed<S>].json``, or
@@ -75,6 +83,9 @@ WALLCLOCK_SETTINGS = ("gather", "sequential", "single")
 WALLCLOCK_TREE_TIMEOUT_S = 1800.0
 #: Trees kept per wall-clock point (the study is about time; the generalisation keeps the config's).
 WALLCLOCK_STORED_TREES = 4
+DEPTH_CONTROL = "textcraft-nested-control"
+DEFAULT_NESTED_RECORD = "docs/results/textcraft-nested.json"
+DEPTH_CONTROL_TITLE = f"## Depth-limited control (issue 39 item 4): `{DEPTH_CONTROL}"  # + "`" or "-seed<S>`"
 GENERALISATION_TITLE = f"## Generalisation (issue 38 item 4): `{GENERALISATION}"  # + "`" or "-seed<S>`"
 WALLCLOCK_TITLE = "## Wall-clock, one tree at a time (issue 38 item 5)"
 MISS_LABELS = {"child_two_targets": "child given 2+ targets", "child_failed": "children failed",
@@ -299,6 +310,10 @@ def wallclock_table(points: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _per(meta: dict[str, Any]) -> str:
+    return f"{meta['difficulty']} tasks" if meta.get("difficulty") else "per K"
+
+
 def _header(record: dict[str, Any]) -> list[str]:
     ckpts = ", ".join(f"{a} `{c}`" for a, c in record["checkpoints"].items())
     state = "" if record.get("complete", True) else " **Incomplete: the run stopped before its last point.**"
@@ -306,7 +321,7 @@ def _header(record: dict[str, Any]) -> list[str]:
             f"Commit `{record['commit']}`, run on {record['date']}, wall time {record['wall_s'] / 60:.1f} min; "
             f"record `docs/results/{record['experiment']}.json`.{state}  ",
             f"Checkpoints: {ckpts} (from `{record['source_record']}`, training seed {record.get('seed')}).  ",
-            f"Evaluation tasks: {record['n_tasks']} per K, eval.seed {record['eval_seed']}, split {record['split']}; "
+            f"Evaluation tasks: {record['n_tasks']} {_per(record)}, eval.seed {record['eval_seed']}, split {record['split']}; "
             f"checked disjoint from the training pool and demonstrations: "
             + ", ".join(f"{k}: {v}" for k, v in (record.get("task_sets") or {}).items()) + "."]
 
@@ -409,22 +424,23 @@ class StudyPlan(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     name: str
-    study: str  # GENERALISATION | WALLCLOCK
+    study: str  # GENERALISATION | WALLCLOCK | DEPTH_CONTROL
     meta: dict[str, Any]
     runs: list[StudyRun]
 
 
-def read_record(path: str | Path, root: Path | None = None) -> tuple[dict[str, Any], str]:
+def read_record(path: str | Path, root: Path | None = None,
+                experiment: str = "textcraft-ablation") -> tuple[dict[str, Any], str]:
     """The experiment record at ``path`` (a relative path: under ``root``, the repository by default, else from
     the working folder) and its path as written in a study's record. FileNotFoundError / ValueError naming the file when it is
-    missing, not JSON, or has no points or no config."""
+    missing (with the ``rao experiment <experiment>`` that writes it), not JSON, or has no points or no config."""
     from rao_core.paths import REPO_ROOT
 
     root = root or REPO_ROOT
     p = Path(path) if Path(path).is_absolute() or not (root / path).is_file() else root / path
     if not p.is_file():
         where = str(p) if Path(path).is_absolute() else f"{path} (neither under {root} nor in the working folder)"
-        raise FileNotFoundError(f"record not found: {where}; run `rao experiment textcraft-ablation` first, or name "
+        raise FileNotFoundError(f"record not found: {where}; run `rao experiment {experiment}` first, or name "
                                 "one with --record")
     try:
         rec = json.loads(p.read_text())
@@ -625,13 +641,108 @@ def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, si
     return StudyPlan(name=WALLCLOCK, study=WALLCLOCK, meta=meta, runs=list(groups.values()))
 
 
+def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Sequence[int] = (),
+                       difficulty: str = "nest2", n: int | None = None, overrides: Sequence[str] = (),
+                       command: str = "", root: Path | None = None) -> StudyPlan:
+    """The depth-limited control (issue 39 item 4; module docstring): the recursive arm's checkpoints of a
+    ``textcraft-nested`` record at ``iterations`` (default: the warm start and the last), each evaluated on the
+    record's own ``difficulty`` tasks (the same eval seed and the first ``n``, default the record's n, so every
+    task pairs with the record's tree of it) with ``runtime.max_depth: 1``: delegation at the root only, the rest
+    of the runtime as trained. The record's points at full depth are copied into the plan's ``reference`` so the
+    control's record compares by itself (:func:`depth_control_table`). Raises ValueError, FileNotFoundError or
+    ``rao_core.config.ConfigError`` with one line naming what is wrong."""
+    from rao_core.paths import REPO_ROOT
+
+    root = root or REPO_ROOT
+    if n is not None:
+        _at_least_one(n)
+    rec, source = read_record(record, root, experiment="textcraft-nested")
+    mine = {int(p["iteration"]): p for p in rec["points"]
+            if p.get("arm") == "recursive" and p.get("mode") == "recursive" and p.get("difficulty") == difficulty}
+    if not mine:
+        raise ValueError(f"{source} has no point of the recursive arm on {difficulty!r} (evaluated: "
+                         f"{sorted({p.get('difficulty') for p in rec['points']})}); pass --difficulty")
+    its = list(iterations) or sorted({min(mine), max(mine)})
+    if len(set(its)) != len(its):
+        raise ValueError(f"--iteration: iteration repeated in {its}")
+    if missing := [i for i in its if i not in mine]:
+        raise ValueError(f"{source} has no {difficulty} point at iteration {missing[0]} (it has {sorted(mine)})")
+    ref_n = min(int(mine[i]["n"]) for i in its)
+    n = ref_n if n is None else n
+    if n > ref_n:
+        raise ValueError(f"--n {n}: the record evaluated {ref_n} {difficulty} tasks; the control pairs with them, "
+                         f"so at most {ref_n}")
+    cfg = arm_config(rec, "recursive", ["runtime.max_depth=1", *overrides])
+    if not cfg.runtime.delegation or cfg.runtime.max_depth != 1:
+        raise ValueError(f"--set: the control needs delegation on and runtime.max_depth 1, got delegation "
+                         f"{cfg.runtime.delegation}, max_depth {cfg.runtime.max_depth}")
+    runs, ckpts = [], {}
+    for i in its:
+        if not mine[i].get("checkpoint"):
+            raise ValueError(f"{source}: the iteration-{i} point has no checkpoint")
+        path = _checkpoint(mine[i]["checkpoint"], f"iteration {i}", root)
+        ckpts[f"iteration {i}"] = path
+        job = EvalJob(label=f"iteration {i}, {n} {difficulty} tasks, max_depth 1",
+                      config=_eval_config(cfg, [difficulty], n, "recursive"), runtime=cfg.runtime)
+        runs.append(StudyRun(checkpoint=path, config=cfg, jobs=[job],
+                             labels=[{"arm": "recursive", "iteration": i, "max_depth": 1, "checkpoint": path}]))
+    keep = ("n", "successes", "success", "ci95", "per_task", "depth_hist", "mean_depth", "delegation_rate")
+    reference = {str(i): {k: mine[i].get(k) for k in keep} for i in its}
+    name = study_name(DEPTH_CONTROL, rec)
+    meta = _meta(DEPTH_CONTROL, name, rec, source, command, n, [], ckpts, _check_tasks(cfg, [difficulty], n), cfg,
+                 difficulty=difficulty, iterations=its, max_depth_trained=arm_config(rec, "recursive").runtime.max_depth,
+                 runtime=runtime_summary(cfg.runtime), reference=reference)
+    return StudyPlan(name=name, study=DEPTH_CONTROL, meta=meta, runs=runs)
+
+
+def depth_control_table(record: dict[str, Any]) -> str:
+    """Markdown table of a control record: per iteration, the experiment's success at full depth and the
+    control's at ``max_depth`` 1 (successes/n [Wilson 95%]), the difference, the tasks each solved alone
+    (paired by task id over the tasks both have) and the one-sided exact sign test that depth helps (p), and the
+    share of the experiment's trees that reached depth 2."""
+    from scipy import stats
+
+    from tasks.experiment import depth_reach
+
+    lines = ["| iteration | full depth (the experiment) | max_depth 1 (control) | difference | tasks only full depth "
+             "solved / only the control solved | p (sign test, one-sided) | experiment's trees reaching depth 2 |",
+             "|---|---|---|---|---|---|---|"]
+    for p in sorted(record["points"], key=lambda q: q["iteration"]):
+        ref = (record.get("reference") or {}).get(str(p["iteration"])) or {}
+        a, b = ref.get("per_task") or {}, p.get("per_task") or {}
+        common = [t for t in a if t in b and a[t] is not None and b[t] is not None]
+        full, ctrl = sum(a[t] > b[t] for t in common), sum(a[t] < b[t] for t in common)
+        pval = float(stats.binomtest(full, full + ctrl, 0.5, alternative="greater").pvalue) if full + ctrl else None
+        reach = depth_reach(ref.get("depth_hist") or {}, 2)
+        diff = (ref["success"] - p["success"]) if ref.get("success") is not None else None
+        lines.append(f"| {p['iteration']} | {_cell(ref.get('successes'), '{:g}')}/{_cell(ref.get('n'))} "
+                     f"{_ci(ref) if ref.get('ci95') else ''} | {p['successes']:g}/{p['n']} {_ci(p)} | "
+                     f"{_cell(diff, '{:+.2f}') or '-'} | {full} / {ctrl} of {len(common)} | "
+                     f"{_cell(pval, '{:.4f}') or '-'} | {reach[0]}/{reach[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def depth_control_markdown(record: dict[str, Any]) -> str:
+    """The ``docs/results.md`` section of a control record: title, command, checkpoints, tasks, the rule and
+    :func:`depth_control_table`."""
+    title = DEPTH_CONTROL_TITLE.replace(f"`{DEPTH_CONTROL}", f"`{record['experiment']}") + "`"
+    lines = [title, "", *_header(record),
+             f"The recursive arm's checkpoints on the record's own {record['difficulty']} tasks with "
+             f"`runtime.max_depth: 1` (the root may delegate, its children may not; trained and evaluated in the "
+             f"experiment with max_depth {record.get('max_depth_trained')}); every other runtime setting as trained. "
+             "Each task pairs with the experiment's tree of it (the same eval seed, the first n tasks); the sign "
+             "test asks whether full depth solves more of them. Requests are unseeded: paired trees differ by "
+             "sampling as well as by depth.", "", depth_control_table(record).rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
 def plan_text(plan: StudyPlan) -> str:
     """What ``plan`` will do, one line each (``--dry-run``): the record it writes, the task sets checked, then
     per checkpoint (served once) its evaluations with their mode, tasks and the runtime that differs between
     them (window, step limit, trees at once, sequential children, tree limit)."""
     m = plan.meta
     lines = [f"{plan.study}: record docs/results/{plan.name}.json from {m['source_record']} (training seed "
-             f"{m.get('seed')}), {m['n_tasks']} tasks per K, eval.seed {m['eval_seed']}, split {m['split']}",
+             f"{m.get('seed')}), {m['n_tasks']} {'tasks per K' if not m.get('difficulty') else _per(m)}, eval.seed {m['eval_seed']}, split {m['split']}",
              "task sets checked disjoint: " + ", ".join(f"{k}: {v}" for k, v in m["task_sets"].items())]
     for run in plan.runs:
         lines.append(f"serve {run.checkpoint} once (max_model_len {serving_config(run.config, run.jobs).serving.max_model_len}):")
@@ -675,7 +786,8 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def _point_key(p: dict[str, Any]) -> str:
-    return f"{p.get('arm') or p.get('setting')}-{p['difficulty']}-{p['mode']}"
+    it = f"-it{p['iteration']}" if "iteration" in p else ""
+    return f"{p.get('arm') or p.get('setting')}{it}-{p['difficulty']}-{p['mode']}"
 
 
 def resumable_points(rec_path: Path, plan: StudyPlan) -> tuple[list[dict[str, Any]], float]:
@@ -770,7 +882,11 @@ def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = N
             old.unlink()
     rec = record(True)
     _write_json(rec_path, rec)
-    if plan.study == GENERALISATION:
+    if plan.study == DEPTH_CONTROL:
+        md = depth_control_markdown(rec)
+        if write_docs:
+            replace_section(root / "docs/results.md", md.splitlines()[0], md)
+    elif plan.study == GENERALISATION:
         img = generalisation_png(points, root / "docs/img" / f"{plan.name}.png")
         md = generalisation_markdown(rec, img=f"img/{img.name}")
         if write_docs:
