@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
+from pathlib import Path
 
 import typer
 from rich.table import Table
@@ -49,7 +51,8 @@ def prefect_hint() -> str:
         return f"Prefect:   {api.removesuffix('/api')}  (the UI of PREFECT_API_URL)"
     home = os.environ.get("PREFECT_HOME", "")
     if home == prefect_env()["PREFECT_HOME"]:
-        return (f"Prefect:   .venv/bin/rao services up --prefect-server  then open the printed URL (it serves "
+        rao = shlex.quote(str(Path(sys.executable).parent / "rao"))  # absolute: works from any folder
+        return (f"Prefect:   {rao} services up --prefect-server  then open the printed URL (it serves "
                 f"{home}, where these runs are; later runs report to it)")
     return f"Prefect:   PREFECT_HOME={home} {prefect_bin()} server start  then open the printed URL"
 

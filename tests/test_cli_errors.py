@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -180,11 +182,15 @@ def test_evaluate_suite_defaults_to_the_configs_own_evaluation():
 def test_prefect_failure_report_is_dropped_unless_debugging(monkeypatch):
     import logging
 
-    import prefect  # noqa: F401 - configures Prefect's console handler
+    from prefect.logging.configuration import setup_logging
 
     from rao_cli.pipeline_cmd import _prefect_failures_quiet
 
-    (handler,) = [h for h in logging.getLogger().handlers if type(h).__name__ == "PrefectConsoleHandler"]
+    handlers = [h for h in logging.getLogger().handlers if type(h).__name__ == "PrefectConsoleHandler"]
+    if not handlers:  # run alone, nothing has configured Prefect's logging yet (rao run does, at its start)
+        setup_logging()
+        handlers = [h for h in logging.getLogger().handlers if type(h).__name__ == "PrefectConsoleHandler"]
+    (handler,) = handlers
 
     def record(name: str, level: int, exc: bool = False) -> logging.LogRecord:
         return logging.LogRecord(name, level, __file__, 1, "m", None, (ValueError, ValueError("x"), None) if exc else None)
@@ -585,7 +591,8 @@ def test_the_end_of_run_prefect_hint_names_a_server_of_this_campaigns_database(t
     home = str(tmp_path / "home" / "prefect")
     # the server of `rao services up --prefect-server` (infra.orchestration.PrefectServer) gets the same home
     assert os.environ["PREFECT_HOME"] == prefect_env()["PREFECT_HOME"] == home
-    assert prefect_hint() == ("Prefect:   .venv/bin/rao services up --prefect-server  then open the printed URL "
+    rao = Path(sys.executable).parent / "rao"  # absolute, so the line works from a tutorial's own folder too
+    assert prefect_hint() == (f"Prefect:   {rao} services up --prefect-server  then open the printed URL "
                               f"(it serves {home}, where these runs are; later runs report to it)")
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "own"))  # the user's own home: services up would not serve it
     assert prefect_hint() == (f"Prefect:   PREFECT_HOME={tmp_path / 'own'} {prefect_bin()} server start  then open "

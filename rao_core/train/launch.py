@@ -240,7 +240,7 @@ def train_in_subprocess(
             while proc.poll() is None:
                 drain()
                 if time.monotonic() - status["at"] >= heartbeat_s:
-                    say(f"still {status['phase']}")
+                    say(f"still working: {status['phase']}")
                 time.sleep(poll_s)
         except BaseException:  # interrupted (Ctrl-C, task cancelled): do not leave the child training
             proc.terminate()

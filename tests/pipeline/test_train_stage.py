@@ -202,10 +202,10 @@ def test_the_training_child_reports_its_phases_and_a_line_when_it_is_silent(tmp_
     assert res.metrics == [{"train/loss": 1.0}]
     text = [line.rsplit(" (", 1)[0] for line in lines]  # without the seconds
     assert text[0].startswith("training process: started (pid ") and text[0].endswith(".train.log")
-    assert text[1] == "training process: still starting (interpreter, torch and accelerate imports)"
+    assert text[1] == "training process: still working: starting (interpreter, torch and accelerate imports)"
     i = text.index("training process: started, 2 samples read")
     assert text[i + 1] == "training process: model and optimizer ready; first optimizer step running"
-    assert "training process: still model and optimizer ready; first optimizer step running" in text[i + 2:]
+    assert "training process: still working: model and optimizer ready; first optimizer step running" in text[i + 2:]
     assert text[-1] == "training process: saving checkpoint"
     assert all(line.endswith(" s)") for line in lines)
 
