@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 ProgressCallback = Callable[[int, int], None]
 """``on_progress(done, total)``: ``done`` of ``total`` units finished (called after each unit)."""
 
-__all__ = ["ProgressCallback", "StepProgress", "Timeline", "bar_enabled", "every_tenth"]
+__all__ = ["ProgressCallback", "StepProgress", "Timeline", "bar_enabled", "every_tenth", "quiet_heartbeat"]
 
 
 def bar_enabled(console: Console | None = None) -> bool:
@@ -41,6 +41,27 @@ def every_tenth(report: ProgressCallback) -> ProgressCallback:
             report(done, total)
 
     return report_tenths
+
+
+async def quiet_heartbeat(say: Callable[[float], None], last_news: Callable[[], float], every_s: float = 20.0,
+                          poll_s: float = 1.0, clock: Callable[[], float] | None = None) -> None:
+    """Run until cancelled: whenever ``every_s`` seconds (time.monotonic) have passed since ``last_news()`` and
+    since its own last line, call ``say(seconds since last_news())``: a "still working" line for a loop whose
+    units can take longer than ``every_s`` (the first trees of a generation stage), so a log never goes silent
+    for long. Start it with ``asyncio.create_task`` beside the loop and cancel it when the loop ends. ``clock``
+    (default ``time.monotonic``) is the time base of ``last_news``; the check runs every ``poll_s`` seconds."""
+    import asyncio
+    import time
+
+    clock = clock or time.monotonic
+    said = float("-inf")
+    while True:
+        await asyncio.sleep(poll_s)
+        now = clock()
+        quiet = now - last_news()
+        if quiet >= every_s and now - said >= every_s:
+            say(quiet)
+            said = now
 
 
 class StepProgress:

@@ -18,7 +18,7 @@ from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
-from rao_core.progress import every_tenth
+from rao_core.progress import every_tenth, quiet_heartbeat
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
@@ -218,7 +218,10 @@ def _generate_locally(ctx: RunContext, iteration: int, tasks: list[Task], served
     log_tenths = every_tenth(lambda done, total_: log.info(
         f"rollouts {done}/{total_}  solved {counts['solved']}  {infra_text(infra)}"))
 
+    news = {"at": time.monotonic(), "done": 0, "t0": time.monotonic()}
+
     def progress(done: int, total_: int, tree) -> None:
+        news.update(at=time.monotonic(), done=done)
         journal.write(tree_json_line(tree) + "\n")
         journal.flush()
         ui(done, total_)
@@ -227,12 +230,21 @@ def _generate_locally(ctx: RunContext, iteration: int, tasks: list[Task], served
         counts["solved"] += int(tree.root.verifier == 1.0)
         log_tenths(done, total_)
 
+    total = len(tasks) * G
+    log.info(f"generating {total} trees ({len(tasks)} RL tasks x G {G}); a line at each tenth finished")
+
+    def still(quiet: float) -> None:
+        log.info(f"still generating: {news['done']}/{total} trees finished, {time.monotonic() - news['t0']:.0f} s "
+                 f"in, none in the last {quiet:.0f} s")
+
     async def go():
+        beat = asyncio.create_task(quiet_heartbeat(still, lambda: news["at"]))
         try:
             return await run_trees(env, [(t, G) for t in tasks], policy, ctx.config.runtime,
                                    tokenizer=load_tokenizer(tokenizer_path), progress=progress,
                                    seeds=lambda task, g: rollout_seed(ctx.config.seed, iteration, task.task_id, g))
         finally:
+            beat.cancel()
             await policy.aclose()
 
     try:

@@ -73,3 +73,34 @@ def test_every_tenth_passes_on_each_tenth_and_the_last(total, reported):
     for done in range(0, max(total, 3) + 1):
         report(done, total)
     assert got == [(d, total) for d in reported]
+
+
+
+def test_quiet_heartbeat_speaks_only_after_a_quiet_spell():
+    """On a clock the test moves: a line once every_s passes with no news, not again before another every_s,
+    none while news comes (no wall-clock assertion: the event loop only gives the heartbeat its turns)."""
+    import asyncio
+
+    from rao_core.progress import quiet_heartbeat
+
+    async def main():
+        said: list[float] = []
+        t = {"now": 0.0, "news": 0.0}
+        beat = asyncio.create_task(quiet_heartbeat(said.append, lambda: t["news"], every_s=5, poll_s=0.001,
+                                                   clock=lambda: t["now"]))
+
+        async def at(now: float, news: float | None = None) -> list[float]:
+            t["now"] = now
+            if news is not None:
+                t["news"] = news
+            await asyncio.sleep(0.05)  # the heartbeat polls (its 1 ms timer comes first)
+            return list(said)
+
+        assert await at(4.9) == []                 # quiet 4.9 s < 5
+        assert await at(10.0) == [10.0]            # quiet 10 s: one line, however often it polls
+        assert await at(14.0) == [10.0]            # quiet, but only 4 s since its own line
+        assert await at(15.5) == [10.0, 15.5]
+        assert await at(18.0, news=17.0) == [10.0, 15.5]  # news 1 s ago
+        beat.cancel()
+
+    asyncio.run(main())
