@@ -52,16 +52,6 @@ def _record(tmp_path: Path, n: int = 2, name: str = "textcraft-nested") -> Path:
     return path
 
 
-@pytest.fixture
-def no_server(monkeypatch):
-    import infra.serving
-
-    def refuse(*a, **k):
-        raise AssertionError("a server was started")
-
-    monkeypatch.setattr(infra.serving, "server_from_config", refuse)
-
-
 @pytest.mark.parametrize("args,needle", [
     (["--difficulty", "nest3"], "has no point of the recursive arm on 'nest3' (evaluated: ['nest1', 'nest2'])"),
     (["--iteration", "2"], "has no nest2 point at iteration 2 (it has [0, 1, 3])"),

@@ -152,17 +152,6 @@ def _record(tmp_path: Path, name: str = "textcraft-ablation", arms=("recursive",
     return path
 
 
-@pytest.fixture
-def no_server(monkeypatch):
-    """Any attempt to build a vLLM server fails the test."""
-    import infra.serving
-
-    def refuse(*a, **k):
-        raise AssertionError("a server was started")
-
-    monkeypatch.setattr(infra.serving, "server_from_config", refuse)
-
-
 @pytest.mark.parametrize("args,needle", [
     (["--arm", "both"], "unknown arm 'both' (expected one of recursive, outcome, single)"),
     (["--arm", "single", "--arm", "single"], "--arm: arm repeated in ['single', 'single']"),
