@@ -19,9 +19,9 @@ def _render(tree):  # -> rich.tree.Tree
 
     def label(n) -> str:
         colour = {"finished": "green", "running": "yellow"}.get(n.end_reason.value, "red")
-        goal = n.goal.replace("\n", " ")[:70]
+        score = "" if n.verifier is None else f"verifier={n.verifier:g} "  # the node's own check, once it ended
         return (f"[{colour}]{n.node_id}[/] d{n.depth} [{colour}]{n.end_reason.value}[/] turns={len(n.turns)} "
-                f"tok={len(n.token_ids)} {goal}")
+                f"tok={len(n.token_ids)} {score}{_line(n.goal, 120)}")
 
     root = Tree(label(tree.root))
     items = {tree.root_id: root}

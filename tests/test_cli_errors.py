@@ -153,6 +153,7 @@ def test_solve_piped_prints_the_tree_once(capsys, tmp_path, one_task):
               str(s), "--max-depth", "0", "--sandbox", "bwrap" if shutil.which("bwrap") else "none"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and out.count("0 d0 max_steps turns=") == 1, out  # was 2: live view + final tree
+    assert "verifier=0 Craft" in out  # each node's own check beside its goal (the trial: only the root's showed)
     summary = [ln for ln in out.splitlines() if ln.startswith("task ")]
     assert len(summary) == 1 and "end=max_steps" in summary[0] and "wall=" in summary[0]  # one line, not wrapped
 
