@@ -135,10 +135,15 @@ def validate_training_data(trees: Sequence[ExecutionTree], batch: SampleBatch, *
     NaN rewards/successes (failed judgements) are allowed in the node table (great-expectations treats
     NaN as missing and skips it for range checks); NaN advantages in samples are not.
     """
+    import logging
+
     import great_expectations as gx
     import pandas as pd
 
     from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    # its "Created temporary directory ... for ephemeral docs site" INFO line reached every campaign's log
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
 
     context = gx.get_context(mode="ephemeral")
     # no tqdm "Calculating Metrics" bars in the stage's log (the context's `progress_bars` setting)

@@ -99,3 +99,14 @@ def test_a_baseline_rounded_above_the_bound_still_passes():
     assert abs(root0.advantage) > 1.4  # the rounding this test is about
     rep = validate_training_data(trees, batch, max_depth=2, lam=0.4, context_window=100)
     assert rep["success"] is True, rep["failures"]
+
+
+def test_validation_keeps_great_expectations_info_lines_out_of_the_log(caplog):
+    """GX's 'Created temporary directory ... for ephemeral docs site' INFO line reached every campaign's log
+    (new-user trial, 2026-12-04); the validation raises that logger to WARNING."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        rep = _validate([_tree(0, 1.0), _tree(1, 0.0)])
+    assert rep["success"], rep["failures"]
+    assert not [r for r in caplog.records if "ephemeral docs site" in r.getMessage()]
