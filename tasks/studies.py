@@ -310,8 +310,9 @@ def wallclock_table(points: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _per(meta: dict[str, Any]) -> str:
-    return f"{meta['difficulty']} tasks" if meta.get("difficulty") else "per K"
+def _per(meta: dict[str, Any], per_k: str = "per K") -> str:
+    """What a study's n counts: ``"<difficulty> tasks"`` for one difficulty (the control), else ``per_k``."""
+    return f"{meta['difficulty']} tasks" if meta.get("difficulty") else per_k
 
 
 def _header(record: dict[str, Any]) -> list[str]:
@@ -742,7 +743,7 @@ def plan_text(plan: StudyPlan) -> str:
     them (window, step limit, trees at once, sequential children, tree limit)."""
     m = plan.meta
     lines = [f"{plan.study}: record docs/results/{plan.name}.json from {m['source_record']} (training seed "
-             f"{m.get('seed')}), {m['n_tasks']} {'tasks per K' if not m.get('difficulty') else _per(m)}, eval.seed {m['eval_seed']}, split {m['split']}",
+             f"{m.get('seed')}), {m['n_tasks']} {_per(m, 'tasks per K')}, eval.seed {m['eval_seed']}, split {m['split']}",
              "task sets checked disjoint: " + ", ".join(f"{k}: {v}" for k, v in m["task_sets"].items())]
     for run in plan.runs:
         lines.append(f"serve {run.checkpoint} once (max_model_len {serving_config(run.config, run.jobs).serving.max_model_len}):")

@@ -13,7 +13,7 @@ import pytest
 
 from rao_core.paths import REPO_ROOT, tiny_model_path
 from tasks.studies import depth_control_markdown, depth_control_table, plan_depth_control, plan_text, run_study
-from tests.cli import run_cli
+from tests.cli import one_error_line, run_cli
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 TINY = tiny_model_path()
@@ -62,8 +62,7 @@ def _record(tmp_path: Path, n: int = 2, name: str = "textcraft-nested") -> Path:
 def test_control_input_errors_are_one_line_before_any_server(capsys, tmp_path, no_server, args, needle):
     rec = _record(tmp_path)
     code, out, err = run_cli(capsys, "experiment", "textcraft-nested-control", "--record", str(rec), *args)
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert code == 2 and needle in one_error_line(err), err
     assert out == ""
 
 

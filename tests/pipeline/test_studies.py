@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import one_error_line, run_cli
 from rao_core.paths import REPO_ROOT, tiny_model_path
 from tasks.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
                            plan_generalisation, plan_wallclock, run_study, study_name, study_point, trees_at_once,
@@ -167,8 +167,7 @@ def _record(tmp_path: Path, name: str = "textcraft-ablation", arms=("recursive",
 def test_generalisation_input_errors_are_one_line_before_any_server(capsys, tmp_path, no_server, args, needle):
     rec = _record(tmp_path)
     code, out, err = run_cli(capsys, "experiment", "textcraft-generalisation", "--record", str(rec), *args)
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert code == 2 and needle in one_error_line(err), err
     assert out == ""
 
 
