@@ -75,6 +75,8 @@ CASES = [
     ("experiment seeds no-such-experiment", 2, "no record of no-such-experiment under "),
     ("experiment textcraft-generalisation --arm both", 2, "error: unknown arm 'both' (expected one of "),
     ("experiment textcraft-wallclock --setting fast", 2, "error: unknown setting 'fast' (expected one of "),
+    ("experiment textcraft-nested-control --record {tmp}/none.json --dry-run", 2,
+     "error: record not found: {tmp}/none.json; run `rao experiment textcraft-nested` first"),
     ("solve --env nosuchenv --task-file {garbage}", 2, "Invalid value for '--env': unknown environment 'nosuchenv'"),
     ("solve --env textcraft-synth --task-file {garbage}", 2, "error: {garbage}:1: not a valid task record"),
     ("train --samples {tmp}/none.jsonl --model {ckpt} --out {tmp}/out", 2,
