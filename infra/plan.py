@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from infra.model_shapes import KNOWN_SHAPES
 from rao_core.config import CampaignConfig
 from rao_core.paths import REPO_ROOT, rao_home
 
@@ -85,14 +86,6 @@ class ModelShape:
         return 2 * self.layers * max(1, self.kv_heads // tp) * self.head_dim * self.dtype_bytes
 
 
-# Shapes of models the GPU configs name, for plans made where the weights are not (HF config.json values).
-KNOWN_SHAPES = {
-    "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, intermediate_size=9728, vocab_size=151936,
-                     tie_word_embeddings=True, torch_dtype="bfloat16"),
-}
-
-
 def model_shape(path: Path) -> ModelShape:
     """The shape of the model at ``path``: its config.json, else the built-in shape its folder name matches.
     Raises ValueError when neither is there."""
@@ -108,7 +101,9 @@ def model_shape(path: Path) -> ModelShape:
 
 @dataclass(frozen=True)
 class Assumptions:
-    """Constants of the estimate (not measured on a GPU; printed with every plan)."""
+    """Constants of the estimate (printed with every plan). Not measured on a GPU, except that the trainer's
+    estimate was checked once against one H200 (docs/benchmarks.md, "Trainer on one GPU"): 12-15% above the
+    measured peak, the allocator slack being the largest part of the difference."""
 
     cuda_context_gib: float = 1.0  # CUDA context, NCCL buffers, kernels: per process per GPU
     vllm_overhead_gib: float = 2.0  # vLLM's activation peak, CUDA graphs and sampler, outside weights and KV
@@ -492,7 +487,8 @@ def format_plan(plan: Plan) -> str:
     a = plan.assumptions
     out += ["", f"assumptions: CUDA context {a.cuda_context_gib} GiB/process, vLLM overhead {a.vllm_overhead_gib} "
                 f"GiB, asleep vLLM {a.vllm_asleep_gib} GiB, allocator slack {a.fragmentation:.0%}, disk "
-                f"{a.disk_gb_s} GB/s, S3 {a.s3_gb_s} GB/s, vLLM start {a.vllm_start_s:.0f} s; not measured on a GPU"]
+                f"{a.disk_gb_s} GB/s, S3 {a.s3_gb_s} GB/s, vLLM start {a.vllm_start_s:.0f} s; not measured on a "
+                "GPU (the trainer's peak: checked once on an H200, this estimate 12-15% above it; docs/benchmarks.md)"]
     if plan.problems:
         out += ["", "does not fit / cannot run:"] + [f"  - {p}" for p in plan.problems]
     return "\n".join(out)

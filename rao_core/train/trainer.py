@@ -351,7 +351,9 @@ def _load_policy(cfg: TrainerConfig, base_path: Path, adapter_path: Path | None,
     model = load(base_dtype)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if cfg.gradient_checkpointing:
-        model.activation_checkpointing_enable()  # transformers' name since 5.x (gradient_checkpointing_enable: deprecated)
+        # activation_checkpointing_enable: transformers' newer name (gradient_checkpointing_enable is deprecated
+        # there); 5.17 (the GPU machine's) has only the old one
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         model.config.use_cache = False
         if cfg.lora is not None:
             model.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad input

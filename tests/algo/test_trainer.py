@@ -378,3 +378,26 @@ def test_gradient_checkpointing_changes_memory_not_the_update(tiny, tmp_path):
     moved = max(float((w0[k] - start[k]).abs().max()) for k in w0 if k in start)
     assert moved > 1e-5  # the step changed the weights, so equal weights mean equal updates
     assert max(float((w0[k] - w1[k]).abs().max()) for k in w0) < 1e-6
+
+
+def test_gradient_checkpointing_on_a_transformers_without_the_new_name(tiny, tmp_path, monkeypatch):
+    """transformers 5.17 (the GPU machine's, 2026-12-04) has only ``gradient_checkpointing_enable``; the trainer
+    crashed there with AttributeError on ``activation_checkpointing_enable``. It now takes the old name when the
+    new one is missing, and checkpointing is on."""
+    from transformers import PreTrainedModel
+
+    # the old name does the work, as in 5.17 (in newer releases it forwards to the new name, deleted here)
+    real = getattr(PreTrainedModel, "activation_checkpointing_enable", PreTrainedModel.gradient_checkpointing_enable)
+    if hasattr(PreTrainedModel, "activation_checkpointing_enable"):
+        monkeypatch.delattr(PreTrainedModel, "activation_checkpointing_enable")
+    calls = []
+
+    def recording(self, *a, **kw):
+        calls.append(type(self).__name__)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", recording)
+    cfg = TrainerConfig(loss_type="ppo", lr=1e-3, micro_batch_size=2, gradient_checkpointing=True)
+    res = train(_samples(tiny), tiny, tmp_path / "gc", cfg)
+    assert calls == ["LlamaForCausalLM"] and len(res.metrics) == 1
+    assert res.metrics[0]["train/grad_norm"] > 0
