@@ -40,7 +40,8 @@ root gets ONE primary cause read from its execution tree, the first that holds i
    succeeding (verifier < 1, or no value and not finished). Children cut by the tree's limits, by an
    infrastructure error or by cancellation are not counted here: their cause is the tree's (below). This
    departs from the plain rule "a depth-1 node with verifier < 1" so that a timeout is not read as a
-   child's failure;
+   child's failure. Nor is a failed child that the root relaunched with success: a later depth-1 sibling
+   with the same targets (or, without targets, the same goal) that succeeded delivered its part (1. too);
 3. ``window``: the root ended by its context window (``context_overflow``);
 4. ``limit``: the root ended by a step or time limit (``max_steps``, ``tree_step_budget``,
    ``tree_timeout``), or some node was cut by the tree's budget or wall-clock limit;
@@ -363,9 +364,21 @@ def miss_cause(tree: ExecutionTree) -> str | None:
     if value is None or value >= 1.0:
         return None
     root, kids = tree.root, tree.children_of(tree.root_id)
-    if any(_target_count(k) >= 2 and _child_failed(k) for k in kids):
+
+    def part(k: Node) -> object:
+        targets = k.goal_args.get("targets")
+        return repr(targets) if targets else k.goal
+
+    def ok(k: Node) -> bool:
+        v = verifier_value(k)
+        return v is not None and v >= 1.0
+
+    # a failure a later relaunch of the same part made good is not a cause
+    failed = [k for j, k in enumerate(kids)
+              if _child_failed(k) and not any(part(x) == part(k) and ok(x) for x in kids[j + 1:])]
+    if any(_target_count(k) >= 2 for k in failed):
         return "child_two_targets"
-    if any(_child_failed(k) for k in kids):
+    if failed:
         return "child_failed"
     if root.end_reason == EndReason.CONTEXT_OVERFLOW:
         return "window"

@@ -29,7 +29,10 @@ root's window, a limit, an error, the root finished wrong). K = 2 are the ablati
 Project choice: the trees grown at once shrink with K (:func:`trees_at_once`) so that about as many nodes run
 at once as in the ablation's K = 2 evaluations (the single agent's trees are one node each: they keep the
 ablation's number); otherwise the tree's wall-clock limit (``tree_timeout_s``)
-would measure the wait behind a loaded CPU server for wide trees, not the tree.
+would measure the wait behind a loaded CPU server for wide trees, not the tree. For the same reason the
+recursive arms' tree limit grows with the tree's nodes (:func:`tree_limit`: 300 s at K = 2 is 600 s at K = 5):
+a policy that runs its children one after another (seed 1's checkpoints never gather) needs about K
+child-times, and a fixed limit would count that as a miss of generalisation.
 
 **Wall-clock, one tree at a time** (``rao experiment textcraft-wallclock``, issue 38 item 5): one trained
 recursive checkpoint with ``runtime.max_concurrent_trees: 1`` and children launched as the policy writes
@@ -87,7 +90,7 @@ DEPTH_CONTROL = "textcraft-nested-control"
 DEFAULT_NESTED_RECORD = "docs/results/textcraft-nested.json"
 DEPTH_CONTROL_TITLE = f"## Depth-limited control (issue 39 item 4): `{DEPTH_CONTROL}"  # + "`" or "-seed<S>`"
 GENERALISATION_TITLE = f"## Generalisation (issue 38 item 4): `{GENERALISATION}"  # + "`" or "-seed<S>`"
-WALLCLOCK_TITLE = "## Wall-clock, one tree at a time (issue 38 item 5)"
+WALLCLOCK_TITLE = "## Wall-clock, one tree at a time (issue 38 item 5)"  # + ": `<record name>`"
 MISS_LABELS = {"child_two_targets": "child given 2+ targets", "child_failed": "children failed",
                "window": "root's window", "limit": "limit", "error": "error", "finished_wrong": "root finished wrong",
                "other": "other"}
@@ -232,6 +235,15 @@ def trees_at_once(k: int, base_trees: int, base_k: int = 2) -> int:
     return max(1, base_trees * (1 + base_k) // (1 + k))
 
 
+def tree_limit(k: int, base_limit_s: float | None, base_k: int = 2) -> float | None:
+    """The tree wall-clock limit for ``tier1x<k>``: ``base_limit_s * (1 + k) / (1 + base_k)``, the nodes of a
+    K-target tree over those of the trained shape's (300 s at K = 2 gives 400, 500, 600 s at K = 3, 4, 5;
+    None stays None). A policy that runs its children one after another needs about K child-times, and the
+    K = 2 limit already cut some of those trees: a fixed limit would count slowness as a miss of
+    generalisation."""
+    return None if base_limit_s is None else base_limit_s * (1 + k) / (1 + base_k)
+
+
 def wallclock_ratios(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per K (increasing): the median tree wall of each setting and the ratios ``sequential_over_gather`` and
     ``single_over_gather`` (None when a setting is missing or gather's median is 0). A ratio above 1: gather
@@ -333,7 +345,8 @@ def generalisation_markdown(record: dict[str, Any], img: str | None = None) -> s
     title = GENERALISATION_TITLE.replace(f"`{GENERALISATION}", f"`{record['experiment']}") + "`"
     lines = [title, "", *_header(record),
              "Each arm in its own mode (recursive arms with delegation, the single agent without) and runtime as "
-             "trained; K = 2 is the trained shape (the ablation's own evaluation tasks), K >= 3 never trained on. "
+             "trained, except the recursive arms' tree limit, which grows with the tree's nodes (x (1 + K) / 3); "
+             "K = 2 is the trained shape (the ablation's own evaluation tasks), K >= 3 never trained on. "
              "Each missed task has one cause, first that holds: a child given two or more targets that failed, a child that "
              "failed by itself, the root's window, a step or time limit, an infrastructure error, the root "
              "finished wrong (`rao_core.evaluation.miss_cause`). Success with Wilson 95% intervals.", ""]
@@ -346,7 +359,8 @@ def generalisation_markdown(record: dict[str, Any], img: str | None = None) -> s
 def wallclock_markdown(record: dict[str, Any]) -> str:
     """The ``docs/benchmarks.md`` section of a wall-clock record: title, command, checkpoints, tasks, the
     settings and :func:`wallclock_table`."""
-    lines = [WALLCLOCK_TITLE, "", *_header(record),
+    title = f"{WALLCLOCK_TITLE}: `{record.get('experiment') or WALLCLOCK}`"  # whole, so no seed's is a prefix
+    lines = [title, "", *_header(record),
              f"One tree at a time (`runtime.max_concurrent_trees: 1`), tree limit {record['tree_timeout_s']:g} s; "
              "gather: children launched as the policy writes them (asyncio.gather where it gathers; parallel share = "
              "share of children that overlapped a sibling); sequential: the same checkpoint with "
@@ -572,11 +586,12 @@ def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = (
         jobs, labels = [], []
         for k, d in zip(ks, diffs):
             at_once = base_trees if mode == "single" else trees_at_once(k, base_trees)  # a single agent: 1 node
-            rt = cfg.runtime.model_copy(update={"max_concurrent_trees": at_once})
+            limit = cfg.runtime.tree_timeout_s if mode == "single" else tree_limit(k, cfg.runtime.tree_timeout_s)
+            rt = cfg.runtime.model_copy(update={"max_concurrent_trees": at_once, "tree_timeout_s": limit})
             jobs.append(EvalJob(label=f"arm {arm}, {n} {d} tasks, mode {mode}", config=_eval_config(cfg, [d], n, mode),
                                 runtime=rt))
             labels.append({"arm": arm, "k": k, "checkpoint": path, "checkpoint_iteration": iters[arm],
-                           "trees_at_once": rt.max_concurrent_trees})
+                           "trees_at_once": rt.max_concurrent_trees, "tree_timeout_s": rt.tree_timeout_s})
         runtimes[arm] = runtime_summary(cfg.runtime)
         runs.append(StudyRun(checkpoint=path, config=cfg, jobs=jobs, labels=labels))
     name = study_name(GENERALISATION, rec)
@@ -635,11 +650,12 @@ def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, si
                            "sequential_children": rt.sequential_children})
     first = next(iter(cfgs.values()))
     task_sets = _check_tasks(first, diffs, n)
-    meta = _meta(WALLCLOCK, WALLCLOCK, rec, source, command, n, ks, ckpts, task_sets, first, settings=list(settings),
+    name = study_name(WALLCLOCK, rec)  # a seed's record gets its own study record and section
+    meta = _meta(WALLCLOCK, name, rec, source, command, n, ks, ckpts, task_sets, first, settings=list(settings),
                  single_window=single_window if "single" in settings else None,
                  tree_timeout_s=first.runtime.tree_timeout_s,
                  runtime={a: runtime_summary(c.runtime) for a, c in cfgs.items()})
-    return StudyPlan(name=WALLCLOCK, study=WALLCLOCK, meta=meta, runs=list(groups.values()))
+    return StudyPlan(name=name, study=WALLCLOCK, meta=meta, runs=list(groups.values()))
 
 
 def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Sequence[int] = (),
@@ -677,6 +693,14 @@ def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Seque
     if not cfg.runtime.delegation or cfg.runtime.max_depth != 1:
         raise ValueError(f"--set: the control needs delegation on and runtime.max_depth 1, got delegation "
                          f"{cfg.runtime.delegation}, max_depth {cfg.runtime.max_depth}")
+    from rao_core.envs import get_env
+    from rao_core.evaluation import eval_tasks
+
+    # the record's own tasks: the first n of its draw of ref_n. A draw of n alone is not always their prefix: once
+    # the held-out problems run out (nest2: 24), generate_textcraft_tasks' rule for repeats depends on n, so the
+    # same task ids would name other problems and the pairing by task id would pair different tasks
+    env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
+    tasks = eval_tasks(env, _eval_config(cfg, [difficulty], ref_n, "recursive"), **cfg.tasks.generator_options)[:n]
     runs, ckpts = [], {}
     for i in its:
         if not mine[i].get("checkpoint"):
@@ -684,13 +708,13 @@ def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Seque
         path = _checkpoint(mine[i]["checkpoint"], f"iteration {i}", root)
         ckpts[f"iteration {i}"] = path
         job = EvalJob(label=f"iteration {i}, {n} {difficulty} tasks, max_depth 1",
-                      config=_eval_config(cfg, [difficulty], n, "recursive"), runtime=cfg.runtime)
+                      config=_eval_config(cfg, [difficulty], n, "recursive"), runtime=cfg.runtime, tasks=list(tasks))
         runs.append(StudyRun(checkpoint=path, config=cfg, jobs=[job],
                              labels=[{"arm": "recursive", "iteration": i, "max_depth": 1, "checkpoint": path}]))
     keep = ("n", "successes", "success", "ci95", "per_task", "depth_hist", "mean_depth", "delegation_rate")
     reference = {str(i): {k: mine[i].get(k) for k in keep} for i in its}
     name = study_name(DEPTH_CONTROL, rec)
-    meta = _meta(DEPTH_CONTROL, name, rec, source, command, n, [], ckpts, _check_tasks(cfg, [difficulty], n), cfg,
+    meta = _meta(DEPTH_CONTROL, name, rec, source, command, n, [], ckpts, _check_tasks(cfg, [difficulty], ref_n), cfg,
                  difficulty=difficulty, iterations=its, max_depth_trained=arm_config(rec, "recursive").runtime.max_depth,
                  runtime=runtime_summary(cfg.runtime), reference=reference)
     return StudyPlan(name=name, study=DEPTH_CONTROL, meta=meta, runs=runs)
@@ -895,5 +919,5 @@ def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = N
     else:
         md = wallclock_markdown(rec)
         if write_docs:
-            replace_section(root / "docs/benchmarks.md", WALLCLOCK_TITLE, md)
+            replace_section(root / "docs/benchmarks.md", md.splitlines()[0], md)
     return {"record": rec, "markdown": md, "record_path": str(rec_path)}

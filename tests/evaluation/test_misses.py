@@ -76,6 +76,12 @@ def test_precedence():
     assert miss_cause(_tree(EndReason.MAX_STEPS, kids=[(EndReason.SANDBOX_ERROR, 0.0, 1)])) == "limit"
     # an error beats finished wrong
     assert miss_cause(_tree(F, kids=[(F, 1.0, 1), (EndReason.SANDBOX_ERROR, None, 1)])) == "error"
+    # a failed child that the root relaunched with success (same targets, later) is not a cause; relaunched and
+    # failed again, or a success before the failure, still is
+    assert miss_cause(_tree(EndReason.CONTEXT_OVERFLOW, kids=[(F, 0.0, 1), (F, 1.0, 1)])) == "window"
+    assert miss_cause(_tree(F, kids=[(F, 0.0, 2), (F, 1.0, 2)])) == "finished_wrong"
+    assert miss_cause(_tree(F, kids=[(F, 0.0, 1), (F, 0.0, 1)])) == "child_failed"
+    assert miss_cause(_tree(F, kids=[(F, 0.0, 2), (F, 1.0, 1)])) == "child_two_targets"  # other targets
     assert MISS_CAUSES == ("child_two_targets", "child_failed", "window", "limit", "error", "finished_wrong", "other")
 
 

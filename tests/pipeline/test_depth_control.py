@@ -87,6 +87,24 @@ def test_the_plan_and_its_dry_run(capsys, tmp_path, no_server):
     assert code in (0, None) and "iteration 1, 2 nest2 tasks, max_depth 1" in out and "iteration 0" not in out
 
 
+def test_fewer_tasks_than_the_record_are_its_first_tasks(tmp_path):
+    """--n below the record's n evaluates the first n of the record's own draw: a draw of n alone differs once the
+    24 held-out nest2 problems are used up (the generator's rule for repeats depends on n), and the same task ids
+    would then name other problems, pairing different tasks in the sign test."""
+    from rao_core.envs import get_env
+    from rao_core.evaluation import EvalConfig, eval_tasks
+
+    def draw(n):
+        ev = EvalConfig(difficulties=["nest2"], n_tasks=n, seed=20261204, split="validation", modes=["recursive"])
+        return eval_tasks(get_env("textcraft-synth"), ev)
+
+    assert [t.data for t in draw(25)] != [t.data for t in draw(30)[:25]]  # why: the prefix breaks at task 24
+    plan = plan_depth_control(record=str(_record(tmp_path, n=30)), iterations=[3], n=25, command="c")
+    (job,) = plan.runs[0].jobs
+    evaluated = job.tasks if job.tasks is not None else draw(job.config.n_tasks)  # serve_and_evaluate's rule
+    assert [(t.task_id, t.data) for t in evaluated] == [(t.task_id, t.data) for t in draw(30)[:25]]
+
+
 def test_the_table_by_hand():
     ref = {"3": {"n": 4, "successes": 3, "success": 0.75, "ci95": [0.3, 0.95], "depth_hist": {"2": 3, "1": 1},
                  "per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}}

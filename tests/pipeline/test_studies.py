@@ -15,7 +15,7 @@ import pytest
 from tests.cli import one_error_line, run_cli
 from rao_core.paths import REPO_ROOT, tiny_model_path
 from tasks.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
-                           plan_generalisation, plan_wallclock, run_study, study_name, study_point, trees_at_once,
+                           plan_generalisation, plan_wallclock, run_study, study_name, study_point, tree_limit, trees_at_once,
                            wallclock_markdown, wallclock_ratios, wallclock_table)
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
@@ -30,6 +30,11 @@ def test_trees_at_once_keeps_the_nodes_at_once_about_constant():
     # 16 trees of K = 2 are 16 x 3 = 48 nodes: 48 // 4 = 12, 48 // 5 = 9, 48 // 6 = 8, 48 // 7 = 6
     assert [trees_at_once(k, 16) for k in (2, 3, 4, 5, 6)] == [16, 12, 9, 8, 6]
     assert trees_at_once(12, 1) == 1  # never 0
+
+
+def test_the_tree_limit_grows_with_the_nodes_of_a_tree():
+    assert [tree_limit(k, 300.0) for k in (2, 3, 4, 5)] == [300.0, 400.0, 500.0, 600.0]
+    assert tree_limit(5, None) is None
 
 
 def test_study_name_follows_the_source_records_seed():
@@ -130,7 +135,11 @@ def test_markdown_and_plot_from_a_record(tmp_path):
     wall = {**rec, "experiment": "textcraft-wallclock", "tree_timeout_s": 1800.0,
             "points": [_wall_point("gather", 2, 20.0), _wall_point("sequential", 2, 50.0)]}
     md = wallclock_markdown(wall)
-    assert md.startswith("## Wall-clock, one tree at a time (issue 38 item 5)\n") and "| 2 | 20.0 / 50.0 / - | 2.50x | - |" in md
+    assert md.startswith("## Wall-clock, one tree at a time (issue 38 item 5): `textcraft-wallclock`\n")
+    assert "| 2 | 20.0 / 50.0 / - | 2.50x | - |" in md
+    # a seed's study has its own section: no title is a prefix of another (replace_section finds its own)
+    assert wallclock_markdown({**wall, "experiment": "textcraft-wallclock-seed1"}).startswith(
+        "## Wall-clock, one tree at a time (issue 38 item 5): `textcraft-wallclock-seed1`\n")
 
 
 # -- planning: one clear error before any server -----------------------------------------------------------
@@ -207,6 +216,16 @@ def test_dry_run_prints_the_plan_and_serves_nothing(capsys, tmp_path, no_server)
     assert "window 4096, 42 steps per node" in lines[8]
 
 
+def test_a_seeds_wallclock_study_has_its_own_record(tmp_path):
+    """--record of a seed's ablation writes textcraft-wallclock-seed<S> (it wrote textcraft-wallclock, over seed 0's
+    record and section, and deleted seed 0's stored trees)."""
+    rec = _record(tmp_path, name="textcraft-ablation-seed1", seed=1)
+    plan = plan_wallclock(record=str(rec), n=2, ks=[2], command="c")
+    assert plan.name == "textcraft-wallclock-seed1" and plan.meta["experiment"] == "textcraft-wallclock-seed1"
+    (tmp_path / "s0").mkdir()
+    assert plan_wallclock(record=str(_record(tmp_path / "s0")), n=2, ks=[2], command="c").name == "textcraft-wallclock"
+
+
 def test_the_generalisation_plan(tmp_path):
     rec = _record(tmp_path, name="textcraft-ablation-seed1", arms=("recursive", "outcome", "single"), seed=1)
     plan = plan_generalisation(record=str(rec), arms=["outcome", "single"], n=5, ks=[2, 4], command="c",
@@ -218,6 +237,9 @@ def test_the_generalisation_plan(tmp_path):
     assert [j.config.difficulties for j in out.jobs] == [["tier1x2"], ["tier1x4"]]
     assert [j.config.modes for j in single.jobs] == [["single"], ["single"]]
     assert [j.runtime.max_concurrent_trees for j in out.jobs] == [16, 9]  # trees_at_once(16)
+    base = out.jobs[0].runtime.tree_timeout_s
+    assert [j.runtime.tree_timeout_s for j in out.jobs] == [base, base * 5 / 3]  # tree_limit: K = 2 as trained
+    assert all(j.runtime.tree_timeout_s == base for j in single.jobs)  # one node per tree: the limit as trained
     assert [j.runtime.max_concurrent_trees for j in single.jobs] == [16, 16]  # one node per tree at any K
     assert single.jobs[0].runtime.max_steps_per_node == 42 and out.jobs[0].runtime.max_steps_per_node == 6
     assert out.jobs[0].config.seed == 20261203 and out.jobs[0].config.n_tasks == 5
@@ -284,7 +306,8 @@ def test_wallclock_end_to_end_with_the_scripted_expert(tmp_path):
     assert all(set(p["per_task_wall_s"]) == set(p["per_task"]) for p in r["points"])
     assert r["tree_timeout_s"] == 1800.0 and r["runtime"]["single"]["context_window"] == 4096
     md = (tmp_path / "docs/benchmarks.md").read_text()
-    assert "## Wall-clock, one tree at a time (issue 38 item 5)" in md and "| K | median tree wall" in md
+    assert "## Wall-clock, one tree at a time (issue 38 item 5): `textcraft-wallclock`" in md
+    assert "| K | median tree wall" in md
 
 
 # -- a study stopped midway: resumed, not redone; a dead server stops it --------------------------------------
