@@ -267,6 +267,7 @@ def rao_overlap_step(ctx: RunContext, plan: OverlapStep, serve: Checkpoint, pare
         t0, k = time.monotonic() - t_step, plan.train
         gen = gen_first if plan.generate_first == k else stored_record(ctx, k, "generate", GenerateOutput)
         judged = judge_trees(ctx, k, gen.trees_uri)
+        iteration_run(ctx, k)  # before validation, whose report goes to it (the sync loop opens it first too)
         val = validate_dataset(ctx, k, judged.scored_uri)
         tr = train_policy(ctx, k, val.samples_uri, parent)
         spans["train side"] = (t0, time.monotonic() - t_step)

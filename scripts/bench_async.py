@@ -11,8 +11,9 @@ Runs the smoke campaign (``configs/cpu-smoke.yaml``) for ``--iterations`` (4) RL
 Each campaign gets a new name, so nothing is resumed. Per campaign, from its stored summary (read back with
 ``rao_cli.pipeline_cmd.completed_campaign``, as ``rao run`` does): the per-iteration wall-clock, the median of
 iterations 2..K (synchronous: the ``iteration k`` rows of its timeline; asynchronous: the ``step k`` rows,
-k = 2..K, each holding one training, one evaluation and one generation), and the sum of every iteration/step
-row; from ``/proc/stat`` sampled each second while ``rao run`` runs, each core's busy share. Printed: per
+k = 2..K-1, the steps that hold one training, one evaluation and one generation each: step K has no
+generation, step K + 1 only an evaluation), and the sum of every iteration/step row; from ``/proc/stat``
+sampled each second while ``rao run`` runs, each core's busy share. Printed: per
 mode min / median / max over repeats, and the ratios async-split / sync and async-split / sync-split of the
 per-iteration medians (issue 40's target: async-split <= 0.70 of sync-split).
 
@@ -45,8 +46,10 @@ def mode_overrides(mode: str, serving_cpus: list[int], trainer_cpus: list[int]) 
 
 
 def per_iteration_seconds(summary: dict[str, Any], iterations: int) -> dict[str, float]:
-    """From a campaign summary's timeline: ``median_s``, the median wall seconds of iterations (or overlapped
-    steps) 2..``iterations``, and ``total_s``, the sum of every iteration/step row (retention rows included).
+    """From a campaign summary's timeline: ``median_s``, the median wall seconds of iterations 2..``iterations``
+    (K) or of the overlapped steps 2..K-1 (each one training, one evaluation and one generation, as an iteration
+    is; step K lacks the generation), and ``total_s``, the sum of every iteration/step row (retention rows
+    included).
 
     Raises ValueError when the timeline has neither kind of row."""
     rows = summary["timeline"]["rows"]
@@ -55,7 +58,7 @@ def per_iteration_seconds(summary: dict[str, Any], iterations: int) -> dict[str,
     per = steps or its
     if not per:
         raise ValueError("the summary's timeline has no 'iteration k' or 'step k' row")
-    body = [per[k] for k in range(2, iterations + 1) if k in per]
+    body = [per[k] for k in range(2, iterations + (0 if steps else 1)) if k in per]
     total = sum(r["s"] for r in rows if r["stage"].startswith(("step ", "iteration ", "retention after")))
     return {"median_s": statistics.median(body) if body else float("nan"), "total_s": total}
 

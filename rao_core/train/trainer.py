@@ -317,7 +317,9 @@ def train(
     phase(f"samples checked ({len(all_rows)}); loading the model")
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
     rows, skipped = _skip_zero_coefficient(all_rows, cfg)
-    rows = _proximal_logprobs(run, rows, sample_staleness(rows, parent_version), phase)
+    trained = _trained_rows(rows, cfg, iteration, run.accelerator.num_processes)  # max_steps may leave some out
+    lags = [lag if i in trained else 0 for i, lag in enumerate(sample_staleness(rows, parent_version))]
+    rows = _proximal_logprobs(run, rows, lags, phase)
     rows_hash = data_hash(all_rows)  # the resume point's key and the manifest's data_hash
     resume = _ResumePoint(out_dir.with_name(out_dir.name + ".resume"),
                           f"{rows_hash}:{cfg.config_hash()}:{model_path}:{iteration}")
@@ -445,7 +447,9 @@ def _proximal_logprobs(run: _Session, rows: list[Sample], lags: list[int],
     0``): log pi_prox of the checkpoint being trained from, before any step, in eval mode and without gradient
     (AReaL's proximal policy, arXiv:2505.24298 Eq. 5; docs/algorithm.md "Asynchronous RL"). Sets
     ``run.off_policy``. Samples of the trained checkpoint itself are returned unchanged (their ratio stays the
-    on-policy one). Only the samples whose loss uses the ratio to pi_behaviour need it (every loss here does)."""
+    on-policy one), and so are those no step trains (``train`` passes lag 0 for them: with ``max_steps`` the
+    steps may cover a few of the micro-batches, and a forward over all of them cost more than the steps).
+    Only the samples whose loss uses the ratio to pi_behaviour need it (every loss here does)."""
     stale = [i for i, lag in enumerate(lags) if lag > 0]
     if not stale:
         return rows
@@ -536,34 +540,58 @@ def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], i
     taken by an interrupted run (``resume``, whose state ``run`` holds): they are replayed from ``done`` (their
     metrics reported again), not recomputed; ``resume`` saves a new point as the steps go."""
     cfg, world = run.cfg, run.accelerator.num_processes
-    mbs = make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
-                             micro_batch_size=cfg.micro_batch_size)
+    mbs = _micro_batches(rows, cfg)
     tokens_of = [s.num_assistant_tokens for s in rows]
-    per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
+    one_per_epoch = not cfg.grad_accum
     metrics: list[dict[str, float]] = []
     main = run.accelerator.is_main_process
     planned = planned_steps(len(mbs), cfg, world)
     with StepProgress("training steps", planned,
                       on_progress=on_progress if main else None, show=show_progress and main) as progress:
-        for epoch in range(cfg.epochs):
-            order = epoch_order(len(mbs), seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
-            order += [-1] * (-len(order) % world)  # fillers (-1): every process runs as many micro-batches
-            chunk = per_step or len(order)
-            for start in range(0, len(order), chunk):
-                if len(metrics) < len(done):  # taken before the interruption: its state is restored
-                    m = dict(done[len(metrics)])
-                else:  # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
-                    m = _optimizer_step(run, rows, mbs, tokens_of, order[start:start + chunk],
-                                        skipped if per_step is None else (0, 0), epoch)
-                metrics.append(m)
-                if on_step is not None and main:
-                    on_step(m)
-                progress.advance()
-                if resume is not None and len(metrics) > len(done):
-                    resume.maybe_save(run, metrics, last=len(metrics) >= planned)
-                if cfg.max_steps is not None and len(metrics) >= cfg.max_steps:
-                    return metrics
+        for epoch, step_mbs in _step_schedule(len(mbs), cfg, iteration, world):
+            if len(metrics) < len(done):  # taken before the interruption: its state is restored
+                m = dict(done[len(metrics)])
+            else:  # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
+                m = _optimizer_step(run, rows, mbs, tokens_of, step_mbs, skipped if one_per_epoch else (0, 0), epoch)
+            metrics.append(m)
+            if on_step is not None and main:
+                on_step(m)
+            progress.advance()
+            if resume is not None and len(metrics) > len(done):
+                resume.maybe_save(run, metrics, last=len(metrics) >= planned)
     return metrics
+
+
+def _micro_batches(rows: list[Sample], cfg: TrainerConfig) -> list[Any]:
+    """The length-sorted micro-batches of ``rows`` (:func:`rao_core.train.data.make_micro_batches`)."""
+    return make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
+                              micro_batch_size=cfg.micro_batch_size)
+
+
+def _step_schedule(n_micro_batches: int, cfg: TrainerConfig, iteration: int, world: int) -> list[tuple[int, list[int]]]:
+    """``(epoch, micro-batch indices)`` of every optimizer step :func:`_train_epochs` takes, in order: each epoch's
+    :func:`epoch_order`, padded with fillers (-1) to a multiple of ``world`` (every process runs as many
+    micro-batches), cut into steps of ``grad_accum x world`` micro-batches (one step per epoch when None), at most
+    ``max_steps`` steps. The one schedule of the steps and of the proximal pass (:func:`_proximal_logprobs`)."""
+    per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
+    out: list[tuple[int, list[int]]] = []
+    for epoch in range(cfg.epochs):
+        order = epoch_order(n_micro_batches, seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
+        order += [-1] * (-len(order) % world)
+        chunk = per_step or len(order)
+        for start in range(0, len(order), chunk):
+            out.append((epoch, order[start:start + chunk]))
+            if cfg.max_steps is not None and len(out) >= cfg.max_steps:
+                return out
+    return out
+
+
+def _trained_rows(rows: list[Sample], cfg: TrainerConfig, iteration: int, world: int) -> set[int]:
+    """Indices of the ``rows`` some optimizer step trains (:func:`_step_schedule`; ``max_steps`` may leave
+    micro-batches out)."""
+    mbs = _micro_batches(rows, cfg)
+    return {i for _, step_mbs in _step_schedule(len(mbs), cfg, iteration, world) for j in step_mbs if j >= 0
+            for i in mbs[j].indices}
 
 
 def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer: float) -> Any:

@@ -144,6 +144,21 @@ def test_a_stale_sample_trains_against_the_proximal_policy(tiny, tmp_path):
     assert capped[0]["train/behaviour_weight_capped_frac"] == 1.0 and capped[0]["train/loss"] == 0.0
 
 
+def test_proximal_log_probs_are_computed_only_for_the_samples_the_steps_train(tiny, tmp_path):
+    # max_steps 1 of one 1-sample micro-batch trains one of the 4 stale samples: a forward over all of them (the
+    # campaign configs train a few micro-batches of many) cost more than the steps; the one trained still gets
+    # its pi_prox (its first ratio is 1, not the ~exp(9) to the behaviour log-probs of -1)
+    rows = [s.model_copy(update={"policy_version": 0}) for s in _samples(tiny, on_policy=False)]
+    cfg = TrainerConfig(loss_type="ppo", lr=1e-3, micro_batch_size=1, grad_accum=1, max_steps=1,
+                        behaviour_weight_cap=None)
+    phases, steps = [], []
+    train(rows, tiny, tmp_path / "one", cfg, iteration=2, on_step=steps.append, on_phase=phases.append,
+          max_staleness=1)
+    assert "proximal log-probs of 1 samples from older checkpoints" in phases
+    assert len(steps) == 1 and steps[0]["train/stale_token_frac"] == 1.0
+    assert steps[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
 def test_current_samples_train_exactly_as_the_synchronous_trainer(tiny, tmp_path):
     # staleness 0 is today's loop: samples stamped with the parent's version (lag 0) give the same loss, metrics
     # and weights as samples without a version, whatever bound is allowed
