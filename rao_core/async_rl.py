@@ -16,14 +16,15 @@ on, whatever ``max_staleness >= 1`` allows (the pipeline is one generation deep,
 off-policy mode; AReaL's ``max_head_offpolicyness`` lets rollouts run further ahead). Each stage appears in
 exactly one step (tested), so a resumed campaign that replays the steps redoes nothing that has its marker.
 
-Pure Python: the Prefect flow that runs it is ``flows.campaign`` (``rao_overlap_step``).
+Pure Python: the Prefect flow that runs it is ``flows.campaign`` (``rao_overlap_step``). Also here: the
+iteration's importance-ratio statistics over all its optimizer steps (:func:`iteration_ratio_stats`).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-__all__ = ["OverlapStep", "overlap_schedule", "tree_version"]
+__all__ = ["OverlapStep", "iteration_ratio_stats", "overlap_schedule", "tree_version"]
 
 
 class OverlapStep(BaseModel):
@@ -58,3 +59,30 @@ def overlap_schedule(iterations: int) -> list[OverlapStep]:
                         train=k if k <= K else None, evaluate=k - 1 if k >= 2 else None,
                         generate_next=k + 1 if k + 1 <= K else None)
             for k in range(1, K + 2)]
+
+
+def iteration_ratio_stats(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Per-token means over ALL optimizer steps of one iteration of the trainer's per-step ratio statistics
+    (each step's ``train/*`` value is a mean over that step's assistant tokens, ``train/tokens``): returns
+    ``train/iter_ratio_mean`` and ``train/iter_clip_frac`` (weights: the steps' tokens), and where the
+    off-policy correction ran (docs/algorithm.md "Asynchronous RL") ``train/iter_stale_token_frac`` and, over
+    the stale tokens (weights: tokens x stale_token_frac), ``train/iter_behaviour_weight_mean`` and
+    ``train/iter_behaviour_weight_capped_frac``. The last step alone (what a campaign logs as ``train/*``)
+    describes one micro-batch group after the earlier updates. Empty for no steps or no tokens."""
+    tok = [float(s.get("train/tokens", 0.0)) for s in steps]
+    total = sum(tok)
+    if not total:
+        return {}
+
+    def mean(key: str, weights: list[float]) -> float | None:
+        pairs = [(s[key], w) for s, w in zip(steps, weights) if key in s and w > 0]
+        denom = sum(w for _, w in pairs)
+        return sum(v * w for v, w in pairs) / denom if denom else None
+
+    out = {"train/iter_ratio_mean": mean("train/ratio_mean", tok), "train/iter_clip_frac": mean("train/clip_frac", tok)}
+    if any("train/stale_token_frac" in s for s in steps):
+        stale = [t * float(s.get("train/stale_token_frac", 0.0)) for s, t in zip(steps, tok)]
+        out["train/iter_stale_token_frac"] = sum(stale) / total
+        out["train/iter_behaviour_weight_mean"] = mean("train/behaviour_weight_mean", stale)
+        out["train/iter_behaviour_weight_capped_frac"] = mean("train/behaviour_weight_capped_frac", stale)
+    return {k: v for k, v in out.items() if v is not None}

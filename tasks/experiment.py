@@ -68,8 +68,9 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
     ``staleness`` (``{lag: samples}``, from ``staleness/lag_<d>_samples``: how many training samples came from a
     checkpoint that many versions older than the trained one; {} for a run before asynchronous RL) and ``train``
     (the trainer's ``train/*`` values of the iteration, with the off-policy correction's
-    ``behaviour_weight_mean``, ``behaviour_weight_capped_frac`` and ``stale_token_frac`` when it ran). A metric
-    not logged is None."""
+    ``behaviour_weight_mean``, ``behaviour_weight_capped_frac`` and ``stale_token_frac`` when it ran: the last
+    optimizer step's, and as ``iter_*`` their per-token means over all the iteration's steps,
+    ``rao_core.async_rl.iteration_ratio_stats``). A metric not logged is None."""
     per_depth: dict[str, dict[str, float]] = {}
     success = {k.removeprefix("success/depth_"): v for k, v in metrics.items()
                if k.startswith("success/depth_") and k.removeprefix("success/depth_").isdigit()}

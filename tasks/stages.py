@@ -381,10 +381,12 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
     entries = ctx.store().put_dir(out_dir, iter_key(iteration, "checkpoint"))
     ctx.store().write_manifest(iter_key(iteration, "checkpoint.manifest.json"), entries)
     (out_dir / ".complete").write_text("ok")
-    last = dict(steps[-1]) if steps else {}
     from collections import Counter
 
+    from rao_core.async_rl import iteration_ratio_stats
     from rao_core.samples import sample_staleness
+
+    last = (dict(steps[-1]) if steps else {}) | iteration_ratio_stats(steps)  # the last step, and all steps' means
 
     # the staleness histogram of the iteration's samples (asynchronous RL: lag behind the trained checkpoint)
     for lag, n in sorted(Counter(sample_staleness(batch.samples, iteration - 1)).items()):

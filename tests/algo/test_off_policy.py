@@ -210,3 +210,25 @@ def test_asynchronous_rl_cannot_sleep_the_server_for_training():
     with pytest.raises(ConfigError, match="gpus.sleep_while_training"):
         load_config("configs/cpu-smoke.yaml", {"algo.max_staleness": 1, "gpus.sleep_while_training": True})
     assert load_config("configs/cpu-smoke.yaml", {"algo.max_staleness": 1}).algo.max_staleness == 1
+
+
+def test_iteration_ratio_stats_are_per_token_means_over_every_step():
+    """Issue 40 item 2's per-iteration statistics, by hand: step 1 has 100 tokens (ratio 1.0, clip 0.0, half
+    stale with weight 2.0, none capped), step 2 has 300 (ratio 1.4, clip 0.2, all stale: weight 1.0, a tenth
+    capped). The last step alone would say ratio 1.4; the iteration's tokens say (100 + 420) / 400 = 1.3."""
+    from rao_core.async_rl import iteration_ratio_stats
+
+    steps = [{"train/tokens": 100.0, "train/ratio_mean": 1.0, "train/clip_frac": 0.0, "train/stale_token_frac": 0.5,
+              "train/behaviour_weight_mean": 2.0, "train/behaviour_weight_capped_frac": 0.0},
+             {"train/tokens": 300.0, "train/ratio_mean": 1.4, "train/clip_frac": 0.2, "train/stale_token_frac": 1.0,
+              "train/behaviour_weight_mean": 1.0, "train/behaviour_weight_capped_frac": 0.1}]
+    got = iteration_ratio_stats(steps)
+    assert got["train/iter_ratio_mean"] == pytest.approx(1.3)
+    assert got["train/iter_clip_frac"] == pytest.approx(60 / 400)
+    assert got["train/iter_stale_token_frac"] == pytest.approx(350 / 400)
+    assert got["train/iter_behaviour_weight_mean"] == pytest.approx((50 * 2.0 + 300 * 1.0) / 350)
+    assert got["train/iter_behaviour_weight_capped_frac"] == pytest.approx(30 / 350)
+    # on-policy steps (no correction): only the ratio and clip means; no steps: nothing
+    on = [{k: v for k, v in s.items() if "stale" not in k and "behaviour" not in k} for s in steps]
+    assert set(iteration_ratio_stats(on)) == {"train/iter_ratio_mean", "train/iter_clip_frac"}
+    assert iteration_ratio_stats([]) == {}
