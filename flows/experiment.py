@@ -126,7 +126,10 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
 
 def _rows(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The evaluation rows of one arm's campaign ``summary`` (iteration 0 = the warm start), with ``arm``,
-    ``iteration`` and, after an RL iteration, its wall time; the stored trees are left out (:func:`_trees`)."""
+    ``iteration`` and, after an RL iteration, its wall time (``iteration_wall_s``: the sum of its stages' times;
+    under asynchronous RL the stages of two iterations overlap, so this is the iteration's work, more than the
+    elapsed time: the campaign's ``step k`` timeline rows have that); the stored trees are left out
+    (:func:`_trees`)."""
     out = []
     for row in summary.get("base_eval", []):
         out.append({"arm": arm, "iteration": 0, **{k: v for k, v in row.items() if k != "trees"}})
