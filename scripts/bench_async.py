@@ -13,11 +13,14 @@ Each campaign gets a new name, so nothing is resumed. Per campaign, from its sto
 iterations 2..K (synchronous: the ``iteration k`` rows of its timeline; asynchronous: the ``step k`` rows,
 k = 2..K-1, the steps that hold one training, one evaluation and one generation each: step K has no
 generation, step K + 1 only an evaluation), and the sum of every iteration/step row; from ``/proc/stat``
-sampled each second while ``rao run`` runs, each core's busy share. Printed: per
+sampled each second while ``rao run`` runs, each core's busy share over the whole run and over its RL
+iterations only (:func:`rl_window`: without the warm start, the first vLLM start and the base evaluation,
+which dilute the overlap). Printed: per
 mode min / median / max over repeats, and the ratios async-split / sync and async-split / sync-split of the
 per-iteration medians (issue 40's target: async-split <= 0.70 of sync-split).
 
-Run it on an idle machine: about 15 min per campaign on 2 cores, 3 x repeats campaigns.
+Run it on an idle machine: about 15-30 min per campaign on 2 cores (a review estimated ~140 min in all for
+--repeats 2), 3 x repeats campaigns.
 
 Usage: .venv/bin/python scripts/bench_async.py [--repeats 2] [--iterations 4] [--serving-cpus 1]
        [--trainer-cpus 0] [--dry-run]
@@ -63,12 +66,26 @@ def per_iteration_seconds(summary: dict[str, Any], iterations: int) -> dict[str,
     return {"median_s": statistics.median(body) if body else float("nan"), "total_s": total}
 
 
+def rl_window(summary: dict[str, Any]) -> tuple[float, float] | None:
+    """(start, end) in epoch seconds of a campaign's RL iterations: from the first ``iteration k`` / ``step k``
+    row's start to the last such row's end (the timeline's rows are consecutive intervals from its ``start``);
+    None without such rows. The warm start, the first vLLM start and the base evaluation lie before it."""
+    t, spans = float(summary["timeline"]["start"]), []
+    for r in summary["timeline"]["rows"]:
+        if r["stage"].startswith(("iteration ", "step ")):
+            spans.append((t, t + float(r["s"])))
+        t += float(r["s"])
+    return (spans[0][0], spans[-1][1]) if spans else None
+
+
 class CoreSampler:
-    """Each core's busy share (1 - idle - iowait over all jiffies) between :meth:`start` and :meth:`stop`,
-    from ``/proc/stat`` read every ``every_s`` seconds."""
+    """Each core's busy share (1 - idle - iowait over all jiffies) from ``/proc/stat`` read every ``every_s``
+    seconds between :meth:`start` and :meth:`stop`: over the whole span (:meth:`stop`) and over a window of it
+    (:meth:`busy_between`, e.g. the RL iterations only)."""
 
     def __init__(self, every_s: float = 1.0) -> None:
-        self.every_s, self._stop, self.first, self.last = every_s, threading.Event(), None, None
+        self.every_s, self._stop = every_s, threading.Event()
+        self.samples: list[tuple[float, dict[str, list[int]]]] = []  # (epoch seconds, reading)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
@@ -82,23 +99,33 @@ class CoreSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.last = self.read()
+            self.samples.append((time.time(), self.read()))
 
     def start(self) -> "CoreSampler":
-        self.first = self.last = self.read()
+        self.samples.append((time.time(), self.read()))
         self._thread.start()
         return self
+
+    @staticmethod
+    def busy(first: dict[str, list[int]], last: dict[str, list[int]]) -> dict[str, float]:
+        out = {}
+        for cpu, a in first.items():
+            d = [y - x for x, y in zip(a, last[cpu])]
+            total = sum(d) or 1
+            out[cpu] = round(1 - (d[3] + d[4]) / total, 3)  # idle, iowait
+        return out
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
         self._thread.join()
-        self.last = self.read()
-        busy = {}
-        for cpu, a in self.first.items():
-            d = [y - x for x, y in zip(a, self.last[cpu])]
-            total = sum(d) or 1
-            busy[cpu] = round(1 - (d[3] + d[4]) / total, 3)  # idle, iowait
-        return busy
+        self.samples.append((time.time(), self.read()))
+        return self.busy(self.samples[0][1], self.samples[-1][1])
+
+    def busy_between(self, t0: float, t1: float) -> dict[str, float] | None:
+        """Busy share per core between the samples nearest to ``t0`` and ``t1`` (epoch seconds); None when
+        fewer than two samples fall in the window."""
+        inside = [r for t, r in self.samples if t0 - self.every_s <= t <= t1 + self.every_s]
+        return self.busy(inside[0], inside[-1]) if len(inside) >= 2 else None
 
 
 def run_campaign(name: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -125,7 +152,9 @@ def run_campaign(name: str, mode: str, args: argparse.Namespace) -> dict[str, An
     summary = completed_campaign(cfg)
     if summary is None:
         raise SystemExit(f"error: {name} finished but its summary is not stored")
-    return {**per_iteration_seconds(summary, args.iterations), "wall_s": wall, "cores": cores}
+    window = rl_window(summary)
+    rl_cores = sampler.busy_between(*window) if window else None
+    return {**per_iteration_seconds(summary, args.iterations), "wall_s": wall, "cores": cores, "rl_cores": rl_cores}
 
 
 def main() -> None:
@@ -145,7 +174,8 @@ def main() -> None:
             if out:
                 results[mode].append(out)
                 print(f"  {mode} r{r}: per-iteration median {out['median_s']:.0f} s, iterations {out['total_s']:.0f} s,"
-                      f" rao run {out['wall_s']:.0f} s, core busy {out['cores']}", flush=True)
+                      f" rao run {out['wall_s']:.0f} s, core busy: whole run {out['cores']}, RL iterations "
+                      f"{out['rl_cores']}", flush=True)
     if args.dry_run:
         return
     med = {}

@@ -57,3 +57,27 @@ def test_the_async_benchmark_reads_iterations_and_steps_from_a_campaign_timeline
     assert bench.mode_overrides("async-split", [1], [0]) == ["serving.cpus=[1]", "trainer.cpus=[0]",
                                                              "algo.max_staleness=1"]
     assert bench.mode_overrides("sync", [1], [0]) == []
+
+
+def test_the_async_benchmark_measures_core_use_over_the_rl_iterations():
+    """Core use over the RL iterations only (the warm start and the base evaluation before them dilute the
+    overlap): the window from the timeline, and the busy share of the samples inside it, by hand."""
+    bench = _bench()
+    sync = {"timeline": {"start": 1000.0, "rows": [{"stage": "warm start", "s": 300.0},
+                                                   {"stage": "iteration 1", "s": 200.0},
+                                                   {"stage": "retention after iteration 1", "s": 1.0},
+                                                   {"stage": "iteration 2", "s": 180.0},
+                                                   {"stage": "end-of-run summary", "s": 5.0}]}}
+    assert bench.rl_window(sync) == (1300.0, 1681.0)
+    assert bench.rl_window({"timeline": {"start": 0.0, "rows": [{"stage": "warm start", "s": 1.0}]}}) is None
+
+    def reading(busy: int, idle: int) -> dict[str, list[int]]:  # user nice system idle iowait
+        return {"cpu0": [busy, 0, 0, idle, 0]}
+
+    sampler = bench.CoreSampler()
+    # before the window: idle; inside it (1300-1681): 3 of every 4 jiffies busy
+    sampler.samples = [(1000.0, reading(0, 0)), (1299.5, reading(10, 290)), (1500.0, reading(160, 340)),
+                       (1681.0, reading(310, 390))]
+    assert sampler.busy_between(1300.0, 1681.0) == {"cpu0": 0.75}
+    assert sampler.busy(sampler.samples[0][1], sampler.samples[-1][1]) == {"cpu0": round(310 / 700, 3)}
+    assert sampler.busy_between(5000.0, 6000.0) is None
