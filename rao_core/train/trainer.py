@@ -317,7 +317,9 @@ def train(
     phase(f"samples checked ({len(all_rows)}); loading the model")
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
     rows, skipped = _skip_zero_coefficient(all_rows, cfg)
-    trained = _trained_rows(rows, cfg, iteration, run.accelerator.num_processes)  # max_steps may leave some out
+    mbs = _micro_batches(rows, cfg)  # by length only: the same for the rows _proximal_logprobs returns
+    schedule = _step_schedule(len(mbs), cfg, iteration, run.accelerator.num_processes)
+    trained = _trained_rows(mbs, schedule)  # max_steps may leave some out
     lags = [lag if i in trained else 0 for i, lag in enumerate(sample_staleness(rows, parent_version))]
     rows = _proximal_logprobs(run, rows, lags, phase)
     rows_hash = data_hash(all_rows)  # the resume point's key and the manifest's data_hash
@@ -326,7 +328,7 @@ def train(
     done = resume.load(run)  # the metrics of the steps an interrupted run of the same inputs already took
     phase(f"resumed after optimizer step {len(done)} ({resume.folder})" if done else
           "model and optimizer ready; first optimizer step running")
-    metrics = _train_epochs(run, rows, skipped, iteration, on_step, on_progress,
+    metrics = _train_epochs(run, rows, mbs, schedule, skipped, on_step, on_progress,
                             show_progress is not False and run.accelerator.is_main_process, resume=resume, done=done)
     phase("saving checkpoint")
     manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration, rows_hash)
@@ -530,17 +532,17 @@ class _ResumePoint:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], iteration: int,
-                  on_step: StepCallback | None, on_progress: ProgressCallback | None = None,
+def _train_epochs(run: _Session, rows: list[Sample], mbs: list[Any], schedule: list[tuple[int, list[int]]],
+                  skipped: tuple[int, int], on_step: StepCallback | None, on_progress: ProgressCallback | None = None,
                   show_progress: bool = False, resume: _ResumePoint | None = None,
                   done: Sequence[dict[str, float]] = ()) -> list[dict[str, float]]:
-    """Every optimizer step of ``cfg.epochs`` passes (or ``max_steps``): length-sorted micro-batches in the
-    order of :func:`epoch_order`, ``grad_accum`` micro-batches per process per step (all of them when None).
+    """Every optimizer step of ``schedule`` (:func:`_step_schedule` of the length-sorted micro-batches ``mbs``
+    of ``rows``: ``cfg.epochs`` passes or ``max_steps``, in the order of :func:`epoch_order`, ``grad_accum``
+    micro-batches per process per step, all of them when None).
     Progress (bar, ``on_progress``) is reported on the main process only. The first ``len(done)`` steps were
     taken by an interrupted run (``resume``, whose state ``run`` holds): they are replayed from ``done`` (their
     metrics reported again), not recomputed; ``resume`` saves a new point as the steps go."""
     cfg, world = run.cfg, run.accelerator.num_processes
-    mbs = _micro_batches(rows, cfg)
     tokens_of = [s.num_assistant_tokens for s in rows]
     one_per_epoch = not cfg.grad_accum
     metrics: list[dict[str, float]] = []
@@ -548,7 +550,7 @@ def _train_epochs(run: _Session, rows: list[Sample], skipped: tuple[int, int], i
     planned = planned_steps(len(mbs), cfg, world)
     with StepProgress("training steps", planned,
                       on_progress=on_progress if main else None, show=show_progress and main) as progress:
-        for epoch, step_mbs in _step_schedule(len(mbs), cfg, iteration, world):
+        for epoch, step_mbs in schedule:
             if len(metrics) < len(done):  # taken before the interruption: its state is restored
                 m = dict(done[len(metrics)])
             else:  # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
@@ -586,12 +588,10 @@ def _step_schedule(n_micro_batches: int, cfg: TrainerConfig, iteration: int, wor
     return out
 
 
-def _trained_rows(rows: list[Sample], cfg: TrainerConfig, iteration: int, world: int) -> set[int]:
-    """Indices of the ``rows`` some optimizer step trains (:func:`_step_schedule`; ``max_steps`` may leave
-    micro-batches out)."""
-    mbs = _micro_batches(rows, cfg)
-    return {i for _, step_mbs in _step_schedule(len(mbs), cfg, iteration, world) for j in step_mbs if j >= 0
-            for i in mbs[j].indices}
+def _trained_rows(mbs: list[Any], schedule: list[tuple[int, list[int]]]) -> set[int]:
+    """Indices of the rows some optimizer step of ``schedule`` (:func:`_step_schedule`) trains: ``max_steps``
+    may leave micro-batches of ``mbs`` out."""
+    return {i for _, step_mbs in schedule for j in step_mbs if j >= 0 for i in mbs[j].indices}
 
 
 def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer: float) -> Any:
