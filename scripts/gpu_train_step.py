@@ -149,7 +149,7 @@ def run(mode: str, model_dir: Path, samples, device: str, chunk: int, config_fil
 
     def on_step(m: dict) -> None:
         steps.append(m)
-        if not save and cfg.max_steps is not None and len(steps) >= cfg.max_steps:
+        if not save:  # max_steps 1 below: the step is taken, the checkpoint is not written
             raise _Stop
 
     if not save:
@@ -163,7 +163,7 @@ def run(mode: str, model_dir: Path, samples, device: str, chunk: int, config_fil
         pass
     except torch.OutOfMemoryError as e:
         return {"mode": mode, "error": f"CUDA out of memory: {str(e).splitlines()[0]}",
-                "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)}
+                "peak_gpu_allocated_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
     wall = time.monotonic() - t0
     gib = 2 ** 30
     return {"mode": mode, "loss": cfg.loss_type, "dtype": cfg.dtype,
