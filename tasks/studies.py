@@ -45,7 +45,8 @@ median wall sequential / gather and single / gather (:func:`wallclock_ratios`). 
 which reports up to 2.5x less wall-clock from parallel children on GPUs: here the policy decides whether
 it gathers (``parallel_share`` reports how often children overlapped), one CPU server decodes every
 sequence, the tree's wall-clock limit is raised to :data:`WALLCLOCK_TREE_TIMEOUT_S` so that no setting is cut,
-and requests are unseeded (the evaluation's rule), so the settings' trees of a task are not paired.
+the REPL pool holds a root and all its children pre-started (:func:`wallclock_repl_pool`), and requests are
+unseeded (the evaluation's rule), so the settings' trees of a task are not paired.
 
 Task sets: the study's evaluation tasks (every K) are checked against the record's training pool and
 demonstrations and its development set before any server starts (``rao_core.task_sampling.check_task_sets``;
@@ -494,7 +495,7 @@ def runtime_summary(rt: RuntimeConfig) -> dict[str, Any]:
     """The runtime fields a study's reader needs (window, limits, sampling, concurrency) as a dict."""
     return {f: getattr(rt, f) for f in ("context_window", "max_new_tokens", "max_steps_per_node", "max_children_per_node",
                                         "max_depth", "delegation", "sequential_children", "tree_timeout_s",
-                                        "temperature", "max_concurrent_trees")}
+                                        "temperature", "max_concurrent_trees", "repl_pool_size")}
 
 
 def _eval_config(cfg: Any, difficulties: list[str], n: int, mode: str, stored: int | None = None) -> EvalConfig:
@@ -600,6 +601,16 @@ def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = (
     return StudyPlan(name=name, study=GENERALISATION, meta=meta, runs=runs)
 
 
+def wallclock_repl_pool(ks: Sequence[int]) -> int:
+    """Pre-started REPLs for the wall-clock study: ``max(ks) + 1``, a root and all its children at the largest K,
+    so that a root that gathers K children finds each one's REPL started, as one that launches them one after
+    another does (the pool refills between its children). The runtime's default of 2 would make a K = 6 root
+    that gathers start 4 REPLs cold, a bias against gathering. Raises ValueError on an empty ``ks``."""
+    if not ks:
+        raise ValueError("--k: no K given")
+    return max(ks) + 1
+
+
 def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, single_model: str | None = None,
                    n: int = 30, ks: Sequence[int] = WALLCLOCK_KS, single_window: int = 4096,
                    settings: Sequence[str] = WALLCLOCK_SETTINGS, overrides: Sequence[str] = (), command: str = "",
@@ -628,7 +639,7 @@ def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, si
                              "model PATH")
         ckpts[arm] = _checkpoint(given or last[arm][0], f"the {arm} agent", root)
     timing = ["runtime.max_concurrent_trees=1", f"runtime.tree_timeout_s={WALLCLOCK_TREE_TIMEOUT_S}",
-              f"eval.stored_trees={WALLCLOCK_STORED_TREES}"]
+              f"eval.stored_trees={WALLCLOCK_STORED_TREES}", f"runtime.repl_pool_size={wallclock_repl_pool(ks)}"]
     groups: dict[str, StudyRun] = {}
     cfgs = {}
     if recursive:

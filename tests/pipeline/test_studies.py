@@ -305,6 +305,8 @@ def test_wallclock_end_to_end_with_the_scripted_expert(tmp_path):
     assert by["single", 3]["depth_hist"] == {"0": 2}
     assert all(set(p["per_task_wall_s"]) == set(p["per_task"]) for p in r["points"])
     assert r["tree_timeout_s"] == 1800.0 and r["runtime"]["single"]["context_window"] == 4096
+    # a root and all its children at the largest K find their REPLs started (gathering is not charged start-ups)
+    assert all(j.runtime.repl_pool_size == 4 for run in plan.runs for j in run.jobs)
     md = (tmp_path / "docs/benchmarks.md").read_text()
     assert "## Wall-clock, one tree at a time (issue 38 item 5): `textcraft-wallclock`" in md
     assert "| K | median tree wall" in md
