@@ -477,11 +477,9 @@ def _proximal_logprobs(run: _Session, rows: list[Sample], lags: list[int],
 def planned_steps(n_micro_batches: int, cfg: TrainerConfig, world: int = 1) -> int:
     """Optimizer steps :func:`train` takes over ``n_micro_batches`` micro-batches on ``world`` processes:
     ``epochs`` x ceil(micro-batches, padded to a multiple of ``world``, / (``grad_accum`` x ``world``)) (one step
-    per epoch when ``grad_accum`` is None), at most ``max_steps``."""
-    padded = n_micro_batches + (-n_micro_batches % world)
-    per_epoch = math.ceil(padded / (cfg.grad_accum * world)) if cfg.grad_accum else min(1, padded)
-    total = cfg.epochs * per_epoch
-    return min(total, cfg.max_steps) if cfg.max_steps is not None else total
+    per epoch when ``grad_accum`` is None), at most ``max_steps``: the length of :func:`_step_schedule`, the one
+    source of the steps (the count does not depend on the iteration's shuffle)."""
+    return len(_step_schedule(n_micro_batches, cfg, iteration=0, world=world))
 
 
 class _ResumePoint:
@@ -547,7 +545,7 @@ def _train_epochs(run: _Session, rows: list[Sample], mbs: list[Any], schedule: l
     one_per_epoch = not cfg.grad_accum
     metrics: list[dict[str, float]] = []
     main = run.accelerator.is_main_process
-    planned = planned_steps(len(mbs), cfg, world)
+    planned = len(schedule)
     with StepProgress("training steps", planned,
                       on_progress=on_progress if main else None, show=show_progress and main) as progress:
         for epoch, step_mbs in schedule:
@@ -580,7 +578,7 @@ def _step_schedule(n_micro_batches: int, cfg: TrainerConfig, iteration: int, wor
     for epoch in range(cfg.epochs):
         order = epoch_order(n_micro_batches, seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
         order += [-1] * (-len(order) % world)
-        chunk = per_step or len(order)
+        chunk = per_step or len(order) or 1  # no micro-batch: no step (range's step must not be 0)
         for start in range(0, len(order), chunk):
             out.append((epoch, order[start:start + chunk]))
             if cfg.max_steps is not None and len(out) >= cfg.max_steps:
