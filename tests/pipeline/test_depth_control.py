@@ -26,7 +26,7 @@ def _nest2_ids(n: int) -> list[str]:
     from rao_core.envs import get_env
     from rao_core.evaluation import EvalConfig, eval_tasks
 
-    ev = EvalConfig(difficulties=["nest2"], n_tasks=n, seed=20261204, split="validation", modes=["recursive"])
+    ev = EvalConfig(difficulties=["nest2"], n_tasks=n, seed=20261205, split="validation", modes=["recursive"])
     return [t.task_id for t in eval_tasks(get_env("textcraft-synth"), ev)]
 
 
@@ -79,9 +79,9 @@ def test_the_plan_and_its_dry_run(capsys, tmp_path, no_server):
     assert plan.meta["reference"]["3"]["per_task"] == {t: 1.0 for t in _nest2_ids(2)}
     (job,) = plan.runs[0].jobs
     assert job.runtime.max_depth == 1 and job.runtime.delegation and job.config.difficulties == ["nest2"]
-    assert job.config.seed == 20261204 and job.config.n_tasks == 2 and job.runtime.context_window == 1344
+    assert job.config.seed == 20261205 and job.config.n_tasks == 2 and job.runtime.context_window == 1344
     assert plan.runs[0].labels == [{"arm": "recursive", "iteration": 0, "max_depth": 1, "checkpoint": str(TINY)}]
-    assert "2 nest2 tasks, eval.seed 20261204" in plan_text(plan)
+    assert "2 nest2 tasks, eval.seed 20261205" in plan_text(plan)
     code, out, _ = run_cli(capsys, "experiment", "textcraft-nested-control", "--record", str(rec), "--iteration", "1",
                            "--dry-run")
     assert code in (0, None) and "iteration 1, 2 nest2 tasks, max_depth 1" in out and "iteration 0" not in out
@@ -95,7 +95,7 @@ def test_fewer_tasks_than_the_record_are_its_first_tasks(tmp_path):
     from rao_core.evaluation import EvalConfig, eval_tasks
 
     def draw(n):
-        ev = EvalConfig(difficulties=["nest2"], n_tasks=n, seed=20261204, split="validation", modes=["recursive"])
+        ev = EvalConfig(difficulties=["nest2"], n_tasks=n, seed=20261205, split="validation", modes=["recursive"])
         return eval_tasks(get_env("textcraft-synth"), ev)
 
     assert [t.data for t in draw(25)] != [t.data for t in draw(30)[:25]]  # why: the prefix breaks at task 24

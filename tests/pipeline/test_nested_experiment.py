@@ -72,7 +72,7 @@ def test_the_config_loads_trains_one_level_and_evaluates_two():
     assert cfg.warm_start.options["recurse"] is True and cfg.warm_start.options["single_agent_fraction"] == 0.0
     assert (cfg.runtime.max_depth, cfg.runtime.context_window, cfg.runtime.max_new_tokens) == (4, 1344, 256)
     assert cfg.serving.max_model_len == 1344 and cfg.runtime.delegation is True
-    assert cfg.eval.difficulties == ["nest1", "nest2"] and cfg.eval.n_tasks >= 100 and cfg.eval.seed == 20261204
+    assert cfg.eval.difficulties == ["nest1", "nest2"] and cfg.eval.n_tasks >= 100 and cfg.eval.seed == 20261205
     ep = cfg.eval.endpoint
     assert (ep.arm, ep.difficulty, ep.mode, ep.iteration, ep.against, ep.n, ep.min_difference) == (
         "recursive", "nest1", "recursive", "last", "warm_start", 100, 0.15)
@@ -81,10 +81,10 @@ def test_the_config_loads_trains_one_level_and_evaluates_two():
     # the evaluation seed is fresh: no other config or document names it
     root = Path(__file__).resolve().parents[2]
     others = [p for p in [*root.glob("configs/*.yaml"), *root.glob("docs/results/*.json")] if p.name != Path(CONFIG).name]
-    assert not [p for p in others if "20261204" in p.read_text()]
+    assert not [p for p in others if "20261205" in p.read_text()]
     # the preregistration is written in the file's header, before any setting
     head = Path(root / CONFIG).read_text().split("\nname:")[0]
-    assert "PREREGISTERED" in head and "20261204" in head and ">= 0.15" in head
+    assert "PREREGISTERED" in head and "20261205" in head and ">= 0.15" in head
 
 
 def test_the_endpoint_refuses_an_impossible_difference():
@@ -107,8 +107,8 @@ def test_the_plan_resolves_for_every_seed_and_its_task_sets_are_disjoint(seed):
     assert (cfg.seed, cfg.trainer.seed, cfg.warm_start.trainer.seed) == (seed, seed, seed)
     assert cfg.eval.modes == ["recursive"] and cfg.warm_start.mode == "demos" and cfg.runtime.max_depth == 4
     assert p.seeded_name(0) == ("textcraft-nested" if seed == 0 else f"textcraft-nested-seed{seed}")
-    assert check_task_sets(cfg) == {"evaluation (eval.seed 20261204)": 200, f"training (seed {seed})": 200,
-                                    f"demonstrations (seed {seed})": 48}
+    assert check_task_sets(cfg) == {"evaluation (eval.seed 20261205)": 200, f"training (seed {seed})": 200,
+                                    f"demonstrations (seed {seed})": 20}
 
 
 def test_the_warm_start_demonstrates_the_expert_that_recurses():
@@ -259,7 +259,7 @@ def test_the_flow_writes_the_depth_record_tables_and_plot(tmp_path, monkeypatch)
                                                 seed=1, write_docs=False))
     assert [p.name for p in seen] == ["textcraft-nested-seed1-recursive"]
     rec = json.loads((tmp_path / "docs/results/textcraft-nested-seed1.json").read_text())
-    assert rec == out["record"] and rec["arms"] == ["recursive"] and (rec["seed"], rec["eval_seed"]) == (1, 20261204)
+    assert rec == out["record"] and rec["arms"] == ["recursive"] and (rec["seed"], rec["eval_seed"]) == (1, 20261205)
     assert rec["command"].startswith("rao experiment textcraft-nested --config " + CONFIG + " --seed 1 --arm recursive")
     assert rec["endpoint"]["min_difference"] == 0.15 and rec["config_values"]["runtime"]["max_depth"] == 4
     assert rec["training"][0]["rollout_success_per_depth"] == {"2": 0.5}
