@@ -5,7 +5,10 @@ A campaign holds ``$RAO_HOME/campaigns/NAME`` (a cache: trees, samples, checkpoi
 the checkpoints on S3 and the registered champion a campaign's checkpoint is; ``rm`` deletes both, except the
 checkpoint a registered model's ``champion`` alias points at (its objects and manifest stay on S3, so the
 champion can still be loaded and evaluated) unless ``--force``; model versions whose checkpoint was deleted get
-the tag ``rao.pruned = true``. MLflow runs are kept (they are small). The S3 store is the config's (``--config``;
+the tag ``rao.pruned = true``. MLflow runs and model versions are kept (they are small) but detached from the
+name: their tag ``rao.campaign`` becomes ``NAME~removed-<UTC time>`` (the old name in ``rao.removed_campaign``), so a
+new campaign of the same name starts its own runs instead of resuming into these (resume finds a campaign's runs
+by that tag, and skips the (metric, step) points they already hold). The S3 store is the config's (``--config``;
 ``RAO_S3_ENDPOINT``, the one of ``rao services up``, or an embedded SeaweedFS started for the command).
 """
 
@@ -123,6 +126,30 @@ def list_cmd(config: str = typer.Option(None, "--config", help=_CONFIG_HELP)) ->
     console.print(t)
 
 
+def _detach_tracking(mlc: Any, name: str) -> tuple[int, int, str]:
+    """Retag every MLflow run and model version whose ``rao.campaign`` is ``name`` (all experiments, all
+    registered models) to ``name~removed-<UTC time>``, keeping ``name`` in ``rao.removed_campaign``: a later
+    campaign of that name must not resume into them. Returns (runs, versions, the new tag value)."""
+    import time
+
+    gone = f"{name}~removed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    runs = 0
+    exps = [e.experiment_id for e in mlc.search_experiments()]
+    for i in range(0, len(exps), 100):  # search_runs takes a bounded list of experiments
+        for r in mlc.search_runs(exps[i:i + 100], filter_string=f"tags.`rao.campaign` = '{name}'", max_results=50000):
+            mlc.set_tag(r.info.run_id, "rao.removed_campaign", name)
+            mlc.set_tag(r.info.run_id, "rao.campaign", gone)
+            runs += 1
+    versions = 0
+    for rm in mlc.search_registered_models():
+        for mv in mlc.search_model_versions(f"name = '{rm.name}'"):
+            if mv.tags.get("rao.campaign") == name:
+                mlc.set_model_version_tag(rm.name, mv.version, "rao.removed_campaign", name)
+                mlc.set_model_version_tag(rm.name, mv.version, "rao.campaign", gone)
+                versions += 1
+    return runs, versions, gone
+
+
 @app.command("rm")
 def rm_cmd(
     name: str = typer.Argument(..., help="Campaign name (as `rao campaigns list` shows it)."),
@@ -168,8 +195,12 @@ def rm_cmd(
                 key = src[len(f"s3://{s3.bucket}/"):] if src.startswith(f"s3://{s3.bucket}/") else None
                 if key and key.startswith(f"{name}/") and f"{key}.manifest.json" in deleted:
                     mlc.set_model_version_tag(rm.name, mv.version, "rao.pruned", "true")
+        detached = _detach_tracking(mlc, name)
     console.print(f"campaign {name}: freed {_mb(local_bytes)} local ({local}), "
                   f"{_mb(sum(o['Size'] for o in gone))} on S3 ({len(gone)} objects)", highlight=False)
+    if any(detached):
+        console.print(f"MLflow: {detached[0]} runs and {detached[1]} model versions of {name} kept, detached from the "
+                      f"name (tag rao.campaign {detached[2]})", highlight=False)
     for m, v, k in champs:
         if force:
             console.print(f"deleted the champion of {m} (version {v}, {k}): tagged rao.pruned", highlight=False)

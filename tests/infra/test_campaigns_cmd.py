@@ -55,6 +55,10 @@ def test_list_and_rm_keep_the_champion_without_force(env, s3_server, capsys):
     v1 = c.create_model_version(f"rao-policy-{a}", source=f"s3://rao/{a}/iter-1/checkpoint").version
     v2 = c.create_model_version(f"rao-policy-{a}", source=f"s3://rao/{a}/iter-2/checkpoint").version
     c.set_registered_model_alias(f"rao-policy-{a}", "champion", v1)
+    c.set_model_version_tag(f"rao-policy-{a}", v2, "rao.campaign", a)
+    exp = c.create_experiment(f"rao-{a}")
+    mine = c.create_run(exp, tags={"rao.campaign": a, "rao.kind": "campaign"}).info.run_id
+    other = c.create_run(exp, tags={"rao.campaign": b, "rao.kind": "campaign"}).info.run_id
 
     code, out, err = run_cli(capsys, "campaigns", "list")
     assert code == 0, err
@@ -71,6 +75,14 @@ def test_list_and_rm_keep_the_champion_without_force(env, s3_server, capsys):
     assert store.verify_manifest("iter-1/checkpoint.manifest.json") == []  # the champion can still be loaded
     assert c.get_model_version(f"rao-policy-{a}", v2).tags.get("rao.pruned") == "true"
     assert c.get_model_version(f"rao-policy-{a}", v1).tags.get("rao.pruned") is None
+    # the runs and versions stay, detached from the name: a new campaign `a` starts fresh instead of resuming into them
+    from tasks.tracking import find_campaign_run
+
+    assert find_campaign_run(exp, a) is None and find_campaign_run(exp, b) == other
+    tags = c.get_run(mine).data.tags
+    assert tags["rao.removed_campaign"] == a and tags["rao.campaign"].startswith(f"{a}~removed-")
+    assert c.get_model_version(f"rao-policy-{a}", v2).tags["rao.campaign"].startswith(f"{a}~removed-")
+    assert "MLflow: 1 runs and 1 model versions" in out
 
     code, out, err = run_cli(capsys, "campaigns", "rm", a, "--force")
     assert code == 0 and "deleted the champion" in out, err
