@@ -83,4 +83,5 @@ def test_the_tutorial_runs_as_written(tmp_path):
             assert "success=1.0 end=finished depth=2 nodes=7" in p.stdout, p.stdout
         if "champion" in body:  # the warm start (version 1) or, if iteration 1 did better, its checkpoint
             assert re.search(r"champion: version [12] at s3://", p.stdout), p.stdout
+            print(p.stdout)  # the success table per run: `pytest -rP tests/test_tutorial.py` shows it
     assert (work / "tasks.jsonl").exists()
