@@ -8,7 +8,9 @@ champion can still be loaded and evaluated) unless ``--force``; model versions w
 the tag ``rao.pruned = true``. MLflow runs and model versions are kept (they are small) but detached from the
 name: their tag ``rao.campaign`` becomes ``NAME~removed-<UTC time>`` (the old name in ``rao.removed_campaign``), so a
 new campaign of the same name starts its own runs instead of resuming into these (resume finds a campaign's runs
-by that tag, and skips the (metric, step) points they already hold). The S3 store is the config's (``--config``;
+by that tag, and skips the (metric, step) points they already hold); an alias on a deleted checkpoint is removed,
+the kept champion's stays (a new campaign of the name competes with it). MLflow is changed before any file is
+deleted, so a failure there can be retried with the same command. The S3 store is the config's (``--config``;
 ``RAO_S3_ENDPOINT``, the one of ``rao services up``, or an embedded SeaweedFS started for the command).
 """
 
@@ -62,6 +64,18 @@ def _objects(s3, prefix: str = "", delimiter: str | None = None) -> tuple[list[d
         token = r["NextContinuationToken"]
 
 
+def _all(search: Any, *args: Any, **kwargs: Any) -> list[Any]:
+    """Every result of an MLflow ``search_*`` call, following its page tokens (one call returns at most a page:
+    100 registered models, 1000 experiments)."""
+    out, token = [], None
+    while True:
+        page = search(*args, page_token=token, **kwargs) if token else search(*args, **kwargs)
+        out += list(page)
+        token = getattr(page, "token", None)
+        if not token:
+            return out
+
+
 def _local_root() -> Path:
     from rao_core.paths import rao_home
 
@@ -74,7 +88,7 @@ def _champions(bucket: str) -> dict[str, list[tuple[str, str, str]]]:
     from mlflow import MlflowClient
 
     client, out = MlflowClient(), {}
-    for rm in client.search_registered_models():
+    for rm in _all(client.search_registered_models):
         aliases = rm.aliases if isinstance(rm.aliases, dict) else {a.alias: a.version for a in rm.aliases}
         if "champion" not in aliases:
             continue
@@ -126,28 +140,41 @@ def list_cmd(config: str = typer.Option(None, "--config", help=_CONFIG_HELP)) ->
     console.print(t)
 
 
-def _detach_tracking(mlc: Any, name: str) -> tuple[int, int, str]:
-    """Retag every MLflow run and model version whose ``rao.campaign`` is ``name`` (all experiments, all
-    registered models) to ``name~removed-<UTC time>``, keeping ``name`` in ``rao.removed_campaign``: a later
-    campaign of that name must not resume into them. Returns (runs, versions, the new tag value)."""
+def _detach_tracking(mlc: Any, name: str, bucket: str, deleted: set[str]) -> tuple[int, int, str, list[str]]:
+    """Retag every MLflow run (active or deleted, in any experiment) and model version whose ``rao.campaign`` is
+    ``name`` to ``name~removed-<UTC time>``, keeping ``name`` in ``rao.removed_campaign``: a later campaign of
+    that name must not resume into them. Aliases (``champion``, ``candidate``) on a version whose checkpoint is
+    in ``deleted`` (manifest keys under ``bucket``) are removed; one on a kept checkpoint stays. Returns (runs,
+    versions, the new tag value, the removed aliases as ``model@alias``)."""
     import time
+
+    from mlflow.entities import ViewType
 
     gone = f"{name}~removed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     runs = 0
-    exps = [e.experiment_id for e in mlc.search_experiments()]
+    exps = [e.experiment_id for e in _all(mlc.search_experiments, view_type=ViewType.ALL)]
     for i in range(0, len(exps), 100):  # search_runs takes a bounded list of experiments
-        for r in mlc.search_runs(exps[i:i + 100], filter_string=f"tags.`rao.campaign` = '{name}'", max_results=50000):
+        for r in _all(mlc.search_runs, exps[i:i + 100], filter_string=f"tags.`rao.campaign` = '{name}'",
+                      run_view_type=ViewType.ALL, max_results=50000):
             mlc.set_tag(r.info.run_id, "rao.removed_campaign", name)
             mlc.set_tag(r.info.run_id, "rao.campaign", gone)
             runs += 1
-    versions = 0
-    for rm in mlc.search_registered_models():
-        for mv in mlc.search_model_versions(f"name = '{rm.name}'"):
+    versions, unaliased = 0, []
+    for rm in _all(mlc.search_registered_models):
+        for mv in _all(mlc.search_model_versions, f"name = '{rm.name}'"):
             if mv.tags.get("rao.campaign") == name:
                 mlc.set_model_version_tag(rm.name, mv.version, "rao.removed_campaign", name)
                 mlc.set_model_version_tag(rm.name, mv.version, "rao.campaign", gone)
                 versions += 1
-    return runs, versions, gone
+        aliases = mlc.get_registered_model(rm.name).aliases  # search results leave aliases out
+        aliases = aliases if isinstance(aliases, dict) else {a.alias: a.version for a in aliases}
+        for alias, version in aliases.items():
+            src = mlc.get_model_version(rm.name, str(version)).source.rstrip("/")
+            key = src[len(f"s3://{bucket}/"):] if src.startswith(f"s3://{bucket}/") else None
+            if key and key.startswith(f"{name}/") and f"{key}.manifest.json" in deleted:
+                mlc.delete_registered_model_alias(rm.name, alias)
+                unaliased.append(f"{rm.name}@{alias}")
+    return runs, versions, gone, unaliased
 
 
 @app.command("rm")
@@ -170,9 +197,16 @@ def rm_cmd(
     local = _local_root() / name
     with _with_services(cfg) as s3:
         objs, _ = _objects(s3, f"{name}/")
+        mlc = MlflowClient()
         if not objs and not local.exists():
-            raise InputError(f"no campaign {name!r}: nothing under {local} nor s3://{s3.bucket}/{name}/ "
-                             "(`rao campaigns list` shows the campaigns)")
+            # a removal whose MLflow step failed left runs tagged with the name: detach them, or say there is nothing
+            runs, versions, gone_tag, _ = _detach_tracking(mlc, name, s3.bucket, set())
+            if not runs and not versions:
+                raise InputError(f"no campaign {name!r}: nothing under {local} nor s3://{s3.bucket}/{name}/ "
+                                 "(`rao campaigns list` shows the campaigns)")
+            console.print(f"campaign {name}: no files left; MLflow: {runs} runs and {versions} model versions "
+                          f"detached from the name (tag rao.campaign {gone_tag})", highlight=False)
+            return
         champs = _champions(s3.bucket).get(name, [])
         kept = [] if force else [k for _, _, k in champs]
 
@@ -180,6 +214,9 @@ def rm_cmd(
             return any(key.startswith(k + "/") or key == k + ".manifest.json" for k in kept)
 
         gone = [o for o in objs if not protected(o["Key"])]
+        deleted = {o["Key"] for o in gone}
+        # MLflow first: a failure here leaves the files, so the same command can be run again
+        runs, versions, gone_tag, unaliased = _detach_tracking(mlc, name, s3.bucket, deleted)
         client = s3.client()
         for o in gone:
             client.delete_object(Bucket=s3.bucket, Key=o["Key"])
@@ -187,24 +224,23 @@ def rm_cmd(
         if local.exists():
             shutil.rmtree(local)
         # versions whose checkpoint is gone can no longer be loaded: the registry says so
-        deleted = {o["Key"] for o in gone}
-        mlc = MlflowClient()
-        for rm in mlc.search_registered_models():
-            for mv in mlc.search_model_versions(f"name = '{rm.name}'"):
+        for rm in _all(mlc.search_registered_models):
+            for mv in _all(mlc.search_model_versions, f"name = '{rm.name}'"):
                 src = mv.source.rstrip("/")
                 key = src[len(f"s3://{s3.bucket}/"):] if src.startswith(f"s3://{s3.bucket}/") else None
                 if key and key.startswith(f"{name}/") and f"{key}.manifest.json" in deleted:
                     mlc.set_model_version_tag(rm.name, mv.version, "rao.pruned", "true")
-        detached = _detach_tracking(mlc, name)
     console.print(f"campaign {name}: freed {_mb(local_bytes)} local ({local}), "
                   f"{_mb(sum(o['Size'] for o in gone))} on S3 ({len(gone)} objects)", highlight=False)
-    if any(detached):
-        console.print(f"MLflow: {detached[0]} runs and {detached[1]} model versions of {name} kept, detached from the "
-                      f"name (tag rao.campaign {detached[2]})", highlight=False)
+    if runs or versions:
+        console.print(f"MLflow: {runs} runs and {versions} model versions of {name} kept, detached from the "
+                      f"name (tag rao.campaign {gone_tag})", highlight=False)
+    if unaliased:
+        console.print(f"aliases removed (their checkpoints are deleted): {', '.join(unaliased)}", highlight=False)
     for m, v, k in champs:
         if force:
             console.print(f"deleted the champion of {m} (version {v}, {k}): tagged rao.pruned", highlight=False)
         else:
             size = sum(o["Size"] for o in objs if protected(o["Key"]) and o["Key"].startswith(k))
-            console.print(f"kept s3://{s3.bucket}/{k} ({_mb(size)}): the champion of {m} (version {v}); "
-                          "--force deletes it too", highlight=False)
+            console.print(f"kept s3://{s3.bucket}/{k} ({_mb(size)}): the champion of {m} (version {v}); a new "
+                          f"campaign {name} competes with it; --force deletes it too", highlight=False)

@@ -83,11 +83,43 @@ def test_list_and_rm_keep_the_champion_without_force(env, s3_server, capsys):
     assert tags["rao.removed_campaign"] == a and tags["rao.campaign"].startswith(f"{a}~removed-")
     assert c.get_model_version(f"rao-policy-{a}", v2).tags["rao.campaign"].startswith(f"{a}~removed-")
     assert "MLflow: 1 runs and 1 model versions" in out
+    # the kept champion keeps its alias; an alias on a deleted checkpoint would have been removed
+    assert c.get_registered_model(f"rao-policy-{a}").aliases == {"champion": int(v1)}
 
     code, out, err = run_cli(capsys, "campaigns", "rm", a, "--force")
     assert code == 0 and "deleted the champion" in out, err
+    assert c.get_registered_model(f"rao-policy-{a}").aliases == {}  # no alias on a deleted checkpoint
+    assert f"aliases removed (their checkpoints are deleted): rao-policy-{a}@champion" in out
     assert store.list() == [] and c.get_model_version(f"rao-policy-{a}", v1).tags.get("rao.pruned") == "true"
     assert ArtifactStore(s3_server.settings(), b).list() != []  # the other campaign is untouched
 
     code, out, err = run_cli(capsys, "campaigns", "rm", a)
     assert code == 2 and err.strip().startswith(f"error: no campaign '{a}'") and len(err.strip().splitlines()) == 1
+
+    # files gone but runs still tagged with the name (a removal whose MLflow step failed): rm detaches them
+    left = c.create_run(exp, tags={"rao.campaign": a}).info.run_id
+    code, out, err = run_cli(capsys, "campaigns", "rm", a)
+    assert code == 0 and "no files left; MLflow: 1 runs and 0 model versions detached" in out, err
+    assert c.get_run(left).data.tags["rao.campaign"].startswith(f"{a}~removed-")
+
+
+def test_every_page_of_an_mlflow_search_is_read():
+    """MLflow's search_* calls return a page (100 registered models, 1000 experiments); the command follows the
+    page tokens, or a campaign past the first page keeps its runs tagged and its champion unprotected."""
+    from rao_cli.campaigns_cmd import _all
+
+    class Page(list):
+        def __init__(self, items, token):
+            super().__init__(items)
+            self.token = token
+
+    pages = {None: Page([1, 2], "t1"), "t1": Page([3], "t2"), "t2": Page([4, 5], None)}
+    calls = []
+
+    def search(*args, page_token=None, **kw):
+        calls.append((args, page_token, kw))
+        return pages[page_token]
+
+    assert _all(search, "x", max_results=2) == [1, 2, 3, 4, 5]
+    assert [(a, t, k) for a, t, k in calls] == [(("x",), None, {"max_results": 2}), (("x",), "t1", {"max_results": 2}),
+                                                (("x",), "t2", {"max_results": 2})]
