@@ -82,6 +82,12 @@ def _local_root() -> Path:
     return rao_home() / "campaigns"
 
 
+def _checkpoint_key(source: str, bucket: str) -> str | None:
+    """The S3 key of a model version's checkpoint folder (``s3://BUCKET/KEY``), or None outside ``bucket``."""
+    src = source.rstrip("/")
+    return src[len(f"s3://{bucket}/"):] if src.startswith(f"s3://{bucket}/") else None
+
+
 def _champions(bucket: str) -> dict[str, list[tuple[str, str, str]]]:
     """{campaign: [(registered model, version, checkpoint key under the bucket)]} of every ``champion`` alias
     whose source is ``s3://BUCKET/CAMPAIGN/...``."""
@@ -93,9 +99,7 @@ def _champions(bucket: str) -> dict[str, list[tuple[str, str, str]]]:
         if "champion" not in aliases:
             continue
         mv = client.get_model_version(rm.name, aliases["champion"])
-        src = mv.source.rstrip("/")
-        if src.startswith(f"s3://{bucket}/"):
-            key = src[len(f"s3://{bucket}/"):]
+        if key := _checkpoint_key(mv.source, bucket):
             out.setdefault(key.partition("/")[0], []).append((rm.name, str(mv.version), key))
     return out
 
@@ -140,12 +144,14 @@ def list_cmd(config: str = typer.Option(None, "--config", help=_CONFIG_HELP)) ->
     console.print(t)
 
 
-def _detach_tracking(mlc: Any, name: str, bucket: str, deleted: set[str]) -> tuple[int, int, str, list[str]]:
+def _detach_tracking(mlc: Any, name: str, bucket: str,
+                     deleted: set[str]) -> tuple[int, int, str, list[str], list[tuple[str, str]]]:
     """Retag every MLflow run (active or deleted, in any experiment) and model version whose ``rao.campaign`` is
     ``name`` to ``name~removed-<UTC time>``, keeping ``name`` in ``rao.removed_campaign``: a later campaign of
     that name must not resume into them. Aliases (``champion``, ``candidate``) on a version whose checkpoint is
     in ``deleted`` (manifest keys under ``bucket``) are removed; one on a kept checkpoint stays. Returns (runs,
-    versions, the new tag value, the removed aliases as ``model@alias``)."""
+    versions, the new tag value, the removed aliases as ``model@alias``, the (model, version) pairs whose
+    checkpoint is in ``deleted``: the caller tags them ``rao.pruned`` once the files are gone)."""
     import time
 
     from mlflow.entities import ViewType
@@ -159,22 +165,27 @@ def _detach_tracking(mlc: Any, name: str, bucket: str, deleted: set[str]) -> tup
             mlc.set_tag(r.info.run_id, "rao.removed_campaign", name)
             mlc.set_tag(r.info.run_id, "rao.campaign", gone)
             runs += 1
-    versions, unaliased = 0, []
+
+    def in_deleted(source: str) -> bool:
+        key = _checkpoint_key(source, bucket)
+        return bool(key) and key.startswith(f"{name}/") and f"{key}.manifest.json" in deleted
+
+    versions, unaliased, pruned = 0, [], []
     for rm in _all(mlc.search_registered_models):
         for mv in _all(mlc.search_model_versions, f"name = '{rm.name}'"):
             if mv.tags.get("rao.campaign") == name:
                 mlc.set_model_version_tag(rm.name, mv.version, "rao.removed_campaign", name)
                 mlc.set_model_version_tag(rm.name, mv.version, "rao.campaign", gone)
                 versions += 1
+            if in_deleted(mv.source):
+                pruned.append((rm.name, str(mv.version)))
         aliases = mlc.get_registered_model(rm.name).aliases  # search results leave aliases out
         aliases = aliases if isinstance(aliases, dict) else {a.alias: a.version for a in aliases}
         for alias, version in aliases.items():
-            src = mlc.get_model_version(rm.name, str(version)).source.rstrip("/")
-            key = src[len(f"s3://{bucket}/"):] if src.startswith(f"s3://{bucket}/") else None
-            if key and key.startswith(f"{name}/") and f"{key}.manifest.json" in deleted:
+            if (rm.name, str(version)) in pruned:
                 mlc.delete_registered_model_alias(rm.name, alias)
                 unaliased.append(f"{rm.name}@{alias}")
-    return runs, versions, gone, unaliased
+    return runs, versions, gone, unaliased, pruned
 
 
 @app.command("rm")
@@ -200,7 +211,7 @@ def rm_cmd(
         mlc = MlflowClient()
         if not objs and not local.exists():
             # a removal whose MLflow step failed left runs tagged with the name: detach them, or say there is nothing
-            runs, versions, gone_tag, _ = _detach_tracking(mlc, name, s3.bucket, set())
+            runs, versions, gone_tag, _, _ = _detach_tracking(mlc, name, s3.bucket, set())
             if not runs and not versions:
                 raise InputError(f"no campaign {name!r}: nothing under {local} nor s3://{s3.bucket}/{name}/ "
                                  "(`rao campaigns list` shows the campaigns)")
@@ -216,20 +227,15 @@ def rm_cmd(
         gone = [o for o in objs if not protected(o["Key"])]
         deleted = {o["Key"] for o in gone}
         # MLflow first: a failure here leaves the files, so the same command can be run again
-        runs, versions, gone_tag, unaliased = _detach_tracking(mlc, name, s3.bucket, deleted)
+        runs, versions, gone_tag, unaliased, pruned = _detach_tracking(mlc, name, s3.bucket, deleted)
         client = s3.client()
         for o in gone:
             client.delete_object(Bucket=s3.bucket, Key=o["Key"])
         local_bytes = folder_bytes(local)
         if local.exists():
             shutil.rmtree(local)
-        # versions whose checkpoint is gone can no longer be loaded: the registry says so
-        for rm in _all(mlc.search_registered_models):
-            for mv in _all(mlc.search_model_versions, f"name = '{rm.name}'"):
-                src = mv.source.rstrip("/")
-                key = src[len(f"s3://{s3.bucket}/"):] if src.startswith(f"s3://{s3.bucket}/") else None
-                if key and key.startswith(f"{name}/") and f"{key}.manifest.json" in deleted:
-                    mlc.set_model_version_tag(rm.name, mv.version, "rao.pruned", "true")
+        for model, version in pruned:  # versions whose checkpoint is gone can no longer be loaded: the registry says so
+            mlc.set_model_version_tag(model, version, "rao.pruned", "true")
     console.print(f"campaign {name}: freed {_mb(local_bytes)} local ({local}), "
                   f"{_mb(sum(o['Size'] for o in gone))} on S3 ({len(gone)} objects)", highlight=False)
     if runs or versions:
