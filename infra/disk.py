@@ -25,9 +25,14 @@ from pathlib import Path
 #: in SQLite, Prefect's state): a few pages each, 16 MiB leaves room for both and their journals.
 RESERVE_BYTES = 16 << 20
 RESERVE_NAME = ".disk-reserve"
-#: Below this many free bytes the embedded S3 server's data folder counts as full when SeaweedFS answers an
-#: InternalError (its log is the other sign).
+#: Headroom above SeaweedFS's floor (:func:`seaweedfs_floor_bytes`) under which the embedded S3 server's data
+#: folder counts as full when SeaweedFS answers an InternalError (its log is the other sign).
 LOW_FREE_BYTES = 64 << 20
+#: SeaweedFS's volume server marks every volume read-only while its disk has less than this fraction of its size
+#: free (its ``-minFreeSpace`` default of 1 %, which ``weed mini`` does not expose): every S3 write then fails
+#: with an InternalError although the disk still has gigabytes free (on a 252 GB disk, under 2.5 GB). Seen in
+#: CI: a test suite whose S3 writes all failed, each after boto3's retries, ran past its 90 minutes.
+SEAWEEDFS_MIN_FREE_FRACTION = 0.01
 _NO_SPACE = ("[Errno 28]", "No space left on device", "no space left on device")
 
 
@@ -62,13 +67,34 @@ def free_bytes(path: str | Path) -> tuple[int, int]:
     return usage.free, usage.total
 
 
+def seaweedfs_floor_bytes(total: int) -> int:
+    """Free bytes under which the embedded S3 server stops writing on a disk of ``total`` bytes: SeaweedFS's
+    read-only floor (:data:`SEAWEEDFS_MIN_FREE_FRACTION` of the disk) plus :data:`LOW_FREE_BYTES` of headroom.
+    ``seaweedfs_floor_bytes(252e9)`` is about 2.6 GB."""
+    return int(total * SEAWEEDFS_MIN_FREE_FRACTION) + LOW_FREE_BYTES
+
+
+def seaweedfs_low_disk(data: str | Path) -> str | None:
+    """One line saying that the disk holding the embedded S3 server's folder ``data`` is under
+    :func:`seaweedfs_floor_bytes` (S3 reads work, every write fails), or None when there is room."""
+    free, total = free_bytes(data)
+    floor = seaweedfs_floor_bytes(total)
+    if free >= floor:
+        return None
+    return (f"the disk holding the embedded S3 store {_existing(Path(data))} has {human_bytes(free)} of "
+            f"{human_bytes(total)} free, under the {human_bytes(floor)} SeaweedFS needs (1% of the disk, under "
+            f"which it makes every volume read-only): S3 reads work, every write fails; free space (`rao campaigns "
+            f"list` shows what each campaign holds, `rao campaigns rm NAME` removes one) or set RAO_HOME to a "
+            f"folder on a disk with room")
+
+
 def _seaweedfs_says_full(home: Path) -> Path | None:
-    """The embedded S3 server's data folder when it looks full: under :data:`LOW_FREE_BYTES` free, or its
-    newest log (``$RAO_HOME/services/seaweedfs-*.log``) says "no space left on device" near its end."""
+    """The embedded S3 server's data folder when it looks full: under :func:`seaweedfs_floor_bytes` free, or
+    its newest log (``$RAO_HOME/services/seaweedfs-*.log``) says "no space left on device" near its end."""
     data = home / "services" / "seaweedfs"
     if not data.exists():
         return None
-    if free_bytes(data)[0] < LOW_FREE_BYTES:
+    if seaweedfs_low_disk(data) is not None:
         return data
     logs = sorted((home / "services").glob("seaweedfs-*.log"), key=lambda p: p.stat().st_mtime)
     if logs:
@@ -118,11 +144,15 @@ def full_disk(e: BaseException, home: Path | None = None) -> Path | None:
 def disk_full_message(path: Path, resume: str = "") -> str:
     """``no space left on device under PATH (FREE of SIZE free); free space (...) and re-run: the campaign
     resumes at the RESUME stage``: ``PATH`` the folder (a file's parent folder), ``resume`` e.g. ``iteration 2 train``
-    (empty: where it stopped)."""
+    (empty: where it stopped). When the folder's disk is under the embedded S3 server's floor
+    (:func:`seaweedfs_floor_bytes`) but not empty, the line names the floor: "(2.1 GB of 252 GB free, under the
+    2.6 GB the embedded S3 store needs)"."""
     folder = path if path.is_dir() else path.parent
     free, total = free_bytes(folder)
     where = f"at the {resume} stage" if resume else "where it stopped"
-    return (f"no space left on device under {folder} ({human_bytes(free)} of {human_bytes(total)} free); free "
+    floor = seaweedfs_floor_bytes(total)
+    under = f", under the {human_bytes(floor)} the embedded S3 store needs" if LOW_FREE_BYTES <= free < floor else ""
+    return (f"no space left on device under {folder} ({human_bytes(free)} of {human_bytes(total)} free{under}); free "
             f"space (`rao campaigns list` shows what each campaign holds, `rao campaigns rm NAME` removes one) and "
             f"re-run: the campaign resumes {where}")
 

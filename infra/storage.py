@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.disk import seaweedfs_low_disk
 from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
 from rao_core.paths import rao_home
 
@@ -135,6 +136,9 @@ class SeaweedFSServer(ServiceMixin):
         except BaseException:  # also Ctrl-C: never leave the server behind
             self.stop()
             raise
+        low = seaweedfs_low_disk(data)
+        if low:  # not refused: reads still serve `rao campaigns list` / `rm`, which free the space
+            print(f"warning: {low}", file=sys.stderr, flush=True)
         return self
 
     def vacuum(self, garbage_threshold: float = 0.01, settle_s: float = 1.0) -> None:

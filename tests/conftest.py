@@ -25,6 +25,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(__file__).resolve().parent.parent / "var" / "cache" / "vllm"))
 
 
+#: Free disk the whole suite needs beyond the embedded S3 store's floor (infra.disk.seaweedfs_floor_bytes): its
+#: checkpoints, vLLM's compile cache and the temporary folders of one session (pytest keeps three sessions').
+SUITE_NEEDS_BYTES = 4 << 30
+
+
+def pytest_sessionstart(session):
+    """Stop at once, with one line, when the disk is too full for the suite: under SeaweedFS's floor every S3
+    write fails after boto3's retries, and a CI run of such failures ran past its 90 minutes (2026-12-04)."""
+    import tempfile
+
+    from infra.disk import free_bytes, human_bytes, seaweedfs_floor_bytes
+
+    for where in {Path(tempfile.gettempdir()), Path(os.environ.get("RAO_HOME", Path(__file__).parent.parent / "var"))}:
+        free, total = free_bytes(where)
+        need = seaweedfs_floor_bytes(total) + SUITE_NEEDS_BYTES
+        if free < need:
+            pytest.exit(f"error: {where} is on a disk with {human_bytes(free)} free of {human_bytes(total)}; the "
+                        f"tests need {human_bytes(need)} ({human_bytes(SUITE_NEEDS_BYTES)} for their files, 1% of the disk "
+                        "for the embedded S3 store, which makes every volume read-only under that): free space and "
+                        "re-run",
+                        returncode=1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _ray_token_of_the_session(tmp_path_factory):
     """Ray's auth token for the tests' heads in a temporary file (``RAY_AUTH_TOKEN_PATH``), not the user's

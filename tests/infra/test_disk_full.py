@@ -84,6 +84,26 @@ def test_an_s3_internal_error_is_a_full_disk_only_when_the_embedded_server_says_
     assert full_disk(_upload_failed(), fine) == fine / "services" / "seaweedfs"
 
 
+def test_under_one_percent_free_the_embedded_s3_store_counts_as_full(tmp_path, monkeypatch):
+    """SeaweedFS makes every volume read-only under 1% of its disk free (seen: 1.1 GB free of 252 GB, every
+    PutObject an InternalError): that is a full disk for the S3 store, named with the floor, not 'another fault'."""
+    import infra.disk as disk
+
+    home = _seaweed_home(tmp_path, "I1203 wrote needle 7,01\n")  # the log says nothing of space
+    total = 252 * 10**9
+    assert disk.seaweedfs_floor_bytes(total) == 2_520_000_000 + (64 << 20)
+    monkeypatch.setattr(disk, "free_bytes", lambda path: (int(1.1e9), total))
+    assert full_disk(_internal_error(), home) == home / "services" / "seaweedfs"
+    low = disk.seaweedfs_low_disk(home / "services" / "seaweedfs")
+    assert low.startswith(f"the disk holding the embedded S3 store {home / 'services' / 'seaweedfs'} has 1.1 GB of "
+                          "252 GB free, under the 2.6 GB SeaweedFS needs")
+    line = disk_full_message(home / "services" / "seaweedfs")
+    assert "(1.1 GB of 252 GB free, under the 2.6 GB the embedded S3 store needs); free space (" in line
+    monkeypatch.setattr(disk, "free_bytes", lambda path: (int(2.7e9), total))  # just over the floor
+    assert disk.seaweedfs_low_disk(home) is None and full_disk(_internal_error(), home) is None
+    assert "needs" not in disk_full_message(home)
+
+
 def test_the_line_names_the_folder_its_free_space_and_the_stage_to_resume_at(tmp_path):
     line = str(as_disk_full(_copy_error(tmp_path), resume="iteration 2 train", home=tmp_path))
     assert line.startswith(f"no space left on device under {tmp_path} (")  # the folder, not the file
