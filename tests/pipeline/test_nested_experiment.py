@@ -78,9 +78,10 @@ def test_the_config_loads_trains_one_level_and_evaluates_two():
         "recursive", "nest1", "recursive", "last", "warm_start", 100, 0.15)
     assert deep_config(cfg.model_dump(mode="json")) is True
     assert deep_config(load_config("configs/experiment-textcraft-ablation.yaml").model_dump(mode="json")) is False
-    # the evaluation seed is fresh: no other config or document names it
+    # the evaluation seed is fresh: no other config or record names it (this experiment's own records do)
     root = Path(__file__).resolve().parents[2]
-    others = [p for p in [*root.glob("configs/*.yaml"), *root.glob("docs/results/*.json")] if p.name != Path(CONFIG).name]
+    others = [p for p in [*root.glob("configs/*.yaml"), *root.glob("docs/results/*.json")]
+              if p.name != Path(CONFIG).name and not p.name.startswith("textcraft-nested")]
     assert not [p for p in others if "20261205" in p.read_text()]
     # the preregistration is written in the file's header, before any setting
     head = Path(root / CONFIG).read_text().split("\nname:")[0]
