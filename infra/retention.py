@@ -35,7 +35,7 @@ from typing import Any
 
 from infra.storage import ArtifactStore
 
-__all__ = ["RetentionReport", "apply_retention", "checkpoint_iterations", "drop_optimizer_state",
+__all__ = ["RetentionReport", "apply_retention", "checkpoint_iterations", "drop_optimizer_state", "fetch_checkpoint",
            "prune_checkpoints", "prune_campaign", "registry_sources", "remove_local_copies", "upload_verified",
            "folder_bytes"]
 
@@ -149,6 +149,36 @@ def drop_optimizer_state(store: ArtifactStore, k: int, local_root: Path | None =
         if folder.is_dir():
             shutil.rmtree(folder)
     return freed
+
+
+def fetch_checkpoint(store: ArtifactStore, k: int, dest: Path) -> int:
+    """Copy iteration ``k``'s checkpoint from S3 into ``dest`` (its local folder, e.g.
+    ``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``, where the campaign's records name it): exactly the objects
+    its manifest lists, each checked against its SHA-256 (``infra.storage.ChecksumError`` naming an object that
+    differs). The objects land in ``dest`` + ``.partial`` first, renamed to ``dest`` once all are there, so a
+    fetch that fails leaves nothing (a hard kill leaves ``.partial``, cleared by the next fetch). Returns the bytes fetched, 0 when ``dest``
+    already holds a checkpoint (nothing is downloaded). Raises FileNotFoundError when S3 has no manifest of
+    iteration ``k`` (never uploaded, or pruned by retention)."""
+    from rao_core.train.checkpoint import is_checkpoint
+
+    if is_checkpoint(dest):
+        return 0
+    if not store.exists(_manifest_key(k)):
+        have = ", ".join(f"iter-{i}" for i in checkpoint_iterations(store)) or "none"
+        raise FileNotFoundError(f"no checkpoint of iteration {k} on S3 ({store.uri(_manifest_key(k))} is absent; "
+                                f"checkpoints there: {have})")
+    part = dest.with_name(dest.name + ".partial")
+    if part.exists():  # left by an interrupted fetch: start clean
+        shutil.rmtree(part)
+    try:
+        store.get_dir(f"iter-{k}/checkpoint", part, manifest=_manifest_key(k))
+    except BaseException:  # a checksum error, Ctrl-C: nothing half-fetched stays behind
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    if dest.exists():  # a folder without a model in it (e.g. an optimizer/ left behind): replaced whole
+        shutil.rmtree(dest)
+    part.rename(dest)
+    return folder_bytes(dest)
 
 
 def upload_verified(store: ArtifactStore, k: int, folder: Path) -> bool:

@@ -1,4 +1,5 @@
-"""``rao campaigns list`` / ``rao campaigns rm NAME``: the disk a campaign holds, local and on S3, and freeing it.
+"""``rao campaigns list`` / ``rm NAME`` / ``fetch NAME``: the disk a campaign holds, local and on S3, freeing it,
+and fetching its checkpoints back.
 
 A campaign holds ``$RAO_HOME/campaigns/NAME`` (a cache: trees, samples, checkpoint copies) and everything under
 ``s3://BUCKET/NAME/`` (the store: checkpoints, trees, reports, completion markers). ``list`` shows both sizes,
@@ -12,6 +13,11 @@ by that tag, and skips the (metric, step) points they already hold); an alias on
 the kept champion's stays (a new campaign of the name competes with it). MLflow is changed before any file is
 deleted, so a failure there can be retried with the same command. The S3 store is the config's (``--config``;
 ``RAO_S3_ENDPOINT``, the one of ``rao services up``, or an embedded SeaweedFS started for the command).
+
+``fetch`` copies checkpoints from S3 back to ``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``, the folders the
+campaign's experiment records name (``infra.retention.fetch_checkpoint``): retention removes local copies once
+their upload is verified, and the studies (``rao experiment textcraft-generalisation`` ...) read the records'
+folders.
 """
 
 from __future__ import annotations
@@ -102,6 +108,14 @@ def _champions(bucket: str) -> dict[str, list[tuple[str, str, str]]]:
         if key := _checkpoint_key(mv.source, bucket):
             out.setdefault(key.partition("/")[0], []).append((rm.name, str(mv.version), key))
     return out
+
+
+def _check_name(name: str) -> None:
+    from rao_core.config import NAME_PATTERN
+
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise typer.BadParameter(f"{name!r} is not a campaign name (lower-case letters, digits, '-')",
+                                 param_hint="'NAME'")
 
 
 def _with_services(cfg):
@@ -199,11 +213,8 @@ def rm_cmd(
     from mlflow import MlflowClient
 
     from infra.retention import folder_bytes
-    from rao_core.config import NAME_PATTERN
 
-    if not re.fullmatch(NAME_PATTERN, name):
-        raise typer.BadParameter(f"{name!r} is not a campaign name (lower-case letters, digits, '-')",
-                                 param_hint="'NAME'")
+    _check_name(name)
     cfg = _config(config)
     local = _local_root() / name
     with _with_services(cfg) as s3:
@@ -250,3 +261,34 @@ def rm_cmd(
             size = sum(o["Size"] for o in objs if protected(o["Key"]) and o["Key"].startswith(k))
             console.print(f"kept s3://{s3.bucket}/{k} ({_mb(size)}): the champion of {m} (version {v}); a new "
                           f"campaign {name} competes with it; --force deletes it too", highlight=False)
+
+
+@app.command("fetch")
+def fetch_cmd(
+    name: str = typer.Argument(..., help="Campaign name (as `rao campaigns list` shows it)."),
+    iteration: list[int] = typer.Option(None, "--iteration", help="Iteration whose checkpoint to fetch "
+                                        "(repeatable); default: every checkpoint the campaign has on S3."),
+    config: str = typer.Option(None, "--config", help=_CONFIG_HELP),
+) -> None:
+    """Fetch a campaign's checkpoints from S3 back into its local folder (campaigns/NAME/checkpoints/iter-K, where
+    its records name them), each object checked against its manifest's SHA-256; a folder already there stays."""
+    import time
+
+    from infra.retention import checkpoint_iterations, fetch_checkpoint
+    from infra.storage import ArtifactStore
+
+    _check_name(name)
+    cfg = _config(config)
+    with _with_services(cfg) as s3:
+        store = ArtifactStore(s3, name)
+        have = checkpoint_iterations(store)
+        want = list(dict.fromkeys(iteration or have))
+        if missing := [k for k in want if k not in have]:
+            raise InputError(f"campaign {name!r} has no checkpoint of iteration {missing[0]} on "
+                             f"s3://{s3.bucket}/{name}/ (it has: {', '.join(f'iter-{k}' for k in have) or 'none'}; "
+                             "`rao campaigns list` shows them)")
+        for k in want:
+            dest, t0 = _local_root() / name / "checkpoints" / f"iter-{k}", time.monotonic()
+            got = fetch_checkpoint(store, k, dest)
+            said = (f"fetched {_mb(got)} in {time.monotonic() - t0:.0f} s" if got else "already here")
+            console.print(f"campaign {name} iter-{k}: {said} ({dest})", highlight=False)

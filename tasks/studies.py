@@ -65,6 +65,7 @@ server (:func:`infra_failures`) stops the study instead of recording its zeros.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -468,9 +469,15 @@ def read_record(path: str | Path, root: Path | None = None,
 
 
 def _checkpoint(path: str, what: str, root: Path) -> str:
+    """``path`` (relative to ``root`` or absolute) when it holds a checkpoint, else FileNotFoundError; for a
+    campaign's folder (``.../campaigns/NAME/checkpoints/iter-K``, which retention removes once S3 holds it) the
+    line names the command that fetches it back."""
     p = Path(path) if Path(path).is_absolute() else root / path
     if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"checkpoint folder of {what} not found: {p} has no config.json")
+        m = re.search(r"/campaigns/([a-z0-9][a-z0-9-]*)/checkpoints/iter-(\d+)$", p.as_posix())
+        hint = (f"; a campaign's checkpoint removed locally comes back from S3 with `rao campaigns fetch {m[1]} "
+                f"--iteration {m[2]}`" if m else "")
+        raise FileNotFoundError(f"checkpoint folder of {what} not found: {p} has no config.json{hint}")
     return str(p)
 
 

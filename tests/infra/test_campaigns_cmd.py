@@ -1,5 +1,6 @@
 """``rao campaigns list`` / ``rao campaigns rm NAME`` (issue 27, item 1) on a real S3 server (SeaweedFS) and an
-MLflow registry (SQLite): sizes local and on S3, and a registered champion never deleted without ``--force``."""
+MLflow registry (SQLite): sizes local and on S3, and a registered champion never deleted without ``--force``;
+``rao campaigns fetch NAME`` brings checkpoints back to the folders the records name, checked against S3."""
 
 from __future__ import annotations
 
@@ -123,3 +124,42 @@ def test_every_page_of_an_mlflow_search_is_read():
     assert _all(search, "x", max_results=2) == [1, 2, 3, 4, 5]
     assert [(a, t, k) for a, t, k in calls] == [(("x",), None, {"max_results": 2}), (("x",), "t1", {"max_results": 2}),
                                                 (("x",), "t2", {"max_results": 2})]
+
+
+def test_fetch_brings_checkpoints_back_where_the_records_name_them(env, s3_server, capsys):
+    """Retention removed the local copies (as `local_copies: none` does): fetch puts each checkpoint back at
+    campaigns/NAME/checkpoints/iter-K, byte for byte; a second fetch downloads nothing; a corrupted object is
+    refused and leaves no folder that reads as a checkpoint; unknown iterations and names are one error line."""
+    from infra.storage import ArtifactStore
+    from rao_core.paths import rao_home
+    from tests.cli import one_error_line
+
+    name = f"camp-{uuid.uuid4().hex[:6]}"
+    _make(s3_server, env, name)
+    folder = rao_home() / "campaigns" / name / "checkpoints"
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "2")
+    assert code == 0, err
+    assert f"campaign {name} iter-2: fetched " in out and not (folder / "iter-1").exists()
+    assert (folder / "iter-2" / "model.safetensors").read_bytes() == b"w" * 1000
+    assert (folder / "iter-2" / "config.json").read_text() == "{}"
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name)  # every checkpoint on S3; iter-2 is there already
+    assert code == 0, err
+    assert f"iter-1: fetched " in out and f"iter-2: already here ({folder / 'iter-2'})" in out
+    assert (folder / "iter-1" / "model.safetensors").read_bytes() == b"w" * 1000
+
+    store = ArtifactStore(s3_server.settings(), name)
+    store.client.put_object(Bucket=store.settings.bucket, Key=f"{name}/iter-1/checkpoint/model.safetensors",
+                            Body=b"x" * 1000)  # differs from the manifest's SHA-256
+    import shutil
+
+    shutil.rmtree(folder / "iter-1")
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "1")
+    assert code == 1 and one_error_line(err).startswith(
+        f"error: checksum mismatch for s3://rao/{name}/iter-1/checkpoint/model.safetensors: SHA-256 "), err
+    assert not (folder / "iter-1").exists() and not (folder / "iter-1.partial").exists()
+    code, _, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "7")
+    assert code == 2 and one_error_line(err) == (f"error: campaign {name!r} has no checkpoint of iteration 7 on "
+                                                 f"s3://rao/{name}/ (it has: iter-1, iter-2; `rao campaigns list` "
+                                                 "shows them)")
+    code, _, err = run_cli(capsys, "campaigns", "fetch", "Bad_Name")
+    assert code == 2 and "is not a campaign name" in err

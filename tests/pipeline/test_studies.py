@@ -167,6 +167,9 @@ def _record(tmp_path: Path, name: str = "textcraft-ablation", arms=("recursive",
     (["--model", "best=/x"], "unknown arm 'best' (expected one of recursive, outcome, single)"),
     (["--arm", "outcome"], "has no checkpoint of arm 'outcome'; pass --model outcome=PATH"),
     (["--model", "single=/no/such/folder"], "checkpoint folder of arm single not found: /no/such/folder has no config.json"),
+    (["--model", "single=/h/campaigns/abl-single/checkpoints/iter-2"], "/h/campaigns/abl-single/checkpoints/iter-2 has no "
+     "config.json; a campaign's checkpoint removed locally comes back from S3 with `rao campaigns fetch abl-single "
+     "--iteration 2`"),
     (["--model", "single"], "expected ARM=PATH"),
     (["--model", "outcome=/x"], "--model outcome=...: arm 'outcome' is not evaluated (add --arm outcome)"),
     (["--k", "1"], "no TextCraft-Synth shape tier1x<K> for K = [1]"),
