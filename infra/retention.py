@@ -36,7 +36,7 @@ from typing import Any
 from infra.storage import ArtifactStore
 
 __all__ = ["RetentionReport", "apply_retention", "checkpoint_iterations", "drop_optimizer_state", "fetch_checkpoint",
-           "prune_checkpoints", "prune_campaign", "registry_sources", "remove_local_copies", "upload_verified",
+           "fetchable_iterations", "prune_checkpoints", "prune_campaign", "registry_sources", "remove_local_copies", "upload_verified",
            "folder_bytes"]
 
 OPTIMIZER_DIR = "optimizer"  # rao_core.train.trainer.OPTIMIZER_DIR (not imported: no torch here)
@@ -151,33 +151,49 @@ def drop_optimizer_state(store: ArtifactStore, k: int, local_root: Path | None =
     return freed
 
 
+def fetchable_iterations(store: ArtifactStore) -> list[int]:
+    """Iterations whose checkpoint upload completed (``iter-K/checkpoint.manifest.json`` exists), ascending: the
+    ones :func:`fetch_checkpoint` can read (a folder without its manifest is mid-upload, cut short or mid-prune)."""
+    return [k for k in checkpoint_iterations(store) if store.exists(_manifest_key(k))]
+
+
+def _listed_sizes(store: ArtifactStore, k: int) -> dict[str, int | None]:
+    """{path relative to the checkpoint folder: bytes} of the objects iteration ``k``'s manifest lists."""
+    base = store.uri(f"iter-{k}/checkpoint/")
+    return {e["uri"][len(base):]: e.get("bytes") for e in json.loads(store.get_bytes(_manifest_key(k)))["objects"]
+            if e["uri"].startswith(base)}
+
+
 def fetch_checkpoint(store: ArtifactStore, k: int, dest: Path) -> int:
     """Copy iteration ``k``'s checkpoint from S3 into ``dest`` (its local folder, e.g.
     ``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``, where the campaign's records name it): exactly the objects
     its manifest lists, each checked against its SHA-256 (``infra.storage.ChecksumError`` naming an object that
-    differs). The objects land in ``dest`` + ``.partial`` first, renamed to ``dest`` once all are there, so a
-    fetch that fails leaves nothing (a hard kill leaves ``.partial``, cleared by the next fetch). Returns the bytes fetched, 0 when ``dest``
-    already holds a checkpoint (nothing is downloaded). Raises FileNotFoundError when S3 has no manifest of
-    iteration ``k`` (never uploaded, or pruned by retention)."""
-    from rao_core.train.checkpoint import is_checkpoint
-
-    if is_checkpoint(dest):
-        return 0
+    differs). The objects land in ``dest`` + ``.partial`` first and replace ``dest`` once all are there, so a
+    fetch that fails leaves ``dest`` as it was and no ``.partial`` (a hard kill leaves ``.partial``, cleared by
+    the next fetch). Returns the bytes fetched; 0, downloading nothing, when ``dest`` already holds every file
+    the manifest lists at its size. Raises FileNotFoundError when S3 has no manifest of iteration ``k`` (never
+    uploaded, cut short, or pruned by retention)."""
     if not store.exists(_manifest_key(k)):
-        have = ", ".join(f"iter-{i}" for i in checkpoint_iterations(store)) or "none"
+        have = ", ".join(f"iter-{i}" for i in fetchable_iterations(store)) or "none"
         raise FileNotFoundError(f"no checkpoint of iteration {k} on S3 ({store.uri(_manifest_key(k))} is absent; "
-                                f"checkpoints there: {have})")
+                                f"complete checkpoints there: {have})")
+    listed = _listed_sizes(store, k)
+    if dest.is_dir() and all((dest / rel).is_file() and size in (None, (dest / rel).stat().st_size)
+                             for rel, size in listed.items()):
+        return 0
     part = dest.with_name(dest.name + ".partial")
     if part.exists():  # left by an interrupted fetch: start clean
         shutil.rmtree(part)
     try:
         store.get_dir(f"iter-{k}/checkpoint", part, manifest=_manifest_key(k))
-    except BaseException:  # a checksum error, Ctrl-C: nothing half-fetched stays behind
+        if dest.is_symlink() or dest.is_file():  # a link to another disk, a stray file: replaced, not followed
+            dest.unlink()
+        elif dest.exists():  # an incomplete copy (a file missing or of another size): replaced whole
+            shutil.rmtree(dest)
+        part.rename(dest)
+    except BaseException:  # a checksum error, a full disk, Ctrl-C: nothing half-fetched stays behind
         shutil.rmtree(part, ignore_errors=True)
         raise
-    if dest.exists():  # a folder without a model in it (e.g. an optimizer/ left behind): replaced whole
-        shutil.rmtree(dest)
-    part.rename(dest)
     return folder_bytes(dest)
 
 
@@ -190,9 +206,7 @@ def upload_verified(store: ArtifactStore, k: int, folder: Path) -> bool:
         return False
     if store.verify_manifest(_manifest_key(k)):
         return False
-    base = store.uri(f"iter-{k}/checkpoint/")
-    listed = {e["uri"][len(base):]: e.get("bytes") for e in json.loads(store.get_bytes(_manifest_key(k)))["objects"]
-              if e["uri"].startswith(base)}
+    listed = _listed_sizes(store, k)
     for p in folder.rglob("*"):
         if p.is_file() and p.name != ".complete":
             rel = p.relative_to(folder).as_posix()

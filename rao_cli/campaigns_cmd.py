@@ -274,14 +274,17 @@ def fetch_cmd(
     its records name them), each object checked against its manifest's SHA-256; a folder already there stays."""
     import time
 
-    from infra.retention import checkpoint_iterations, fetch_checkpoint
+    from infra.retention import fetch_checkpoint, fetchable_iterations
     from infra.storage import ArtifactStore
 
     _check_name(name)
     cfg = _config(config)
     with _with_services(cfg) as s3:
         store = ArtifactStore(s3, name)
-        have = checkpoint_iterations(store)
+        have = fetchable_iterations(store)  # complete uploads only: what `list` shows
+        if not have:
+            raise InputError(f"campaign {name!r} has no checkpoint on s3://{s3.bucket}/{name}/ (`rao campaigns list` "
+                             "shows the campaigns and their checkpoints)")
         want = list(dict.fromkeys(iteration or have))
         if missing := [k for k in want if k not in have]:
             raise InputError(f"campaign {name!r} has no checkpoint of iteration {missing[0]} on "

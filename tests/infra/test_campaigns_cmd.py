@@ -142,12 +142,16 @@ def test_fetch_brings_checkpoints_back_where_the_records_name_them(env, s3_serve
     assert f"campaign {name} iter-2: fetched " in out and not (folder / "iter-1").exists()
     assert (folder / "iter-2" / "model.safetensors").read_bytes() == b"w" * 1000
     assert (folder / "iter-2" / "config.json").read_text() == "{}"
-    code, out, err = run_cli(capsys, "campaigns", "fetch", name)  # every checkpoint on S3; iter-2 is there already
+    store = ArtifactStore(s3_server.settings(), name)
+    store.put_bytes(b"half", "iter-3/checkpoint/model.safetensors")  # an upload still running: no manifest yet
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name)  # every complete checkpoint; iter-2 is there already
     assert code == 0, err
-    assert f"iter-1: fetched " in out and f"iter-2: already here ({folder / 'iter-2'})" in out
+    assert f"iter-1: fetched " in out and f"iter-2: already here ({folder / 'iter-2'})" in out and "iter-3" not in out
     assert (folder / "iter-1" / "model.safetensors").read_bytes() == b"w" * 1000
 
-    store = ArtifactStore(s3_server.settings(), name)
+    (folder / "iter-2" / "model.safetensors").write_bytes(b"w" * 10)  # a copy cut short: fetched again, whole
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "2")
+    assert code == 0 and "iter-2: fetched " in out and (folder / "iter-2" / "model.safetensors").stat().st_size == 1000
     store.client.put_object(Bucket=store.settings.bucket, Key=f"{name}/iter-1/checkpoint/model.safetensors",
                             Body=b"x" * 1000)  # differs from the manifest's SHA-256
     import shutil
@@ -161,5 +165,10 @@ def test_fetch_brings_checkpoints_back_where_the_records_name_them(env, s3_serve
     assert code == 2 and one_error_line(err) == (f"error: campaign {name!r} has no checkpoint of iteration 7 on "
                                                  f"s3://rao/{name}/ (it has: iter-1, iter-2; `rao campaigns list` "
                                                  "shows them)")
+    code, _, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "3")
+    assert code == 2 and "no checkpoint of iteration 3" in one_error_line(err) and "it has: iter-1, iter-2;" in err
+    code, _, err = run_cli(capsys, "campaigns", "fetch", "camp-none")
+    assert code == 2 and one_error_line(err) == ("error: campaign 'camp-none' has no checkpoint on s3://rao/camp-none/ "
+                                                 "(`rao campaigns list` shows the campaigns and their checkpoints)")
     code, _, err = run_cli(capsys, "campaigns", "fetch", "Bad_Name")
     assert code == 2 and "is not a campaign name" in err
