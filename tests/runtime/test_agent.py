@@ -186,7 +186,10 @@ async def test_sequential_children_switch_runs_gathered_children_one_at_a_time(t
     spans = [(n.timings.started_at, n.timings.started_at + n.timings.wall_s) for n in kids]
     overlap = any(b0 < a1 - 1e-3 for (_, a1), (b0, _) in zip(spans, spans[1:]))
     assert overlap is not sequential, spans
-    assert (pol.max_in_flight == 1) is sequential  # the root waits; the children's requests never overlap
+    if sequential:  # the root waits; the children's requests never overlap
+        assert pol.max_in_flight == 1
+    # gathered: the children's lives overlap (above); their 0.3 s requests need not, when a loaded machine starts
+    # each child's REPL slower than that (seen at nice 19 beside an experiment: max_in_flight 1)
 
 
 class BrokenPrefixPolicy(Policy):
