@@ -164,20 +164,22 @@ def _listed_sizes(store: ArtifactStore, k: int) -> dict[str, int | None]:
             if e["uri"].startswith(base)}
 
 
-def fetch_checkpoint(store: ArtifactStore, k: int, dest: Path) -> int:
+def fetch_checkpoint(store: ArtifactStore, k: int, dest: Path, optimizer: bool = True) -> int:
     """Copy iteration ``k``'s checkpoint from S3 into ``dest`` (its local folder, e.g.
     ``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``, where the campaign's records name it): exactly the objects
     its manifest lists, each checked against its SHA-256 (``infra.storage.ChecksumError`` naming an object that
     differs). The objects land in ``dest`` + ``.partial`` first and replace ``dest`` once all are there, so a
     fetch that fails leaves ``dest`` as it was and no ``.partial`` (a hard kill leaves ``.partial``, cleared by
     the next fetch). Returns the bytes fetched; 0, downloading nothing, when ``dest`` already holds every file
-    the manifest lists at its size. Raises FileNotFoundError when S3 has no manifest of iteration ``k`` (never
-    uploaded, cut short, or pruned by retention)."""
+    the manifest lists at its size. ``optimizer=False`` leaves out the optimizer state (``optimizer/``: two thirds
+    of a full checkpoint; what serving and evaluating need is the rest). Raises FileNotFoundError when S3 has no
+    manifest of iteration ``k`` (never uploaded, cut short, or pruned by retention)."""
     if not store.exists(_manifest_key(k)):
         have = ", ".join(f"iter-{i}" for i in fetchable_iterations(store)) or "none"
         raise FileNotFoundError(f"no checkpoint of iteration {k} on S3 ({store.uri(_manifest_key(k))} is absent; "
                                 f"complete checkpoints there: {have})")
-    listed = _listed_sizes(store, k)
+    skip = None if optimizer else f"{OPTIMIZER_DIR}/"
+    listed = {rel: size for rel, size in _listed_sizes(store, k).items() if not (skip and rel.startswith(skip))}
     if dest.is_dir() and all((dest / rel).is_file() and size in (None, (dest / rel).stat().st_size)
                              for rel, size in listed.items()):
         return 0
@@ -185,7 +187,7 @@ def fetch_checkpoint(store: ArtifactStore, k: int, dest: Path) -> int:
     if part.exists():  # left by an interrupted fetch: start clean
         shutil.rmtree(part)
     try:
-        store.get_dir(f"iter-{k}/checkpoint", part, manifest=_manifest_key(k))
+        store.get_dir(f"iter-{k}/checkpoint", part, manifest=_manifest_key(k), skip=skip)
         if dest.is_symlink() or dest.is_file():  # a link to another disk, a stray file: replaced, not followed
             dest.unlink()
         elif dest.exists():  # an incomplete copy (a file missing or of another size): replaced whole

@@ -309,9 +309,10 @@ class ArtifactStore:
         """Delete one object (no error if it is absent)."""
         self.client.delete_object(Bucket=self.settings.bucket, Key=self._key(key))
 
-    def get_dir(self, key: str, local: str | Path, manifest: str | None = None) -> Path:
+    def get_dir(self, key: str, local: str | Path, manifest: str | None = None, skip: str | None = None) -> Path:
         """Download every object under ``key/`` into ``local``; with ``manifest`` (the key of a
-        ``write_manifest`` file) exactly the objects it lists, each checked against its SHA-256 there."""
+        ``write_manifest`` file) exactly the objects it lists, each checked against its SHA-256 there.
+        ``skip``: a folder under ``key/`` (e.g. ``optimizer/``) whose objects are not downloaded."""
         local, base = Path(local), self._key(key).rstrip("/") + "/"
         if manifest is None:
             entries = [(k, None) for k in self.list(key.rstrip("/") + "/")]
@@ -321,6 +322,8 @@ class ArtifactStore:
             rel = self._key(k)
             if not rel.startswith(base):
                 raise ChecksumError(f"manifest {self.uri(manifest or '')} lists {k}, outside {self.uri(key)}")
+            if skip and rel[len(base):].startswith(skip.rstrip("/") + "/"):
+                continue
             self.get_file(k, local / rel[len(base):], sha256=sha)
         return local
 

@@ -268,6 +268,8 @@ def fetch_cmd(
     name: str = typer.Argument(..., help="Campaign name (as `rao campaigns list` shows it)."),
     iteration: list[int] = typer.Option(None, "--iteration", help="Iteration whose checkpoint to fetch "
                                         "(repeatable); default: every checkpoint the campaign has on S3."),
+    weights_only: bool = typer.Option(False, "--weights-only", help="Leave out the optimizer state (two thirds of "
+                                      "a checkpoint; serving, evaluating and the studies need only the rest)."),
     config: str = typer.Option(None, "--config", help=_CONFIG_HELP),
 ) -> None:
     """Fetch a campaign's checkpoints from S3 back into its local folder (campaigns/NAME/checkpoints/iter-K, where
@@ -292,6 +294,6 @@ def fetch_cmd(
                              "`rao campaigns list` shows them)")
         for k in want:
             dest, t0 = _local_root() / name / "checkpoints" / f"iter-{k}", time.monotonic()
-            got = fetch_checkpoint(store, k, dest)
+            got = fetch_checkpoint(store, k, dest, optimizer=not weights_only)
             said = (f"fetched {_mb(got)} in {time.monotonic() - t0:.0f} s" if got else "already here")
             console.print(f"campaign {name} iter-{k}: {said} ({dest})", highlight=False)

@@ -481,7 +481,7 @@ def _checkpoint(path: str, what: str, root: Path) -> str:
 
             home = "" if Path(m[1]).resolve() == rao_home() else f"RAO_HOME={m[1]} "
             hint = (f"; a campaign's checkpoint removed locally comes back from S3 with `{home}rao campaigns fetch "
-                    f"{m[2]} --iteration {m[3]}`")
+                    f"{m[2]} --iteration {m[3]} --weights-only`")
         raise FileNotFoundError(f"checkpoint folder of {what} not found: {p} has no config.json{hint}")
     return str(p)
 

@@ -167,6 +167,19 @@ def test_fetch_brings_checkpoints_back_where_the_records_name_them(env, s3_serve
                                                  "shows them)")
     code, _, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "3")
     assert code == 2 and "no checkpoint of iteration 3" in one_error_line(err) and "it has: iter-1, iter-2;" in err
+    src = env / "src-opt"  # a checkpoint with its optimizer state: --weights-only leaves that out
+    (src / "optimizer").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"m" * 100)
+    (src / "optimizer" / "state.pt").write_bytes(b"o" * 200)
+    store.write_manifest("iter-5/checkpoint.manifest.json", store.put_dir(src, "iter-5/checkpoint"))
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "5", "--weights-only")
+    assert code == 0 and "iter-5: fetched 0.0 MB" in out and not (folder / "iter-5" / "optimizer").exists(), (out, err)
+    assert (folder / "iter-5" / "model.safetensors").read_bytes() == b"m" * 100
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "5", "--weights-only")
+    assert code == 0 and "iter-5: already here" in out
+    code, out, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "5")  # the whole checkpoint now
+    assert code == 0 and "iter-5: fetched" in out and (folder / "iter-5" / "optimizer" / "state.pt").stat().st_size == 200
     code, _, err = run_cli(capsys, "campaigns", "fetch", "camp-none")
     assert code == 2 and one_error_line(err) == ("error: campaign 'camp-none' has no checkpoint on s3://rao/camp-none/ "
                                                  "(`rao campaigns list` shows the campaigns and their checkpoints)")

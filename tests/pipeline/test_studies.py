@@ -169,7 +169,7 @@ def _record(tmp_path: Path, name: str = "textcraft-ablation", arms=("recursive",
     (["--model", "single=/no/such/folder"], "checkpoint folder of arm single not found: /no/such/folder has no config.json"),
     (["--model", "single=/h/campaigns/abl-single/checkpoints/iter-2"], "/h/campaigns/abl-single/checkpoints/iter-2 has no "
      "config.json; a campaign's checkpoint removed locally comes back from S3 with `RAO_HOME=/h rao campaigns fetch "
-     "abl-single --iteration 2`"),
+     "abl-single --iteration 2 --weights-only`"),
     (["--model", "single"], "expected ARM=PATH"),
     (["--model", "outcome=/x"], "--model outcome=...: arm 'outcome' is not evaluated (add --arm outcome)"),
     (["--k", "1"], "no TextCraft-Synth shape tier1x<K> for K = [1]"),
@@ -407,7 +407,7 @@ def test_a_missing_campaign_checkpoint_names_the_fetch_command_for_its_home(tmp_
     mine = tmp_path / "campaigns" / "abl-recursive" / "checkpoints" / "iter-0"
     with pytest.raises(FileNotFoundError) as e:
         _checkpoint(str(mine), "arm recursive", tmp_path)
-    assert str(e.value).endswith("comes back from S3 with `rao campaigns fetch abl-recursive --iteration 0`")
+    assert str(e.value).endswith("comes back from S3 with `rao campaigns fetch abl-recursive --iteration 0 --weights-only`")
     with pytest.raises(FileNotFoundError) as e:  # not a campaign's folder: no command to offer
         _checkpoint(str(tmp_path / "mine"), "arm recursive", tmp_path)
     assert str(e.value) == f"checkpoint folder of arm recursive not found: {tmp_path / 'mine'} has no config.json"
