@@ -40,7 +40,11 @@ def pytest_sessionstart(session):
 
     from infra.disk import free_bytes, human_bytes, seaweedfs_floor_bytes
 
-    extra = int(float(os.environ.get("RAO_TEST_DISK_GB", SUITE_NEEDS_BYTES / (1 << 30))) * (1 << 30))
+    try:
+        extra = int(float(os.environ.get("RAO_TEST_DISK_GB", SUITE_NEEDS_BYTES / (1 << 30))) * (1 << 30))
+    except ValueError:
+        pytest.exit(f"error: RAO_TEST_DISK_GB={os.environ['RAO_TEST_DISK_GB']!r} is not a number of GiB (0 turns "
+                    "the disk check off)", returncode=1)
     if extra <= 0:
         return
     tmp = Path(session.config.option.basetemp or tempfile.gettempdir())
