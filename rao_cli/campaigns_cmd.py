@@ -290,7 +290,7 @@ def fetch_cmd(
         want = list(dict.fromkeys(iteration or have))
         if missing := [k for k in want if k not in have]:
             raise InputError(f"campaign {name!r} has no checkpoint of iteration {missing[0]} on "
-                             f"s3://{s3.bucket}/{name}/ (it has: {', '.join(f'iter-{k}' for k in have) or 'none'}; "
+                             f"s3://{s3.bucket}/{name}/ (it has: {', '.join(f'iter-{k}' for k in have)}; "
                              "`rao campaigns list` shows them)")
         for k in want:
             dest, t0 = _local_root() / name / "checkpoints" / f"iter-{k}", time.monotonic()

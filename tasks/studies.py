@@ -474,11 +474,13 @@ def _checkpoint(path: str, what: str, root: Path) -> str:
     line names the command that fetches it back."""
     p = Path(path) if Path(path).is_absolute() else root / path
     if not (p / "config.json").is_file():
-        m = re.search(r"^(.*)/campaigns/([a-z0-9][a-z0-9-]*)/checkpoints/iter-(\d+)$", p.as_posix())
+        from rao_core.config import NAME_PATTERN
+        from rao_core.paths import rao_home
+
+        name = NAME_PATTERN.strip("^$")  # a campaign name, the rule the config enforces
+        m = re.search(rf"^(.*)/campaigns/({name})/checkpoints/iter-(\d+)$", p.as_posix())
         hint = ""
         if m:  # fetch writes under $RAO_HOME/campaigns: name the record's home when it is another
-            from rao_core.paths import rao_home
-
             home = "" if Path(m[1]).resolve() == rao_home() else f"RAO_HOME={m[1]} "
             hint = (f"; a campaign's checkpoint removed locally comes back from S3 with `{home}rao campaigns fetch "
                     f"{m[2]} --iteration {m[3]} --weights-only`")

@@ -39,6 +39,7 @@ def pytest_sessionstart(session):
     import tempfile
 
     from infra.disk import free_bytes, human_bytes, seaweedfs_floor_bytes
+    from rao_core.paths import rao_home
 
     try:
         extra = int(float(os.environ.get("RAO_TEST_DISK_GB", SUITE_NEEDS_BYTES / (1 << 30))) * (1 << 30))
@@ -49,7 +50,7 @@ def pytest_sessionstart(session):
         return
     tmp = Path(session.config.option.basetemp or tempfile.gettempdir())
     for what, where in (("the temporary folders (--basetemp, TMPDIR)", tmp),
-                        ("RAO_HOME", Path(os.environ.get("RAO_HOME", Path(__file__).parent.parent / "var")))):
+                        ("RAO_HOME", rao_home())):
         free, total = free_bytes(where)
         need = seaweedfs_floor_bytes(total) + extra
         if free < need:
