@@ -99,6 +99,8 @@ CASES = [
     ("eval --model {tmp}/nope --task-file {garbage}", 2, "error: model not found: {tmp}/nope has no config.json"),
     ("campaigns list --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
     ("campaigns rm Bad_Name", 2, "Invalid value for 'NAME': 'Bad_Name' is not a campaign name"),
+    ("campaigns fetch Bad_Name", 2, "Invalid value for 'NAME': 'Bad_Name' is not a campaign name"),
+    ("campaigns fetch smoke --iteration x", 2, "Invalid value for '--iteration'"),
 ]
 
 
