@@ -13,8 +13,10 @@ two are the same checkpoint). Each checkpoint is evaluated by ``tasks.stages.eva
 the campaign's evaluation and of ``rao eval``); ``tasks.tracking.log_evaluation`` logs the results.
 
 Repeatability: the tasks are fixed by the evaluation seed (``eval.seed``); the sampling is the campaign's
-(``runtime.temperature``), and per-request seeds follow ``serving.request_seeds`` (never sent to vLLM's CPU
-engine), so on CPU two evaluations of one checkpoint differ by sampling noise, which the test allows for.
+(``runtime.temperature``), and per-request seeds (each tree's from ``eval.seed``, its mode and its task:
+``rao_core.task_sampling.eval_tree_seed``) follow ``serving.request_seeds`` (never sent to vLLM's CPU engine), so
+on GPUs champion and candidate sample with the same seeds, and on CPU two evaluations of one checkpoint differ by
+sampling noise, which the test allows for.
 """
 
 from __future__ import annotations

@@ -498,7 +498,7 @@ def tree_sample(trees: Sequence[ExecutionTree], k: int, max_chars: int = SAMPLE_
 
 async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Policy, runtime_config: RuntimeConfig,
                           *, tokenizer: Any, mode: Mode, graded: bool = True, progress: Any = None,
-                          keep_trees: int = STORED_TREES) -> EvalReport:
+                          keep_trees: int = STORED_TREES, seed: int | None = None) -> EvalReport:
     """Grow one execution tree per task with ``policy`` and summarise per difficulty.
 
     Args:
@@ -512,6 +512,10 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
         graded: success rate = mean verifier value (default) instead of the fraction >= 1.
         progress: passed to ``run_trees`` (callback or True for a progress bar).
         keep_trees: compact trees kept per row (:func:`tree_sample`; ``EvalConfig.stored_trees``).
+        seed: the evaluation seed (``eval.seed``): each tree is seeded
+            ``rao_core.task_sampling.eval_tree_seed(seed, mode, task_id)``, so two checkpoints get the same
+            per-request seeds on the same task (sent only by a policy that sends seeds: ``serving.request_seeds``);
+            None: unseeded trees.
 
     Returns:
         :class:`EvalReport` with one row per difficulty (in first-seen order) and the trees.
@@ -523,7 +527,13 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
     if not tasks:
         raise ValueError("evaluate_policy needs at least one task")
     t0 = time.perf_counter()
-    trees = await run_trees(env, [(t, 1) for t in tasks], policy, cfg, tokenizer=tokenizer, progress=progress)
+    seeds = None
+    if seed is not None:
+        from rao_core.task_sampling import eval_tree_seed
+
+        seeds = lambda task, g: eval_tree_seed(seed, mode, task.task_id)  # noqa: E731 - one tree per task
+    trees = await run_trees(env, [(t, 1) for t in tasks], policy, cfg, tokenizer=tokenizer, progress=progress,
+                            seeds=seeds)
     return report_from_trees(tasks, trees, mode=mode, graded=graded, wall_s=time.perf_counter() - t0,
                              keep_trees=keep_trees)
 
@@ -587,7 +597,7 @@ def dev_tasks(env: Environment, config: EvalConfig, dev: DevSet, **generator_opt
 async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime: RuntimeConfig, tokenizer: Any,
                          tasks: Sequence[Task] | None = None, policy: Policy | None = None,
                          base_url: str | None = None, model: str = "policy", close_policy: bool = False,
-                         progress: Any = None) -> EvalReport:
+                         progress: Any = None, seeded: bool = False) -> EvalReport:
     """Evaluate a policy on held-out tasks in every mode of ``config`` (modes in turn, all tasks at once).
 
     Args:
@@ -597,9 +607,12 @@ async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime:
         tokenizer: HF tokenizer or checkpoint folder (chat template of the evaluated model).
         tasks: the tasks (e.g. a task file); None = :func:`eval_tasks` of ``config``.
         policy: the policy; None = an ``OpenAIPolicy(base_url, model)`` with the runtime's temperature,
-            top_p and ``policy_timeout_s`` (closed at the end).
+            top_p and ``policy_timeout_s`` (closed at the end), which sends no seeds (this function does not
+            know whether the server honours them: vLLM's CPU engine dies on some seeded requests).
         close_policy: also close a given ``policy`` at the end (callers that run this in ``asyncio.run``).
         progress: passed to ``run_trees`` (callback or True for a progress bar).
+        seeded: seed each tree from ``config.seed`` (:func:`evaluate_policy`'s ``seed``); whether the seeds
+            reach the server is the policy's choice (``OpenAIPolicy.send_seeds``).
 
     Returns:
         One report with a row per (mode, difficulty), modes in config order; ``report.pooled(mode)``
@@ -619,13 +632,14 @@ async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime:
         from rao_core.policies.openai_policy import OpenAIPolicy
 
         policy = OpenAIPolicy(base_url, model, temperature=runtime.temperature, top_p=runtime.top_p,
-                              request_timeout_s=runtime.policy_timeout_s)
+                              request_timeout_s=runtime.policy_timeout_s, send_seeds=False)
     report = EvalReport(graded=config.graded)
     try:
         for mode in config.modes:
             report = report + await evaluate_policy(env, tasks, policy, runtime, tokenizer=tokenizer, mode=mode,
                                                     graded=config.graded, progress=progress,
-                                                    keep_trees=config.stored_trees)
+                                                    keep_trees=config.stored_trees,
+                                                    seed=config.seed if seeded else None)
     finally:
         if own or close_policy:
             await policy.aclose()

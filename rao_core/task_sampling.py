@@ -31,7 +31,7 @@ from rao_core.envs.base import Environment, Task
 if TYPE_CHECKING:
     from rao_core.config import CampaignConfig
 
-__all__ = ["campaign_task_sets", "check_disjoint", "check_task_sets", "rollout_seed", "sample_tasks",
+__all__ = ["campaign_task_sets", "check_disjoint", "check_task_sets", "eval_tree_seed", "rollout_seed", "sample_tasks",
            "split_evenly", "task_identity", "task_seed"]
 
 
@@ -49,6 +49,16 @@ def rollout_seed(seed: int, iteration: int, task_id: str, rollout_index: int) ->
     ``ExecutionTree.seed``; each policy request of the tree derives its own from it
     (``rao_core.runtime.agent.request_seed``)."""
     digest = hashlib.sha256(f"rollout|{seed}|{iteration}|{task_id}|{rollout_index}".encode()).hexdigest()
+    return int(digest[:8], 16) % (2 ** 31)
+
+
+def eval_tree_seed(seed: int, mode: str, task_id: str) -> int:
+    """Sampling seed (an int in [0, 2^31)) of the evaluation tree of task ``task_id`` in ``mode`` under the
+    evaluation seed ``seed`` (``eval.seed``): ``int(sha256(f"eval-tree|{seed}|{mode}|{task_id}")[:8 hex
+    digits]) mod 2^31``, the rule of :func:`rollout_seed`. Two checkpoints evaluated on the same tasks ask for
+    the same seeds, so where the server honours them (vLLM on GPUs; ``serving.request_seeds``) the nightly's
+    paired comparison differs only by the checkpoints (issue 42 item 1); stored as ``ExecutionTree.seed``."""
+    digest = hashlib.sha256(f"eval-tree|{seed}|{mode}|{task_id}".encode()).hexdigest()
     return int(digest[:8], 16) % (2 ** 31)
 
 

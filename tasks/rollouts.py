@@ -60,7 +60,7 @@ class ShardError(ServiceError):
 
 class RolloutGroup(BaseModel):
     """One task's G rollouts, with the sampling seed of each (``seeds[g]`` for rollout index g; None:
-    unseeded, as evaluation trees are)."""
+    unseeded)."""
 
     task: Task
     rollouts: int = Field(ge=1)
@@ -137,14 +137,17 @@ def plan_shards(tasks: Sequence[Task], rollouts: int, *, seed: int, iteration: i
 
 
 def plan_eval_shards(tasks: Sequence[Task], *, mode: Literal["recursive", "single"], shards: int,
-                     folder: str) -> list[Shard]:
-    """The evaluation's shards of one mode: one unseeded tree per task (as ``rao_core.evaluation`` grows
-    them), ``min(shards, len(tasks))`` shards of consecutive tasks, objects
-    ``<folder>/eval/shards/<mode>-shard-<i>-of-<n>.jsonl`` (``folder``: ``iter-K`` or the nightly's folder).
-    Raises ValueError for no task or ``shards`` < 1."""
+                     folder: str, seed: int | None = None) -> list[Shard]:
+    """The evaluation's shards of one mode: one tree per task, seeded as ``rao_core.evaluation`` seeds them
+    (``eval_tree_seed(seed, mode, task_id)``; ``seed`` None: unseeded), ``min(shards, len(tasks))`` shards of
+    consecutive tasks, objects ``<folder>/eval/shards/<mode>-shard-<i>-of-<n>.jsonl`` (``folder``: ``iter-K`` or
+    the nightly's folder). Raises ValueError for no task or ``shards`` < 1."""
+    from rao_core.task_sampling import eval_tree_seed
+
     if shards < 1 or not tasks:
         raise ValueError(f"cannot shard {len(tasks)} evaluation tasks into {shards} shards")
-    groups = [RolloutGroup(task=t, rollouts=1, seeds=[None]) for t in tasks]
+    groups = [RolloutGroup(task=t, rollouts=1, seeds=[None if seed is None else eval_tree_seed(seed, mode, t.task_id)])
+              for t in tasks]
     return _cut(groups, shards, lambda i, n: f"{folder}/eval/shards/{mode}-shard-{i + 1}-of-{n}.jsonl", mode=mode)
 
 

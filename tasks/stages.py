@@ -418,7 +418,9 @@ def validation_tasks(ctx: RunContext) -> list[Task]:
 def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
                    iteration: int | str | None = None) -> EvalOutput:
     """Evaluate the served policy on the validation tasks in each mode of ``eval`` with the campaign's
-    runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``). Progress (trees
+    runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``), each tree seeded from
+    ``eval.seed`` (``rao_core.task_sampling.eval_tree_seed``; sent to the server only if ``served.seeded``, as the
+    rollouts' seeds are), so champion and candidate sample alike where the server honours seeds. Progress (trees
     finished over all modes) goes to the Prefect progress artifact
     ``artifact_key(ctx.name, "evaluate-progress", iteration)`` inside a flow run, and to a terminal bar. With
     ``execution.backend: ray`` the trees grow as shards on the Ray cluster (:func:`_evaluate_on_ray`) and are
@@ -453,7 +455,7 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
     else:
         report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
                                 tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served),
-                                progress=progress)
+                                progress=progress, seeded=True)
     infra = check_infra_failures(ctx, where, report.trees)  # a dead server fails the stage, no marker written
     if infra:
         run_logger().warning(f"{where}: {len(report.trees)} trees, {infra_text(infra)} (left unscored)")
@@ -473,7 +475,7 @@ def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[T
     folder = iter_key(iteration) if iteration is not None else "eval"
     report = EvalReport(graded=ev.graded)
     for mode in ev.modes:
-        shards = rollouts.plan_eval_shards(tasks, mode=mode, shards=ex.shards, folder=folder)
+        shards = rollouts.plan_eval_shards(tasks, mode=mode, shards=ex.shards, folder=folder, seed=ev.seed)
         t0 = time.monotonic()
         results = rollouts.run_on_ray(ctx, iteration, shards, served, tokenizer_path, _policy,
                                       advance, what=f"{where} ({mode})")

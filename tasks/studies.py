@@ -46,7 +46,8 @@ which reports up to 2.5x less wall-clock from parallel children on GPUs: here th
 it gathers (``parallel_share`` reports how often children overlapped), one CPU server decodes every
 sequence, the tree's wall-clock limit is raised to :data:`WALLCLOCK_TREE_TIMEOUT_S` so that no setting is cut,
 the REPL pool holds a root and all its children pre-started (:func:`wallclock_repl_pool`), and requests are
-unseeded (the evaluation's rule), so the settings' trees of a task are not paired.
+unseeded (a study's evaluation sends no seeds: ``rao_core.evaluation.evaluate_suite``), so the settings' trees
+of a task are not paired.
 
 Task sets: the study's evaluation tasks (every K) are checked against the record's training pool and
 demonstrations and its development set before any server starts (``rao_core.task_sampling.check_task_sets``;

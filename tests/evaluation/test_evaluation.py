@@ -266,3 +266,38 @@ def test_oolong_partial_credit_is_kept():
     exact = run_evaluation(EvalConfig(graded=False), env="oolong", tasks=tasks, runtime=rc,
                            tokenizer=tiny_model_path(), policy=policy)
     assert exact.row("recursive", "singledoc_rolls").success == pytest.approx(1 / 3)
+
+
+@needs_tok
+async def test_seeded_evaluation_gives_each_tree_its_task_seed_and_every_request_its_own():
+    """Issue 42 item 1: with ``seeded`` the nightly's two evaluations of the same tasks ask for the same
+    per-request seeds (the policy decides whether to send them); without it, as in ``rao eval``, none."""
+    from rao_core.runtime.agent import request_seed
+    from rao_core.task_sampling import eval_tree_seed
+
+    class Recording(ReplayPolicy):
+        def __init__(self):
+            super().__init__(default=[cell("x = 1"), cell("finish('done')")])
+            self.seen: list[tuple[str, int, int | None]] = []
+
+        async def generate(self, request):
+            self.seen.append((request.node.node_id, len(request.node.turns), request.seed))
+            return await super().generate(request)
+
+    env = get_env("textcraft-synth")
+    cfg = EvalConfig(difficulties=["easy"], n_tasks=3, seed=21, modes=["recursive", "single"])
+    rc = RuntimeConfig(sandbox=SANDBOX, context_window=4096, max_new_tokens=64)
+    runs = []
+    for seeded in (True, True, False):
+        pol = Recording()
+        rep = await evaluate_suite(cfg, env=env, runtime=rc, tokenizer=tiny_model_path(), policy=pol, seeded=seeded)
+        runs.append((rep, sorted(pol.seen)))
+    (a, seen_a), (b, seen_b), (off, seen_off) = runs
+    want = {(t.meta["eval_mode"], t.group_id): eval_tree_seed(21, t.meta["eval_mode"], t.group_id) for t in a.trees}
+    assert [t.seed for t in a.trees] == [want[(t.meta["eval_mode"], t.group_id)] for t in a.trees]
+    assert len(set(want.values())) == 6  # 3 tasks x 2 modes, all different
+    assert {s for _, _, s in seen_a} == {request_seed(t.seed, t.root.node_id, k) for t in a.trees for k in (0, 1)}
+    assert seen_a == seen_b and len(seen_a) == 12 and all(s is not None for _, _, s in seen_a)  # 6 trees x 2 turns
+    assert len({s for _, _, s in seen_a}) == 12
+    assert all(t.seed is None for t in off.trees) and all(s is None for _, _, s in seen_off)
+    assert eval_tree_seed(21, "recursive", "t0") != eval_tree_seed(22, "recursive", "t0")

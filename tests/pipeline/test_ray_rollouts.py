@@ -147,6 +147,20 @@ def test_shards_keep_groups_whole_and_every_tree_keeps_its_task_and_seed():
         plan_shards(tasks, 3, seed=7, iteration=2, shards=0)
 
 
+def test_evaluation_shards_seed_each_tree_as_the_local_evaluation_does():
+    from rao_core.envs import Task
+    from rao_core.task_sampling import eval_tree_seed
+    from tasks.rollouts import plan_eval_shards
+
+    tasks = [Task(task_id=f"t{i}", env="textcraft-synth") for i in range(5)]
+    p = plan_eval_shards(tasks, mode="single", shards=2, folder="iter-3", seed=9)
+    assert [x for s in p for x in s.planned()] == [(t.task_id, 0, eval_tree_seed(9, "single", t.task_id)) for t in tasks]
+    assert [s.key for s in p] == ["iter-3/eval/shards/single-shard-1-of-2.jsonl", "iter-3/eval/shards/single-shard-2-of-2.jsonl"]
+    unseeded = plan_eval_shards(tasks, mode="single", shards=2, folder="iter-3")
+    assert [x[2] for s in unseeded for x in s.planned()] == [None] * 5
+    assert eval_tree_seed(9, "single", "t0") != eval_tree_seed(9, "recursive", "t0")
+
+
 def test_request_seeds_follow_the_tree_seed_node_and_turn():
     from rao_core.runtime.agent import request_seed
 
