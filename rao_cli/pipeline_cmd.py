@@ -684,7 +684,7 @@ def register(app: typer.Typer) -> None:
         eval.regression_n_tasks tasks; the champion is evaluated on the same tasks (or its stored outcomes of
         them are used) and each metric is decided by a one-sided paired test of "worse by more than the
         tolerance" (rao_core.regression). Config, suite and model reference are checked
-        before any service starts; a failure is one ``error:`` line (``RAO_DEBUG=1``: Prefect's log and the
+        before any service starts; a failure is one `error:` line (`RAO_DEBUG=1`: Prefect's log and the
         traceback). Ctrl-C or SIGTERM stops it within seconds: its MLflow run is marked KILLED and its Prefect
         flow run CANCELLED, every process it started is stopped, one error: line is printed (exit 130 / 143).
         """

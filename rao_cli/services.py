@@ -38,7 +38,7 @@ def up(
     ray_object_store_gib: float = typer.Option(1.0, min=0.1, help="Ray object store size, GiB (shards exchange "
                                                "small records; their trees go through S3)"),
 ) -> None:
-    """Start services (idempotent) and show where they run. A service that fails to start is one ``error:``
+    """Start services (idempotent) and show where they run. A service that fails to start is one `error:`
     line naming its log."""
     from infra.services import up as _up
 

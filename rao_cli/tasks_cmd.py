@@ -48,10 +48,10 @@ def generate(
     option: list[str] = typer.Option([], "--option", "-o", help="Generator option KEY=VALUE (JSON value), "
                                      "e.g. -o target_tokens=64000 (Oolong) or -o graph_seed=1 (TextCraft)."),
 ) -> None:
-    """Generate ``n`` seeded tasks with ``get_env(env).generate_tasks(...)`` and write them to ``out``.
+    """Generate N seeded tasks with the environment's generate_tasks and write them to OUT.
 
     Options are checked (names, types, bounds) by the generator before anything is written. An existing
-    ``out`` is replaced only when it is empty or a task file (every line a task): anything else is refused
+    OUT is replaced only when it is empty or a task file (every line a task): anything else is refused
     (exit 2) and left as it was.
     """
     from pydantic import ValidationError
@@ -107,7 +107,7 @@ def stats(path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A 
     """Print counts and size statistics of a task file, per environment, split and difficulty.
 
     A file that is not a task file (a record that is not a task, text that is not UTF-8) or holds no task
-    (empty or blank lines only) is an input error: one ``error:`` line naming the file (and the line), exit 2.
+    (empty or blank lines only) is an input error: one `error:` line naming the file (and the line), exit 2.
     """
     from rich.table import Table
 

@@ -99,3 +99,22 @@ def test_help_width_set_by_the_user_is_kept(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     code, out, _ = run_cli(capsys, "sft", "--help")
     assert code == 0 and max(len(ln) for ln in out.splitlines()) == 100
+
+
+def test_no_command_help_shows_rst_markup():
+    """``--help`` is read in a terminal: a docstring's reST double backticks would show literally (the new-user
+    trial of issue 41 found ``error:`` and ``n`` in `rao evaluate --help` and `rao tasks generate --help`)."""
+    import typer
+
+    from rao_cli.main import app
+
+    def walk(cmd, path):
+        yield path, cmd.help or ""
+        for p in cmd.params:
+            yield f"{path} {p.name}", getattr(p, "help", None) or ""
+        for name, sub in (getattr(cmd, "commands", None) or {}).items():
+            yield from walk(sub, f"{path} {name}")
+
+    shown = list(walk(typer.main.get_command(app), "rao"))
+    assert len(shown) > 100  # every command and option was walked
+    assert [where for where, text in shown if "``" in text] == []
