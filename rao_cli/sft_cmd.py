@@ -122,10 +122,10 @@ def register(app: typer.Typer) -> None:
                                         run_warm_start)
 
         check_out(out)  # before the demonstrations: nothing but a checkpoint is replaced at --out
-        model_path = check_model(model)
         raw = (read_yaml(config) or {}) if config else {}  # one error line: file, line, duplicate key
         if config:
             check_campaign_file(config, raw)
+        model_path = check_model(model)  # after the config: the options the user typed are named first
         demo = dict(raw.get("warm_start") or {})
         trainer = dict(demo.pop("trainer", None) or {})
         # a campaign config's warm_start section: its mode/checkpoint are the campaign's, options are DemoConfig's

@@ -83,6 +83,7 @@ CASES = [
      "error: sample record file not found: {tmp}/none.jsonl"),
     ("train --samples {empty} --model {ckpt} --out {tmp}/out --config {bad_yaml}", 2,
      "error: {bad_yaml}: " + YAML_WHERE),
+    ("sft --out {tmp}/out --config {tmp}/nope.yaml --model {tmp}/nomodel", 2, "config file not found: {tmp}/nope.yaml"),
     ("sft --env nosuchenv --model {ckpt} --out {tmp}/out", 2,
      "Invalid value for '--env': unknown environment 'nosuchenv'"),
     ("run --iterations -1", 2, "Invalid value for '--iterations': Input should be greater than or equal to 0"),
