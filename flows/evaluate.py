@@ -14,7 +14,8 @@ the campaign's evaluation and of ``rao eval``); ``tasks.tracking.log_evaluation`
 
 Repeatability: the tasks are fixed by the evaluation seed (``eval.seed``); the sampling is the campaign's
 (``runtime.temperature``), and per-request seeds (each tree's from ``eval.seed``, its mode and its task:
-``rao_core.task_sampling.eval_tree_seed``) follow ``serving.request_seeds`` (never sent to vLLM's CPU engine), so
+``rao_core.task_sampling.eval_tree_seed``) follow ``serving.request_seeds`` (auto: never to a vLLM the campaign
+started on CPU; ``false`` for an external vLLM on CPU), so
 on GPUs champion and candidate sample with the same seeds, and on CPU two evaluations of one checkpoint differ by
 sampling noise, which the test allows for.
 """

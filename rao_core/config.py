@@ -155,7 +155,7 @@ class ServingSettings(_Strict):
                                   "'256'] (parallelism, memory, LoRA and sleep flags come from the fields above).")
     start_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for the server to be healthy.")
     request_seeds: bool | None = Field(
-        None, description="Send each rollout request its sampling seed (rao_core.runtime.agent.request_seed) so a "
+        None, description="Send each rollout and evaluation request its sampling seed (rao_core.runtime.agent.request_seed) so a "
         "tree's tokens depend on its seed only. None (auto): to servers started on GPUs and to external "
         "endpoints, never to a vLLM started on CPU: vLLM 0.32's CPU engine dies on a seeded request whose "
         "prompt is prefilled in chunks (it rewinds the request's CPU generator, which has no offset: "

@@ -174,7 +174,7 @@ class ExecutionTree(BaseModel):
     wall_s: float = 0.0
     error: str | None = None  # set when the rollout itself crashed (partial tree kept)
     policy: str = ""  # model name / checkpoint / scripted policy name
-    seed: int | None = None  # sampling seed of the rollout (rao_core.task_sampling.rollout_seed); None: unseeded
+    seed: int | None = None  # sampling seed of the rollout (task_sampling.rollout_seed; an evaluation tree: eval_tree_seed); None: unseeded
     # the checkpoint version that generated it (the RL iteration of checkpoint iter-K, the warm start 0;
     # rao_core.samples.sample_staleness); None: scripted, or recorded before asynchronous RL (issue 40)
     policy_version: int | None = None

@@ -9,9 +9,9 @@ alarm. Prints one line per run (successes of both evaluations, losses/wins, p, d
 false alarms / runs with their Wilson 95% interval, the smallest drop the settings catch with 80% power
 (``rao_core.regression.detectable_drop``) and the min / median / max wall time of a run. ``--out`` writes it all
 as JSON, the runs so far after each one: a re-run with the same settings and ``--out`` resumes after them,
-so the measurement can be spread over several sittings. Each run records its commit, its date and the checkpoint
-it checked (the comparison's ``same_checkpoint``): sittings on different machines check different ``make run``
-checkpoints, each against itself, which is what a false-alarm rate of unchanged models asks. The documented
+so the measurement can be spread over several sittings. Each run records its commit, its date and its host: the
+checkpoint is the campaign's alias on that machine (``same_checkpoint`` names its version), so sittings on different
+machines check different ``make run`` checkpoints, each against itself, which is what a false-alarm rate of unchanged models asks. The documented
 ``--out`` is ``docs/results/nightly-false-alarms.json``, committed after each sitting, since a machine's
 campaigns are not kept from one session to the next.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -60,6 +61,7 @@ def main() -> None:
     from flows.campaign import CampaignParams
     from flows.evaluate import EvaluateParams, RegressionError, champion_suite, rao_evaluate
     from flows.experiment import _git
+    from rao_core.paths import REPO_ROOT
     from rao_core.evaluation import wilson_interval
     from rao_core.regression import detectable_drop
 
@@ -82,7 +84,8 @@ def main() -> None:
         wall = time.monotonic() - t0
         rows = _comparison(name)
         runs.append({"run": i, "false_alarm": alarm, "wall_s": round(wall, 1), "comparison": rows,
-                     "commit": _git("rev-parse", "--short", "HEAD"), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                     "commit": _git("-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"), "host": socket.gethostname(),
+                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         detail = "; ".join(f"{r['metric']}: champion {r['champion']}, candidate {r['candidate']}, losses/wins "
                            f"{r['losses/wins']}, p {r['p']}, {r['status']}, {r['same_checkpoint']}" for r in rows)
         print(f"run {i}/{args.runs}: {'FALSE ALARM' if alarm else 'ok'} in {wall:.0f} s  {detail}", flush=True)

@@ -332,6 +332,11 @@ def test_the_ray_backend_evaluates_as_the_local_backend(ray_cluster, s3_server, 
     assert out["ev-ray"][0].store().list("iter-1/eval/shards/") == [
         f"iter-1/eval/shards/{m}-shard-{i}-of-2.jsonl" for m in ("recursive", "single") for i in (1, 2)]
     assert out["ev-local"][0].store().list("iter-1/eval/") == []  # the local backend writes no shard
+    from rao_core.task_sampling import eval_tree_seed
+
+    for name, (ctx, res) in out.items():  # both backends seed each tree from eval.seed, its mode and its task
+        got = [(r["mode"], t["task_id"], t["seed"]) for r in res.rows for t in r.get("trees", [])]
+        assert got and all(s == eval_tree_seed(ctx.config.eval.seed, m, tid) for m, tid, s in got), (name, got)
 
 
 @needs_tok

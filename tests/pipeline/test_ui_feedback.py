@@ -300,7 +300,10 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
         def __call__(self, done, total):
             made[self.key].append((done, total))
 
+    seen_kw: list[dict] = []
+
     def fake_eval(config, *, tasks, progress, **kw):
+        seen_kw.append(kw)
         for _mode in config.modes:
             for d in range(1, len(tasks) + 1):
                 progress(d, len(tasks), SimpleNamespace(root=SimpleNamespace(verifier=float(d == 1))))
@@ -320,6 +323,7 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     ctx = RunContext(config=cfg, s3={}, mlflow_uri="")
     out = stages.run_evaluation(ctx, None, "tok", 2)
     assert out.metrics == {"eval/x": 1.0}
+    assert [kw["seeded"] for kw in seen_kw] == [True]  # trees seeded from eval.seed; sent as served.seeded says
     assert made == {"smoke-b-iter-2-evaluate-progress": [(0, 6), (1, 6), (2, 6), (3, 6), (4, 6), (5, 6), (6, 6)]}
     assert lines == [f"evaluation trees {d}/6  solved {1 + (d > 3)}" for d in range(1, 7)]
 
