@@ -9,8 +9,10 @@ Names (also listed in ``docs/pipeline.md``):
   children whose run overlapped a sibling's: launched together, e.g. by ``asyncio.gather``).
 - ``tokens/completion_total``, ``tokens/prompt_mean_per_node``, ``tokens/completion_mean_per_node``,
   ``tokens/completion_depth_<d>`` (mean generated tokens of a node at depth d).
-- ``samples/depth_<d>/{samples,signal_samples,mean_abs_advantage,assistant_tokens}``: the training samples of
-  each depth level (:func:`sample_depth_metrics`, from ``SampleStats``).
+- ``samples/depth_<d>/{samples,signal_samples,mean_abs_advantage,mean_advantage,mean_advantage_solved,
+  assistant_tokens}``: the training samples of each depth level (:func:`sample_depth_metrics`, from
+  ``SampleStats``; ``mean_advantage_solved``: the signed mean A_n of the depth's solved nodes, negative when
+  the shared baseline of Eq. 3-4 pushes successful nodes down).
 - ``end/<reason>``: fraction of nodes that ended for each reason.
 """
 
@@ -53,6 +55,8 @@ def sample_depth_metrics(stats: dict) -> dict[str, float]:
     out: dict[str, float] = {}
     for field, name in (("samples_per_depth", "samples"), ("signal_samples_per_depth", "signal_samples"),
                         ("mean_abs_advantage_per_depth", "mean_abs_advantage"),
+                        ("mean_advantage_per_depth", "mean_advantage"),
+                        ("mean_advantage_solved_per_depth", "mean_advantage_solved"),
                         ("assistant_tokens_per_depth", "assistant_tokens")):
         for d, v in (stats.get(field) or {}).items():
             out[f"samples/depth_{int(d)}/{name}"] = float(v)

@@ -100,6 +100,11 @@ class SampleStats(BaseModel):
     samples_per_depth: dict[int, int] = Field(default_factory=dict)
     signal_samples_per_depth: dict[int, int] = Field(default_factory=dict)  # num_signal_samples by depth
     mean_abs_advantage_per_depth: dict[int, float] = Field(default_factory=dict)  # mean |A_n| by depth
+    mean_advantage_per_depth: dict[int, float] = Field(default_factory=dict)  # mean signed A_n by depth
+    # mean A_n of the depth's solved nodes (s = 1), depths with one: below 0 when the tree's shared baseline
+    # (Eq. 3-4: the roots' rewards, a delegation bonus included) exceeds a solved child's R, so its tokens
+    # are pushed down although it succeeded (docs/experiments.md, textcraft-nested seed 1)
+    mean_advantage_solved_per_depth: dict[int, float] = Field(default_factory=dict)
     assistant_tokens_per_depth: dict[int, int] = Field(default_factory=dict)  # num_assistant_tokens by depth
     mean_abs_advantage: float = 0.0  # mean |A_n| over the samples
     num_assistant_tokens: int = 0  # tokens with a gradient, over the samples
@@ -243,6 +248,9 @@ def summarise(samples: Sequence[Sample], stats: SampleStats | None = None) -> Sa
                                       for d, ss in sorted(by_depth.items())}
     stats.mean_abs_advantage_per_depth = {d: sum(abs(s.advantage) for s in ss) / len(ss)
                                           for d, ss in sorted(by_depth.items())}
+    stats.mean_advantage_per_depth = {d: sum(s.advantage for s in ss) / len(ss) for d, ss in sorted(by_depth.items())}
+    solved = {d: [s.advantage for s in ss if s.success >= 1.0] for d, ss in sorted(by_depth.items())}
+    stats.mean_advantage_solved_per_depth = {d: sum(a) / len(a) for d, a in solved.items() if a}
     stats.assistant_tokens_per_depth = {d: sum(s.num_assistant_tokens for s in ss) for d, ss in sorted(by_depth.items())}
     return stats
 

@@ -64,7 +64,8 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
     logged, in depth order), ``rollout_trees``, ``rollout_tokens`` (completion tokens of all rollout
     nodes), ``rollout_delegation_rate``, ``rollout_end_reasons`` ({reason: share of nodes}), ``samples`` and
     ``signal_samples`` (training samples, and those with a non-zero coefficient), ``samples_per_depth``
-    (``{d: {samples, signal_samples, mean_abs_advantage, assistant_tokens}}``, from ``samples/depth_<d>/*``),
+    (``{d: {samples, signal_samples, mean_abs_advantage, mean_advantage, mean_advantage_solved,
+    assistant_tokens}}``, from ``samples/depth_<d>/*``; the two signed means in runs after 2026-12-04),
     ``staleness`` (``{lag: samples}``, from ``staleness/lag_<d>_samples``: how many training samples came from a
     checkpoint that many versions older than the trained one; {} for a run before asynchronous RL) and ``train``
     (the trainer's ``train/*`` values of the iteration, with the off-policy correction's

@@ -96,10 +96,14 @@ def test_wide_tree_weights_7_175_04375():
     # per depth (issue 25): |A| is 1.5 at depths 0 and 1; depth 2: 16 x 1.0 (tree A) and 16 x 1.5 (tree B)
     assert batch.stats.signal_samples_per_depth == {0: 2, 1: 8, 2: 32}
     assert batch.stats.mean_abs_advantage_per_depth == pytest.approx({0: 1.5, 1: 1.5, 2: 1.25})
+    # signed: depth 2 is 16 x +1.0 (A's solved grandchildren) and 16 x -1.5 (B's failed ones)
+    assert batch.stats.mean_advantage_per_depth == pytest.approx({0: 0.0, 1: 0.0, 2: -0.25})
+    assert batch.stats.mean_advantage_solved_per_depth == pytest.approx({0: 1.5, 1: 1.5, 2: 1.0})
     from rao_core.metrics import sample_depth_metrics
 
     m = sample_depth_metrics(batch.stats.model_dump(mode="json"))  # JSON: the depths became strings
     assert m["samples/depth_2/samples"] == 32 and m["samples/depth_2/mean_abs_advantage"] == pytest.approx(1.25)
+    assert m["samples/depth_2/mean_advantage_solved"] == pytest.approx(1.0)
     assert m["samples/depth_1/assistant_tokens"] == batch.stats.assistant_tokens_per_depth[1] > 0
 
 
@@ -291,3 +295,15 @@ def test_filter_zero_variance_groups_drops_uniform_groups_before_the_depth_weigh
     assert filt.stats.num_samples == 4 and plain.stats.num_samples == 8
     # a group with signal at depth 1 only (roots equal) is kept: its children's advantages are not all 0
     assert [s.advantage for s in filt.samples] == [0.0, 0.0, -1.0, 0.0]
+
+
+def test_a_solved_child_is_pushed_down_when_every_root_earned_the_bonus():
+    """Eq. 4 as the paper writes it: every node of tree g shares the root baseline b_g. When the roots of a
+    group all succeed and earn the delegation bonus (R = 1 + lam), a solved child (R = 1) has A = -lam: its
+    tokens are trained down although it succeeded. Seed 1 of textcraft-nested (docs/experiments.md) met this at
+    a warm start near the ceiling; ``mean_advantage_solved_per_depth`` shows it."""
+    trees = [tree(t, "g", [node("r", None, 0, 1.0), node("c", "r", 1, 1.0)]) for t in ("A", "B", "C")]
+    batch = build_samples(trees, lam=0.4)
+    assert {round(x.advantage, 9) for x in batch.samples if x.depth == 0} == {0.0}
+    assert [x.advantage for x in batch.samples if x.depth == 1] == pytest.approx([-0.4] * 3)
+    assert batch.stats.mean_advantage_solved_per_depth == pytest.approx({0: 0.0, 1: -0.4})
