@@ -277,6 +277,10 @@ def _cell(v: Any, fmt: str = "{}") -> str:
 
 
 def _ci(p: dict[str, Any]) -> str:
+    """``p["ci95"]`` as ``[lo, hi]`` with two decimals: a pair (the studies' points) or the text an experiment
+    record's point already holds (``"[0.52, 0.71]"``, shown as it is)."""
+    if isinstance(p["ci95"], str):
+        return p["ci95"]
     lo, hi = p["ci95"]
     return f"[{lo:.2f}, {hi:.2f}]"
 

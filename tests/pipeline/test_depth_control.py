@@ -43,7 +43,7 @@ def _record(tmp_path: Path, n: int = 2, name: str = "textcraft-nested") -> Path:
             solved = {t: float(it > 0 or k == 0) for k, t in enumerate(ids)} if d == "nest2" else {}
             points.append({"arm": "recursive", "iteration": it, "difficulty": d, "mode": "recursive", "n": n,
                            "successes": sum(solved.values()) if solved else 1, "success": (sum(solved.values()) / n)
-                           if solved else 0.5, "ci95": [0.1, 0.9], "per_task": solved,
+                           if solved else 0.5, "ci95": "[0.10, 0.90]", "per_task": solved,
                            "depth_hist": {"2": n - 1, "1": 1}, "checkpoint": str(TINY)})
     rec = {"experiment": name, "config": CONFIG, "seed": 0, "config_values": cfg.model_dump(mode="json"),
            "points": points}
@@ -106,7 +106,8 @@ def test_fewer_tasks_than_the_record_are_its_first_tasks(tmp_path):
 
 
 def test_the_table_by_hand():
-    ref = {"3": {"n": 4, "successes": 3, "success": 0.75, "ci95": [0.3, 0.95], "depth_hist": {"2": 3, "1": 1},
+    # the reference is the experiment record's point: its ci95 is text (tasks.experiment), the study's a pair
+    ref = {"3": {"n": 4, "successes": 3, "success": 0.75, "ci95": "[0.30, 0.95]", "depth_hist": {"2": 3, "1": 1},
                  "per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}}
     point = {"iteration": 3, "n": 4, "successes": 1, "success": 0.25, "ci95": [0.05, 0.7],
              "per_task": {"a": 0.0, "b": 0.0, "c": 1.0, "d": 1.0}}
