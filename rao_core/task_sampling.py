@@ -35,10 +35,14 @@ __all__ = ["campaign_task_sets", "check_disjoint", "check_task_sets", "eval_tree
            "split_evenly", "task_identity", "task_seed"]
 
 
+def _hash_seed(text: str) -> int:
+    """``int(sha256(text)[:8 hex digits]) mod 2^31``: the one rule behind every seed of this module."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % (2 ** 31)
+
+
 def task_seed(seed: int, stream: str, difficulty: str) -> int:
     """Generator seed (an int in [0, 2^31)) of ``difficulty`` in ``stream`` under master ``seed``."""
-    digest = hashlib.sha256(f"{stream}|{seed}|{difficulty}".encode()).hexdigest()
-    return int(digest[:8], 16) % (2 ** 31)
+    return _hash_seed(f"{stream}|{seed}|{difficulty}")
 
 
 def rollout_seed(seed: int, iteration: int, task_id: str, rollout_index: int) -> int:
@@ -48,8 +52,7 @@ def rollout_seed(seed: int, iteration: int, task_id: str, rollout_index: int) ->
     the order the trees run in, or which shard or worker grows the tree: issue 28), and is stored as
     ``ExecutionTree.seed``; each policy request of the tree derives its own from it
     (``rao_core.runtime.agent.request_seed``)."""
-    digest = hashlib.sha256(f"rollout|{seed}|{iteration}|{task_id}|{rollout_index}".encode()).hexdigest()
-    return int(digest[:8], 16) % (2 ** 31)
+    return _hash_seed(f"rollout|{seed}|{iteration}|{task_id}|{rollout_index}")
 
 
 def eval_tree_seed(seed: int, mode: str, task_id: str) -> int:
@@ -58,8 +61,7 @@ def eval_tree_seed(seed: int, mode: str, task_id: str) -> int:
     digits]) mod 2^31``, the rule of :func:`rollout_seed`. Two checkpoints evaluated on the same tasks ask for
     the same seeds, so where the server honours them (vLLM on GPUs; ``serving.request_seeds``) the nightly's
     paired comparison differs only by the checkpoints (issue 42 item 1); stored as ``ExecutionTree.seed``."""
-    digest = hashlib.sha256(f"eval-tree|{seed}|{mode}|{task_id}".encode()).hexdigest()
-    return int(digest[:8], 16) % (2 ** 31)
+    return _hash_seed(f"eval-tree|{seed}|{mode}|{task_id}")
 
 
 def split_evenly(total: int, k: int) -> list[int]:

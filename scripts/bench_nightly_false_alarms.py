@@ -11,7 +11,8 @@ false alarms / runs with their Wilson 95% interval, the smallest drop the settin
 as JSON, the runs so far after each one: a re-run with the same settings and ``--out`` resumes after them,
 so the measurement can be spread over several sittings. Each run records its commit, its date and its host: the
 checkpoint is the campaign's alias on that machine (``same_checkpoint`` names its version), so sittings on different
-machines check different ``make run`` checkpoints, each against itself, which is what a false-alarm rate of unchanged models asks. The documented
+machines check different ``make run`` checkpoints, each against itself, which is what a false-alarm rate of
+unchanged models asks. The documented
 ``--out`` is ``docs/results/nightly-false-alarms.json``, committed after each sitting, since a machine's
 campaigns are not kept from one session to the next.
 
