@@ -19,17 +19,23 @@ which dilute the overlap). Printed: per
 mode min / median / max over repeats, and the ratios async-split / sync and async-split / sync-split of the
 per-iteration medians (issue 40's target: async-split <= 0.70 of sync-split).
 
-Run it on an idle machine: about 15-30 min per campaign on 2 cores (a review estimated ~140 min in all for
---repeats 2), 3 x repeats campaigns.
+Run it on an idle machine: about 15-30 min per campaign on 2 cores, 3 campaigns per repeat (a review estimated
+~140 min in all for --repeats 2), more than a session beside other work. So the ratios are taken within a repeat
+(its three campaigns run back to back on one machine: "compare ratios measured in one run") and ``--out`` keeps
+the measurement across sittings: the record is written after every campaign, with its commit, date, host and
+boot, and the same command resumes it (finished repeats are kept; the campaigns of an unfinished one are kept
+only on the same boot of the same machine, else that repeat starts again, since its ratios would mix
+machines). The documented ``--out`` is ``docs/results/bench-async.json``, committed after each sitting.
 
 Usage: .venv/bin/python scripts/bench_async.py [--repeats 2] [--iterations 4] [--serving-cpus 1]
-       [--trainer-cpus 0] [--dry-run]
+       [--trainer-cpus 0] [--out docs/results/bench-async.json] [--dry-run]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -157,35 +163,134 @@ def run_campaign(name: str, mode: str, args: argparse.Namespace) -> dict[str, An
     return {**per_iteration_seconds(summary, args.iterations), "wall_s": wall, "cores": cores, "rl_cores": rl_cores}
 
 
+def machine() -> dict[str, str]:
+    """This machine and boot: ``host`` (the host name) and ``boot`` (``/proc/sys/kernel/random/boot_id``, empty
+    where it cannot be read). Two campaigns are compared within a repeat only when both match."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return {"host": socket.gethostname(), "boot": boot}
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a record's campaigns share: the iterations and the core split (a record of other settings is refused)."""
+    return {"iterations": args.iterations, "serving_cpus": args.serving_cpus, "trainer_cpus": args.trainer_cpus}
+
+
+def load_record(out: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The record an earlier sitting wrote to ``out`` (a new one without ``out`` or when the file is missing):
+    ``{"settings", "repeats": [{"repeat", "host", "boot", "runs": {mode: result}}]}``. Exits with one ``error:``
+    line when ``out`` is not such a record or holds other settings."""
+    new = {"settings": settings(args), "repeats": []}
+    if not out or not Path(out).exists():
+        return new
+    try:
+        old = json.loads(Path(out).read_text())
+        old["repeats"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: --out {out}: not a record of this script ({e!r}); name another file")
+    if old.get("settings") != settings(args):
+        raise SystemExit(f"error: --out {out} holds campaigns of other settings ({old.get('settings')}); "
+                         "name another file")
+    return old
+
+
+def order(r: int) -> tuple[str, ...]:
+    """The modes of repeat ``r`` in the order they run: rotated, so that no mode always runs first on a cold machine."""
+    return MODES[r % 3:] + MODES[:r % 3]
+
+
+def pending(record: dict[str, Any], repeats: int, here: dict[str, str]) -> list[tuple[int, str]]:
+    """The (repeat, mode) campaigns still to run for ``repeats`` repeats, in order. Updates ``record`` in place:
+    a repeat is added when missing, and an unfinished repeat begun on another machine or boot than ``here``
+    loses its campaigns (its ratios must come from one machine), printed."""
+    todo = []
+    reps = {int(rep["repeat"]): rep for rep in record["repeats"]}
+    for r in range(repeats):
+        rep = reps.get(r)
+        if rep is None:
+            rep = {"repeat": r, **here, "runs": {}}
+            record["repeats"].append(rep)
+        elif len(rep["runs"]) < len(MODES) and (rep.get("host"), rep.get("boot")) != (here["host"], here["boot"]):
+            if rep["runs"]:
+                print(f"repeat {r}: its {len(rep['runs'])} campaign(s) ran on another machine or boot "
+                      f"({rep.get('host')}); the repeat starts again here", flush=True)
+            rep.update({**here, "runs": {}})
+        todo += [(r, m) for m in order(r) if m not in rep["runs"]]
+    record["repeats"].sort(key=lambda rep: int(rep["repeat"]))
+    return todo
+
+
+def summarise(record: dict[str, Any]) -> dict[str, Any]:
+    """Per mode, min / median / max over its campaigns of the per-iteration median (seconds); per finished repeat,
+    the ratios async-split / sync and async-split / sync-split of its own campaigns, and their min / median / max
+    over the finished repeats (issue 40's target: async-split / sync-split <= 0.70). Empty parts where nothing ran."""
+    def mmm(xs: list[float]) -> dict[str, float]:
+        return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)} if xs else {}
+
+    per_mode = {m: mmm([rep["runs"][m]["median_s"] for rep in record["repeats"] if m in rep["runs"]])
+                for m in MODES}
+    ratios = [{"repeat": rep["repeat"],
+               "async_over_sync": rep["runs"]["async-split"]["median_s"] / rep["runs"]["sync"]["median_s"],
+               "async_over_sync_split": rep["runs"]["async-split"]["median_s"] / rep["runs"]["sync-split"]["median_s"]}
+              for rep in record["repeats"] if all(m in rep["runs"] for m in MODES)]
+    return {"per_mode_s": per_mode, "ratios": ratios,
+            "async_over_sync": mmm([x["async_over_sync"] for x in ratios]),
+            "async_over_sync_split": mmm([x["async_over_sync_split"] for x in ratios])}
+
+
+def write_record(out: str, record: dict[str, Any]) -> None:
+    """``record`` to ``out`` through a temporary file (an interrupted write leaves the last record)."""
+    tmp = Path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--serving-cpus", type=lambda s: [int(c) for c in s.split(",")], default=[1])
     ap.add_argument("--trainer-cpus", type=lambda s: [int(c) for c in s.split(",")], default=[0])
+    ap.add_argument("--out", default="", help="Write the campaigns and the summary as JSON here, and resume from it.")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args()
+    from flows.experiment import _git
+
     stamp = time.strftime("%m%d%H%M")
-    results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    for r in range(args.repeats):
-        order = MODES[r % 3:] + MODES[:r % 3]  # rotated: no mode always runs first on a cold machine
-        for mode in order:
-            out = run_campaign(f"bench-async-{stamp}-{mode}-r{r}", mode, args)
-            if out:
-                results[mode].append(out)
-                print(f"  {mode} r{r}: per-iteration median {out['median_s']:.0f} s, iterations {out['total_s']:.0f} s,"
-                      f" rao run {out['wall_s']:.0f} s, core busy: whole run {out['cores']}, RL iterations "
-                      f"{out['rl_cores']}", flush=True)
+    record, here = load_record(args.out, args), machine()
+    todo = pending(record, args.repeats, here)
+    if len(todo) < 3 * args.repeats:
+        print(f"resuming {args.out}: {3 * args.repeats - len(todo)} campaign(s) already measured", flush=True)
+    for r, mode in todo:
+        out = run_campaign(f"bench-async-{stamp}-{mode}-r{r}", mode, args)
+        if not out:  # --dry-run
+            continue
+        print(f"  {mode} r{r}: per-iteration median {out['median_s']:.0f} s, iterations {out['total_s']:.0f} s,"
+              f" rao run {out['wall_s']:.0f} s, core busy: whole run {out['cores']}, RL iterations "
+              f"{out['rl_cores']}", flush=True)
+        rep = next(rep for rep in record["repeats"] if rep["repeat"] == r)
+        rep["runs"][mode] = {**out, "commit": _git("-C", str(ROOT), "rev-parse", "--short", "HEAD"),
+                             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if args.out:  # after every campaign, so that an interrupted measurement resumes here
+            write_record(args.out, {**record, "summary": summarise(record)})
     if args.dry_run:
         return
-    med = {}
-    for mode, runs in results.items():
-        xs = [o["median_s"] for o in runs]
-        med[mode] = statistics.median(xs)
-        print(f"{mode:12s} per-iteration s (median of iterations 2-{args.iterations}), over {len(xs)} runs: "
-              f"min {min(xs):.0f} / median {med[mode]:.0f} / max {max(xs):.0f}")
-    print(f"ratio async-split / sync       = {med['async-split'] / med['sync']:.2f}")
-    print(f"ratio async-split / sync-split = {med['async-split'] / med['sync-split']:.2f}  (target <= 0.70)")
+    summary = summarise(record)
+    for mode, s in summary["per_mode_s"].items():
+        n = sum(mode in rep["runs"] for rep in record["repeats"])
+        if s:
+            print(f"{mode:12s} per-iteration s (median of iterations 2-{args.iterations}), over {n} runs: "
+                  f"min {s['min']:.0f} / median {s['median']:.0f} / max {s['max']:.0f}")
+    for key, label, note in (("async_over_sync", "async-split / sync      ", ""),
+                             ("async_over_sync_split", "async-split / sync-split", "  (target <= 0.70)")):
+        s = summary[key]
+        if s:
+            print(f"ratio {label} within a repeat, over {len(summary['ratios'])} repeats: min {s['min']:.2f} / "
+                  f"median {s['median']:.2f} / max {s['max']:.2f}{note}")
+    if args.out:
+        write_record(args.out, {**record, "summary": summary})
 
 
 if __name__ == "__main__":

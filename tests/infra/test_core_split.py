@@ -81,3 +81,56 @@ def test_the_async_benchmark_measures_core_use_over_the_rl_iterations():
     assert sampler.busy_between(1300.0, 1681.0) == {"cpu0": 0.75}
     assert sampler.busy(sampler.samples[0][1], sampler.samples[-1][1]) == {"cpu0": round(310 / 700, 3)}
     assert sampler.busy_between(5000.0, 6000.0) is None
+
+
+def _campaign(median_s: float) -> dict:
+    return {"median_s": median_s, "total_s": 3 * median_s, "wall_s": 4 * median_s, "cores": {}, "rl_cores": None}
+
+
+def test_the_async_benchmark_resumes_by_repeat_and_takes_its_ratios_within_one(tmp_path, capsys):
+    """scripts/bench_async.py --out (issue 40 item 5: ~140 min, more than a sitting): finished repeats are kept,
+    an unfinished repeat keeps its campaigns on the same machine and boot only (its ratios must come from one
+    machine), and the ratios are per finished repeat."""
+    import argparse
+
+    bench = _bench()
+    args = argparse.Namespace(iterations=4, serving_cpus=[1], trainer_cpus=[0], out=str(tmp_path / "a.json"))
+    here, other = {"host": "h", "boot": "b1"}, {"host": "h", "boot": "b0"}
+    record = bench.load_record(args.out, args)
+    assert bench.pending(record, 2, here) == [(0, "sync"), (0, "sync-split"), (0, "async-split"),
+                                              (1, "sync-split"), (1, "async-split"), (1, "sync")]
+    record["repeats"][0]["runs"] = {"sync": _campaign(200.0), "sync-split": _campaign(220.0),
+                                    "async-split": _campaign(132.0)}
+    record["repeats"][1]["runs"] = {"sync-split": _campaign(230.0)}
+    bench.write_record(args.out, record)
+    again = bench.load_record(args.out, args)
+    # the same boot: only repeat 1's last two campaigns are left
+    assert bench.pending(again, 2, here) == [(1, "async-split"), (1, "sync")]
+    # another boot: repeat 1 starts again (said), repeat 0 is kept; a third repeat is added
+    again = bench.load_record(args.out, args)
+    assert bench.pending(again, 3, other) == [(1, "sync-split"), (1, "async-split"), (1, "sync"),
+                                              (2, "async-split"), (2, "sync"), (2, "sync-split")]
+    assert "repeat 1: its 1 campaign(s) ran on another machine or boot" in capsys.readouterr().out
+    assert again["repeats"][1]["runs"] == {} and again["repeats"][1]["boot"] == "b0"
+    s = bench.summarise(record)  # repeat 1 unfinished: no ratio from it, its campaign still in the mode's spread
+    assert s["ratios"] == [{"repeat": 0, "async_over_sync": 0.66, "async_over_sync_split": 0.6}]
+    assert s["per_mode_s"]["sync-split"] == {"min": 220.0, "median": 225.0, "max": 230.0}
+    assert s["async_over_sync_split"] == {"min": 0.6, "median": 0.6, "max": 0.6}
+
+
+def test_the_async_benchmark_refuses_an_out_file_of_other_settings(tmp_path):
+    import argparse
+
+    import pytest
+
+    bench = _bench()
+    out = tmp_path / "a.json"
+    args = argparse.Namespace(iterations=4, serving_cpus=[1], trainer_cpus=[0], out=str(out))
+    bench.write_record(str(out), {"settings": {**bench.settings(args), "iterations": 3}, "repeats": []})
+    with pytest.raises(SystemExit) as e:
+        bench.load_record(str(out), args)
+    assert str(e.value).startswith(f"error: --out {out} holds campaigns of other settings") and "\n" not in str(e.value)
+    out.write_text("[1, 2]")
+    with pytest.raises(SystemExit) as e:
+        bench.load_record(str(out), args)
+    assert str(e.value).startswith(f"error: --out {out}: not a record of this script")
