@@ -357,6 +357,11 @@ def generalisation_markdown(record: dict[str, Any], img: str | None = None) -> s
              "Each missed task has one cause, first that holds: a child given two or more targets that failed, a child that "
              "failed by itself, the root's window, a step or time limit, an infrastructure error, the root "
              "finished wrong (`rao_core.evaluation.miss_cause`). Success with Wilson 95% intervals.", ""]
+    sources = record.get("sources") or {}
+    if len({(v or {}).get("command") for v in sources.values()}) > 1:
+        lines += ["Arms measured by separate runs: " + "; ".join(
+            f"{a}: `{v.get('command')}` (commit `{v.get('commit')}`, {v.get('date')}, from `{v.get('source_record')}`)"
+            for a, v in sources.items() if v) + ".", ""]
     if img:
         lines += [f"![success vs K per arm, and the missed tasks by cause]({img})", ""]
     lines.append(generalisation_table(record["points"]).rstrip("\n"))
@@ -617,6 +622,8 @@ def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = (
     name = study_name(GENERALISATION, rec)
     meta = _meta(GENERALISATION, name, rec, source, command, n, ks, ckpts, task_sets, cfg, arms=list(arms),
                  modes={a: ARM_MODES[a] for a in arms}, checkpoint_iterations=iters, runtime=runtimes)
+    meta["sources"] = {a: {"command": command, "source_record": source, "source_experiment": rec.get("experiment"),
+                           "commit": meta["commit"], "date": meta["date"]} for a in arms}
     return StudyPlan(name=name, study=GENERALISATION, meta=meta, runs=runs)
 
 
@@ -845,22 +852,70 @@ def _point_key(p: dict[str, Any]) -> str:
     return f"{p.get('arm') or p.get('setting')}{it}-{p['difficulty']}-{p['mode']}"
 
 
+#: Fields of a generalisation record that must be equal for arms measured by separate runs to share it: the
+#: evaluation itself (tasks, Ks, seeds). The rest is per arm (:data:`PER_ARM_FIELDS`) or the last run's.
+SHARED_FIELDS = ("study", "experiment", "seed", "eval_seed", "split", "n_tasks", "ks")
+#: Fields of a generalisation record keyed by arm, merged when a run adds arms to a record (:func:`other_arms`).
+PER_ARM_FIELDS = ("checkpoints", "checkpoint_iterations", "modes", "runtime", "sources")
+
+
+def _same_plan(old: dict[str, Any], plan: StudyPlan) -> bool:
+    """Whether ``old`` (a record) was written by ``plan``: every field of ``plan.meta`` but the run's own
+    (:data:`RUN_FIELDS`) equal; for a generalisation record, the shared fields and the plan's arms' per-arm
+    fields (their provenance without commit and date), whatever other arms the record holds."""
+    mine = json.loads(json.dumps(plan.meta))
+    if plan.study != GENERALISATION:
+        return all(old.get(k) == v for k, v in mine.items() if k not in RUN_FIELDS)
+
+    def drop_run(v: Any) -> Any:
+        return {k: x for k, x in v.items() if k not in RUN_FIELDS} if isinstance(v, dict) else v
+
+    return (all(old.get(k) == mine.get(k) for k in SHARED_FIELDS)
+            and all(drop_run((old.get(f) or {}).get(a)) == drop_run(mine[f][a])
+                    for f in PER_ARM_FIELDS for a in mine["arms"]))
+
+
 def resumable_points(rec_path: Path, plan: StudyPlan) -> tuple[list[dict[str, Any]], float]:
-    """The points (and wall seconds) of an INCOMPLETE record at ``rec_path`` written by the same plan (every
-    field of ``plan.meta`` but the commit and date equal), those that match one of the plan's jobs by all its
-    labels; ``([], 0.0)`` otherwise (no record, a complete one, another plan, or not JSON)."""
+    """The points (and wall seconds) of an INCOMPLETE record at ``rec_path`` written by the same plan
+    (:func:`_same_plan`), those that match one of the plan's jobs by all its labels; ``([], 0.0)`` otherwise
+    (no record, a complete one, another plan, or not JSON)."""
     try:
         old = json.loads(rec_path.read_text())
     except (OSError, ValueError):
         return [], 0.0
-    if not isinstance(old, dict) or old.get("complete") is not False:
-        return [], 0.0
-    mine = {k: v for k, v in json.loads(json.dumps(plan.meta)).items() if k not in RUN_FIELDS}
-    if {k: old.get(k) for k in mine} != mine:
+    if not isinstance(old, dict) or old.get("complete") is not False or not _same_plan(old, plan):
         return [], 0.0
     labels = [lab for run in plan.runs for lab in run.labels]
     points = [p for lab in labels for p in old.get("points", []) if all(p.get(k) == v for k, v in lab.items())]
     return points, float(old.get("wall_s") or 0.0)
+
+
+def other_arms(rec_path: Path, plan: StudyPlan) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Generalisation only: the points at ``rec_path`` of the arms ``plan`` does not evaluate, and the plan's
+    meta with those arms added (``arms``: theirs first; :data:`PER_ARM_FIELDS` merged), so that arms measured in
+    separate runs (e.g. each retrained and evaluated in its own session, when a machine's checkpoints do not
+    outlive it) share one record and one table. An arm is kept only when the record has the same evaluation
+    (:data:`SHARED_FIELDS`) and a point at every K of it; a record written before per-arm provenance takes its
+    top-level command, record, commit and date as its arms'. ``([], plan.meta)`` when nothing is kept (no
+    record, not JSON, another evaluation, another study)."""
+    mine = json.loads(json.dumps(plan.meta))
+    try:
+        old = json.loads(rec_path.read_text())
+    except (OSError, ValueError):
+        return [], plan.meta
+    if (plan.study != GENERALISATION or not isinstance(old, dict)
+            or any(old.get(k) != mine.get(k) for k in SHARED_FIELDS)):
+        return [], plan.meta
+    keep = [a for a in old.get("arms") or [] if a not in mine["arms"]
+            and {int(p["k"]) for p in old.get("points", []) if p.get("arm") == a} >= set(mine["ks"])]
+    if not keep:
+        return [], plan.meta
+    old.setdefault("sources", {a: {k: old.get(k) for k in ("command", "source_record", "source_experiment",
+                                                          "commit", "date")} for a in keep})
+    meta = {**plan.meta, "arms": keep + list(mine["arms"])}
+    for f in PER_ARM_FIELDS:
+        meta[f] = {**{a: (old.get(f) or {}).get(a) for a in keep}, **plan.meta[f]}
+    return [p for p in old.get("points", []) if p.get("arm") in keep], meta
 
 
 def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = None,
@@ -876,7 +931,8 @@ def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = N
 
     Resuming: when ``docs/results/<name>.json`` is an incomplete record of the same plan
     (:func:`resumable_points`), its points are kept and only the jobs without one run (a checkpoint with none
-    left is not served). A job whose trees ended by infrastructure failures (:func:`infra_failures`) more than
+    left is not served). Generalisation: the points of arms this plan does not evaluate are kept from the record
+    (:func:`other_arms`), so arms can be measured in separate runs. A job whose trees ended by infrastructure failures (:func:`infra_failures`) more than
     ``runtime.max_infra_failure_share`` of the time (a dead server: its zeros are no measurement) raises
     ``infra.process.ServiceError`` before its point is recorded, so the same command resumes there. Returns
     ``{"record", "markdown", "record_path"}``."""
@@ -893,9 +949,14 @@ def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = N
     resumed = len(points)
     if resumed:
         say(f"resuming {rec_path.name}: {resumed} evaluations already done (an incomplete record of this plan)")
+    kept, meta = other_arms(rec_path, plan)
+    if kept:
+        say(f"{rec_path.name}: keeping the points of arm(s) {', '.join(a for a in meta['arms'] if a not in plan.meta['arms'])}"
+            f" measured by an earlier run ({len(kept)} points); this run adds {', '.join(plan.meta['arms'])}")
+        points = kept + points
 
     def record(complete: bool) -> dict[str, Any]:
-        return {**plan.meta, "wall_s": round(wall0 + time.monotonic() - t0, 1), "complete": complete,
+        return {**meta, "wall_s": round(wall0 + time.monotonic() - t0, 1), "complete": complete,
                 **({"resumed_points": resumed} if resumed else {}), "points": list(points)}
 
     def done(lab: dict[str, Any]) -> bool:

@@ -411,3 +411,50 @@ def test_a_missing_campaign_checkpoint_names_the_fetch_command_for_its_home(tmp_
     with pytest.raises(FileNotFoundError) as e:  # not a campaign's folder: no command to offer
         _checkpoint(str(tmp_path / "mine"), "arm recursive", tmp_path)
     assert str(e.value) == f"checkpoint folder of arm recursive not found: {tmp_path / 'mine'} has no config.json"
+
+
+@needs_tok
+def test_arms_measured_in_separate_runs_share_one_record(tmp_path):
+    """Each arm retrained and evaluated in its own session (a machine's checkpoints do not outlive it): a run of
+    --arm single after a complete --arm recursive record keeps the recursive points and adds the single arm's,
+    with each arm's own command and source record; an interrupted second run resumes its own arm only; a record
+    of another evaluation (another n) keeps nothing."""
+    rec_a = _record(tmp_path)
+    (tmp_path / "b").mkdir()
+    rec_b = _record(tmp_path / "b", name="textcraft-ablation-retrain")  # another record: the single arm retrained
+    policy_for = _expert(str(tmp_path / "b" / "single-ckpt"))
+    sandbox = [f"runtime.sandbox={SANDBOX}"]
+    first = plan_generalisation(record=str(rec_a), arms=["recursive"], n=2, ks=[2, 3], command="first",
+                                overrides=sandbox)
+    run_study(first, root=tmp_path, policy_for=policy_for, say=lambda m: None)
+    path = tmp_path / "docs/results/textcraft-generalisation.json"
+    rec_first = json.loads(path.read_text())
+    second = plan_generalisation(record=str(rec_b), arms=["single"], n=2, ks=[2, 3], command="second",
+                                 overrides=sandbox)
+    assert second.name == first.name  # the retrain record has no seed suffix: the same study record
+    said: list[str] = []
+    out = run_study(second, root=tmp_path, policy_for=policy_for, say=said.append)
+    r = json.loads(path.read_text())
+    assert [(p["arm"], p["k"]) for p in r["points"]] == [("recursive", 2), ("recursive", 3), ("single", 2),
+                                                         ("single", 3)]
+    assert r["points"][:2] == rec_first["points"] and r["arms"] == ["recursive", "single"] and r["complete"] is True
+    assert [s for s in said if s.startswith("evaluating")] == ["evaluating arm single, 2 tier1x2 tasks, mode single",
+                                                               "evaluating arm single, 2 tier1x3 tasks, mode single"]
+    assert any(s.startswith("textcraft-generalisation.json: keeping the points of arm(s) recursive") for s in said)
+    assert {a: v["command"] for a, v in r["sources"].items()} == {"recursive": "first", "single": "second"}
+    assert r["sources"]["single"]["source_record"] == str(rec_b) and r["sources"]["recursive"]["source_record"] == str(rec_a)
+    assert set(r["checkpoints"]) == {"recursive", "single"} and set(r["runtime"]) == {"recursive", "single"}
+    assert all((tmp_path / p["trees_file"]).exists() for p in r["points"])  # the first run's trees are kept
+    assert "Arms measured by separate runs: recursive: `first`" in out["markdown"]
+    assert "| recursive | 3 | 2 |" in out["markdown"] and "| single | 3 | 2 |" in out["markdown"]
+    # interrupted during the single arm's K = 3: resumed, the recursive points kept, only that evaluation runs
+    path.write_text(json.dumps({**r, "complete": False, "points": r["points"][:3]}))
+    said.clear()
+    run_study(second, root=tmp_path, policy_for=policy_for, say=said.append)
+    assert [s for s in said if s.startswith("evaluating")] == ["evaluating arm single, 2 tier1x3 tasks, mode single"]
+    assert json.loads(path.read_text())["points"][:3] == r["points"][:3]
+    # another evaluation (n = 1): the recursive arm's n = 2 points are not kept
+    other = plan_generalisation(record=str(rec_b), arms=["single"], n=1, ks=[2, 3], command="third", overrides=sandbox)
+    run_study(other, root=tmp_path, policy_for=policy_for, say=lambda m: None)
+    r = json.loads(path.read_text())
+    assert r["arms"] == ["single"] and [p["arm"] for p in r["points"]] == ["single", "single"]
