@@ -798,14 +798,23 @@ def depth_control_markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan_text(plan: StudyPlan) -> str:
-    """What ``plan`` will do, one line each (``--dry-run``): the record it writes, the task sets checked, then
-    per checkpoint (served once) its evaluations with their mode, tasks and the runtime that differs between
+def plan_text(plan: StudyPlan, root: Path | None = None) -> str:
+    """What ``plan`` will do, one line each (``--dry-run``): the record it writes, the task sets checked, the
+    arms it keeps from that record (generalisation, :func:`other_arms`; ``root``: the repository by default),
+    then per checkpoint (served once) its evaluations with their mode, tasks and the runtime that differs between
     them (window, step limit, trees at once, sequential children, tree limit)."""
+    from rao_core.paths import REPO_ROOT
+
     m = plan.meta
+    rec_path = (root or REPO_ROOT) / "docs/results" / f"{plan.name}.json"
     lines = [f"{plan.study}: record docs/results/{plan.name}.json from {m['source_record']} (training seed "
              f"{m.get('seed')}), {m['n_tasks']} {_per(m, 'tasks per K')}, eval.seed {m['eval_seed']}, split {m['split']}",
              "task sets checked disjoint: " + ", ".join(f"{k}: {v}" for k, v in m["task_sets"].items())]
+    kept, merged = other_arms(rec_path, plan)
+    if kept:
+        lines.append(f"kept from that record (measured by an earlier run): arm(s) "
+                     + ", ".join(f"{a} ({sum(p['arm'] == a for p in kept)} points)" for a in merged["arms"]
+                                 if a not in m["arms"]))
     for run in plan.runs:
         lines.append(f"serve {run.checkpoint} once (max_model_len {serving_config(run.config, run.jobs).serving.max_model_len}):")
         for job in run.jobs:

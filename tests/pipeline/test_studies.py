@@ -15,7 +15,7 @@ import pytest
 from tests.cli import one_error_line, run_cli
 from rao_core.paths import REPO_ROOT, tiny_model_path
 from tasks.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
-                           plan_generalisation, plan_wallclock, run_study, study_name, study_point, tree_limit, trees_at_once,
+                           plan_generalisation, plan_text, plan_wallclock, run_study, study_name, study_point, tree_limit, trees_at_once,
                            wallclock_markdown, wallclock_ratios, wallclock_table)
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
@@ -446,6 +446,9 @@ def test_arms_measured_in_separate_runs_share_one_record(tmp_path):
     assert set(r["checkpoints"]) == {"recursive", "single"} and set(r["runtime"]) == {"recursive", "single"}
     assert all((tmp_path / p["trees_file"]).exists() for p in r["points"])  # the first run's trees are kept
     assert "Arms measured by separate runs: recursive: `first`" in out["markdown"]
+    # --dry-run says which arms a run keeps
+    assert "kept from that record (measured by an earlier run): arm(s) recursive (2 points)" in plan_text(
+        plan_generalisation(record=str(rec_b), arms=["single"], n=2, ks=[2, 3], overrides=sandbox), root=tmp_path)
     assert "| recursive | 3 | 2 |" in out["markdown"] and "| single | 3 | 2 |" in out["markdown"]
     # interrupted during the single arm's K = 3: resumed, the recursive points kept, only that evaluation runs
     path.write_text(json.dumps({**r, "complete": False, "points": r["points"][:3]}))
