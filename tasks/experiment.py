@@ -697,14 +697,20 @@ def seed_records(experiment: str, root: Path | None = None) -> list[dict[str, An
 
 def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_docs: bool = True,
                         root: Path | None = None) -> str:
-    """``comparisons_markdown`` of ``records`` (``seeds_markdown`` for records without per-task outcomes), written as the ``## Seeds: <experiment>`` section of
-    ``docs/results.md`` under ``root`` (the repository by default) when ``write_docs``; returns the markdown."""
+    """``comparisons_markdown`` of ``records`` (``seeds_markdown`` for records without per-task outcomes), and for
+    deep trees the per-depth table and each seed's depth-limited control (``tasks.studies``), written as the
+    ``## Seeds: <experiment>`` section of ``docs/results.md`` under ``root`` (the repository by default) when
+    ``write_docs``; returns the markdown."""
     from rao_core.paths import REPO_ROOT
 
     with_tasks = any(p.get("per_task") for r in records for p in r.get("points", []))
     md = comparisons_markdown(experiment, records) if with_tasks else seeds_markdown(experiment, records)
     if any(deep_config(r.get("config_values")) for r in records):
+        from tasks.studies import depth_control_seeds_markdown
+
         md += "\n" + depth_seeds_markdown(records)
+        if ctrl := depth_control_seeds_markdown(records, root):
+            md += "\n" + ctrl
     if write_docs:
         replace_section((root or REPO_ROOT) / "docs/results.md", f"## Seeds: {experiment}", md)
     return md

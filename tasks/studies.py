@@ -757,18 +757,21 @@ def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Seque
     return StudyPlan(name=name, study=DEPTH_CONTROL, meta=meta, runs=runs)
 
 
-def depth_control_table(record: dict[str, Any]) -> str:
-    """Markdown table of a control record: per iteration, the experiment's success at full depth and the
-    control's at ``max_depth`` 1 (successes/n [Wilson 95%]), the difference, the tasks each solved alone
-    (paired by task id over the tasks both have) and the one-sided exact sign test that depth helps (p), and the
-    share of the experiment's trees that reached depth 2."""
+DEPTH_CONTROL_HEAD = ("full depth (the experiment) | max_depth 1 (control) | difference | tasks only full depth "
+                      "solved / only the control solved | p (sign test, one-sided) | experiment's trees reaching depth 2")
+
+
+def depth_control_rows(record: dict[str, Any]) -> list[str]:
+    """One markdown row body per point of a control record, by iteration (``| iteration | ... |``, the columns
+    of :data:`DEPTH_CONTROL_HEAD` after the iteration): the experiment's success at full depth and the control's
+    at ``max_depth`` 1 (successes/n [Wilson 95%]), the difference, the tasks each solved alone (paired by task id
+    over the tasks both have), the one-sided exact sign test that depth helps (p), and the share of the
+    experiment's trees that reached depth 2."""
     from scipy import stats
 
     from tasks.experiment import depth_reach
 
-    lines = ["| iteration | full depth (the experiment) | max_depth 1 (control) | difference | tasks only full depth "
-             "solved / only the control solved | p (sign test, one-sided) | experiment's trees reaching depth 2 |",
-             "|---|---|---|---|---|---|---|"]
+    rows = []
     for p in sorted(record["points"], key=lambda q: q["iteration"]):
         ref = (record.get("reference") or {}).get(str(p["iteration"])) or {}
         a, b = ref.get("per_task") or {}, p.get("per_task") or {}
@@ -777,11 +780,45 @@ def depth_control_table(record: dict[str, Any]) -> str:
         pval = float(stats.binomtest(full, full + ctrl, 0.5, alternative="greater").pvalue) if full + ctrl else None
         reach = depth_reach(ref.get("depth_hist") or {}, 2)
         diff = (ref["success"] - p["success"]) if ref.get("success") is not None else None
-        lines.append(f"| {p['iteration']} | {_cell(ref.get('successes'), '{:g}')}/{_cell(ref.get('n'))} "
-                     f"{_ci(ref) if ref.get('ci95') else ''} | {p['successes']:g}/{p['n']} {_ci(p)} | "
-                     f"{_cell(diff, '{:+.2f}') or '-'} | {full} / {ctrl} of {len(common)} | "
-                     f"{_cell(pval, '{:.4f}') or '-'} | {reach[0]}/{reach[1]} |")
+        rows.append(f"| {p['iteration']} | {_cell(ref.get('successes'), '{:g}')}/{_cell(ref.get('n'))} "
+                    f"{_ci(ref) if ref.get('ci95') else ''} | {p['successes']:g}/{p['n']} {_ci(p)} | "
+                    f"{_cell(diff, '{:+.2f}') or '-'} | {full} / {ctrl} of {len(common)} | "
+                    f"{_cell(pval, '{:.4f}') or '-'} | {reach[0]}/{reach[1]} |")
+    return rows
+
+
+def depth_control_table(record: dict[str, Any]) -> str:
+    """Markdown table of a control record: :func:`depth_control_rows` under their header."""
+    lines = [f"| iteration | {DEPTH_CONTROL_HEAD} |", "|---|---|---|---|---|---|---|", *depth_control_rows(record)]
     return "\n".join(lines) + "\n"
+
+
+def depth_control_seeds_markdown(records: Sequence[dict[str, Any]], root: Path | None = None) -> str:
+    """The ``### Depth-limited control per seed`` part of a nested experiment's seeds section: for each
+    experiment record (one per seed), its control record ``docs/results/textcraft-nested-control[-seed<S>].json``
+    under ``root`` (the repository by default; :func:`study_name`), one row per controlled iteration
+    (:func:`depth_control_rows`), or a row saying the seed has none (e.g. its checkpoints were lost before the
+    control ran). Empty when no seed has one."""
+    from rao_core.paths import REPO_ROOT
+
+    folder = (root or REPO_ROOT) / "docs/results"
+    rows, found = [], False
+    for rec in sorted(records, key=lambda r: r.get("seed", 0)):
+        name = study_name(DEPTH_CONTROL, rec)
+        try:
+            ctrl = json.loads((folder / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            rows.append(f"| {rec.get('seed')} | - | no control record (`docs/results/{name}.json`) | | | | | |")
+            continue
+        found = True
+        rows += [f"| {rec.get('seed')} {row}" for row in depth_control_rows(ctrl)]
+    if not found:
+        return ""
+    return "\n".join(["### Depth-limited control per seed", "",
+                      "The same checkpoint on the same nest2 tasks at `runtime.max_depth: 1` (the root may delegate, "
+                      "its children may not): what depth buys, per seed (`rao experiment textcraft-nested-control`).",
+                      "", f"| seed | iteration | {DEPTH_CONTROL_HEAD} |", "|---|---|---|---|---|---|---|---|",
+                      *rows]) + "\n"
 
 
 def depth_control_markdown(record: dict[str, Any]) -> str:

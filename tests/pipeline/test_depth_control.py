@@ -116,6 +116,27 @@ def test_the_table_by_hand():
     assert rows[2] == "| 3 | 3/4 [0.30, 0.95] | 1/4 [0.05, 0.70] | +0.50 | 2 / 1 of 4 | 0.5000 | 3/4 |"
 
 
+def test_the_seeds_section_puts_each_seeds_control_beside_it(tmp_path):
+    """`rao experiment seeds textcraft-nested`: a table of every seed's control, and a row saying so for a seed
+    without one (seed 0's checkpoints were lost before its control ran)."""
+    from tasks.studies import depth_control_seeds_markdown
+
+    ref = {"3": {"n": 4, "successes": 3, "success": 0.75, "ci95": "[0.30, 0.95]", "depth_hist": {"2": 3, "1": 1},
+                 "per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}}
+    point = {"iteration": 3, "n": 4, "successes": 1, "success": 0.25, "ci95": [0.05, 0.7],
+             "per_task": {"a": 0.0, "b": 0.0, "c": 1.0, "d": 1.0}}
+    (tmp_path / "docs/results").mkdir(parents=True)
+    (tmp_path / "docs/results/textcraft-nested-control-seed1.json").write_text(
+        json.dumps({"reference": ref, "points": [point]}))
+    records = [{"experiment": "textcraft-nested-seed1", "seed": 1}, {"experiment": "textcraft-nested", "seed": 0}]
+    md = depth_control_seeds_markdown(records, root=tmp_path).splitlines()
+    assert md[0] == "### Depth-limited control per seed"
+    assert md[-2:] == ["| 0 | - | no control record (`docs/results/textcraft-nested-control.json`) | | | | | |",
+                       "| 1 | 3 | 3/4 [0.30, 0.95] | 1/4 [0.05, 0.70] | +0.50 | 2 / 1 of 4 | 0.5000 | 3/4 |"]
+    assert all(line.count("|") == md[-3].count("|") for line in md[-4:])  # header, rule and rows: 8 columns
+    assert depth_control_seeds_markdown(records[1:], root=tmp_path) == ""  # no seed has a control: no table
+
+
 @needs_tok
 def test_control_end_to_end_with_the_recursing_expert(tmp_path):
     from rao_core.policies.textcraft_expert import TextCraftExpert
