@@ -241,10 +241,11 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_record(out: str, record: dict[str, Any]) -> None:
-    """``record`` to ``out`` through a temporary file (an interrupted write leaves the last record)."""
-    tmp = Path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(out)
+    """``record`` to ``out`` through ``rao_core.jsonl.atomic_path`` (an interrupted write leaves the last record)."""
+    from rao_core.jsonl import atomic_path
+
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=1))
 
 
 def main() -> None:

@@ -130,9 +130,11 @@ def _done_runs(out: str, args: argparse.Namespace) -> list[dict]:
 
 
 def _write(out: str, data: dict) -> None:
-    tmp = Path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(out)
+    """``data`` to ``out`` through ``rao_core.jsonl.atomic_path`` (an interrupted write leaves the last record)."""
+    from rao_core.jsonl import atomic_path
+
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":
