@@ -8,20 +8,21 @@ at ``eval.regression_n_tasks`` tasks, or ``--n-tasks``), and decides as a night 
 alarm. Prints one line per run (successes of both evaluations, losses/wins, p, decision, wall time), then the
 false alarms / runs with their Wilson 95% interval, the smallest drop the settings catch with 80% power
 (``rao_core.regression.detectable_drop``) and the min / median / max wall time of a run. ``--out`` writes it all
-as JSON, the runs so far after each one: a re-run with the same settings and ``--out`` resumes after them,
-so the measurement can be spread over several sittings. Each run records its commit, its date and its host: the
-checkpoint is the campaign's alias on that machine (``same_checkpoint`` names its version), so sittings on different
-machines check different ``make run`` checkpoints, each against itself, which is what a false-alarm rate of
-unchanged models asks. The documented
+as JSON, the runs so far and their summary after each run: a re-run with the same settings and ``--out`` resumes
+after them, so the measurement can be spread over several sittings, and ``--report`` prints the summary of the
+runs in ``--out`` without running anything (what docs/pipeline.md is written from after a partial sitting). Each
+run records its commit, its date and its host: the checkpoint is the campaign's alias on that machine
+(``same_checkpoint`` names its version), so sittings on different machines check different ``make run``
+checkpoints, each against itself, which is what a false-alarm rate of unchanged models asks. The documented
 ``--out`` is ``docs/results/nightly-false-alarms.json``, committed after each sitting, since a machine's
 campaigns are not kept from one session to the next.
 
 Needs a registered champion (``make run`` registers campaign ``smoke``'s) and the services of a campaign. On the
-CPU defaults a run is two evaluations of 100 tasks plus a vLLM start (measured 417-450 s on 2 cores): 20 runs take about
-2.5 hours. Run it on an otherwise quiet machine.
+CPU defaults a run is two evaluations of 100 tasks plus a vLLM start (measured 417-450 s on 2 cores): 20 runs
+take about 2.5 hours. Run it on an otherwise quiet machine.
 
 Usage: .venv/bin/python scripts/bench_nightly_false_alarms.py [--runs 20] [--config configs/cpu-smoke.yaml]
-       [--campaign smoke] [--model champion] [--n-tasks N] [--out docs/results/nightly-false-alarms.json]
+       [--campaign smoke] [--model champion] [--n-tasks N] [--out docs/results/nightly-false-alarms.json] [--report]
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ def main() -> None:
     ap.add_argument("--model", default="champion", help="Alias or version checked against itself.")
     ap.add_argument("--n-tasks", type=int, default=None, help="Tasks per difficulty (default eval.regression_n_tasks).")
     ap.add_argument("--out", default="", help="Write the runs and the summary as JSON here.")
+    ap.add_argument("--report", action="store_true",
+                    help="Print the summary of the runs already in --out and exit (runs nothing, writes nothing).")
     args = ap.parse_args()
+    if args.report and not args.out:
+        raise SystemExit("error: --report needs --out, the record to summarise")
 
     from rao_cli.pipeline_cmd import _prefect_env
 
@@ -63,13 +68,18 @@ def main() -> None:
     from flows.evaluate import EvaluateParams, RegressionError, champion_suite, rao_evaluate
     from flows.experiment import _git
     from rao_core.paths import REPO_ROOT
-    from rao_core.evaluation import wilson_interval
-    from rao_core.regression import detectable_drop
 
     base = CampaignParams(config=args.config).resolve()
     entry = champion_suite(base, args.n_tasks)
     tol, alpha = base.eval.tolerance, base.eval.regression_alpha
+    label = {"config": args.config, "model": args.model, "campaign": args.campaign or base.name}
     runs: list[dict] = _done_runs(args.out, args)
+    if args.report:
+        if not runs:
+            raise SystemExit(f"error: --report: {args.out} holds no runs of these settings")
+        print(f"{args.out}: {len(runs)} of {args.runs} runs")
+        print(summary_text(summarise(runs, entry, tol, alpha, label)))
+        return
     if runs:
         print(f"resuming {args.out}: runs 1-{len(runs)} already done", flush=True)
     for i in range(len(runs) + 1, args.runs + 1):
@@ -91,24 +101,64 @@ def main() -> None:
                            f"{r['losses/wins']}, p {r['p']}, {r['status']}, {r['same_checkpoint']}" for r in rows)
         print(f"run {i}/{args.runs}: {'FALSE ALARM' if alarm else 'ok'} in {wall:.0f} s  {detail}", flush=True)
         if args.out:  # after every run, so that an interrupted measurement resumes here
-            _write(args.out, {"settings": _settings(args), "complete": False, "runs": runs})
+            _write(args.out, {"settings": _settings(args), "complete": False,
+                              "summary": summarise(runs, entry, tol, alpha, label), "runs": runs})
 
+    summary = summarise(runs, entry, tol, alpha, label)
+    print(summary_text(summary))
+    if args.out:
+        _write(args.out, {"settings": _settings(args), "complete": len(runs) >= args.runs, "summary": summary,
+                          "runs": runs})
+
+
+def summarise(runs: list[dict], entry, tol: float, alpha: float, label: dict) -> dict:
+    """The record's ``summary`` of ``runs`` so far (also of a partial sitting, so that docs/pipeline.md is written
+    from it): false alarms with their Wilson 95% interval (``rao_core.evaluation.wilson_interval``), the drop
+    caught with 80% power at ``entry.n_tasks`` tasks (``rao_core.regression.detectable_drop``), the wall seconds of
+    a run (min / median / max) and each evaluation's successes (min / max over both evaluations of every run).
+
+    Raises ValueError when ``runs`` is empty."""
+    from rao_core.evaluation import wilson_interval
+    from rao_core.regression import detectable_drop
+
+    if not runs:
+        raise ValueError("no runs to summarise")
     alarms = sum(r["false_alarm"] for r in runs)
     lo, hi = wilson_interval(alarms, len(runs))
     walls = [r["wall_s"] for r in runs]
-    drop = detectable_drop(entry.n_tasks, tolerance=tol, alpha=alpha)
-    summary = {"runs": len(runs), "false_alarms": alarms, "false_alarm_ci95": [round(lo, 3), round(hi, 3)],
-               "n_tasks": entry.n_tasks, "difficulties": entry.difficulties, "modes": entry.modes,
-               "tolerance": tol, "alpha": alpha, "detectable_drop_80": drop,
-               "wall_s": {"min": min(walls), "median": statistics.median(walls), "max": max(walls)},
-               "config": args.config, "model": args.model, "campaign": args.campaign or base.name}
-    print(f"false alarms: {alarms}/{len(runs)} (95% CI [{lo:.2f}, {hi:.2f}]); n = {entry.n_tasks} tasks per "
-          f"difficulty, tolerance {tol:g}, alpha {alpha:g}")
-    print("detectable drop at 80% power: " + (f"{drop:.3f}" if drop is not None else "none (too few tasks)")
-          + " (independent evaluations, champion success 0.5: a conservative bound)")
-    print(f"wall time per run: min {min(walls):.0f} s, median {statistics.median(walls):.0f} s, max {max(walls):.0f} s")
-    if args.out:
-        _write(args.out, {"settings": _settings(args), "complete": True, "summary": summary, "runs": runs})
+    scores = [n for run in runs for r in run["comparison"] for k in ("champion", "candidate")
+              if (n := _successes(r.get(k))) is not None]
+    ps = [float(r["p"]) for run in runs for r in run["comparison"] if isinstance(r.get("p"), (int, float))]
+    return {"runs": len(runs), "false_alarms": alarms, "false_alarm_ci95": [round(lo, 3), round(hi, 3)],
+            "n_tasks": entry.n_tasks, "difficulties": entry.difficulties, "modes": entry.modes,
+            "tolerance": tol, "alpha": alpha,
+            "detectable_drop_80": detectable_drop(entry.n_tasks, tolerance=tol, alpha=alpha),
+            "wall_s": {"min": min(walls), "median": statistics.median(walls), "max": max(walls)},
+            "evaluation_range": [min(scores), max(scores)] if scores else None,
+            "min_p": min(ps) if ps else None, **label}
+
+
+def _successes(cell) -> int | None:
+    """The successes of a comparison cell such as ``"29/100 = 0.290 [0.21, 0.39]"`` (None when it has none)."""
+    head = str(cell).split("/")[0].strip()
+    return int(head) if "/" in str(cell) and head.isdigit() else None
+
+
+def summary_text(s: dict) -> str:
+    """The printed lines of a :func:`summarise` record."""
+    lo, hi = s["false_alarm_ci95"]
+    drop = s["detectable_drop_80"]
+    lines = [f"false alarms: {s['false_alarms']}/{s['runs']} (95% CI [{lo:.2f}, {hi:.2f}]); n = {s['n_tasks']} tasks "
+             f"per difficulty, tolerance {s['tolerance']:g}, alpha {s['alpha']:g}",
+             "detectable drop at 80% power: " + (f"{drop:.3f}" if drop is not None else "none (too few tasks)")
+             + " (independent evaluations, champion success 0.5: a conservative bound)",
+             f"wall time per run: min {s['wall_s']['min']:.0f} s, median {s['wall_s']['median']:.0f} s, "
+             f"max {s['wall_s']['max']:.0f} s"]
+    if s.get("evaluation_range"):
+        lines.append(f"successes per evaluation: {s['evaluation_range'][0]} to {s['evaluation_range'][1]} of "
+                     f"{s['n_tasks']}; "
+                     f"smallest p {s['min_p']}")
+    return "\n".join(lines)
 
 
 def _settings(args: argparse.Namespace) -> dict:

@@ -1,10 +1,12 @@
 """scripts/bench_nightly_false_alarms.py resumes an interrupted measurement from its --out file (issue 42 item 2:
-20 runs take about 6 hours, more than one sitting), and refuses a file of other settings with one error line."""
+20 runs take about 2.5 hours, more than one sitting), refuses a file of other settings with one error line, and
+summarises a partial record (what docs/pipeline.md is written from after a sitting)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,3 +42,22 @@ def test_an_out_file_of_other_settings_is_one_error_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         bench._done_runs(str(out), _args(out))
     assert str(e.value).startswith(f"error: --out {out}: not a JSON record of this script")
+
+
+def test_the_summary_of_a_partial_record_counts_its_runs_and_bounds_the_rate():
+    row = lambda champ, cand, p: {"champion": f"{champ}/100 = {champ / 100:.3f} [0, 1]",  # noqa: E731
+                                  "candidate": f"{cand}/100 = {cand / 100:.3f} [0, 1]", "p": p}
+    runs = [{"run": 1, "false_alarm": False, "wall_s": 430.0, "comparison": [row(29, 32, 0.99)]},
+            {"run": 2, "false_alarm": True, "wall_s": 417.0, "comparison": [row(37, 20, 0.01)]},
+            {"run": 3, "false_alarm": False, "wall_s": 450.0, "comparison": [row(27, 30, 0.86)]}]
+    entry = SimpleNamespace(n_tasks=100, difficulties=["tier1"], modes=["recursive"])
+    s = bench.summarise(runs, entry, 0.1, 0.05, {"campaign": "smoke"})
+    assert (s["runs"], s["false_alarms"], s["campaign"]) == (3, 1, "smoke")
+    # Wilson 95% for 1/3 by hand: (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z = 1.96
+    assert s["false_alarm_ci95"] == [0.061, 0.792]
+    assert s["wall_s"] == {"min": 417.0, "median": 430.0, "max": 450.0}
+    assert (s["evaluation_range"], s["min_p"]) == ([20, 37], 0.01)
+    text = bench.summary_text(s)
+    assert text.startswith("false alarms: 1/3 (95% CI [0.06, 0.79]); n = 100") and "20 to 37 of 100" in text
+    with pytest.raises(ValueError):
+        bench.summarise([], entry, 0.1, 0.05, {})
