@@ -19,6 +19,7 @@ which dilute the overlap). Printed: per
 mode min / median / max over repeats, and the ratios async-split / sync and async-split / sync-split of the
 per-iteration medians (issue 40's target: async-split <= 0.70 of sync-split).
 
+Each campaign's ``rao run`` output goes to ``$RAO_HOME/logs/<name>.log`` (printed; follow it with ``tail -f``).
 Run it on an idle machine: about 15-30 min per campaign on 2 cores, 3 campaigns per repeat (a review estimated
 ~140 min in all for --repeats 2), more than a session beside other work. So the ratios are taken within a repeat
 (its three campaigns run back to back on one machine: "compare ratios measured in one run") and ``--out`` keeps
@@ -145,13 +146,18 @@ def run_campaign(name: str, mode: str, args: argparse.Namespace) -> dict[str, An
     print("$ " + " ".join(cmd[1:]), flush=True)
     if args.dry_run:
         return {}
+    log = campaign_log(name)
+    print(f"  its output (progress): tail -f {log}", flush=True)
     sampler = CoreSampler().start()
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True)
     wall = time.monotonic() - t0
     cores = sampler.stop()
     if proc.returncode != 0:
-        raise SystemExit(f"error: {name} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+        last = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+        raise SystemExit(f"error: {name} exited {proc.returncode}: {last[0] if last else '(no output)'} "
+                         f"(whole output: {log})")
     overrides = dict(s.split("=", 1) for s in sets)
     cfg = load_config(ROOT / "configs/cpu-smoke.yaml", {"name": name, "iterations": args.iterations,
                                                         **{k: json.loads(v) for k, v in overrides.items()}})
@@ -161,6 +167,16 @@ def run_campaign(name: str, mode: str, args: argparse.Namespace) -> dict[str, An
     window = rl_window(summary)
     rl_cores = sampler.busy_between(*window) if window else None
     return {**per_iteration_seconds(summary, args.iterations), "wall_s": wall, "cores": cores, "rl_cores": rl_cores}
+
+
+def campaign_log(name: str) -> Path:
+    """Where campaign ``name``'s ``rao run`` output goes while it runs (``$RAO_HOME/logs/<name>.log``): the
+    benchmark's progress, 15-30 min per campaign, to follow with ``tail -f``. Creates the folder."""
+    from rao_core.paths import rao_home
+
+    path = rao_home() / "logs" / f"{name}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def machine() -> dict[str, str]:

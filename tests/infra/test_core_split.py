@@ -134,3 +134,27 @@ def test_the_async_benchmark_refuses_an_out_file_of_other_settings(tmp_path):
     with pytest.raises(SystemExit) as e:
         bench.load_record(str(out), args)
     assert str(e.value).startswith(f"error: --out {out}: not a record of this script")
+
+
+def test_a_failed_benchmark_campaign_is_one_error_line_naming_its_kept_output(tmp_path, monkeypatch, capsys):
+    """scripts/bench_async.py: each campaign's output goes to $RAO_HOME/logs/<name>.log while it runs (its
+    progress, printed as a `tail -f` line); a campaign that fails exits with its last line and the log's path."""
+    import argparse
+    import subprocess
+
+    import pytest
+
+    bench = _bench()
+    monkeypatch.setenv("RAO_HOME", str(tmp_path))
+
+    def failing_run(cmd, cwd, stdout, stderr, text):
+        stdout.write("iteration 1: generate\nerror: vLLM did not start\n\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(bench.subprocess, "run", failing_run)
+    args = argparse.Namespace(iterations=4, serving_cpus=[1], trainer_cpus=[0], dry_run=False)
+    log = tmp_path / "logs" / "b-sync-r0.log"
+    with pytest.raises(SystemExit) as e:
+        bench.run_campaign("b-sync-r0", "sync", args)
+    assert str(e.value) == f"error: b-sync-r0 exited 1: error: vLLM did not start (whole output: {log})"
+    assert log.read_text().startswith("iteration 1: generate") and f"tail -f {log}" in capsys.readouterr().out
