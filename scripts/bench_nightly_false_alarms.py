@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--report", action="store_true",
                     help="Print the summary of the runs already in --out and exit (runs nothing, writes nothing).")
     args = ap.parse_args()
+    if args.runs < 1:
+        raise SystemExit(f"error: --runs {args.runs}: needs at least 1 run")
     if args.report and not args.out:
         raise SystemExit("error: --report needs --out, the record to summarise")
 
