@@ -117,7 +117,8 @@ def summarise(runs: list[dict], entry, tol: float, alpha: float, label: dict) ->
     """The record's ``summary`` of ``runs`` so far (also of a partial sitting, so that docs/pipeline.md is written
     from it): false alarms with their Wilson 95% interval (``rao_core.evaluation.wilson_interval``), the drop
     caught with 80% power at ``entry.n_tasks`` tasks (``rao_core.regression.detectable_drop``), the wall seconds of
-    a run (min / median / max) and each evaluation's successes (min / max over both evaluations of every run).
+    a run (min / median / max), each evaluation's successes and each comparison's drop (min / max over every run),
+    the smallest p and whether every comparison was ``ok``.
 
     Raises ValueError when ``runs`` is empty."""
     from rao_core.evaluation import wilson_interval
@@ -128,16 +129,18 @@ def summarise(runs: list[dict], entry, tol: float, alpha: float, label: dict) ->
     alarms = sum(r["false_alarm"] for r in runs)
     lo, hi = wilson_interval(alarms, len(runs))
     walls = [r["wall_s"] for r in runs]
-    scores = [n for run in runs for r in run["comparison"] for k in ("champion", "candidate")
-              if (n := _successes(r.get(k))) is not None]
-    ps = [float(r["p"]) for run in runs for r in run["comparison"] if isinstance(r.get("p"), (int, float))]
+    rows = [r for run in runs for r in run["comparison"]]
+    scores = [n for r in rows for k in ("champion", "candidate") if (n := _successes(r.get(k))) is not None]
+    ps = [float(r["p"]) for r in rows if isinstance(r.get("p"), (int, float))]
+    drops = [float(r["drop"]) for r in rows if isinstance(r.get("drop"), (int, float))]
     return {"runs": len(runs), "false_alarms": alarms, "false_alarm_ci95": [round(lo, 3), round(hi, 3)],
             "n_tasks": entry.n_tasks, "difficulties": entry.difficulties, "modes": entry.modes,
             "tolerance": tol, "alpha": alpha,
             "detectable_drop_80": detectable_drop(entry.n_tasks, tolerance=tol, alpha=alpha),
             "wall_s": {"min": min(walls), "median": statistics.median(walls), "max": max(walls)},
             "evaluation_range": [min(scores), max(scores)] if scores else None,
-            "min_p": min(ps) if ps else None, **label}
+            "drop_range": [min(drops), max(drops)] if drops else None, "min_p": min(ps) if ps else None,
+            "all_ok": all(r.get("status") == "ok" for r in rows), **label}
 
 
 def _successes(cell) -> int | None:
@@ -156,10 +159,10 @@ def summary_text(s: dict) -> str:
              + " (independent evaluations, champion success 0.5: a conservative bound)",
              f"wall time per run: min {s['wall_s']['min']:.0f} s, median {s['wall_s']['median']:.0f} s, "
              f"max {s['wall_s']['max']:.0f} s"]
-    if s.get("evaluation_range"):
+    if s.get("evaluation_range") and s.get("drop_range"):
         lines.append(f"successes per evaluation: {s['evaluation_range'][0]} to {s['evaluation_range'][1]} of "
-                     f"{s['n_tasks']}; "
-                     f"smallest p {s['min_p']}")
+                     f"{s['n_tasks']}; drops {s['drop_range'][0]:+.2f} to {s['drop_range'][1]:+.2f}; smallest p "
+                     f"{s['min_p']}; every comparison ok: {'yes' if s['all_ok'] else 'no'}")
     return "\n".join(lines)
 
 

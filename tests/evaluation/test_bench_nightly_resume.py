@@ -46,7 +46,8 @@ def test_an_out_file_of_other_settings_is_one_error_line(tmp_path):
 
 def test_the_summary_of_a_partial_record_counts_its_runs_and_bounds_the_rate():
     row = lambda champ, cand, p: {"champion": f"{champ}/100 = {champ / 100:.3f} [0, 1]",  # noqa: E731
-                                  "candidate": f"{cand}/100 = {cand / 100:.3f} [0, 1]", "p": p}
+                                  "candidate": f"{cand}/100 = {cand / 100:.3f} [0, 1]", "p": p,
+                                  "drop": round((champ - cand) / 100, 2), "status": "ok" if p > 0.05 else "FAIL"}
     runs = [{"run": 1, "false_alarm": False, "wall_s": 430.0, "comparison": [row(29, 32, 0.99)]},
             {"run": 2, "false_alarm": True, "wall_s": 417.0, "comparison": [row(37, 20, 0.01)]},
             {"run": 3, "false_alarm": False, "wall_s": 450.0, "comparison": [row(27, 30, 0.86)]}]
@@ -57,7 +58,9 @@ def test_the_summary_of_a_partial_record_counts_its_runs_and_bounds_the_rate():
     assert s["false_alarm_ci95"] == [0.061, 0.792]
     assert s["wall_s"] == {"min": 417.0, "median": 430.0, "max": 450.0}
     assert (s["evaluation_range"], s["min_p"]) == ([20, 37], 0.01)
+    assert (s["drop_range"], s["all_ok"]) == ([-0.03, 0.17], False)
     text = bench.summary_text(s)
     assert text.startswith("false alarms: 1/3 (95% CI [0.06, 0.79]); n = 100") and "20 to 37 of 100" in text
+    assert "drops -0.03 to +0.17" in text and "every comparison ok: no" in text
     with pytest.raises(ValueError):
         bench.summarise([], entry, 0.1, 0.05, {})
