@@ -118,11 +118,14 @@ def summarise(runs: list[dict], entry, tol: float, alpha: float, label: dict) ->
     from it): false alarms with their Wilson 95% interval (``rao_core.evaluation.wilson_interval``), the drop
     caught with 80% power at ``entry.n_tasks`` tasks (``rao_core.regression.detectable_drop``), the wall seconds of
     a run (min / median / max), each evaluation's successes and each comparison's drop (min / max over every run),
-    the smallest p and whether every comparison was ``ok``.
+    the smallest p and whether every comparison was ``ok``. Beside the measured rate: the test's own false-alarm
+    rate for an unchanged checkpoint (``rao_core.regression.power`` at drop 0, the champion's success rate set to
+    the mean of every evaluation, rounded to 0.1) and how many runs without an alarm would put the Wilson upper
+    bound under 0.05 (20 runs cannot: 0/20 gives 0.16).
 
     Raises ValueError when ``runs`` is empty."""
     from rao_core.evaluation import wilson_interval
-    from rao_core.regression import detectable_drop
+    from rao_core.regression import detectable_drop, power
 
     if not runs:
         raise ValueError("no runs to summarise")
@@ -133,7 +136,12 @@ def summarise(runs: list[dict], entry, tol: float, alpha: float, label: dict) ->
     scores = [n for r in rows for k in ("champion", "candidate") if (n := _successes(r.get(k))) is not None]
     ps = [float(r["p"]) for r in rows if isinstance(r.get("p"), (int, float))]
     drops = [float(r["drop"]) for r in rows if isinstance(r.get("drop"), (int, float))]
+    p_champion = round(statistics.mean(scores) / entry.n_tasks, 1) if scores else 0.5
+    design = power(entry.n_tasks, 0.0, tolerance=tol, alpha=alpha, p_champion=p_champion)
+    clean_runs = next(n for n in range(1, 1000) if wilson_interval(0, n)[1] <= 0.05)
     return {"runs": len(runs), "false_alarms": alarms, "false_alarm_ci95": [round(lo, 3), round(hi, 3)],
+            "false_alarm_design": round(design, 4), "design_p_champion": p_champion,
+            "runs_for_upper_below_005": clean_runs,
             "n_tasks": entry.n_tasks, "difficulties": entry.difficulties, "modes": entry.modes,
             "tolerance": tol, "alpha": alpha,
             "detectable_drop_80": detectable_drop(entry.n_tasks, tolerance=tol, alpha=alpha),
@@ -157,6 +165,9 @@ def summary_text(s: dict) -> str:
              f"per difficulty, tolerance {s['tolerance']:g}, alpha {s['alpha']:g}",
              "detectable drop at 80% power: " + (f"{drop:.3f}" if drop is not None else "none (too few tasks)")
              + " (independent evaluations, champion success 0.5: a conservative bound)",
+             f"the test's own false-alarm rate for an unchanged checkpoint: {s['false_alarm_design']:.4f} (champion "
+             f"success {s['design_p_champion']:g}); a Wilson upper bound under 0.05 takes "
+             f"{s['runs_for_upper_below_005']} runs without an alarm",
              f"wall time per run: min {s['wall_s']['min']:.0f} s, median {s['wall_s']['median']:.0f} s, "
              f"max {s['wall_s']['max']:.0f} s"]
     if s.get("evaluation_range") and s.get("drop_range"):

@@ -59,8 +59,13 @@ def test_the_summary_of_a_partial_record_counts_its_runs_and_bounds_the_rate():
     assert s["wall_s"] == {"min": 417.0, "median": 430.0, "max": 450.0}
     assert (s["evaluation_range"], s["min_p"]) == ([20, 37], 0.01)
     assert (s["drop_range"], s["all_ok"]) == ([-0.03, 0.17], False)
+    # 0 alarms in n runs: Wilson's upper bound is z^2 / (n + z^2) <= 0.05 from n = 19 z^2 = 72.99, so 73 runs
+    assert s["runs_for_upper_below_005"] == 73
+    # the test's own rate at drop 0, champion success the mean of the six evaluations (175/600 -> 0.3)
+    assert s["design_p_champion"] == 0.3 and s["false_alarm_design"] == 0.0007
     text = bench.summary_text(s)
     assert text.startswith("false alarms: 1/3 (95% CI [0.06, 0.79]); n = 100") and "20 to 37 of 100" in text
     assert "drops -0.03 to +0.17" in text and "every comparison ok: no" in text
+    assert "unchanged checkpoint: 0.0007 (champion success 0.3)" in text and "takes 73 runs without an alarm" in text
     with pytest.raises(ValueError):
         bench.summarise([], entry, 0.1, 0.05, {})
