@@ -14,7 +14,7 @@ import json
 from rao_core.envs import get_env
 from rao_core.progress import every_tenth
 from tasks import tracking
-from tasks.common import RunContext, run_logger, stage
+from tasks.common import ProgressArtifact, RunContext, artifact_key, run_logger, stage
 from tasks.records import Checkpoint, WarmStartOutput
 from tasks.stages import checkpoint_from_uri
 
@@ -43,12 +43,25 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
         loss = f", loss {steps[-1]['train/loss']:.3f}" if steps and "train/loss" in steps[-1] else ""
         log.info(f"warm start: SFT step {done}/{total}{loss}")
 
-    log.info(f"warm start: {demo_cfg.n_tasks * demo_cfg.rollouts_per_task} expert demonstration trees, then SFT "
-             f"of {cfg.model.path}")
+    n_demos = demo_cfg.n_tasks * demo_cfg.rollouts_per_task
+    log.info(f"warm start: {n_demos} expert demonstration trees, then SFT of {cfg.model.path}")
+    # the UI's view of the same two phases (minutes each on a CPU; the Logs tab was the only sign of life)
+    demo_ui = ProgressArtifact(artifact_key(ctx.name, "warm-start-demos-progress", iteration),
+                               "demonstration trees finished")
+    sft_ui = ProgressArtifact(artifact_key(ctx.name, "warm-start-sft-progress", iteration), "SFT optimizer steps")
+    demo_ui(0, n_demos)
+
+    def both(*callbacks):  # one on_progress(done, total) feeding several
+        def call(done: int, total: int) -> None:
+            for cb in callbacks:
+                cb(done, total)
+        return call
+
     res = run_warm_start(env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer,
                          runtime_config=cfg.runtime, tasks_path=ctx.local("iter-0/demo_tasks.jsonl"),
                          trees_path=tpath, samples_path=spath, on_step=steps.append,
-                         on_demo_progress=every_tenth(demo_line), on_train_progress=every_tenth(sft_line),
+                         on_demo_progress=both(every_tenth(demo_line), demo_ui),
+                         on_train_progress=both(every_tenth(sft_line), sft_ui),
                          on_status=lambda line: log.info(f"warm start: {line}"))
     demo_s, sft_s, stats = res.demo_wall_s, res.sft_wall_s, res.stats
     store = ctx.store()

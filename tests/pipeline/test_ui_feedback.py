@@ -346,7 +346,9 @@ def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
 
 def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
     """`rao run` piped prints no bar: the warm start (minutes on CPU) logs a line per tenth of its 32
-    demonstration trees (every 3, and the last) and per SFT step (fewer than 20: each), with the step's loss."""
+    demonstration trees (every 3, and the last) and per SFT step (fewer than 20: each), with the step's loss.
+    The UI sees the same phases as two progress artifacts (issue 42: the Logs tab was the only sign of life for
+    ~20 min), the demonstrations' shown at 0 before the first tree, each fed every unit."""
     from pathlib import Path
     from types import SimpleNamespace
 
@@ -385,6 +387,17 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
 
     lines: list[str] = []
     monkeypatch.setattr(tasks.warm_start, "run_logger", lambda: SimpleNamespace(info=lines.append))  # the run logger
+    made: dict[str, list] = {}
+
+    class Recorder:  # tasks.common.ProgressArtifact, recording instead of calling Prefect
+        def __init__(self, key, description, **kw):
+            self.key = key
+            made[key] = []
+
+        def __call__(self, done, total):
+            made[self.key].append((done, total))
+
+    monkeypatch.setattr(tasks.warm_start, "ProgressArtifact", Recorder)
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.setattr(RunContext, "store", lambda self: Store())
     monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
@@ -396,6 +409,8 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
         *(f"warm start: demonstration trees {d}/32" for d in (3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32)),
         "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500",
         "warm start: SFT done (2 s); uploading demonstrations and the checkpoint to s3://mem/iter-0"]
+    assert made == {"ws-iter-0-warm-start-demos-progress": [(0, 32), *((d, 32) for d in range(1, 33))],
+                    "ws-iter-0-warm-start-sft-progress": [(1, 2), (2, 2)]}
 
 
 def test_the_end_of_run_table_has_every_stage_and_sums_to_the_wall_time():
