@@ -46,7 +46,8 @@ def test_every_stage_artifact_uses_artifact_key():
         keys += [(path.name, m.group(1)) for m in
                  re.finditer(r"create_\w+_artifact\((?:\s*\w+=[^,]+,)*?\s*key=([^,]+),", text)]
         progress += [(path.name, m.group(1)) for m in re.finditer(r"= ProgressArtifact\(([^,]+),", text)]
-    assert len(keys) >= 5 and len(progress) == 3, (keys, progress)  # validation, eval, nightly x2, progress
+    assert len(keys) >= 5 and len(progress) == 5, (keys, progress)  # validation, eval, nightly x2; progress of
+    # generate, train, evaluate and the warm start's two phases
     assert all(arg.startswith("artifact_key(") or (name, arg) == ("common.py", "self.key") for name, arg in keys), keys
     assert all(arg.startswith("artifact_key(") for _, arg in progress), progress
 
