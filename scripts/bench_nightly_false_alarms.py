@@ -18,8 +18,8 @@ checkpoints, each against itself, which is what a false-alarm rate of unchanged 
 campaigns are not kept from one session to the next.
 
 Needs a registered champion (``make run`` registers campaign ``smoke``'s) and the services of a campaign. On the
-CPU defaults a run is two evaluations of 100 tasks plus a vLLM start (measured 388-450 s on 2 cores, 20 runs): 20 runs
-take about 2.5 hours. Run it on an otherwise quiet machine.
+CPU defaults a run is two evaluations of 100 tasks plus a vLLM start (measured 388-450 s on 2 cores, 20 runs),
+so 20 runs take about 2.5 hours. Run it on an otherwise quiet machine.
 
 Usage: .venv/bin/python scripts/bench_nightly_false_alarms.py [--runs 20] [--config configs/cpu-smoke.yaml]
        [--campaign smoke] [--model champion] [--n-tasks N] [--out docs/results/nightly-false-alarms.json] [--report]
