@@ -278,6 +278,21 @@ def test_a_stage_inside_a_flow_run_still_writes_its_artifact(prefect_harness, mo
     assert art is not None and art.type == "table" and "recursive" in str(art.data)
 
 
+def _progress_recorder(made: dict[str, list]) -> type:
+    """A stand-in for tasks.common.ProgressArtifact that records each ``(done, total)`` under its key in ``made``
+    instead of calling Prefect."""
+
+    class Recorder:
+        def __init__(self, key, description, **kw):
+            made[key] = []
+            self.key = key
+
+        def __call__(self, done, total):
+            made[self.key].append((done, total))
+
+    return Recorder
+
+
 def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     """run_evaluation (evaluate stage, nightly) turns run_trees' per-mode counts into one progress over both
     modes, under the key artifact_key(campaign, 'evaluate-progress', iteration), and logs a line per unit
@@ -292,15 +307,7 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     from tasks.common import RunContext
 
     made: dict[str, list] = {}
-
-    class Recorder:
-        def __init__(self, key, description, **kw):
-            made[key] = []
-            self.key = key
-
-        def __call__(self, done, total):
-            made[self.key].append((done, total))
-
+    Recorder = _progress_recorder(made)
     seen_kw: list[dict] = []
 
     def fake_eval(config, *, tasks, progress, **kw):
@@ -389,16 +396,7 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
     lines: list[str] = []
     monkeypatch.setattr(tasks.warm_start, "run_logger", lambda: SimpleNamespace(info=lines.append))  # the run logger
     made: dict[str, list] = {}
-
-    class Recorder:  # tasks.common.ProgressArtifact, recording instead of calling Prefect
-        def __init__(self, key, description, **kw):
-            self.key = key
-            made[key] = []
-
-        def __call__(self, done, total):
-            made[self.key].append((done, total))
-
-    monkeypatch.setattr(tasks.warm_start, "ProgressArtifact", Recorder)
+    monkeypatch.setattr(tasks.warm_start, "ProgressArtifact", _progress_recorder(made))
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.setattr(RunContext, "store", lambda self: Store())
     monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
