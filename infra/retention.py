@@ -249,6 +249,7 @@ class RetentionReport:
     optimizer_dropped: list[int] = field(default_factory=list)  # iterations whose optimizer state was deleted
     local_removed: dict[str, int] = field(default_factory=dict)  # local folder -> bytes freed
     s3_freed: int = 0  # bytes freed on S3 (pruned checkpoints and optimizer states)
+    where: str = ""  # the store's root and server (ArtifactStore.where), named in the line
 
     def line(self) -> str:
         """One log line (empty when nothing was done)."""
@@ -262,8 +263,8 @@ class RetentionReport:
         if not parts:
             return ""
         local = sum(self.local_removed.values())
-        return (f"retention: {'; '.join(parts)}: freed {self.s3_freed / 1e6:.0f} MB on S3, "
-                f"{local / 1e6:.0f} MB local")
+        on = f"S3 ({self.where})" if self.where else "S3"
+        return f"retention: {'; '.join(parts)}: freed {self.s3_freed / 1e6:.0f} MB on {on}, {local / 1e6:.0f} MB local"
 
 
 def _settings(policy: Any) -> Any:
@@ -282,7 +283,7 @@ def apply_retention(store: ArtifactStore, policy: Any, local_root: Path | None =
     (``keep_last``; iteration 0 and ``protected_uris`` stay), drop the optimizer state of every checkpoint
     but the newest (``optimizer_state: latest``), remove verified local copies (``local_copies``)."""
     cs = _settings(policy)
-    rep = RetentionReport()
+    rep = RetentionReport(where=store.where())
     before = {k: _object_bytes(store, f"iter-{k}/checkpoint/") for k in checkpoint_iterations(store)}
     if cs.keep_last:
         rep.pruned = prune_checkpoints(store, cs.keep_last, protected_uris=protected_uris, local_root=local_root)

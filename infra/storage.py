@@ -220,6 +220,13 @@ class ArtifactStore:
     def uri(self, key: str) -> str:
         return f"s3://{self.settings.bucket}/{self.prefix}/{key.lstrip('/')}"
 
+    def where(self) -> str:
+        """The campaign's root and the server that holds it, for log lines: ``s3://rao/smoke/ at
+        http://127.0.0.1:8333`` (an endpoint: the embedded SeaweedFS or another S3 server) or ``s3://bucket/prefix/
+        on AWS S3`` (no endpoint)."""
+        root = f"s3://{self.settings.bucket}/{self.prefix}/"
+        return f"{root} at {self.settings.endpoint_url}" if self.settings.endpoint_url else f"{root} on AWS S3"
+
     def _key(self, key_or_uri: str) -> str:
         if key_or_uri.startswith("s3://"):
             bucket, _, key = key_or_uri[5:].partition("/")
