@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 ProgressCallback = Callable[[int, int], None]
 """``on_progress(done, total)``: ``done`` of ``total`` units finished (called after each unit)."""
 
-__all__ = ["ProgressCallback", "StepProgress", "Timeline", "bar_enabled", "every_tenth", "quiet_heartbeat"]
+__all__ = ["ProgressCallback", "StepProgress", "Timeline", "bar_enabled", "every_tenth", "fan_out", "quiet_heartbeat"]
 
 
 def bar_enabled(console: Console | None = None) -> bool:
@@ -41,6 +41,17 @@ def every_tenth(report: ProgressCallback) -> ProgressCallback:
             report(done, total)
 
     return report_tenths
+
+
+def fan_out(*callbacks: ProgressCallback) -> ProgressCallback:
+    """One ``on_progress(done, total)`` that calls each of ``callbacks`` in order with the same counts: a loop's
+    progress fed to a log line (:func:`every_tenth`) and a UI artifact at once."""
+
+    def call(done: int, total: int) -> None:
+        for cb in callbacks:
+            cb(done, total)
+
+    return call
 
 
 async def quiet_heartbeat(say: Callable[[float], None], last_news: Callable[[], float], every_s: float = 20.0,

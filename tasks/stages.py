@@ -18,7 +18,7 @@ from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
-from rao_core.progress import every_tenth, quiet_heartbeat
+from rao_core.progress import every_tenth, fan_out, quiet_heartbeat
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
@@ -369,8 +369,14 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
         # subprocess: its memory is returned before vLLM serves again; vLLM sleeps while the trainer shares
         # its GPUs (gpus.sleep_while_training)
         ui = ProgressArtifact(artifact_key(ctx.name, "train-progress", iteration), "optimizer steps")
+
+        def step_line(done: int, total: int) -> None:  # as the warm start's SFT lines: the loss at each tenth
+            loss = f", loss {steps[-1]['train/loss']:.4f}" if steps and "train/loss" in steps[-1] else ""
+            log.info(f"iteration {iteration} train: optimizer step {done}/{total}{loss}")
+
         run = run_training(batch, checkpoint_local(ctx, parent), out_dir, tcfg, iteration=iteration,
-                           on_step=steps.append, on_progress=ui, samples_path=samples_path,
+                           on_step=steps.append, on_progress=fan_out(every_tenth(step_line), ui),
+                           samples_path=samples_path,
                            around_child=gpus_released(ctx),
                            on_status=lambda line: log.info(f"iteration {iteration} train: {line}"),
                            max_staleness=ctx.config.algo.max_staleness)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from rao_core.envs import get_env
-from rao_core.progress import every_tenth
+from rao_core.progress import every_tenth, fan_out
 from tasks import tracking
 from tasks.common import ProgressArtifact, RunContext, artifact_key, run_logger, stage
 from tasks.records import Checkpoint, WarmStartOutput
@@ -51,17 +51,11 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
     sft_ui = ProgressArtifact(artifact_key(ctx.name, "warm-start-sft-progress", iteration), "SFT optimizer steps")
     demo_ui(0, n_demos)
 
-    def both(*callbacks):  # one on_progress(done, total) feeding several
-        def call(done: int, total: int) -> None:
-            for cb in callbacks:
-                cb(done, total)
-        return call
-
     res = run_warm_start(env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer,
                          runtime_config=cfg.runtime, tasks_path=ctx.local("iter-0/demo_tasks.jsonl"),
                          trees_path=tpath, samples_path=spath, on_step=steps.append,
-                         on_demo_progress=both(every_tenth(demo_line), demo_ui),
-                         on_train_progress=both(every_tenth(sft_line), sft_ui),
+                         on_demo_progress=fan_out(every_tenth(demo_line), demo_ui),
+                         on_train_progress=fan_out(every_tenth(sft_line), sft_ui),
                          on_status=lambda line: log.info(f"warm start: {line}"))
     demo_s, sft_s, stats = res.demo_wall_s, res.sft_wall_s, res.stats
     store = ctx.store()

@@ -253,3 +253,46 @@ def _run_zero_stage(tmp_path: Path, monkeypatch, samples):
     write_samples(ctx.local("iter-1/samples.jsonl"), samples)
     return stages.train_policy.fn.__wrapped__(ctx, 1, "s3://fake/iter-1/samples/samples.jsonl",
                                               Checkpoint(name="iter-0", local=str(tmp_path / "parent")))
+
+
+def test_the_train_stage_logs_its_optimizer_steps_with_the_loss(tmp_path, monkeypatch):
+    """A piped `rao run` draws no bar: an RL iteration's train stage logs a line per tenth of its optimizer steps
+    (fewer than 20: each) with that step's loss, as the warm start's SFT does, and feeds every step to its
+    train-progress artifact (the newcomer saw minutes without a line between an iteration's samples and its
+    checkpoint)."""
+    from types import SimpleNamespace
+
+    import rao_core.train.launch
+    from tasks import stages
+
+    made: dict[str, list] = {}
+
+    class Recorder:
+        def __init__(self, key, description, **kw):
+            self.key = key
+            made[key] = []
+
+        def __call__(self, done, total):
+            made[self.key].append((done, total))
+
+    def run_training(batch, model, out_dir, cfg, *, on_step, on_progress, **kw):
+        for step in (1, 2, 3):
+            on_step({"train/loss": 0.5 / step})
+            on_progress(step, 3)
+        Path(out_dir).mkdir(parents=True)
+        return SimpleNamespace(peak_rss_mb=None)
+
+    lines: list[str] = []
+    logger = SimpleNamespace(info=lines.append, warning=lines.append)
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
+    monkeypatch.setattr(stages, "run_logger", lambda: logger)
+    monkeypatch.setattr(stages, "checkpoint_local", lambda ctx, ckpt: parent)
+    monkeypatch.setattr(rao_core.train.launch, "run_training", run_training)
+    out = _run_zero_stage(tmp_path, monkeypatch, _samples())
+    assert out.steps == 3
+    assert [ln for ln in lines if "optimizer step" in ln] == [
+        "iteration 1 train: optimizer step 1/3, loss 0.5000", "iteration 1 train: optimizer step 2/3, loss 0.2500",
+        "iteration 1 train: optimizer step 3/3, loss 0.1667"]
+    assert made == {"stage-iter-1-train-progress": [(1, 3), (2, 3), (3, 3)]}
