@@ -455,6 +455,10 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
 
     ui(0, total)
     where = "evaluation" if iteration is None else f"iteration {str(iteration).removeprefix('iter-')} evaluate"
+    # said before the first tree, which takes tens of seconds (the log was silent until the first tenth)
+    modes = ", ".join(ctx.config.eval.modes)
+    run_logger().info(f"{where}: {total} trees ({len(tasks)} held-out tasks x modes {modes}); a line at each tenth "
+                      "finished")
     if ctx.config.execution.backend == "ray":
         report = _evaluate_on_ray(ctx, iteration, tasks, served, tokenizer_path, where,
                                   lambda r: progress(0, 0, None, r.num_trees, r.solved))

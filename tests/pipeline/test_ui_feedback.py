@@ -333,7 +333,8 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     assert out.metrics == {"eval/x": 1.0}
     assert [kw["seeded"] for kw in seen_kw] == [True]  # trees seeded from eval.seed; sent as served.seeded says
     assert made == {"smoke-b-iter-2-evaluate-progress": [(0, 6), (1, 6), (2, 6), (3, 6), (4, 6), (5, 6), (6, 6)]}
-    assert lines == [f"evaluation trees {d}/6  solved {1 + (d > 3)}" for d in range(1, 7)]
+    assert lines == ["iteration 2 evaluate: 6 trees (3 held-out tasks x modes recursive, single); a line at each "
+                     "tenth finished", *(f"evaluation trees {d}/6  solved {1 + (d > 3)}" for d in range(1, 7))]
 
 
 def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
