@@ -161,6 +161,13 @@ class ProgressArtifact:
         percent = min(100.0, 100.0 * done / total) if total > 0 else 0.0
         self._write(percent, f"{self.description}: {done}/{total}", now, (done, total))
 
+    def note(self, text: str) -> None:
+        """Before the first unit is counted: write the artifact at 0 % with ``text`` as its description (e.g.
+        the warm start's SFT while its trainer loads: ``SFT optimizer steps: model and optimizer ready; ...``),
+        so it shows before the total is known. Nothing once a count was written (counts are not overwritten)."""
+        if self.enabled and (self.sent is None or self.sent == (0, 0)):
+            self._write(0.0, text, self.clock(), (0, 0))
+
     def finish(self, text: str) -> None:
         """Write the artifact as complete (100 %) with ``text`` as its description, e.g. a stage that had
         nothing to count: ``no update: ...`` (at once, whatever ``min_interval_s``; same rules otherwise)."""

@@ -51,12 +51,16 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
     sft_ui = ProgressArtifact(artifact_key(ctx.name, "warm-start-sft-progress", iteration), "SFT optimizer steps")
     demo_ui(0, n_demos)
 
+    def status(line: str) -> None:  # the SFT's start and its trainer's phases, in the UI too until the first step
+        log.info(f"warm start: {line}")
+        sft_ui.note(f"SFT: {line}")
+
     res = run_warm_start(env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer,
                          runtime_config=cfg.runtime, tasks_path=ctx.local("iter-0/demo_tasks.jsonl"),
                          trees_path=tpath, samples_path=spath, on_step=steps.append,
                          on_demo_progress=fan_out(every_tenth(demo_line), demo_ui),
                          on_train_progress=fan_out(every_tenth(sft_line), sft_ui),
-                         on_status=lambda line: log.info(f"warm start: {line}"))
+                         on_status=status)
     demo_s, sft_s, stats = res.demo_wall_s, res.sft_wall_s, res.stats
     store = ctx.store()
     log.info(f"warm start: SFT done ({sft_s:.0f} s); uploading demonstrations and the checkpoint to {store.uri('iter-0')}")

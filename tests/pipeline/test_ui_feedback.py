@@ -279,16 +279,18 @@ def test_a_stage_inside_a_flow_run_still_writes_its_artifact(prefect_harness, mo
 
 
 def _progress_recorder(made: dict[str, list]) -> type:
-    """A stand-in for tasks.common.ProgressArtifact that records each ``(done, total)`` under its key in ``made``
-    instead of calling Prefect."""
+    """tasks.common.ProgressArtifact, every update written (no interval) to ``made[key]`` instead of Prefect: each
+    count as ``(done, total)``, a ``note`` or ``finish`` as its text."""
+    from tasks.common import ProgressArtifact
 
-    class Recorder:
+    class Recorder(ProgressArtifact):
         def __init__(self, key, description, **kw):
+            super().__init__(key, description, min_interval_s=0.0, enabled=True)
             made[key] = []
-            self.key = key
 
-        def __call__(self, done, total):
-            made[self.key].append((done, total))
+        def _write(self, percent, text, now, sent):
+            made[self.key].append(text if sent == (0, 0) else sent)
+            self.artifact_id, self.sent = self.key, sent
 
     return Recorder
 
@@ -385,12 +387,14 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
         def uri(self, key):
             return f"s3://mem/{key}"
 
-    def run_warm_start(env, model_path, out_dir, *, on_step, on_demo_progress, on_train_progress, **kw):
+    def run_warm_start(env, model_path, out_dir, *, on_step, on_demo_progress, on_train_progress, on_status, **kw):
         for done in range(1, 33):
             on_demo_progress(done, 32)
+        on_status("training process: model and optimizer ready; first optimizer step running (12 s)")
         for step in (1, 2):
             on_step({"train/loss": 1.0 / step})
             on_train_progress(step, 2)
+        on_status("training process: saving checkpoint (40 s)")  # after a count: the artifact keeps the count
         Path(out_dir).mkdir(parents=True)
         return SimpleNamespace(demo_wall_s=1.0, sft_wall_s=2.0, stats={}, train_metrics=[])
 
@@ -407,10 +411,14 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
     assert lines == [
         f"warm start: 32 expert demonstration trees, then SFT of {ctx.config.model.path}",
         *(f"warm start: demonstration trees {d}/32" for d in (3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32)),
+        "warm start: training process: model and optimizer ready; first optimizer step running (12 s)",
         "warm start: SFT step 1/2, loss 1.000", "warm start: SFT step 2/2, loss 0.500",
+        "warm start: training process: saving checkpoint (40 s)",
         "warm start: SFT done (2 s); uploading demonstrations and the checkpoint to s3://mem/iter-0"]
     assert made == {"ws-iter-0-warm-start-demos-progress": [(0, 32), *((d, 32) for d in range(1, 33))],
-                    "ws-iter-0-warm-start-sft-progress": [(1, 2), (2, 2)]}
+                    "ws-iter-0-warm-start-sft-progress": [
+                        "SFT: training process: model and optimizer ready; first optimizer step running (12 s)",
+                        (1, 2), (2, 2)]}
 
 
 def test_the_end_of_run_table_has_every_stage_and_sums_to_the_wall_time():
