@@ -216,6 +216,23 @@ def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_
     from tasks import stages
 
     made: dict[str, list] = {}
+    Recorder = _recorder(made)
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    (parent / "config.json").write_text("{}")
+    monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
+    monkeypatch.setattr(stages, "checkpoint_local", lambda ctx, ckpt: parent)
+    zero = [s.model_copy(update={"advantage": 0.0}) for s in _samples()]
+    out = _run_zero_stage(tmp_path, monkeypatch, zero)
+    assert out.steps == 0 and (Path(out.checkpoint.local) / "config.json").exists()
+    assert made == {"stage-iter-1-train-progress": [
+        "no update: every advantage of the 2 samples is 0 (no group carried signal), 0 optimizer steps; the "
+        "parent's weights were copied as this iteration's checkpoint"]}
+
+
+def _recorder(made: dict[str, list]) -> type:
+    """A stand-in for tasks.common.ProgressArtifact recording under its key in ``made`` each ``(done, total)`` and
+    each ``finish`` text, instead of calling Prefect."""
 
     class Recorder:
         def __init__(self, key, description, **kw):
@@ -228,17 +245,7 @@ def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_
         def finish(self, text):
             made[self.key].append(text)
 
-    parent = tmp_path / "parent"
-    parent.mkdir()
-    (parent / "config.json").write_text("{}")
-    monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
-    monkeypatch.setattr(stages, "checkpoint_local", lambda ctx, ckpt: parent)
-    zero = [s.model_copy(update={"advantage": 0.0}) for s in _samples()]
-    out = _run_zero_stage(tmp_path, monkeypatch, zero)
-    assert out.steps == 0 and (Path(out.checkpoint.local) / "config.json").exists()
-    assert made == {"stage-iter-1-train-progress": [
-        "no update: every advantage of the 2 samples is 0 (no group carried signal), 0 optimizer steps; the "
-        "parent's weights were copied as this iteration's checkpoint"]}
+    return Recorder
 
 
 def _run_zero_stage(tmp_path: Path, monkeypatch, samples):
@@ -266,14 +273,7 @@ def test_the_train_stage_logs_its_optimizer_steps_with_the_loss(tmp_path, monkey
     from tasks import stages
 
     made: dict[str, list] = {}
-
-    class Recorder:
-        def __init__(self, key, description, **kw):
-            self.key = key
-            made[key] = []
-
-        def __call__(self, done, total):
-            made[self.key].append((done, total))
+    Recorder = _recorder(made)
 
     def run_training(batch, model, out_dir, cfg, *, on_step, on_progress, **kw):
         for step in (1, 2, 3):
