@@ -6,6 +6,8 @@ wall-clock one tree at a time, children gathered vs sequential vs the single age
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from rao_cli import make_console
@@ -166,6 +168,33 @@ def seeds(
     with input_errors():  # no record, or one that is not JSON: one error: line naming it, exit 2
         records = seed_records(experiment)
     console.print(write_seeds_section(experiment, records, write_docs))
+
+
+@app.command("rerun")
+def rerun(
+    first: Path = typer.Argument(..., help="The first run's record, e.g. docs/results/textcraft-ablation.json."),
+    second: Path = typer.Argument(..., help="The second run's record, of the same design and held-out tasks."),
+) -> None:
+    """Two runs of one design compared on the same held-out tasks (a seed retrained, or run on another machine):
+    per point, each run's successes and interval, the tasks only one solved, and a two-sided exact sign test on
+    them (how far two runs of one seed differ: tasks.experiment.rerun_comparison). Prints a markdown table."""
+    import json
+
+    from tasks.experiment import rerun_markdown
+
+    from rao_cli import input_errors
+
+    with input_errors():  # a missing or non-JSON record, or records of other tasks: one error: line, exit 2
+        recs = []
+        for p in (first, second):
+            try:
+                recs.append(json.loads(p.read_text()))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}: not a JSON record: {e}") from None
+            except FileNotFoundError:
+                raise FileNotFoundError(f"record not found: {p}") from None
+        md = rerun_markdown(recs[0], recs[1], (str(first), str(second)))
+    console.print(md, markup=False)
 
 
 RECORD_HELP = "Experiment record whose checkpoints (each arm's last iteration), configs and evaluation seed are used."

@@ -288,6 +288,68 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
                     "one-sided t-test over the per-seed differences (reported)"}
 
 
+def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two runs of one design (e.g. a seed retrained, or the same seed on another machine) compared point by point
+    on the same held-out tasks: for every (arm, iteration, mode, difficulty) evaluated in both records with
+    per-task outcomes, the successes of each, the tasks only the second solved (``second_better``) and only the
+    first (``first_better``), and a two-sided exact sign test (binomial, p = 1/2) on those discordant tasks, which
+    is McNemar's exact test: under H0 the two runs are draws of one process. Rows in the first record's order.
+
+    Raises ValueError when the records did not evaluate the same tasks (``eval_seed`` or their task sets differ),
+    or when no point of one has per-task outcomes matching a point of the other. Units: counts of tasks."""
+    from scipy import stats
+
+    from rao_core.evaluation import wilson_interval
+
+    for k in ("eval_seed", "task_sets"):
+        if first.get(k) != second.get(k):
+            raise ValueError(f"the two records did not evaluate the same tasks ({k}: {first.get(k)!r} vs "
+                             f"{second.get(k)!r}); a rerun comparison pairs the same held-out tasks")
+
+    def key(p: dict[str, Any]) -> tuple:
+        return p["arm"], p["iteration"], p["mode"], p["difficulty"]
+
+    theirs = {key(p): p for p in second.get("points", []) if p.get("per_task")}
+    rows = []
+    for a in first.get("points", []):
+        b = theirs.get(key(a))
+        if not a.get("per_task") or b is None:
+            continue
+        tasks = sorted(set(a["per_task"]) & set(b["per_task"]))
+        pairs = [(a["per_task"][t], b["per_task"][t]) for t in tasks]
+        pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
+        up, down = sum(1 for x, y in pairs if y > x), sum(1 for x, y in pairs if y < x)
+        n = len(pairs)
+        s1, s2 = sum(x for x, _ in pairs), sum(y for _, y in pairs)
+        rows.append({"arm": a["arm"], "iteration": a["iteration"], "mode": a["mode"], "difficulty": a["difficulty"],
+                     "n": n, "first": s1, "second": s2, "first_ci95": list(wilson_interval(s1, n)),
+                     "second_ci95": list(wilson_interval(s2, n)), "second_better": up, "first_better": down,
+                     "p_two_sided": float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0,
+                     "test": "two-sided exact sign test on the discordant tasks (McNemar exact)"})
+    if not rows:
+        raise ValueError("no point of the first record has per-task outcomes matching a point of the second "
+                         "(same arm, iteration, mode and difficulty)")
+    return rows
+
+
+def rerun_markdown(first: dict[str, Any], second: dict[str, Any], names: tuple[str, str]) -> str:
+    """A markdown table of :func:`rerun_comparison` (``names``: the two records' labels, e.g. their files), with
+    each record's command, commit and date above it."""
+    rows = rerun_comparison(first, second)
+    lines = [f"Run 1: `{names[0]}` (seed {first.get('seed')}, commit `{first.get('commit')}`, {first.get('date')}); "
+             f"run 2: `{names[1]}` (seed {second.get('seed')}, commit `{second.get('commit')}`, {second.get('date')}); "
+             f"the same {rows[0]['n']} held-out tasks per point (eval.seed {first.get('eval_seed')}).", "",
+             "| arm | iteration | mode | difficulty | n | run 1 | 95% CI | run 2 | 95% CI | only run 2 solved | "
+             "only run 1 solved | p (two-sided, exact sign test on them) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c1, c2 = (f"[{lo:.2f}, {hi:.2f}]" for lo, hi in (r["first_ci95"], r["second_ci95"]))
+        lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | {r['n']} | "
+                     f"{r['first']:g}/{r['n']} | {c1} | {r['second']:g}/{r['n']} | {c2} | {r['second_better']} | "
+                     f"{r['first_better']} | {r['p_two_sided']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def comparisons_markdown(experiment: str, records: list[dict[str, Any]], difficulty: str | None = None) -> str:
     """The ``## Seeds: <experiment>`` section for experiments with per-task outcomes: per evaluated difficulty
     (``difficulty``: that one only), every arm's last iteration vs its warm start and every pair of

@@ -73,6 +73,8 @@ CASES = [
     ("experiment textcraft-nested --arm deeper", 2, "Invalid value for '--arm'"),
     ("experiment textcraft-cpu --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
     ("experiment seeds no-such-experiment", 2, "no record of no-such-experiment under "),
+    ("experiment rerun {tmp}/none.json {garbage}", 2, "error: record not found: {tmp}/none.json"),
+    ("experiment rerun {garbage} {garbage}", 2, "error: {garbage}: not a JSON record"),
     ("experiment textcraft-generalisation --arm both", 2, "error: unknown arm 'both' (expected one of "),
     ("experiment textcraft-wallclock --setting fast", 2, "error: unknown setting 'fast' (expected one of "),
     ("experiment textcraft-nested-control --record {tmp}/none.json --dry-run", 2,

@@ -515,6 +515,25 @@ def _record(seed, outcomes):
             "endpoint": {"arm": "recursive", "against": "outcome"}}
 
 
+def test_rerun_comparison_pairs_the_same_tasks_of_two_runs_by_hand():
+    """Two runs of one seed: per point the successes, the discordant tasks each way and McNemar's exact test."""
+    from tasks.experiment import rerun_comparison, rerun_markdown
+
+    # 10 tasks; iteration 2: run 1 solves t0-t5, run 2 solves t0-t1 and t6: 4 tasks only run 1, 1 only run 2
+    a = _record(0, {("recursive", 2): [1] * 6 + [0] * 4, ("recursive", 0): [1] * 3 + [0] * 7})
+    b = _record(0, {("recursive", 2): [1, 1, 0, 0, 0, 0, 1, 0, 0, 0], ("single", 2): [1] * 10})
+    rows = rerun_comparison(a, b)
+    assert len(rows) == 1  # iteration 0 only in run 1, the single arm only in run 2: nothing to pair
+    r = rows[0]
+    assert (r["n"], r["first"], r["second"], r["second_better"], r["first_better"]) == (10, 6, 3, 1, 4)
+    assert r["p_two_sided"] == pytest.approx(2 * (1 + 5) / 2 ** 5)  # P(X <= 1 | 5, 1/2) = 6/32, doubled
+    assert "| recursive | 2 | recursive | tier1x2 | 10 | 6/10 |" in rerun_markdown(a, b, ("a.json", "b.json"))
+    with pytest.raises(ValueError, match="did not evaluate the same tasks \\(eval_seed"):
+        rerun_comparison(a, {**b, "eval_seed": 7})
+    with pytest.raises(ValueError, match="no point of the first record"):
+        rerun_comparison(a, _record(0, {("outcome", 2): [1] * 10}))
+
+
 def test_seed_comparison_pairs_tasks_across_seeds_by_hand():
     from tasks.experiment import comparisons_markdown, seed_comparison
 
