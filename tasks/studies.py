@@ -120,6 +120,22 @@ def serving_config(cfg: Any, jobs: Sequence[EvalJob]) -> Any:
     return cfg.model_copy(update={"serving": cfg.serving.model_copy(update={"max_model_len": need})})
 
 
+def _tenths_said(label: str, say: Callable[[str], None]) -> Callable[[int, int, Any], None]:
+    """A ``run_trees`` progress callback ``(done, total, tree)`` that says ``  <label>: trees d/N, solved s`` at each
+    tenth of the trees (``rao_core.progress.every_tenth``; every tree below 20), counting from 0 again at each
+    mode's first tree: a job of 100 trees is minutes, and a log file draws no bar."""
+    from rao_core.progress import every_tenth
+
+    solved = [0]
+    line = every_tenth(lambda done, total: say(f"  {label}: trees {done}/{total}, solved {solved[0]}"))
+
+    def progress(done: int, total: int, tree: Any) -> None:
+        solved[0] = (0 if done == 1 else solved[0]) + int(tree is not None and tree.root.verifier == 1.0)
+        line(done, total)
+
+    return progress
+
+
 def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: Environment,
                        base_url: str | None = None, served_name: str | None = None, policy: Any = None,
                        say: Callable[[str], None] = print,
@@ -175,7 +191,7 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
             tasks = job.tasks if job.tasks is not None else evaluation.eval_tasks(env, job.config, **options)
             report = evaluation.run_evaluation(job.config, env=env, tasks=tasks, runtime=job.runtime,
                                                tokenizer=tokenizer, base_url=url, model=name, policy=policy,
-                                               close_policy=False)
+                                               close_policy=False, progress=_tenths_said(job.label, say))
             reports.append(report)
             for r in report.rows:
                 say(f"  {job.label}: {r.mode} {r.difficulty}: success {r.success:.3f} = {r.successes:g} / {r.scored}"

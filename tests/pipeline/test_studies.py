@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -384,8 +385,14 @@ def test_a_job_without_tasks_evaluates_the_held_out_set_its_campaign_generates(t
     ev = cfg.eval.model_copy(update={"difficulties": ["tier1"], "n_tasks": 3})
     given = evaluation.eval_tasks(env, ev)[:1]
     seen = []
-    monkeypatch.setattr(evaluation, "run_evaluation", lambda config, **kw: seen.append(kw["tasks"]) or
-                        evaluation.EvalReport.model_construct(rows=[], trees=[]))
+
+    def fake_eval(config, **kw):  # each tree finished is reported: the first of the three solved
+        seen.append(kw["tasks"])
+        for d in (1, 2, 3):
+            kw["progress"](d, 3, SimpleNamespace(root=SimpleNamespace(verifier=float(d == 1))))
+        return evaluation.EvalReport.model_construct(rows=[], trees=[])
+
+    monkeypatch.setattr(evaluation, "run_evaluation", fake_eval)
 
     class Closable:
         async def aclose(self):
@@ -393,7 +400,11 @@ def test_a_job_without_tasks_evaluates_the_held_out_set_its_campaign_generates(t
 
     jobs = [EvalJob(label="a", config=ev, runtime=cfg.runtime), EvalJob(label="b", config=ev, runtime=cfg.runtime,
                                                                          tasks=given)]
-    serve_and_evaluate(cfg, TINY, jobs, env=env, policy=Closable(), say=lambda s: None)
+    said: list[str] = []
+    serve_and_evaluate(cfg, TINY, jobs, env=env, policy=Closable(), say=said.append)
+    # a line per tree below 20 trees, the solved count from each job's (and mode's) first tree
+    assert said == [line for job in "ab" for line in (f"evaluating {job}", *(f"  {job}: trees {d}/3, solved 1"
+                                                                               for d in (1, 2, 3)))]
     want = evaluation.eval_tasks(env, ev, graph_seed=7)
     assert [t.model_dump() for t in seen[0]] == [t.model_dump() for t in want]
     assert [t.model_dump() for t in seen[0]] != [t.model_dump() for t in evaluation.eval_tasks(env, ev)]
