@@ -288,40 +288,48 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
                     "one-sided t-test over the per-seed differences (reported)"}
 
 
-def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, Any]]:
-    """Two runs of one design (e.g. a seed retrained, or the same seed on another machine) compared point by point
-    on the same held-out tasks: for every (arm, iteration, mode, difficulty) evaluated in both records with
-    per-task outcomes, the successes of each, the tasks only the second solved (``second_better``) and only the
-    first (``first_better``), and a two-sided exact sign test (binomial, p = 1/2) on those discordant tasks, which
-    is McNemar's exact test: under H0 the two runs are draws of one process. Rows in the first record's order.
+def _rerun_key(p: dict[str, Any]) -> tuple:
+    """A point's identity across records: arm, the checkpoint's iteration (``iteration``, or a study point's
+    ``checkpoint_iteration``), mode and difficulty."""
+    return p["arm"], p.get("iteration", p.get("checkpoint_iteration")), p["mode"], p["difficulty"]
 
-    Raises ValueError when the records did not evaluate the same tasks (``eval_seed`` or their task sets differ),
-    or when no point of one has per-task outcomes matching a point of the other. Units: counts of tasks."""
+
+def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Two evaluations of one design on the same held-out tasks compared point by point: a seed retrained, the same
+    seed on another machine, or one checkpoint evaluated twice (an experiment record against a checkpoint study's,
+    whose points are matched by ``checkpoint_iteration``). For every (arm, iteration, mode, difficulty) in both
+    records with per-task outcomes, paired by task id: the successes of each, the tasks only the second solved
+    (``second_better``) and only the first (``first_better``), and a two-sided exact sign test (binomial, p = 1/2)
+    on those discordant tasks, McNemar's exact test: under H0 the two are draws of one process.
+
+    Returns ``{"rows": [...] (in the first record's order), "unmatched": [point keys of either record without a
+    partner]}``. Raises ValueError when the records have different ``eval_seed`` (other held-out tasks), when an
+    outcome is not 0 or 1 (graded partial credit: the test needs binary outcomes), or when no point pairs with
+    another. Units: counts of tasks."""
     from scipy import stats
 
     from rao_core.evaluation import wilson_interval
 
-    for k in ("eval_seed", "task_sets"):
-        if first.get(k) != second.get(k):
-            raise ValueError(f"the two records did not evaluate the same tasks ({k}: {first.get(k)!r} vs "
-                             f"{second.get(k)!r}); a rerun comparison pairs the same held-out tasks")
-
-    def key(p: dict[str, Any]) -> tuple:
-        return p["arm"], p["iteration"], p["mode"], p["difficulty"]
-
-    theirs = {key(p): p for p in second.get("points", []) if p.get("per_task")}
+    if first.get("eval_seed") != second.get("eval_seed"):
+        raise ValueError(f"the two records did not evaluate the same tasks (eval_seed: {first.get('eval_seed')!r} vs "
+                         f"{second.get('eval_seed')!r}); a rerun comparison pairs the same held-out tasks")
+    mine = [p for p in first.get("points", []) if p.get("per_task")]
+    theirs = {_rerun_key(p): p for p in second.get("points", []) if p.get("per_task")}
     rows = []
-    for a in first.get("points", []):
-        b = theirs.get(key(a))
-        if not a.get("per_task") or b is None:
+    for a in mine:
+        b = theirs.get(_rerun_key(a))
+        if b is None:
             continue
-        tasks = sorted(set(a["per_task"]) & set(b["per_task"]))
-        pairs = [(a["per_task"][t], b["per_task"][t]) for t in tasks]
+        pairs = [(a["per_task"][t], b["per_task"][t]) for t in sorted(set(a["per_task"]) & set(b["per_task"]))]
         pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
+        if any(v not in (0, 1) for pair in pairs for v in pair):
+            raise ValueError(f"point {_rerun_key(a)}: per-task outcomes other than 0 and 1 (graded partial credit); "
+                             "McNemar's test needs binary outcomes")
         up, down = sum(1 for x, y in pairs if y > x), sum(1 for x, y in pairs if y < x)
         n = len(pairs)
         s1, s2 = sum(x for x, _ in pairs), sum(y for _, y in pairs)
-        rows.append({"arm": a["arm"], "iteration": a["iteration"], "mode": a["mode"], "difficulty": a["difficulty"],
+        arm, it, mode, diff = _rerun_key(a)
+        rows.append({"arm": arm, "iteration": it, "mode": mode, "difficulty": diff,
                      "n": n, "first": s1, "second": s2, "first_ci95": list(wilson_interval(s1, n)),
                      "second_ci95": list(wilson_interval(s2, n)), "second_better": up, "first_better": down,
                      "p_two_sided": float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0,
@@ -329,24 +337,29 @@ def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> list[dict
     if not rows:
         raise ValueError("no point of the first record has per-task outcomes matching a point of the second "
                          "(same arm, iteration, mode and difficulty)")
-    return rows
+    paired = {(r["arm"], r["iteration"], r["mode"], r["difficulty"]) for r in rows}
+    unmatched = [k for k in dict.fromkeys([*map(_rerun_key, mine), *theirs]) if k not in paired]
+    return {"rows": rows, "unmatched": unmatched}
 
 
 def rerun_markdown(first: dict[str, Any], second: dict[str, Any], names: tuple[str, str]) -> str:
     """A markdown table of :func:`rerun_comparison` (``names``: the two records' labels, e.g. their files), with
-    each record's command, commit and date above it."""
-    rows = rerun_comparison(first, second)
+    each record's seed, commit and date above it and the points left unpaired below it."""
+    out = rerun_comparison(first, second)
     lines = [f"Run 1: `{names[0]}` (seed {first.get('seed')}, commit `{first.get('commit')}`, {first.get('date')}); "
              f"run 2: `{names[1]}` (seed {second.get('seed')}, commit `{second.get('commit')}`, {second.get('date')}); "
-             f"the same {rows[0]['n']} held-out tasks per point (eval.seed {first.get('eval_seed')}).", "",
+             f"held-out tasks paired by id (eval.seed {first.get('eval_seed')}).", "",
              "| arm | iteration | mode | difficulty | n | run 1 | 95% CI | run 2 | 95% CI | only run 2 solved | "
              "only run 1 solved | p (two-sided, exact sign test on them) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in out["rows"]:
         c1, c2 = (f"[{lo:.2f}, {hi:.2f}]" for lo, hi in (r["first_ci95"], r["second_ci95"]))
         lines.append(f"| {r['arm']} | {r['iteration']} | {r['mode']} | {r['difficulty']} | {r['n']} | "
                      f"{r['first']:g}/{r['n']} | {c1} | {r['second']:g}/{r['n']} | {c2} | {r['second_better']} | "
                      f"{r['first_better']} | {r['p_two_sided']:.3f} |")
+    if out["unmatched"]:
+        lines += ["", "Not paired (in one record only): " + "; ".join(" ".join(map(str, k)) for k in out["unmatched"])
+                  + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -521,17 +521,26 @@ def test_rerun_comparison_pairs_the_same_tasks_of_two_runs_by_hand():
 
     # 10 tasks; iteration 2: run 1 solves t0-t5, run 2 solves t0-t1 and t6: 4 tasks only run 1, 1 only run 2
     a = _record(0, {("recursive", 2): [1] * 6 + [0] * 4, ("recursive", 0): [1] * 3 + [0] * 7})
-    b = _record(0, {("recursive", 2): [1, 1, 0, 0, 0, 0, 1, 0, 0, 0], ("single", 2): [1] * 10})
-    rows = rerun_comparison(a, b)
-    assert len(rows) == 1  # iteration 0 only in run 1, the single arm only in run 2: nothing to pair
-    r = rows[0]
+    b = _record(1, {("recursive", 2): [1, 1, 0, 0, 0, 0, 1, 0, 0, 0], ("single", 2): [1] * 10})
+    out = rerun_comparison(a, b)  # another training seed, the same held-out tasks: allowed
+    assert len(out["rows"]) == 1  # iteration 0 only in run 1, the single arm only in run 2: nothing to pair
+    assert out["unmatched"] == [("recursive", 0, "recursive", "tier1x2"), ("single", 2, "single", "tier1x2")]
+    r = out["rows"][0]
     assert (r["n"], r["first"], r["second"], r["second_better"], r["first_better"]) == (10, 6, 3, 1, 4)
     assert r["p_two_sided"] == pytest.approx(2 * (1 + 5) / 2 ** 5)  # P(X <= 1 | 5, 1/2) = 6/32, doubled
-    assert "| recursive | 2 | recursive | tier1x2 | 10 | 6/10 |" in rerun_markdown(a, b, ("a.json", "b.json"))
+    md = rerun_markdown(a, b, ("a.json", "b.json"))
+    assert "| recursive | 2 | recursive | tier1x2 | 10 | 6/10 |" in md
+    assert "Not paired (in one record only): recursive 0 recursive tier1x2; single 2 single tier1x2." in md
+    # a checkpoint study's point (no iteration: its checkpoint's) pairs with the experiment's point of that iteration
+    study = {"eval_seed": None, "points": [{**b["points"][0], "checkpoint_iteration": 2, "k": 2}]}
+    del study["points"][0]["iteration"]
+    assert rerun_comparison(a, study)["rows"][0]["second_better"] == 1
     with pytest.raises(ValueError, match="did not evaluate the same tasks \\(eval_seed"):
         rerun_comparison(a, {**b, "eval_seed": 7})
     with pytest.raises(ValueError, match="no point of the first record"):
         rerun_comparison(a, _record(0, {("outcome", 2): [1] * 10}))
+    with pytest.raises(ValueError, match="other than 0 and 1"):
+        rerun_comparison(a, _record(0, {("recursive", 2): [0.5] * 10}))
 
 
 def test_seed_comparison_pairs_tasks_across_seeds_by_hand():
