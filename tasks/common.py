@@ -149,6 +149,7 @@ class ProgressArtifact:
         self.enabled, self.clock = enabled, clock
         self.artifact_id: Any = None
         self.sent: tuple[int, int] | None = None  # the last (done, total) written
+        self._counted = False  # a count or the finish was written: notes no longer are
         self._last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
@@ -160,12 +161,14 @@ class ProgressArtifact:
             return
         percent = min(100.0, 100.0 * done / total) if total > 0 else 0.0
         self._write(percent, f"{self.description}: {done}/{total}", now, (done, total))
+        self._counted = self._counted or self.sent == (done, total)
 
     def note(self, text: str) -> None:
         """Before the first unit is counted: write the artifact at 0 % with ``text`` as its description (e.g.
-        the warm start's SFT while its trainer loads: ``SFT optimizer steps: model and optimizer ready; ...``),
-        so it shows before the total is known. Nothing once a count was written (counts are not overwritten)."""
-        if self.enabled and (self.sent is None or self.sent == (0, 0)):
+        the warm start's SFT while its trainer loads: ``SFT: training process: model and optimizer ready; ...``),
+        so it shows before the total is known. Nothing once a count or :meth:`finish` was written (neither is
+        overwritten)."""
+        if self.enabled and not self._counted:
             self._write(0.0, text, self.clock(), (0, 0))
 
     def finish(self, text: str) -> None:
@@ -173,6 +176,7 @@ class ProgressArtifact:
         nothing to count: ``no update: ...`` (at once, whatever ``min_interval_s``; same rules otherwise)."""
         if self.enabled:
             self._write(100.0, text, self.clock(), (0, 0))
+            self._counted = True
 
     def _write(self, percent: float, text: str, now: float, sent: tuple[int, int]) -> None:
         try:

@@ -164,6 +164,24 @@ def test_progress_artifact_is_created_then_updated_at_most_every_interval(monkey
     assert calls[-1][1]["description"] == "rollout trees finished: 8/8" and ui.sent == (8, 8)
 
 
+def test_a_note_shows_until_the_first_count_and_never_after_it_or_the_finish(monkeypatch):
+    """ProgressArtifact.note: the phase before a total is known (the warm start's trainer loading) is written at
+    0 %; once a count is written, or the artifact finished, a note changes nothing."""
+    from tasks.common import ProgressArtifact
+
+    calls = _recording_artifact_api(monkeypatch)
+    ui = ProgressArtifact("ws-iter-0-warm-start-sft-progress", "SFT optimizer steps", min_interval_s=0.0, enabled=True)
+    ui.note("SFT: training process: loading the model (10 s)")
+    ui.note("SFT: training process: model and optimizer ready")
+    ui(1, 4)
+    ui.note("SFT: training process: still working")  # after a count: not written
+    ui.finish("done")
+    ui.note("SFT: late")  # after the finish: not written
+    assert [(a["progress"], a["description"]) for _, a in calls] == [
+        (0.0, "SFT: training process: loading the model (10 s)"), (0.0, "SFT: training process: model and optimizer ready"),
+        (25.0, "SFT optimizer steps: 1/4"), (100.0, "done")]
+
+
 def test_a_failing_artifact_api_never_fails_the_stage(monkeypatch, caplog):
     from tasks.common import ProgressArtifact
 
