@@ -178,7 +178,8 @@ def test_a_note_shows_until_the_first_count_and_never_after_it_or_the_finish(mon
     ui.finish("done")
     ui.note("SFT: late")  # after the finish: not written
     assert [(a["progress"], a["description"]) for _, a in calls] == [
-        (0.0, "SFT: training process: loading the model (10 s)"), (0.0, "SFT: training process: model and optimizer ready"),
+        (0.0, "SFT: training process: loading the model (10 s)"),
+        (0.0, "SFT: training process: model and optimizer ready"),
         (25.0, "SFT optimizer steps: 1/4"), (100.0, "done")]
 
 
