@@ -259,7 +259,7 @@ class RetentionReport:
         if self.optimizer_dropped:
             parts.append("optimizer state of " + ", ".join(f"iter-{k}" for k in self.optimizer_dropped))
         if self.local_removed:
-            parts.append("local copies " + ", ".join(self.local_removed) + " (on S3)")
+            parts.append("removed the local copies of " + ", ".join(self.local_removed) + " (kept on S3)")
         if not parts:
             return ""
         local = sum(self.local_removed.values())

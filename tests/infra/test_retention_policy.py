@@ -50,6 +50,7 @@ def test_the_default_policy(s3_server, tmp_path, monkeypatch):
     assert "deleted checkpoints iter-2" in rep.line() and "optimizer state of iter-0, iter-1" in rep.line()
     # the line names the store, so a reader of the log sees it is the local server, not AWS
     assert f"on S3 (s3://{store.settings.bucket}/{store.prefix}/ at {store.settings.endpoint_url})" in rep.line()
+    assert "removed the local copies of iter-0, iter-1, iter-3 (kept on S3)" in rep.line()
     assert checkpoint_iterations(store) == [0, 1, 3]
     keys = set(store.list())
     assert [k for k in keys if "/optimizer/" in k] == ["iter-3/checkpoint/optimizer/state.pt"]
