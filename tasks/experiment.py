@@ -315,20 +315,22 @@ def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str,
                          f"{second.get('eval_seed')!r}); a rerun comparison pairs the same held-out tasks")
     mine = [p for p in first.get("points", []) if p.get("per_task")]
     theirs = {_rerun_key(p): p for p in second.get("points", []) if p.get("per_task")}
-    rows = []
+    rows, paired = [], set()
     for a in mine:
-        b = theirs.get(_rerun_key(a))
+        key = _rerun_key(a)
+        b = theirs.get(key)
         if b is None:
             continue
+        paired.add(key)
         pairs = [(a["per_task"][t], b["per_task"][t]) for t in sorted(set(a["per_task"]) & set(b["per_task"]))]
         pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
         if any(v not in (0, 1) for pair in pairs for v in pair):
-            raise ValueError(f"point {_rerun_key(a)}: per-task outcomes other than 0 and 1 (graded partial credit); "
+            raise ValueError(f"point {key}: per-task outcomes other than 0 and 1 (graded partial credit); "
                              "McNemar's test needs binary outcomes")
         up, down = sum(1 for x, y in pairs if y > x), sum(1 for x, y in pairs if y < x)
         n = len(pairs)
         s1, s2 = sum(x for x, _ in pairs), sum(y for _, y in pairs)
-        arm, it, mode, diff = _rerun_key(a)
+        arm, it, mode, diff = key
         rows.append({"arm": arm, "iteration": it, "mode": mode, "difficulty": diff,
                      "n": n, "first": s1, "second": s2, "first_ci95": list(wilson_interval(s1, n)),
                      "second_ci95": list(wilson_interval(s2, n)), "second_better": up, "first_better": down,
@@ -337,7 +339,6 @@ def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str,
     if not rows:
         raise ValueError("no point of the first record has per-task outcomes matching a point of the second "
                          "(same arm, iteration, mode and difficulty)")
-    paired = {(r["arm"], r["iteration"], r["mode"], r["difficulty"]) for r in rows}
     unmatched = [k for k in dict.fromkeys([*map(_rerun_key, mine), *theirs]) if k not in paired]
     return {"rows": rows, "unmatched": unmatched}
 

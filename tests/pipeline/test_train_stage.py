@@ -210,13 +210,13 @@ def test_the_training_child_reports_its_phases_and_a_line_when_it_is_silent(tmp_
     assert all(line.endswith(" s)") for line in lines)
 
 
-def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_path, monkeypatch):
+def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_path, monkeypatch, progress_recorder):
     """Issue 27, item 4: every advantage 0 -> no optimizer step; the train-progress artifact still appears,
     complete, saying "no update" (it used to be missing, as if the stage had not run)."""
     from tasks import stages
 
     made: dict[str, list] = {}
-    Recorder = _recorder(made)
+    Recorder = progress_recorder(made)
     parent = tmp_path / "parent"
     parent.mkdir()
     (parent / "config.json").write_text("{}")
@@ -228,24 +228,6 @@ def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_
     assert made == {"stage-iter-1-train-progress": [
         "no update: every advantage of the 2 samples is 0 (no group carried signal), 0 optimizer steps; the "
         "parent's weights were copied as this iteration's checkpoint"]}
-
-
-def _recorder(made: dict[str, list]) -> type:
-    """A stand-in for tasks.common.ProgressArtifact recording under its key in ``made`` each ``(done, total)`` and
-    each ``finish`` text, instead of calling Prefect."""
-
-    class Recorder:
-        def __init__(self, key, description, **kw):
-            self.key = key
-            made[key] = []
-
-        def __call__(self, done, total):
-            made[self.key].append((done, total))
-
-        def finish(self, text):
-            made[self.key].append(text)
-
-    return Recorder
 
 
 def _run_zero_stage(tmp_path: Path, monkeypatch, samples):
@@ -262,7 +244,7 @@ def _run_zero_stage(tmp_path: Path, monkeypatch, samples):
                                               Checkpoint(name="iter-0", local=str(tmp_path / "parent")))
 
 
-def test_the_train_stage_logs_its_optimizer_steps_with_the_loss(tmp_path, monkeypatch):
+def test_the_train_stage_logs_its_optimizer_steps_with_the_loss(tmp_path, monkeypatch, progress_recorder):
     """A piped `rao run` draws no bar: an RL iteration's train stage logs a line per tenth of its optimizer steps
     (fewer than 20: each) with that step's loss, as the warm start's SFT does, and feeds every step to its
     train-progress artifact (the newcomer saw minutes without a line between an iteration's samples and its
@@ -273,7 +255,7 @@ def test_the_train_stage_logs_its_optimizer_steps_with_the_loss(tmp_path, monkey
     from tasks import stages
 
     made: dict[str, list] = {}
-    Recorder = _recorder(made)
+    Recorder = progress_recorder(made)
 
     def run_training(batch, model, out_dir, cfg, *, on_step, on_progress, **kw):
         for step in (1, 2, 3):

@@ -297,24 +297,7 @@ def test_a_stage_inside_a_flow_run_still_writes_its_artifact(prefect_harness, mo
     assert art is not None and art.type == "table" and "recursive" in str(art.data)
 
 
-def _progress_recorder(made: dict[str, list]) -> type:
-    """tasks.common.ProgressArtifact, every update written (no interval) to ``made[key]`` instead of Prefect: each
-    count as ``(done, total)``, a ``note`` or ``finish`` as its text."""
-    from tasks.common import ProgressArtifact
-
-    class Recorder(ProgressArtifact):
-        def __init__(self, key, description, **kw):
-            super().__init__(key, description, min_interval_s=0.0, enabled=True)
-            made[key] = []
-
-        def _write(self, percent, text, now, sent):
-            made[self.key].append(text if sent == (0, 0) else sent)
-            self.artifact_id, self.sent = self.key, sent
-
-    return Recorder
-
-
-def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
+def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path, progress_recorder):
     """run_evaluation (evaluate stage, nightly) turns run_trees' per-mode counts into one progress over both
     modes, under the key artifact_key(campaign, 'evaluate-progress', iteration), and logs a line per unit
     (every unit below 20 trees, else each tenth) with the roots solved so far (a piped log has no bar)."""
@@ -328,7 +311,7 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path):
     from tasks.common import RunContext
 
     made: dict[str, list] = {}
-    Recorder = _progress_recorder(made)
+    Recorder = progress_recorder(made)
     seen_kw: list[dict] = []
 
     def fake_eval(config, *, tasks, progress, **kw):
@@ -374,7 +357,7 @@ def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
     assert CampaignParams(name="fresh-1").resolve().name == "fresh-1"
 
 
-def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
+def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch, progress_recorder):
     """`rao run` piped prints no bar: the warm start (minutes on CPU) logs a line per tenth of its 32
     demonstration trees (every 3, and the last) and per SFT step (fewer than 20: each), with the step's loss.
     The UI sees the same phases as two progress artifacts (issue 42: the Logs tab was the only sign of life for
@@ -420,7 +403,7 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch):
     lines: list[str] = []
     monkeypatch.setattr(tasks.warm_start, "run_logger", lambda: SimpleNamespace(info=lines.append))  # the run logger
     made: dict[str, list] = {}
-    monkeypatch.setattr(tasks.warm_start, "ProgressArtifact", _progress_recorder(made))
+    monkeypatch.setattr(tasks.warm_start, "ProgressArtifact", progress_recorder(made))
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.setattr(RunContext, "store", lambda self: Store())
     monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
