@@ -28,3 +28,16 @@ def prefect_up(tmp_path_factory):
         yield env, r.stdout, port
     finally:
         subprocess.run(RAO + ["services", "down"], env=env, capture_output=True, timeout=120, cwd=home)
+
+
+@pytest.fixture
+def prefect_api(prefect_up):
+    """An HTTP client of the session's Prefect server, its base URL the API's (``client.post("deployments/filter",
+    ...)``): Prefect's own ``PrefectHttpxSyncClient``, which retries what the server answers as retryable (503
+    when its SQLite is busy under load, 502, 429, timeouts) with backoff, as the worker's and the UI's clients do,
+    and raises on any other error status. A bare httpx call failed CI once on such a 503."""
+    from prefect.client.base import PrefectHttpxSyncClient
+
+    _, _, port = prefect_up
+    with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}/api/", timeout=60) as client:
+        yield client

@@ -42,19 +42,13 @@ def test_a_fixed_port_in_use_is_one_clear_error(tmp_path):
             PrefectServer(port=port, log_dir=tmp_path).start()
 
 
-def _deployments(api: str) -> dict[str, dict]:
-    r = httpx.post(f"{api}/deployments/filter", json={}, timeout=30)
-    r.raise_for_status()
-    return {d["name"]: d for d in r.json()}
-
-
-def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up, tmp_path):
+def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up, prefect_api, tmp_path):
     env, _, port = prefect_up
     api = f"http://127.0.0.1:{port}/api"
     r = subprocess.run(RAO + ["deploy"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"start a worker: PREFECT_API_URL={api} " in r.stdout
-    deps = _deployments(api)
+    deps = {d["name"]: d for d in prefect_api.post("deployments/filter", json={}).json()}
     assert set(deps) == {"campaign", "nightly-evaluation"}
     for d in deps.values():  # the absolute path, filled in at deploy time: no template left for the worker
         assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
@@ -63,12 +57,8 @@ def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up
     # The printed worker, started in another folder, runs the campaign deployment from the repository:
     # a missing config file makes the flow itself fail (FAILED with its message), where a worker that
     # cannot find the code crashes (CRASHED) before the flow starts.
-    for attempt in range(3):  # the server's SQLite can answer 5xx under heavy load: retry those only
-        resp = httpx.post(f"{api}/deployments/{deps['campaign']['id']}/create_flow_run", timeout=60,
-                          json={"parameters": {"params": {"config": "configs/no-such-config.yaml"}}})
-        if resp.status_code < 500:
-            break
-        time.sleep(5)
+    resp = prefect_api.post(f"deployments/{deps['campaign']['id']}/create_flow_run",  # retries a busy server's 503
+                            json={"parameters": {"params": {"config": "configs/no-such-config.yaml"}}})
     assert resp.status_code == 201, f"create_flow_run: {resp.status_code} {resp.text[:2000]}"
     fr = resp.json()
     cmd = re.search(r"start a worker: (.*)", r.stdout).group(1).split()
@@ -77,7 +67,7 @@ def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            run = httpx.get(f"{api}/flow_runs/{fr['id']}", timeout=30).json()
+            run = prefect_api.get(f"flow_runs/{fr['id']}").json()
             if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
             time.sleep(2)

@@ -20,7 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -48,32 +47,29 @@ def _tiny_config(path: Path, model: Path, base_url: str) -> Path:
     return path
 
 
-def _run_deployment(api: str, deployment_id: str, parameters: dict, timeout_s: float) -> dict:
-    """Create a flow run of the deployment and wait for a final state; returns the flow run."""
-    fr = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters},
-                    timeout=30)
-    fr.raise_for_status()
+def _run_deployment(api, deployment_id: str, parameters: dict, timeout_s: float) -> dict:
+    """Create a flow run of the deployment through the ``prefect_api`` client and wait for a final state;
+    returns the flow run."""
+    fr = api.post(f"deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/flow_runs/{fr.json()['id']}", timeout=30).json()
+        run = api.get(f"flow_runs/{fr.json()['id']}").json()
         if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return run
         time.sleep(2)
     return run
 
 
-def _tables(api: str, key: str) -> list[list[dict]]:
+def _tables(api, key: str) -> list[list[dict]]:
     """The rows of every version of the Prefect table artifact ``key``, oldest first."""
     import json
 
-    r = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": [key]}}, "sort": "CREATED_DESC"},
-                   timeout=30)
-    r.raise_for_status()
+    r = api.post("artifacts/filter", json={"artifacts": {"key": {"any_": [key]}}, "sort": "CREATED_DESC"})
     return [json.loads(a["data"]) if isinstance(a["data"], str) else a["data"] for a in reversed(r.json())]
 
 
 def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_through_a_worker(
-        prefect_up, vllm_tiny, s3_server, tmp_path):
+        prefect_up, prefect_api, vllm_tiny, s3_server, tmp_path):
     env, _, port = prefect_up
     api = f"http://127.0.0.1:{port}/api"
     home = Path(env["RAO_HOME"])
@@ -83,15 +79,15 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
 
     r = subprocess.run(RAO + ["deploy"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    deps = {d["name"]: d["id"] for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=30).json()}
+    deps = {d["name"]: d["id"] for d in prefect_api.post("deployments/filter", json={}).json()}
     worker_cmd = re.search(r"start a worker: (.*)", r.stdout).group(1).split()  # PREFECT_API_URL=... prefect ...
     worker = subprocess.Popen(worker_cmd[1:], env={**env, "PREFECT_API_URL": api}, cwd=tmp_path,
                               start_new_session=True, stdout=open(tmp_path / "worker.log", "w"),
                               stderr=subprocess.STDOUT)
     t0 = time.monotonic()
     try:
-        campaign = _run_deployment(api, deps["campaign"], {"params": {"config": str(config), "name": CAMPAIGN}},
-                                   900)
+        campaign = _run_deployment(prefect_api, deps["campaign"],
+                                   {"params": {"config": str(config), "name": CAMPAIGN}}, 900)
         t_campaign = time.monotonic() - t0
         nightly = next_night = None
         if campaign["state"]["type"] == "COMPLETED":  # the deployment's defaults: no suite given
@@ -102,11 +98,11 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
             c = mlflow.MlflowClient(tracking_uri=mlflow_uri, registry_uri=mlflow_uri)
             cand = c.get_model_version_by_alias(f"rao-policy-{CAMPAIGN}", "candidate")
             c.set_registered_model_alias(cand.name, "champion", cand.version)
-            nightly = _run_deployment(api, deps["nightly-evaluation"], {"params": {
+            nightly = _run_deployment(prefect_api, deps["nightly-evaluation"], {"params": {
                 "config": str(config), "model": "candidate", "campaign": CAMPAIGN, "name": NIGHTLY}}, 600)
         if nightly and nightly["state"]["type"] == "COMPLETED":
             # the next night: the champion's outcomes are stored, only the candidate is evaluated
-            next_night = _run_deployment(api, deps["nightly-evaluation"], {"params": {
+            next_night = _run_deployment(prefect_api, deps["nightly-evaluation"], {"params": {
                 "config": str(config), "model": "candidate", "campaign": CAMPAIGN, "name": NIGHTLY}}, 600)
     finally:
         kill_group(worker.pid)
@@ -117,7 +113,7 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     assert campaign["name"] == CAMPAIGN
     assert nightly["state"]["type"] == "COMPLETED", f"{nightly['state']['message']}\n{log}"
     assert nightly["name"].startswith(f"{NIGHTLY}-candidate-")  # every night's run has its own name (its date)
-    tables = _tables(api, f"{NIGHTLY}-comparison")  # oldest first: the nightly with defaults, then the next night
+    tables = _tables(prefect_api, f"{NIGHTLY}-comparison")  # oldest first: the nightly with defaults, then the next night
     assert [r["status"] for r in tables[0]] == ["ok"], tables[0]  # >= 1 metric compared with the champion
     assert tables[0][0]["metric"] == "eval/recursive/easy/success" and tables[0][0]["n"] == 2
     assert tables[0][0]["same_checkpoint"].startswith("v") and tables[0][0]["champion_from"] == "this run"
