@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,6 +107,19 @@ VLLM_START_PHASES: tuple[tuple[str, str], ...] = (
     ("engine ready (KV cache allocated, warmed up)", r"init engine \(profile, create kv cache, warmup model\) took"),
     ("HTTP server up", r"Starting vLLM server on|Application startup complete"),
 )
+
+
+#: A vLLM log line's prefix before its source file: the process tag, the level and the date and time
+#: (``(EngineCore_DP0 pid=812) WARNING 12-05 23:25:01 [shm_broadcast.py:466] ...``).
+_VLLM_LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d\s+(?:[\d:.]+\s+)?")
+
+
+def log_excerpt(line: str, width: int = 160) -> str:
+    """A server log line as a progress message quotes it: the vLLM prefix's process tag and date dropped (the
+    level kept), then cut at a word boundary to at most ``width`` characters with `` ...`` (whitespace runs become
+    one space). ``log_excerpt("(EngineCore_DP0 pid=9) WARNING 12-05 23:25:01 [shm_broadcast.py:466] No available
+    shared memory ...")`` starts ``"WARNING [shm_broadcast.py:466] No available"``."""
+    return textwrap.shorten(_VLLM_LOG_PREFIX.sub(r"\1 ", line.strip()), width=width, placeholder=" ...")
 
 
 class StartupWatch:
@@ -176,7 +190,7 @@ class StartupWatch:
                     self.times[phase] = round(self.elapsed(), 1)
                     self._say(f"{phase} ({self.elapsed():.0f} s)")
         if self.clock() - self.last_report >= self.heartbeat_s:
-            last = f"; its last log line: {self.last_line[:160]}" if self.last_line else ""
+            last = f"; its last log line: {log_excerpt(self.last_line)}" if self.last_line else ""
             self._say(f"still starting, {self.elapsed():.0f} s, after {list(self.times)[-1]}{last}")
 
     def ready(self) -> dict[str, float]:

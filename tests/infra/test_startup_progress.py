@@ -35,7 +35,7 @@ def test_phases_are_read_from_the_log_once_each_with_a_heartbeat_between_them(tm
     clock.t += 2
     watch.poll()
     assert lines[3] == ("vLLM start: still starting, 25 s, after loading weights; its last log line: "
-                        "INFO 12-02 [cpu_model_runner.py:68] Starting to load model /x/served...")
+                        "INFO [cpu_model_runner.py:68] Starting to load model /x/served...")
     with log.open("a") as f:  # the same phase twice is reported once; a half-written line waits
         f.write("INFO [default_loader.py:502] Loading weights took 3.10 seconds\n"
                 "INFO [monitor.py:40] Starting torch.compile\nINFO [monitor.py:60] Starting torch.compile\n"
@@ -54,6 +54,20 @@ def test_phases_are_read_from_the_log_once_each_with_a_heartbeat_between_them(tm
     assert phases == {"process up": 0.0, "engine configured": 4.0, "loading weights": 4.0, "weights loaded": 120.0,
                       "compiling (torch.compile)": 120.0, "compiled": 130.0,
                       "engine ready (KV cache allocated, warmed up)": 130.0, "HTTP server up": 130.0, "ready": 130.0}
+
+
+def test_a_quoted_log_line_loses_its_date_and_is_cut_between_words():
+    from infra.serving import log_excerpt
+
+    line = ("(EngineCore_DP0 pid=812) WARNING 12-05 23:25:01 [shm_broadcast.py:466] No available shared memory "
+            "broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing "
+            "some time-consuming work (e.g. compilation, weight/kv cache loading).")
+    short = log_excerpt(line)
+    assert short.startswith("WARNING [shm_broadcast.py:466] No available shared memory broadcast block found")
+    assert len(short) <= 160 and short.endswith(" ...")
+    assert short.removesuffix(" ...").split()[-1] in line.split()  # a whole word before the cut, never half of one
+    assert log_excerpt("INFO 12-02 [core.py:1] short line") == "INFO [core.py:1] short line"
+    assert log_excerpt("no prefix at all") == "no prefix at all"
 
 
 def test_a_log_with_no_known_phase_still_gets_a_line_every_heartbeat(tmp_path):
