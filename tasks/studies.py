@@ -41,7 +41,8 @@ them (``asyncio.gather`` where it gathers: setting ``gather``) vs forced one at 
 a window that fits (``single``: ``runtime.context_window`` = ``--single-window``, 4096 by default; the
 server's ``max_model_len`` is raised to it) on ``tier1x<K>`` for K = 2, 3, 4, 6, n tasks each: median
 wall-clock per tree, completion tokens per tree, success with its Wilson interval, and per K the ratios of
-median wall sequential / gather and single / gather (:func:`wallclock_ratios`). Departures from the paper,
+median wall sequential / gather and single / gather (:func:`wallclock_ratios`) and, task by task, each
+setting's wall over gather's with a Wilcoxon signed-rank test (:func:`wallclock_pairs`). Departures from the paper,
 which reports up to 2.5x less wall-clock from parallel children on GPUs: here the policy decides whether
 it gathers (``parallel_share`` reports how often children overlapped), one CPU server decodes every
 sequence, the tree's wall-clock limit is raised to :data:`WALLCLOCK_TREE_TIMEOUT_S` so that no setting is cut,
@@ -67,6 +68,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -283,6 +285,35 @@ def wallclock_ratios(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def wallclock_pairs(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per K (increasing) and setting other than gather (sequential, then single): the tasks both it and gather
+    evaluated (``per_task_wall_s``, task id -> seconds; the settings evaluate the same tasks), paired: ``pairs``,
+    the median, min and max over tasks of the per-task ratio ``wall(setting) / wall(gather)``, ``gather_faster``
+    (tasks whose gather tree took less time) and ``p``, the two-sided Wilcoxon signed-rank test on the per-task
+    differences (scipy; None under 2 pairs or when every difference is 0). Each task's two trees are sampled
+    independently (unseeded requests), so the ratio's spread is the trees' as well as the settings'. A setting
+    without ``per_task_wall_s`` or with no task in common gives no row."""
+    from scipy import stats
+
+    walls = {(int(p["k"]), p["setting"]): p.get("per_task_wall_s") or {} for p in points}
+    out = []
+    for k in sorted({k for k, _ in walls}):
+        g = walls.get((k, "gather"), {})
+        for s in WALLCLOCK_SETTINGS[1:]:
+            other = walls.get((k, s), {})
+            tasks = sorted(t for t in g.keys() & other.keys() if g[t] > 0)
+            if not tasks:
+                continue
+            ratios = sorted(other[t] / g[t] for t in tasks)
+            diffs = [other[t] - g[t] for t in tasks]
+            p = (float(stats.wilcoxon(diffs).pvalue) if len(diffs) >= 2 and any(diffs) else None)
+            out.append({"k": k, "setting": s, "pairs": len(tasks), "ratio_median": round(statistics.median(ratios), 3),
+                        "ratio_min": round(ratios[0], 3), "ratio_max": round(ratios[-1], 3),
+                        "gather_faster": sum(g[t] < other[t] for t in tasks),
+                        "p": None if p is None else round(p, 6)})
+    return out
+
+
 def _mean_children(hist: dict[str, int]) -> float | None:
     trees = sum(hist.values())
     return sum(int(k) * v for k, v in hist.items()) / trees if trees else None
@@ -324,7 +355,8 @@ def wallclock_table(points: Sequence[dict[str, Any]]) -> str:
     """The wall-clock table, one row per (K, setting), by K then setting (:data:`WALLCLOCK_SETTINGS` order): n,
     success with its Wilson 95% interval, median and mean tree wall, completion tokens per tree, mean children
     of the root, parallel share, context window; then one row per K with the ratios of
-    :func:`wallclock_ratios`."""
+    :func:`wallclock_ratios`, and (where the points hold per-task times) one row per K and setting compared with
+    gather task by task (:func:`wallclock_pairs`)."""
     head = ["K", "setting", "n", "success", "95% CI", "tree wall median (s)", "tree wall mean (s)",
             "tokens per tree", "children per tree", "parallel share", "window"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -342,6 +374,14 @@ def wallclock_table(points: Sequence[dict[str, Any]]) -> str:
         walls = " / ".join(_cell(r[s], "{:.1f}") or "-" for s in WALLCLOCK_SETTINGS)
         lines.append(f"| {r['k']} | {walls} | {_cell(r['sequential_over_gather'], '{:.2f}x') or '-'} | "
                      f"{_cell(r['single_over_gather'], '{:.2f}x') or '-'} |")
+    pairs = wallclock_pairs(points)
+    if pairs:
+        lines += ["", "| K | setting vs gather, task by task | tasks paired | wall / gather's: median [min, max] | "
+                  "gather faster on | Wilcoxon p (two-sided) |", "|---|---|---|---|---|---|"]
+        for r in pairs:
+            lines.append(f"| {r['k']} | {r['setting']} | {r['pairs']} | {r['ratio_median']:.2f}x "
+                         f"[{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | {r['gather_faster']} of {r['pairs']} | "
+                         f"{_cell(r['p'], '{:.2g}') or '-'} |")
     return "\n".join(lines) + "\n"
 
 

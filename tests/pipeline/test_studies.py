@@ -17,7 +17,7 @@ from tests.cli import one_error_line, run_cli
 from rao_core.paths import REPO_ROOT, tiny_model_path
 from tasks.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
                            plan_generalisation, plan_text, plan_wallclock, run_study, study_name, study_point, tree_limit, trees_at_once,
-                           wallclock_markdown, wallclock_ratios, wallclock_table)
+                           wallclock_markdown, wallclock_pairs, wallclock_ratios, wallclock_table)
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 TINY = tiny_model_path()  # resolved before any test moves RAO_HOME
@@ -99,6 +99,28 @@ def test_wallclock_ratios_and_table_by_hand():
     assert lines[3] == "| 2 | sequential | 30 | 0.50 | [0.33, 0.67] | 30.0 |  |  |  |  |  |"
     assert [ln.split(" | ")[:2] for ln in lines[4:7]] == [["| 2", "single"], ["| 6", "gather"], ["| 6", "sequential"]]
     assert lines[-2:] == ["| 2 | 20.0 / 30.0 / 15.0 | 1.50x | 0.75x |", "| 6 | 40.0 / 100.0 / - | 2.50x | - |"]
+
+
+def test_wallclock_pairs_compare_each_task_with_its_gather_tree():
+    from scipy import stats
+
+    g = {"a": 10.0, "b": 20.0, "c": 40.0, "d": 5.0}
+    seq = {"a": 15.0, "b": 30.0, "c": 20.0, "e": 99.0}  # e: not evaluated under gather, d: not under sequential
+    points = [_wall_point("gather", 2, 15.0, per_task_wall_s=g), _wall_point("sequential", 2, 20.0, per_task_wall_s=seq),
+              _wall_point("single", 2, 9.0, per_task_wall_s={"a": 10.0}),
+              _wall_point("gather", 4, 1.0), _wall_point("sequential", 4, 2.0)]  # no per-task times: no row
+    rows = wallclock_pairs(points)
+    # a, b, c paired: ratios 1.5, 1.5, 0.5 -> median 1.5; gather faster on a and b
+    p = round(float(stats.wilcoxon([5.0, 10.0, -20.0]).pvalue), 6)
+    assert rows == [{"k": 2, "setting": "sequential", "pairs": 3, "ratio_median": 1.5, "ratio_min": 0.5,
+                     "ratio_max": 1.5, "gather_faster": 2, "p": p},
+                    {"k": 2, "setting": "single", "pairs": 1, "ratio_median": 1.0, "ratio_min": 1.0, "ratio_max": 1.0,
+                     "gather_faster": 0, "p": None}]  # one pair: no test
+    lines = wallclock_table(points).splitlines()
+    assert lines[-3] == "|---|---|---|---|---|---|"
+    assert lines[-2] == f"| 2 | sequential | 3 | 1.50x [0.50, 1.50] | 2 of 3 | {p:.2g} |"
+    assert lines[-1] == "| 2 | single | 1 | 1.00x [1.00, 1.00] | 0 of 1 | - |"
+    assert "task by task" not in wallclock_table(points[3:])  # no per-task times anywhere: no second table
 
 
 def test_study_point_keeps_the_row_and_per_task_times():
