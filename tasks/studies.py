@@ -306,11 +306,10 @@ def wallclock_pairs(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             ratios = sorted(other[t] / g[t] for t in tasks)
             diffs = [other[t] - g[t] for t in tasks]
-            p = (float(stats.wilcoxon(diffs).pvalue) if len(diffs) >= 2 and any(diffs) else None)
+            p = round(float(stats.wilcoxon(diffs).pvalue), 6) if len(diffs) >= 2 and any(diffs) else None
             out.append({"k": k, "setting": s, "pairs": len(tasks), "ratio_median": round(statistics.median(ratios), 3),
                         "ratio_min": round(ratios[0], 3), "ratio_max": round(ratios[-1], 3),
-                        "gather_faster": sum(g[t] < other[t] for t in tasks),
-                        "p": None if p is None else round(p, 6)})
+                        "gather_faster": sum(g[t] < other[t] for t in tasks), "p": p})
     return out
 
 
