@@ -15,7 +15,7 @@ What is dropped, and counted in :class:`SampleStats` ([project choice], docs/alg
 - ``dropped_small_groups``: groups left with fewer than 2 scored roots (their trees' nodes are counted
   in ``dropped_nodes_of_dropped_trees`` too);
 - ``dropped_empty_nodes``: scored nodes with zero assistant tokens (nothing to train on);
-- with the authors' filters (``AlgoSettings.filter_zero_variance_groups`` / ``filter_errors``, off by default):
+- with the authors' filters (``AlgoSettings.filter_zero_variance_groups`` / ``filter_errors``, on by default):
   ``dropped_uniform_groups``, ``dropped_nodes_of_uniform_groups``, ``masked_error_tokens``,
   ``dropped_error_only_nodes``.
 
@@ -146,12 +146,12 @@ class AlgoSettings(BaseModel):
         "leave_one_out (Eq. 3) | group_mean | grpo | none.")
     depth_weights: bool = Field(True, description="Weight samples by Eq. (5); false: every w_d = 1 (ablation).")
     filter_zero_variance_groups: bool = Field(
-        False, description="Drop a group (the G trees of one RL task) in which every node has the same reward "
+        True, description="Drop a group (the G trees of one RL task) in which every node has the same reward "
         "R, so every advantage is 0 (the authors' AReaL training, ApGa/platoon 97e7601 step_wise.py): its tokens "
         "leave the token-mean normaliser. Samples with A = 0 in other groups stay (trainer.skip_zero_advantage "
         "skips their forward/backward and keeps their tokens in the normaliser, as platoon 0.4.0).")
     filter_errors: bool = Field(
-        False, description="Mask the assistant tokens of turns whose cell raised an error, in samples with a "
+        True, description="Mask the assistant tokens of turns whose cell raised an error, in samples with a "
         "positive advantage (the authors' filter_errors): a solved trajectory does not reinforce its tracebacks.")
     max_staleness: int = Field(
         0, ge=0, description="Asynchronous RL (issue 40): the most policy versions a training sample may lag the "

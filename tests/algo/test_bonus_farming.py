@@ -91,7 +91,7 @@ def test_useful_bonus_is_cap_times_credited_successes_over_children():
 
 def test_each_environment_has_its_cap_and_lam_overrides_it():
     caps = {name: env_class(name).delegation_cap for name in REGISTRY}
-    assert caps["textcraft-synth"] == 0.4 and caps["oolong"] == 0.4 and caps["arte"] == 0.4
+    assert caps["textcraft-synth"] == 0.0 and caps["oolong"] == 0.4 and caps["arte"] == 0.4
     assert caps["deepdive"] == 0.0
     assert AlgoSettings(lam=0.1).bonus_weight("deepdive") == 0.1
     with pytest.raises(ValueError, match="unknown environment"):

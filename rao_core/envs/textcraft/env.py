@@ -75,13 +75,12 @@ class TextCraftEnv(Environment):
     name = ENV_NAME
     difficulties = (*DIFFICULTIES, "mixed")
     exact_subtask_verifier = True
-    #: The cap of the ``useful`` delegation bonus: the authors' TextCraft-Synth ceiling (ApGa/platoon commit
-    #: 97e7601, plugins/textcraft: synth_rollout.py ``per_step_subagent_reward_ceiling=0.4`` and
-    #: train_areal_synth.py's reward processor ``min(..., 0.4)``). Their platoon 0.4.0 sets 0 for
-    #: ``textcraft-synth@1`` (platoon/rewards.py), because a router that forwards everything collects the bonus
-    #: in full; here :meth:`bonus_exclusion` refuses forwarding and padding exactly, so the bonus stays
-    #: [project choice, docs/algorithm.md].
-    delegation_cap = 0.4
+    #: The cap of the delegation bonus: the authors' released TextCraft-Synth setting, 0.0 (platoon 0.4.0
+    #: ``platoon/rewards.py`` ``DELEGATION_REWARD_CAP``; ApGa/platoon 01fcd20 ``train_areal_synth.py``
+    #: ``_TEXTCRAFT_SYNTH_DELEGATION_REWARD_CAP``): TextCraft trains on success alone. A bonus that only roots can
+    #: earn, inside a baseline shared by every depth (Eq. 4), gives solved children negative advantages;
+    #: ``algo.lam: 0.4`` (97e7601's ceiling) is the option, measured in docs/experiments.md "Stable RAO".
+    delegation_cap = 0.0
     def extra_system_prompt(self) -> str:
         """Rules of the crafting world shown to every node."""
         return (
