@@ -334,6 +334,24 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
                           sample_stats=batch.stats.model_dump())
 
 
+def _resolved_trainer(ctx: RunContext):
+    """The campaign's trainer config with ``kl_reference: warm_start`` replaced by the iteration-0 checkpoint's
+    local folder (``warm_start.mode`` none: ``model.path``; checkpoint: that checkpoint; demos: ``iter-0``)."""
+    cfg = ctx.config
+    tcfg = cfg.trainer
+    if tcfg.kl_coef == 0 or tcfg.kl_reference != "warm_start" or tcfg.lora is not None:
+        return tcfg
+    ws = cfg.warm_start
+    if ws.mode == "none":
+        ref = str(cfg.model.path)
+    elif ws.mode == "checkpoint":
+        ref = str(checkpoint_local(ctx, checkpoint_from_uri(ctx, ws.checkpoint or "")))
+    else:
+        ref = str(checkpoint_local(ctx, Checkpoint(name="iter-0", uri=ctx.store().uri("iter-0/checkpoint"),
+                                                   local=str(ctx.local("checkpoints/iter-0")))))
+    return tcfg.model_copy(update={"kl_reference": ref})
+
+
 @stage("train", name="train-policy")
 def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Checkpoint) -> TrainOutput:
     """One RAO update (token-level policy gradient, Eq. 4-5 weights) from ``parent``; saves a checkpoint."""
@@ -365,7 +383,10 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
         train_s = 0.0
     else:
         t0 = time.monotonic()
-        tcfg = ctx.config.trainer
+        tcfg = _resolved_trainer(ctx)
+        log.info(f"iteration {iteration} train: update {tcfg.update_budget()}"
+                 + (f", KL penalty {tcfg.kl_coef} to {tcfg.kl_reference or 'the parent checkpoint'}"
+                    if tcfg.kl_coef > 0 else ""))
         # subprocess: its memory is returned before vLLM serves again; vLLM sleeps while the trainer shares
         # its GPUs (gpus.sleep_while_training)
         ui = ProgressArtifact(artifact_key(ctx.name, "train-progress", iteration), "optimizer steps")

@@ -45,8 +45,14 @@ class TrainerConfig(BaseModel):
       upper bound and no effective lower one.
     - ``lr=1e-6``, AdamW (betas 0.9/0.999, no weight decay), ``max_grad_norm=1.0``: common settings for
       RL fine-tuning of 1-8B instruct models (e.g. TRL's GRPO examples); small models tolerate more.
-    - ``grad_accum=None``: the whole batch is one optimizer step per epoch (on-policy), so the importance
-      ratio only measures the trainer/inference mismatch.
+    - ``steps_per_batch=1``, ``epochs=1``, ``grad_accum=None``: one optimizer step over the whole batch, its
+      micro-batches accumulated (the authors' ``num_minibatches: 1`` in platoon 0.4.0
+      ``train/tinker/config_defs.py``, ``ppo_n_minibatches: 1`` in ApGa/platoon 97e7601's AReaL config; TRL's
+      ``num_iterations=1``); on-policy, so the importance ratio only measures the trainer/inference mismatch.
+      More steps per batch (``steps_per_batch``, ``epochs``, ``grad_accum``, ``max_steps``) are an explicit
+      choice, printed by the train stage and recorded in the checkpoint manifest (``update_budget``).
+    - ``warmup_steps=2``: linear warm-up over the first two optimizer steps of a FRESH optimizer state, so the
+      first RL step after SFT (whose AdamW moments are new: each weight moves by about ``lr``) runs at lr / 2.
     - token-mean aggregation over the optimizer step (``rao_core.train.loss``).
     """
 
@@ -59,7 +65,11 @@ class TrainerConfig(BaseModel):
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="Lower ratio bound is 1 - clip_eps_low (ppo, cispo).")
     clip_eps_high: float = Field(0.2, ge=0, description="Upper ratio bound is 1 + clip_eps_high (ppo, cispo).")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant, after warmup_steps linear warm-up).")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, optimizer steps.")
+    warmup_steps: int = Field(
+        2, ge=0, description="Linear learning-rate warm-up, optimizer steps counted from a fresh optimizer state "
+        "(across iterations when the state is continued: optimizer_state 'continue'): step k of the state runs at "
+        "lr * min(1, k / warmup_steps). A state that is not continued (the first RL step after SFT, a reset) "
+        "warms up again. 0: none.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     epochs: int = Field(1, ge=1, description="Passes over the samples.")
@@ -73,12 +83,24 @@ class TrainerConfig(BaseModel):
     micro_batch_size: int | None = Field(
         None, ge=1, description="Rows per micro-batch (length-sorted) instead of a token budget; takes precedence."
     )
+    steps_per_batch: int = Field(
+        1, ge=1, description="The update budget: optimizer steps per pass over the batch (the minibatches of "
+        "TRL/verl/OpenRLHF), each accumulating the gradient of its share of the micro-batches (consecutive in the "
+        "epoch's order, as equal as the micro-batch count allows). 1: one step over the whole batch (the authors' "
+        "setting). Not with grad_accum.")
     grad_accum: int | None = Field(
-        None, ge=1, description="Micro-batches (per process) per optimizer step; None: one step per epoch."
+        None, ge=1, description="Micro-batches (per process) per optimizer step, so the step count follows the "
+        "batch's size (SFT); None: steps_per_batch steps per epoch. Not with steps_per_batch > 1."
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm (None: no clipping).")
     lora: LoraSettings | None = Field(None, description="Train a LoRA adapter instead of all weights (None: full).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the initial checkpoint (0: off).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference policy "
+                           "(kl_reference), added to every trained token's loss; logged per depth as "
+                           "train/kl_ref_depth_<d> (0: off).")
+    kl_reference: str | None = Field(
+        None, description="The KL penalty's reference policy: a checkpoint folder, or 'warm_start' (a campaign's "
+        "iteration-0 checkpoint, resolved by the train stage); None: the checkpoint being trained from. With LoRA "
+        "the reference is always the adapter's base model (adapter off).")
     temperature: float = Field(
         1.0, gt=0, description="Logits are divided by this before log-probs. It must be the temperature the "
         "rollouts were sampled at, with the server returning processed log-probs (serving.logprobs_mode): in a "
@@ -155,7 +177,24 @@ class TrainerConfig(BaseModel):
             raise ValueError("set micro_batch_tokens or micro_batch_size")
         if self.loss_type == "sft" and self.kl_coef > 0:
             raise ValueError("kl_coef > 0 is meaningless with loss_type='sft'")
+        if self.grad_accum is not None and self.steps_per_batch > 1:
+            raise ValueError(f"grad_accum = {self.grad_accum} and steps_per_batch = {self.steps_per_batch}: give the "
+                             "update budget one way (steps_per_batch: steps per pass; grad_accum: micro-batches "
+                             "per step)")
+        if self.kl_reference is not None and self.lora is not None and self.kl_reference != "warm_start":
+            raise ValueError("kl_reference with lora: the KL reference of a LoRA run is its base model (adapter "
+                             "off); leave kl_reference unset")
         return self
+
+    def update_budget(self) -> str:
+        """The update per batch in words, e.g. ``1 optimizer step per batch`` or ``3 optimizer steps per batch x
+        2 epochs, at most 4 steps`` (what the train stage prints and the manifest records)."""
+        if self.grad_accum is not None:
+            per = f"one optimizer step per {self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''}"
+        else:
+            per = f"{self.steps_per_batch} optimizer step{'s' if self.steps_per_batch > 1 else ''} per batch"
+        return (per + (f" x {self.epochs} epochs" if self.epochs > 1 else "")
+                + (f", at most {self.max_steps} steps" if self.max_steps is not None else ""))
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of this config (first 16 hex digits)."""

@@ -72,6 +72,7 @@ class LossStats:
     ratio_sum: torch.Tensor  # [] sum of rho over tokens
     kl_mismatch_per_sample: torch.Tensor  # [B] sum over the sample's tokens of k3(behaviour || theta)
     tokens_per_sample: torch.Tensor  # [B]
+    ref_kl_per_sample: torch.Tensor  # [B] sum over the sample's tokens of k3 to the reference (0 without one)
     stale_tokens: torch.Tensor  # [] assistant tokens with a proximal log-prob unequal to the behaviour one (off-policy)
     behaviour_weight_sum: torch.Tensor  # [] sum over those tokens of u = pi_prox / pi_behaviour (before the cap)
     capped_tokens: torch.Tensor  # [] those tokens dropped by the cap (u > behaviour_weight_cap)
@@ -327,6 +328,7 @@ def policy_loss(
             ratio_sum=(ratio.detach() * m).sum(),
             kl_mismatch_per_sample=k3.sum(-1),
             tokens_per_sample=m.sum(-1),
+            ref_kl_per_sample=ref_kl.detach().sum(-1),
             stale_tokens=stale.sum().to(m.dtype) if stale is not None else m.new_zeros(()),
             behaviour_weight_sum=(u * stale).sum() if u is not None else m.new_zeros(()),
             capped_tokens=capped.sum().to(m.dtype) if capped is not None else m.new_zeros(()),

@@ -345,9 +345,11 @@ def train(
 
 
 def _load_policy(cfg: TrainerConfig, base_path: Path, adapter_path: Path | None,
-                 base_dtype: torch.dtype = torch.float32) -> tuple[Any, Any | None, bool]:
+                 base_dtype: torch.dtype = torch.float32, reference_path: Path | None = None,
+                 ) -> tuple[Any, Any | None, bool]:
     """(policy, full-weight KL reference or None, tie_word_embeddings): the weights in ``base_dtype``
-    (:func:`policy_load_dtype`: fp32 master weights, or a bf16 LoRA base), LoRA via peft (adapter in fp32)."""
+    (:func:`policy_load_dtype`: fp32 master weights, or a bf16 LoRA base), LoRA via peft (adapter in fp32).
+    The full-weight reference is ``reference_path`` (``cfg.kl_reference`` resolved), else ``base_path``."""
     from transformers import AutoModelForCausalLM
 
     def load(dtype: torch.dtype = torch.float32) -> Any:
@@ -373,7 +375,8 @@ def _load_policy(cfg: TrainerConfig, base_path: Path, adapter_path: Path | None,
                             target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
             model = get_peft_model(model, lc, autocast_adapter_dtype=True)  # a bf16 base's adapter in fp32
     elif cfg.kl_coef > 0:  # full weights: a frozen copy is the reference (with LoRA: the base, adapter off)
-        ref_model = load()
+        ref_model = AutoModelForCausalLM.from_pretrained(reference_path or base_path, dtype=torch.float32,
+                                                         attn_implementation="sdpa")
         ref_model.requires_grad_(False).eval()
     return model, ref_model, tied
 
@@ -400,6 +403,20 @@ def _restore_optimizer(run: _Session, model_path: Path, n_params: int) -> None:
         warnings.warn(f"optimizer state not continued: {run.optim_why}", stacklevel=4)
 
 
+def _reference_path(cfg: TrainerConfig) -> Path | None:
+    """The KL reference's checkpoint folder (``cfg.kl_reference``), None for the parent; ValueError when it is
+    'warm_start' (a campaign's train stage resolves that to a folder) or not a checkpoint folder."""
+    if cfg.kl_reference is None or cfg.lora is not None or cfg.kl_coef == 0:
+        return None
+    if cfg.kl_reference == "warm_start":
+        raise ValueError("trainer.kl_reference 'warm_start' is resolved by a campaign's train stage; outside a "
+                         "campaign give the warm-start checkpoint's folder")
+    ref = Path(cfg.kl_reference)
+    if not (ref / "config.json").is_file():
+        raise ValueError(f"trainer.kl_reference = {cfg.kl_reference}: no checkpoint folder there (config.json)")
+    return ref
+
+
 def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: Path | None, model_type: str | None,
            iteration: int) -> _Session:
     """The accelerator (seeded by ``seed + iteration``), policy, KL reference, tokenizer and optimizer."""
@@ -409,7 +426,7 @@ def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: 
     accelerator = _accelerator(cfg)
     set_seed(cfg.seed + iteration)
     base_dtype = policy_load_dtype(cfg, accelerator.mixed_precision, accelerator.distributed_type)
-    model, ref_model, tied = _load_policy(cfg, base_path, adapter_path, base_dtype)
+    model, ref_model, tied = _load_policy(cfg, base_path, adapter_path, base_dtype, _reference_path(cfg))
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError):
@@ -476,8 +493,9 @@ def _proximal_logprobs(run: _Session, rows: list[Sample], lags: list[int],
 
 def planned_steps(n_micro_batches: int, cfg: TrainerConfig, world: int = 1) -> int:
     """Optimizer steps :func:`train` takes over ``n_micro_batches`` micro-batches on ``world`` processes:
-    ``epochs`` x ceil(micro-batches, padded to a multiple of ``world``, / (``grad_accum`` x ``world``)) (one step
-    per epoch when ``grad_accum`` is None), at most ``max_steps``: the length of :func:`_step_schedule`, the one
+    ``epochs`` x ceil(micro-batches, padded to a multiple of ``world``, / (``grad_accum`` x ``world``)) (``epochs``
+    x min(``steps_per_batch``, rounds of ``world`` micro-batches) when ``grad_accum`` is None), at most
+    ``max_steps``: the length of :func:`_step_schedule`, the one
     source of the steps (the count does not depend on the iteration's shuffle)."""
     return len(_step_schedule(n_micro_batches, cfg, iteration=0, world=world))
 
@@ -542,7 +560,7 @@ def _train_epochs(run: _Session, rows: list[Sample], mbs: list[Any], schedule: l
     metrics reported again), not recomputed; ``resume`` saves a new point as the steps go."""
     cfg, world = run.cfg, run.accelerator.num_processes
     tokens_of = [s.num_assistant_tokens for s in rows]
-    one_per_epoch = not cfg.grad_accum
+    one_per_epoch = not cfg.grad_accum and cfg.steps_per_batch == 1
     metrics: list[dict[str, float]] = []
     main = run.accelerator.is_main_process
     planned = len(schedule)
@@ -573,17 +591,31 @@ def _step_schedule(n_micro_batches: int, cfg: TrainerConfig, iteration: int, wor
     :func:`epoch_order`, padded with fillers (-1) to a multiple of ``world`` (every process runs as many
     micro-batches), cut into steps of ``grad_accum x world`` micro-batches (one step per epoch when None), at most
     ``max_steps`` steps. The one schedule of the steps and of the proximal pass (:func:`_proximal_logprobs`)."""
-    per_step = (cfg.grad_accum * world) if cfg.grad_accum else None
     out: list[tuple[int, list[int]]] = []
     for epoch in range(cfg.epochs):
         order = epoch_order(n_micro_batches, seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
         order += [-1] * (-len(order) % world)
-        chunk = per_step or len(order) or 1  # no micro-batch: no step (range's step must not be 0)
-        for start in range(0, len(order), chunk):
-            out.append((epoch, order[start:start + chunk]))
+        for step_mbs in _cut_epoch(order, cfg, world):
+            out.append((epoch, step_mbs))
             if cfg.max_steps is not None and len(out) >= cfg.max_steps:
                 return out
     return out
+
+
+def _cut_epoch(order: list[int], cfg: TrainerConfig, world: int) -> list[list[int]]:
+    """One epoch's micro-batch indices (``order``, a multiple of ``world`` long) cut into optimizer steps:
+    ``grad_accum x world`` micro-batches each when ``grad_accum`` is set, else ``steps_per_batch`` consecutive
+    runs of whole rounds of ``world`` micro-batches, as equal as the count allows (fewer steps when there are
+    fewer rounds). No micro-batch: no step."""
+    if not order:
+        return []
+    if cfg.grad_accum:
+        chunk = cfg.grad_accum * world
+        return [order[i:i + chunk] for i in range(0, len(order), chunk)]
+    rounds = len(order) // world
+    steps = min(cfg.steps_per_batch, rounds)
+    bounds = [world * (rounds * k // steps) for k in range(steps + 1)]
+    return [order[bounds[k]:bounds[k + 1]] for k in range(steps)]
 
 
 def _trained_rows(mbs: list[Any], schedule: list[tuple[int, list[int]]]) -> set[int]:
@@ -635,7 +667,8 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
     step_tokens = sum(tokens_of[i] for i in idx) + skipped[1]
     normalizer = max(step_samples if cfg.loss_aggregation == "sequence_mean" else step_tokens, 1) / world
     sums = torch.zeros(12, device=dev, dtype=torch.float64)
-    kl_depth = torch.zeros(2, max(s.depth for s in rows) + 1, device=dev, dtype=torch.float64)  # [sum k3, tokens]
+    # [sum k3(behaviour || theta), tokens, sum k3 to the KL reference] per depth
+    kl_depth = torch.zeros(3, max(s.depth for s in rows) + 1, device=dev, dtype=torch.float64)
     local = step_mbs[rank::world]
     acc.gradient_accumulation_steps, acc.step = len(local), 0  # accumulate() syncs on the last of these
     for j in local:
@@ -651,7 +684,9 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
             ]).to(torch.float64)
             kl_depth[0].index_add_(0, batch["depth"], st.kl_mismatch_per_sample.to(torch.float64))
             kl_depth[1].index_add_(0, batch["depth"], st.tokens_per_sample.to(torch.float64))
+            kl_depth[2].index_add_(0, batch["depth"], st.ref_kl_per_sample.to(torch.float64))
     grad_norm = acc.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm or math.inf)
+    lr = float(run.optimizer.param_groups[0]["lr"])  # this step's rate (the scheduler moves on after it)
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
@@ -670,7 +705,7 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
         "train/tokens": float(sums[3]), "train/seq_tokens": float(sums[6]),
         "train/padded_tokens": float(sums[7]), "train/samples": float(sums[8]),
         "train/kl_mismatch": float(kl_depth[0].sum()) / max(float(kl_depth[1].sum()), 1.0),
-        "train/lr": float(run.scheduler.get_last_lr()[0]), "train/step_s": dt,
+        "train/lr": lr, "train/step_s": dt,
         "train/optimizer_steps_total": float(run.warmup.steps_before + run.steps),
         "train/tokens_per_s": float(sums[6]) / dt if dt > 0 else 0.0,
     }
@@ -682,6 +717,8 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
     for d in range(kl_depth.shape[1]):
         if kl_depth[1, d] > 0:
             m[f"train/kl_mismatch_depth_{d}"] = float(kl_depth[0, d] / kl_depth[1, d])
+            if cfg.kl_coef > 0:  # the KL penalty's value per depth (k3 to the reference, per token)
+                m[f"train/kl_ref_depth_{d}"] = float(kl_depth[2, d] / kl_depth[1, d])
     return m
 
 
@@ -696,6 +733,7 @@ def _manifest(run: _Session, model_path: Path, base_path: Path, all_rows: list[S
         "base_model": str(base_path), "iteration": iteration, "data_hash": rows_hash,
         "config_hash": cfg.config_hash(), "config": json.loads(cfg.model_dump_json()),
         "num_samples": len(all_rows), "num_trained_samples": len(rows), "num_steps": run.steps,
+        "update_budget": cfg.update_budget(),
         "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows), "created_at": time.time(),
         "final_metrics": metrics[-1] if metrics else {},
         "base_dtype": str(run.base_dtype).removeprefix("torch."),
