@@ -35,6 +35,7 @@ from rao_core.envs import get_env
 from rao_core.evaluation import EvalConfig, eval_tasks
 from rao_core.samples import build_samples
 from rao_core.task_sampling import task_identity
+from rao_core.train.checkpoint import MANIFEST_NAME, data_hash
 from rao_core.train.launch import run_training
 from rao_core.tree import read_trees
 from tasks.studies import EvalJob, serve_and_evaluate
@@ -133,14 +134,22 @@ def run_check(config: str, overrides: Sequence[str], warm_start: Path, trees_fil
             tcfg = type(tcfg).model_validate(tcfg.model_dump())  # re-check the arm's combination
             steps: list[dict[str, float]] = []
             t0 = time.monotonic()
-            print(f"{label}: {len(batch)} samples ({batch.stats.num_signal_samples} with signal), "
-                  f"update {tcfg.update_budget()}", flush=True)
-            run_training(batch, warm_start, ckpt, tcfg, iteration=1, on_step=steps.append,
-                         on_status=lambda line, label=label: print(f"{label} train: {line}", flush=True))
+            adopted = (ckpt / "config.json").is_file()  # trained elsewhere with this arm's setting (a campaign)
+            if adopted:
+                manifest = json.loads((ckpt / MANIFEST_NAME).read_text())
+                if manifest.get("data_hash") != data_hash(batch.samples):
+                    raise ValueError(f"{ckpt} was trained on other samples than arm {arm}'s (data_hash differs)")
+                steps = [manifest.get("final_metrics", {})] * int(manifest.get("num_steps", 0))
+                print(f"{label}: adopting {ckpt} (same samples, {len(steps)} optimizer steps)", flush=True)
+            else:
+                print(f"{label}: {len(batch)} samples ({batch.stats.num_signal_samples} with signal), "
+                      f"update {tcfg.update_budget()}", flush=True)
+                run_training(batch, warm_start, ckpt, tcfg, iteration=1, on_step=steps.append,
+                             on_status=lambda line, label=label: print(f"{label} train: {line}", flush=True))
             st = batch.stats
             record["training"][label] = {
                 "arm": arm, "seed": seed, "optimizer_steps": len(steps), "update_budget": tcfg.update_budget(),
-                "train_s": round(time.monotonic() - t0, 1), "samples": len(batch),
+                "adopted": adopted, "train_s": round(time.monotonic() - t0, 1), "samples": len(batch),
                 "signal_samples": st.num_signal_samples, "signal_groups": st.num_signal_groups,
                 "dropped_uniform_groups": st.dropped_uniform_groups,
                 "samples_per_depth": st.samples_per_depth,
