@@ -265,6 +265,48 @@ def test_verify_semantics(episode):
         ENV.verify(ep, Node(node_id="x", goal="g", goal_args={"targets": {item: 1}}, end_reason=EndReason.FINISHED))
 
 
+
+def test_verify_counts_only_what_the_nodes_own_tree_crafted():
+    """One shared inventory; each craft is booked to the crafting node and its ancestors. A node's success
+    needs its targets' net units made by its own tree (its crafts and its descendants'): what its parent or a
+    sibling crafted during its life raises the shared count but never counts for it. For the root, the
+    tree's net units equal the inventory's rise, so the root's rule is the rise alone, as before."""
+    task = ENV.generate_tasks(n=1, seed=3, difficulty="easy")[0]  # 1 x w2_i16 from w1_i1 and w1_i14
+    ep = ENV.new_episode(task)
+    start_inv = dict(ep.inventory)
+    steps = {st["item"]: st for st in task.data["gold_plan"]}
+    assert list(steps) == ["w1_i1", "w1_i14", "w2_i16"]
+    root = _node(ENV, ep, task.data["targets"], node_id="0")
+    idle = _node(ENV, ep, {"w1_i1": 2}, node_id="0.0", parent="0", depth=1)
+    worker = _node(ENV, ep, {"w1_i1": 2}, node_id="0.1", parent="0", depth=1)
+    middle = _node(ENV, ep, {"w1_i14": 2}, node_id="0.2", parent="0", depth=1)
+    leaf = _node(ENV, ep, {"w1_i14": 2}, node_id="0.2.0", parent="0.2", depth=2)
+
+    def end(node):
+        node.end_reason = EndReason.FINISHED
+        ENV.on_node_end(ep, node)
+        return ENV.verify(ep, node)
+
+    _craft(ep, worker, steps["w1_i1"])  # a sibling crafts idle's target while idle runs
+    assert end(worker) == 1.0 and worker.env_info["made_counts"] == {"w1_i1": 4}
+    _craft(ep, leaf, steps["w1_i14"])  # a grandchild crafts for its parent
+    assert end(leaf) == 1.0
+    assert end(middle) == 1.0 and middle.env_info["made_counts"] == {"w1_i14": 4}  # its descendant's work counts
+    _craft(ep, root, steps["w2_i16"])  # the parent crafts while idle still runs
+    assert end(idle) == 0.0  # the shared count rose by 4 during its life, but it crafted nothing
+    assert idle.env_info["end_counts"]["w1_i1"] - idle.env_info["start_counts"]["w1_i1"] == 2
+    assert idle.env_info["made_counts"] == {"w1_i1": 0}
+    assert end(root) == 1.0 and root.env_info["made_counts"] == {"w2_i16": 2}
+    # the ledger is net (units produced minus units consumed as ingredients); the root's is the net change
+    # of the whole inventory
+    rise = {i: ep.inventory.get(i, 0) - start_inv.get(i, 0) for i in set(ep.inventory) | set(start_inv)}
+    assert {i: d for i, d in ep.made["0"].items() if d} == {i: d for i, d in rise.items() if d}
+    assert ep.made["0.2"] == {"w1_i14": 4, "w0_i11": -1} and "0.0" not in ep.made
+    # a craft outside any rollout (no node) is booked to nobody
+    before = {k: dict(v) for k, v in ep.made.items()}
+    ENV.call_tool(ep, None, "craft", [steps["w1_i1"]["ingredients"], ["w1_i1", 4]], {})
+    assert ep.made == before
+
 def test_registry_and_root_goal():
     env = get_env("textcraft-synth")
     assert isinstance(env, TextCraftEnv) and env.exact_subtask_verifier

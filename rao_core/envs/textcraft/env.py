@@ -9,9 +9,26 @@ crafts into it. ``call_tool`` is synchronous and each craft checks and applies i
 so sibling nodes interleaving crafts from one asyncio loop always see a consistent inventory.
 
 Verifier (exact, every node): success 1.0 iff the node ended by ``finish`` and, for every target,
-``count at node end - count at node start >= required``. Start counts are snapshotted by
-``on_node_start`` and end counts by ``on_node_end`` into ``node.env_info``; if the runtime never called
-``on_node_end``, ``verify`` falls back to the inventory at verification time.
+(1) ``count at node end - count at node start >= required`` in the shared inventory, and (2) the node's
+OWN TREE made that many: the net units of the item that the node's own ``craft`` calls and those of its
+descendants (its sub-agents, theirs, ...) added, units produced minus units consumed as ingredients, is
+at least the required count. Every ``craft`` is booked to the crafting node and each of its ancestors
+(``TextCraftEpisode.made``). Start counts are snapshotted by ``on_node_start``, end counts and the
+tree's made counts by ``on_node_end`` into ``node.env_info``; if the runtime never called
+``on_node_end``, ``verify`` falls back to the inventory and the ledger at verification time.
+
+Rule (2) is a departure from the authors' code: ApGa/platoon's ``TextCraftEnv.evaluate`` checks each agent's
+targets against the shared inventory alone (final minus initial counts, docs/algorithm.md), condition (1)
+alone, which has the loophole below. With one shared inventory, (1) alone credits a node with
+what ANY agent crafted during its life: a root that launches idle children and crafts its own targets
+while they run made every idle child "succeed", and so earned the full delegation bonus for nothing
+(``algo.bonus: useful``, rao_core.rewards). With (2) a sibling's, a parent's or another branch's crafts
+never count for a node. A node's descendants' crafts do count: they are work the node obtained by
+delegating, the same credit the root's rule gives the whole tree; a middle node that splits its goal
+among its own sub-agents has solved it, and scoring it 0 would penalise the recursion the method trains.
+For the root, (2) equals (1): every craft of the rollout is booked to the root, and only crafts change
+the inventory, so the root's success (the task solved by anyone in its tree) is unchanged. (1) is kept
+as it was for every node, so (2) only ever turns a former success into a failure.
 """
 
 from __future__ import annotations
@@ -28,9 +45,17 @@ from rao_core.tree import EndReason, Node
 
 
 class TextCraftEpisode(Episode):
-    """Orchestrator-side state of one rollout: the shared inventory ({item: count > 0})."""
+    """Orchestrator-side state of one rollout: the shared inventory ({item: count > 0}) and the craft ledger.
+
+    ``parent_of``: node id -> parent node id (None for the root), registered by ``on_node_start`` (and by a
+    node's first craft). ``made``: node id -> {item: net units}, the units the crafts of that node and of
+    its descendants produced minus those they consumed as ingredients (may be negative); the verifier's
+    rule (2) (module docstring).
+    """
 
     inventory: dict[str, int] = Field(default_factory=dict)
+    parent_of: dict[str, str | None] = Field(default_factory=dict)
+    made: dict[str, dict[str, int]] = Field(default_factory=dict)
     graph: Any = Field(default=None, exclude=True)  # RecipeGraph (rebuilt from the task's graph seed)
 
 
@@ -198,6 +223,11 @@ class TextCraftEnv(Environment):
         parent's targets (each at least the parent's count) forwards the parent's goal; a child asking for an
         item that is neither one of the parent's targets nor an ingredient, at any depth, of one of them is
         not part of the parent's goal (padding). A child crafting a strict part of the job is credited.
+
+        This verdict covers what a child is ASKED to do; what it DID is the verifier's: a credited child
+        earns the bonus only when its own success is 1, and ``verify`` counts only what the child's own tree
+        crafted, so children launched on parts of the goal that then idle while the parent crafts earn
+        nothing (module docstring, "Verifier").
         """
         assert isinstance(episode, TextCraftEpisode)
         own: dict[str, int] = parent.goal_args.get("targets") or {}
@@ -220,13 +250,39 @@ class TextCraftEnv(Environment):
     def _target_counts(episode: TextCraftEpisode, node: Node) -> dict[str, int]:
         return {i: episode.inventory.get(i, 0) for i in node.goal_args.get("targets") or {}}
 
+    @staticmethod
+    def _made_counts(episode: TextCraftEpisode, node: Node) -> dict[str, int]:
+        made = episode.made.get(node.node_id, {})
+        return {i: made.get(i, 0) for i in node.goal_args.get("targets") or {}}
+
+    @staticmethod
+    def _book(episode: TextCraftEpisode, node: Node | None, delta: dict[str, int]) -> None:
+        """Add one craft's inventory change ``delta`` ({item: +produced / -consumed units}) to the ledger
+        ``episode.made`` of ``node`` and of each of its ancestors (walked through ``episode.parent_of``). A
+        craft with no node (a direct call outside a rollout) is booked to nobody."""
+        if node is None:
+            return
+        episode.parent_of.setdefault(node.node_id, node.parent_id)
+        nid: str | None = node.node_id
+        seen: set[str] = set()
+        while nid is not None and nid not in seen:
+            seen.add(nid)
+            book = episode.made.setdefault(nid, {})
+            for item, d in delta.items():
+                book[item] = book.get(item, 0) + d
+            nid = episode.parent_of.get(nid)
+
     def on_node_start(self, episode: TextCraftEpisode, node: Node) -> None:
-        """Snapshot the node's target counts into ``node.env_info["start_counts"]``."""
+        """Register the node's parent in ``episode.parent_of`` (so its crafts are booked up the tree) and
+        snapshot its target counts into ``node.env_info["start_counts"]``."""
+        episode.parent_of[node.node_id] = node.parent_id
         node.env_info["start_counts"] = self._target_counts(episode, node)
 
     def on_node_end(self, episode: TextCraftEpisode, node: Node) -> None:
-        """Snapshot the node's target counts into ``node.env_info["end_counts"]``."""
+        """Snapshot the node's target counts into ``node.env_info["end_counts"]`` and the net units of each
+        target its own tree crafted (its crafts and its descendants') into ``node.env_info["made_counts"]``."""
         node.env_info["end_counts"] = self._target_counts(episode, node)
+        node.env_info["made_counts"] = self._made_counts(episode, node)
 
     # -- tools -----------------------------------------------------------------------------------------
     @tool
@@ -244,10 +300,11 @@ class TextCraftEnv(Environment):
         return [episode.graph.info(i, episode.inventory.get(i, 0)) for i in dict.fromkeys(items)]
 
     @tool
-    def craft(self, episode: TextCraftEpisode, ingredients: dict, target: tuple) -> str:
+    def craft(self, episode: TextCraftEpisode, node: Node | None, ingredients: dict, target: tuple) -> str:
         """Craft target=(item, total). `total` must be a multiple of the recipe's result_count and
         `ingredients` exactly the recipe's ingredients times total/result_count. Consumes the ingredients from
         the shared inventory and adds `total` of the item."""
+        # (not shown to the policy) the change is also booked to ``node`` and its ancestors, ``_book``
         ep, g = episode, episode.graph
         if not (isinstance(target, (list, tuple)) and len(target) == 2):
             raise ToolError(f"craft: target must be a pair (item, total), got {target!r}")
@@ -274,6 +331,7 @@ class TextCraftEnv(Environment):
             else:
                 del ep.inventory[i]
         ep.inventory[item] = ep.inventory.get(item, 0) + total
+        self._book(ep, node, {**{i: -c for i, c in expected.items()}, item: total})
         return f"Crafted {total} x {item} (now holding {ep.inventory[item]})."
 
     @tool
@@ -283,7 +341,18 @@ class TextCraftEnv(Environment):
 
     # -- verification and generation -------------------------------------------------------------------
     def verify(self, episode: Episode, node: Node) -> float | None:
-        """Exact success (1.0 / 0.0) of any node: finished and every target's count rose enough."""
+        """Exact success s of any node, 1.0 or 0.0 (module docstring, "Verifier").
+
+        1.0 iff ``node`` ended by ``finish`` and for every target ``item: required`` (units): (1) its
+        shared-inventory count rose by >= required over the node's life (``env_info`` start and end
+        counts), and (2) the node's own tree, its crafts and its descendants' crafts, made >= required net
+        units of it (``env_info["made_counts"]``); crafts by its parent, siblings or other branches never
+        count (a departure from the authors' final-minus-initial check). Without the end snapshots (the
+        runtime never called ``on_node_end``), today's inventory and ledger are read.
+
+        Raises:
+            ValueError: the node has no targets, or ``on_node_start`` never ran for it (no start counts).
+        """
         assert isinstance(episode, TextCraftEpisode)
         if node.end_reason != EndReason.FINISHED:
             return 0.0
@@ -294,8 +363,12 @@ class TextCraftEnv(Environment):
         if start is None:
             raise ValueError(f"node {node.node_id}: env_info.start_counts missing (on_node_start not called)")
         end = node.env_info.get("end_counts") or self._target_counts(episode, node)
-        ok = all(end.get(i, 0) - start.get(i, 0) >= c for i, c in targets.items())
-        return 1.0 if ok else 0.0
+        made = node.env_info.get("made_counts")
+        if made is None:
+            made = self._made_counts(episode, node)
+        rose = all(end.get(i, 0) - start.get(i, 0) >= c for i, c in targets.items())
+        own = all(made.get(i, 0) >= c for i, c in targets.items())
+        return 1.0 if rose and own else 0.0
 
     def generate_tasks(self, *, n: int, seed: int, difficulty: str | None = None, split: str = "train",
                        **options: Any) -> list[Task]:
