@@ -8,6 +8,13 @@ generates or evaluates. Each (metric, step) reaches MLflow once however often it
 stage's marker, and ``tasks.tracking.log_metrics``). A campaign already complete (``_done/campaign.json``)
 returns its stored summary at once (:func:`completed_summary`).
 
+Collapse guard (``guard``, ``rao_core.guard``): before an iteration's checkpoint is registered, its held-out
+evaluation is tested task by task against the evaluation of the checkpoint it trained from; a collapse is
+registered without moving ``champion`` (``tasks.bookkeeping.register_held``), reported on one line, logged under
+``guard/``, and then, by ``guard.action``, the next iteration trains from the last good checkpoint
+(``rollback``), the campaign stops (``stop``) or goes on (``warn``). The verdict is computed from the stored
+evaluation records, so a resumed campaign takes the same decisions.
+
 Asynchronous RL (``algo.max_staleness >= 1``, issue 40): the iterations run as the K + 1 steps of
 ``rao_core.async_rl.overlap_schedule``, each a ``rao-overlap-step`` subflow (:func:`rao_overlap_step`) whose train
 side (judge, validate, train iteration k) and serving side (evaluate, register and log iteration k - 1, then
@@ -35,10 +42,11 @@ from flows.forms import FormParams, OptionalFloat, OptionalInt, empty_means, no_
 from infra.storage import ArtifactStore
 from rao_core.async_rl import OverlapStep, overlap_schedule
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
+from rao_core.guard import GuardVerdict, judge_iteration
 from rao_core.progress import Timeline
 from tasks import tracking
 from tasks.bookkeeping import (CAMPAIGN_DONE_KEY, already_complete_line, campaign_run, completed_summary,
-                               iteration_run, mlflow_link, mlflow_setup, summary_artifact)
+                               iteration_run, mlflow_link, mlflow_setup, register_held, summary_artifact)
 from tasks.common import RunContext, done_key, stored_record
 from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput,
                            ValidateOutput)
@@ -177,8 +185,11 @@ def campaign_run_name() -> str:
 
 
 @flow(name="rao-iteration", log_prints=True, flow_run_name="{ctx.name}-iter-{iteration}", **ITERATION_END_HOOKS)
-def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str, Any]:
-    """One RL iteration; returns the new checkpoint, evaluation metrics, stage timings.
+def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint, reference: int | None = None) -> dict[str, Any]:
+    """One RL iteration trained from ``ckpt``, the checkpoint of iteration ``reference`` (default
+    ``iteration - 1``; after a collapse guard's rollback, the last good one), whose evaluation the collapse guard
+    compares this one's with; returns the new checkpoint, evaluation metrics, stage timings and the guard's
+    verdict (:func:`_finish_iteration`).
 
     Resumed, it starts a policy server only for a stage that still has to run: generation (serving the
     parent ``ckpt``) or evaluation (serving the new checkpoint); a completed iteration starts none, and its
@@ -202,30 +213,89 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint) -> dict[str
         served2 = serve_checkpoint(ctx, tr.checkpoint) if todo["evaluate"] else ServedEndpoint()
         times["serve_new"] = time.monotonic() - t
         ev = evaluate(ctx, iteration, served2, _tokenizer_path(ctx, tr.checkpoint) if todo["evaluate"] else "")
-    return _finish_iteration(ctx, iteration, gen, judged, val, tr, ev, times, it_run)
+    ref = iteration - 1 if reference is None else reference
+    return _finish_iteration(ctx, iteration, gen, judged, val, tr, ev, times, it_run, reference=ref)
+
+
+def guard_verdict(ctx: RunContext, k: int, reference: int | None, ev: EvalOutput, val: ValidateOutput
+                  ) -> GuardVerdict | None:
+    """The collapse guard's verdict on iteration ``k`` (``rao_core.guard.judge_iteration`` with ``guard.alpha``
+    and ``guard.min_drop``): its evaluation ``ev`` against the stored evaluation of iteration ``reference``
+    (whose checkpoint it trained from; none when evaluation is off or that iteration has no evaluate marker),
+    with the per-depth mean advantage of the solved training nodes of ``val``. None when ``guard.enabled`` is
+    False."""
+    g = ctx.config.guard
+    if not g.enabled:
+        return None
+    before = None
+    if ctx.config.eval.enabled and reference is not None and ctx.store().exists(done_key(reference, "evaluate")):
+        before = stored_record(ctx, reference, "evaluate", EvalOutput).rows
+    return judge_iteration(k, before, ev.rows, alpha=g.alpha, min_drop=g.min_drop, reference=reference,
+                           solved_advantage=val.sample_stats.get("mean_advantage_solved_per_depth"))
+
+
+def guard_consequence(cfg: CampaignConfig, k: int, reference: int | None) -> str:
+    """What follows a collapse of iteration ``k`` (trained from iteration ``reference``'s checkpoint) under
+    ``guard.action``: the end of the guard's line, e.g. ``rollback: iteration 3 trains from iteration 1's
+    checkpoint``. With overlapped iterations (``algo.max_staleness >= 1``) a rollback stops the campaign."""
+    action, overlapped = cfg.guard.action, cfg.algo.max_staleness > 0
+    if action == "warn":
+        return "guard.action warn: the campaign goes on" + (" from it" if k < cfg.iterations else "")
+    if k >= cfg.iterations:
+        return f"no iteration left (guard.action {action})"
+    if action == "stop":
+        return "the campaign stops (guard.action stop)"
+    if overlapped:
+        return (f"the campaign stops (guard.action rollback: iteration {k + 1} already trained from it, iterations "
+                "overlap)")
+    return f"rollback: iteration {k + 1} trains from iteration {reference}'s checkpoint"
 
 
 def _finish_iteration(ctx: RunContext, k: int, gen: GenerateOutput, judged: JudgeOutput, val: ValidateOutput,
-                      tr: TrainOutput, ev: EvalOutput, times: dict[str, float], it_run: str | None = None
-                      ) -> dict[str, Any]:
-    """Register iteration ``k``'s checkpoint and log its metrics (both resumable stages) to its MLflow run
-    ``it_run`` (found or made when None); the iteration's summary entry. The one ending of an iteration,
-    synchronous or overlapped."""
+                      tr: TrainOutput, ev: EvalOutput, times: dict[str, float], it_run: str | None = None,
+                      reference: int | None = None) -> dict[str, Any]:
+    """Judge iteration ``k`` (the collapse guard, :func:`guard_verdict`, against iteration ``reference``; default
+    ``k - 1``), register its checkpoint (held back from ``champion`` after a collapse) and log its metrics
+    (both resumable stages) to its MLflow run ``it_run`` (found or made when None), the guard's under ``guard/``
+    there and in the campaign run; the iteration's summary entry (``guard``: the verdict, with the line printed
+    for a collapse). The one ending of an iteration, synchronous or overlapped."""
     import mlflow
 
+    log = get_run_logger()
+    reference = k - 1 if reference is None else reference
     it_run = it_run or iteration_run(ctx, k)
-    reg = register_checkpoint(ctx, k, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0)
+    verdict = guard_verdict(ctx, k, reference, ev, val)
+    collapsed = verdict is not None and verdict.collapsed
+    if collapsed and tr.steps > 0:
+        reg = register_held(ctx, k, tr.checkpoint, ev.metrics, it_run,
+                            verdict.line(f"iter-{k}", guard_consequence(ctx.config, k, reference)))
+    else:  # no optimizer step: the parent's weights, which register_checkpoint never promotes
+        reg = register_checkpoint(ctx, k, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0)
     for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
                       ("register", reg)]:
         if out.stage_s is not None:
             times.setdefault(name, out.stage_s)
     logged = tracking.log_iteration(ctx, k, it_run, gen, judged, val, tr, ev, times)
     m, times = logged.metrics, logged.times or times  # a resumed log: the times of the run that logged them
-    get_run_logger().info(f"iteration {k}: root success {m.get('success/root', float('nan')):.3f}, "
-                          f"model version {reg.version} (champion moved: {reg.champion})")
+    log.info(f"iteration {k}: root success {m.get('success/root', float('nan')):.3f}, "
+             f"model version {reg.version} (champion moved: {reg.champion})")
+    guard: dict[str, Any] | None = None
+    if verdict is not None:
+        guard = {**verdict.model_dump(), "line": ""}
+        if collapsed:
+            where = (f"iter-{k} ({reg.model} v{reg.version})" if reg.updated and reg.version else
+                     f"iter-{k} (no optimizer step: its parent's weights)")
+            guard["line"] = verdict.line(where, guard_consequence(ctx.config, k, reference))
+            log.warning(guard["line"])
+        for run in (it_run, ctx.campaign_run_id):
+            if run:
+                tracking.log_metrics(run, verdict.metrics(), step=k)
+        mlflow.MlflowClient().set_tag(it_run, "guard/verdict", verdict.status)
+        if guard["line"]:
+            mlflow.MlflowClient().set_tag(it_run, "guard/line", guard["line"])
     mlflow.MlflowClient().set_terminated(it_run)
     return {"checkpoint": tr.checkpoint, "metrics": m, "times": times, "register": reg.model_dump(by_alias=True),
-            "eval_rows": ev.rows}
+            "eval_rows": ev.rows, "guard": guard}
 
 
 def _in_thread(pool: Any, fn: Any) -> Any:
@@ -309,7 +379,9 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look.
 
     A campaign already complete for these parameters (:func:`completed_summary`) returns its stored summary
-    (``already_complete`` True) at once: no server is started and MLflow is not written.
+    (``already_complete`` True) at once: no server is started and MLflow is not written. A campaign the collapse
+    guard stopped (``guard.action`` stop) is not complete: its summary's ``guard.stopped_at`` names the
+    iteration, and each collapse's line (``guard.collapses``) is logged again before the last line.
 
     The summary's ``timeline`` (:class:`rao_core.progress.Timeline`) holds the flow's wall time stage by stage,
     from its first line to its return (``wall_s`` = their sum); ``rao run`` adds what came before and after
@@ -330,10 +402,15 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
             return {**done, "already_complete": True}
         timeline.lap("S3 storage start, completion check")
         summary = _run_campaign(cfg, s3, timeline)
-        ArtifactStore(s3, cfg.name).put_bytes(json.dumps(summary, default=str).encode(), CAMPAIGN_DONE_KEY)
+        stopped = summary["guard"]["stopped_at"]
+        if stopped is None:  # stopped by the collapse guard: not complete, a re-run (another action) goes on
+            ArtifactStore(s3, cfg.name).put_bytes(json.dumps(summary, default=str).encode(), CAMPAIGN_DONE_KEY)
     timeline.lap("campaign marker, S3 storage stop")  # this run's own table; the stored one ends before it
     summary.update(timeline=timeline.to_dict(), wall_s=round(timeline.total, 1))
-    log.info(f"campaign {cfg.name} done in {summary['wall_s']} s; MLflow {mlflow_link(summary)}; "
+    for line in summary["guard"]["collapses"]:  # again at the end, where the results are read
+        log.warning(line)
+    end = "done" if stopped is None else f"stopped by the collapse guard after iteration {stopped}"
+    log.info(f"campaign {cfg.name} {end} in {summary['wall_s']} s; MLflow {mlflow_link(summary)}; "
              f"artifacts {summary['s3_prefix']}")
     summary_artifact(summary)
     return summary
@@ -366,7 +443,9 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
     uri, exp_id = mlflow_setup(cfg)
     run_id = campaign_run(cfg, exp_id)
     summary: dict[str, Any] = {"campaign": cfg.name, "mlflow_uri": uri, "mlflow_run_id": run_id, "iterations": [],
-                               "iterations_planned": cfg.iterations, "mlflow_experiment_id": exp_id}
+                               "iterations_planned": cfg.iterations, "mlflow_experiment_id": exp_id,
+                               "guard": {"enabled": cfg.guard.enabled, "action": cfg.guard.action, "collapses": [],
+                                         "stopped_at": None}}
     ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id, campaign_run_id=run_id)
     summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
     timeline.lap("MLflow experiment and campaign run")
@@ -396,13 +475,22 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
             mlflow.MlflowClient().set_terminated(it0)
             timeline.lap("register iteration 0")
         if cfg.algo.max_staleness == 0:
+            good = 0  # the iteration whose checkpoint the next one trains from (0: the starting checkpoint)
             for k in range(1, cfg.iterations + 1):
                 t_it = time.time()
                 resumed = ctx.store().exists(done_key(k, "log"))  # complete: its stages return their markers
-                out = rao_iteration(ctx, k, ckpt)
-                ckpt = out["checkpoint"]
+                out = rao_iteration(ctx, k, ckpt, good)
                 timeline.lap(f"iteration {k}", _iteration_detail(out["times"], time.time() - t_it, resumed))
-                _iteration_done(ctx, k, out, summary, timeline)
+                collapsed = (out.get("guard") or {}).get("status") == "collapse"
+                rollback = collapsed and cfg.guard.action == "rollback"
+                # after a collapse (but under 'warn') the last good checkpoint stays on S3: the next iteration's
+                # parent, or a re-run's after 'stop'
+                _iteration_done(ctx, k, out, summary, timeline, prune=not (collapsed and cfg.guard.action != "warn"))
+                if collapsed and cfg.guard.action == "stop" and k < cfg.iterations:
+                    summary["guard"]["stopped_at"] = k
+                    break
+                if not rollback:
+                    ckpt, good = out["checkpoint"], k
         elif cfg.iterations >= 1:  # asynchronous RL (overlap_schedule needs an iteration)
             _overlapped_iterations(ctx, ckpt, summary, timeline)
     finally:
@@ -418,23 +506,30 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
 
 
 def _iteration_done(ctx: RunContext, k: int, finished: dict[str, Any], summary: dict[str, Any],
-                    timeline: Timeline) -> None:
+                    timeline: Timeline, prune: bool = True) -> None:
     """After iteration ``k`` finished (``finished``: :func:`_finish_iteration`'s entry), in either loop:
-    ``checkpoints.*`` retention (resume and the registry keep theirs), then its row of ``summary``."""
+    ``checkpoints.*`` retention (resume and the registry keep theirs; skipped when not ``prune``: after a
+    collapse under ``guard.action`` rollback or stop, whose next iteration, or a re-run's, trains from an older
+    checkpoint than the newest), then its
+    row of ``summary`` and, for a collapse, the guard's line in ``summary["guard"]["collapses"]``."""
     from infra.retention import prune_campaign
 
-    prune_campaign(ctx.store(), ctx.config.checkpoints, finished["register"]["model"], ctx.local("checkpoints"))
-    timeline.lap(f"retention after iteration {k}")
+    if prune:
+        prune_campaign(ctx.store(), ctx.config.checkpoints, finished["register"]["model"], ctx.local("checkpoints"))
+        timeline.lap(f"retention after iteration {k}")
+    guard = finished.get("guard")
     summary["iterations"].append({"iteration": k, **{f: finished[f] for f in ("metrics", "times", "register",
                                                                               "eval_rows")},
-                                  "checkpoint_local": finished["checkpoint"].local})
+                                  "checkpoint_local": finished["checkpoint"].local, "guard": guard})
+    if guard and guard.get("line"):
+        summary.setdefault("guard", {}).setdefault("collapses", []).append(guard["line"])
 
 
 def _overlapped_iterations(ctx: RunContext, ckpt: Checkpoint, summary: dict[str, Any], timeline: Timeline) -> None:
     """The iterations of an asynchronous campaign (``algo.max_staleness >= 1``): the steps of
     ``rao_core.async_rl.overlap_schedule``, each a :func:`rao_overlap_step` subflow, from checkpoint ``ckpt``
     (version 0); appends each finished iteration to ``summary`` and each step to ``timeline`` with both sides'
-    spans and their overlap."""
+    spans and their overlap. A collapse (the guard) under ``guard.action`` stop or rollback ends the steps."""
     ckpts = {0: ckpt}
     for plan in overlap_schedule(ctx.config.iterations):
         t0 = time.time()
@@ -448,5 +543,9 @@ def _overlapped_iterations(ctx: RunContext, ckpt: Checkpoint, summary: dict[str,
                      f"swap {out['serve_s']:.0f} s; {_spans_text(out['spans'])} (step {time.time() - t0:.0f} s)")
         if out["finished"] is not None:
             _iteration_done(ctx, plan.evaluate, out["finished"], summary, timeline)
+            if ((out["finished"].get("guard") or {}).get("status") == "collapse" and ctx.config.guard.action != "warn"
+                    and plan.evaluate < ctx.config.iterations):  # a rollback too: the next one trained from it
+                summary["guard"]["stopped_at"] = plan.evaluate
+                return
 
 

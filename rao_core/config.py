@@ -414,6 +414,31 @@ class TrackingSettings(_Strict):
     max_traces_per_iteration: int = Field(64, ge=0, description="Cap of traces logged per iteration.")
 
 
+class GuardSettings(_Strict):
+    """The collapse guard (``rao_core.guard``): after each RL iteration, the held-out evaluation is compared
+    task by task with the evaluation of the checkpoint the iteration trained from (a one-sided exact sign test
+    on the discordant tasks, per mode and difficulty); a significant drop is a collapse, whose checkpoint never
+    becomes ``champion``. Without ``eval.enabled`` there is nothing to compare: every verdict is 'no_reference'."""
+
+    enabled: bool = Field(True, description="Judge every RL iteration (False: every checkpoint is registered and "
+                          "ranked by the champion rule alone, as before the guard).")
+    alpha: float = Field(0.05, gt=0, lt=1, description="One-sided level of the exact sign test, shared by the "
+                         "evaluation's rows (each row's p is compared with alpha / rows: at most alpha false "
+                         "alarms per iteration).")
+    min_drop: float = Field(0.1, ge=0, le=1, description="Smallest drop of held-out success rate (reference minus "
+                            "new, over the tasks scored in both) that counts as a collapse, besides significance: "
+                            "a smaller significant dip is the nightly regression's matter (eval.tolerance).")
+    action: Literal["rollback", "stop", "warn"] = Field(
+        "rollback", description="After a collapse (never promoted in any case): 'rollback' (default) trains the "
+        "next iteration from the last good checkpoint, so the remaining iterations are spent on a policy that "
+        "still has the skill instead of waiting for it to return (textcraft-nested: of two seeds that lost theirs "
+        "in one iteration, one never regained it), and nobody needs to watch the campaign; 'stop' ends the "
+        "campaign after the collapsed iteration (not "
+        "marked complete: a re-run with another action goes on); 'warn' only reports and trains on from the "
+        "collapsed checkpoint. With overlapped iterations (algo.max_staleness >= 1) the next iteration has "
+        "already trained from the collapsed checkpoint when it is judged, so 'rollback' stops as 'stop' does.")
+
+
 #: A campaign's (or experiment's) name: an S3 prefix, MLflow run name and resume key.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 
@@ -439,6 +464,7 @@ class CampaignConfig(_Strict):
     gpus: GpuPlacement = Field(default_factory=GpuPlacement)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
+    guard: GuardSettings = Field(default_factory=GuardSettings)
 
     @field_validator("tasks")
     @classmethod

@@ -13,10 +13,11 @@ from prefect import get_run_logger
 
 from rao_core.config import CampaignConfig
 from tasks import tracking
-from tasks.common import RunContext, artifact_key
+from tasks.common import RunContext, artifact_key, stage
+from tasks.records import Checkpoint, RegisterOutput
 
 __all__ = ["CAMPAIGN_DONE_KEY", "already_complete_line", "campaign_run", "completed_summary", "flatten",
-           "iteration_run", "log_config_params", "mlflow_link", "mlflow_setup", "summary_artifact",
+           "iteration_run", "log_config_params", "mlflow_link", "mlflow_setup", "register_held", "summary_artifact",
            "summary_markdown"]
 
 
@@ -62,6 +63,27 @@ def iteration_run(ctx: RunContext, iteration: int) -> str:
     return it_run
 
 
+# tasks.stages.IO_RETRIES, written out: importing tasks.stages here would slow `rao run`'s completion check
+@stage("register", name="register-checkpoint", retries=2, retry_delay_seconds=[5, 20])
+def register_held(ctx: RunContext, iteration: int, ckpt: Checkpoint, eval_metrics: dict[str, float], run_id: str,
+                  line: str = "") -> RegisterOutput:
+    """Register iteration ``iteration``'s checkpoint (an optimizer step was made) as a model version, as
+    ``tasks.stages.register_checkpoint`` does, but never move ``champion`` to it: the collapse guard
+    (``rao_core.guard``) judged the iteration a collapse. The version carries the tags of a registered
+    checkpoint (campaign, iteration, evaluation scores) plus ``rao.guard = collapse`` and, in its description,
+    the guard's ``line``. The same resumable stage (marker ``iter-K/_done/register.json``): whichever of the
+    two registered an iteration, a re-run returns its record. Alias ``candidate`` moves to it (the latest)."""
+    from tasks.stages import primary_metric
+
+    name, metric = tracking.registered_model_name(ctx.config), primary_metric(ctx)
+    tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, "rao.updated": "true", "rao.guard": "collapse",
+            **{k: round(v, 4) for k, v in eval_metrics.items()}}
+    desc = f"Checkpoint {ckpt.uri}\n\ncampaign {ctx.name}, iteration {iteration}; not promoted: {line or 'collapse'}"
+    version = tracking.register_version(name, ckpt.uri, run_id, tags, desc)
+    return RegisterOutput(model=name, version=version, champion=False, metric=metric, score=eval_metrics.get(metric),
+                          updated=True)
+
+
 CAMPAIGN_DONE_KEY = "_done/campaign.json"  # the summary of the run that completed the campaign
 
 
@@ -104,12 +126,15 @@ def mlflow_link(summary: dict[str, Any]) -> str:
 def summary_markdown(summary: dict[str, Any], note: str = "") -> str:
     """The campaign's summary as markdown (the flow run's ``<campaign>-summary`` artifact, the UI's copy of
     ``rao run``'s end-of-run table): validation success by iteration with Wilson intervals, model version and
-    champion, the flow's wall time, where the artifacts are and the MLflow link. ``note``: a first line."""
+    champion (``no: collapse guard`` for a checkpoint the guard held back, whose line is printed above the
+    table), the flow's wall time, where the artifacts are and the MLflow link. ``note``: a first line."""
     def ev(rows: list[dict[str, Any]]) -> str:
         return "<br>".join(f"{r['mode']}/{r['difficulty']}: {r['success']:.2f} {r['ci95']} (n {r['n']})"
                            for r in rows or [])
 
     lines = [f"## Campaign {summary['campaign']}", ""] + ([note, ""] if note else [])
+    guard = summary.get("guard") or {}
+    lines += [f"**{g}**" for g in guard.get("collapses", [])] + ([""] if guard.get("collapses") else [])
     lines += ["| iteration | train success | evaluation: success [95% CI] | version | champion |", "|---|---|---|---|---|"]
     if summary.get("base_eval"):
         reg = (summary.get("warm_start") or {}).get("register") or {}
@@ -117,9 +142,10 @@ def summary_markdown(summary: dict[str, Any], note: str = "") -> str:
                      f"{'yes' if reg.get('champion') else ''} |")
     for it in summary.get("iterations", []):
         reg, m = it.get("register") or {}, it.get("metrics") or {}
+        held = (it.get("guard") or {}).get("status") == "collapse"
         lines.append(f"| {it['iteration']} | {m.get('success/root', float('nan')):.2f} | {ev(it.get('eval_rows'))} | "
                      f"{reg.get('version', '')}{'' if reg.get('updated', True) else ' (no update)'} | "
-                     f"{'yes' if reg.get('champion') else ''} |")
+                     f"{'yes' if reg.get('champion') else 'no: collapse guard' if held else ''} |")
     lines += ["", f"- wall time: {summary.get('wall_s', '?')} s" + (f", completed {summary['completed_at']}"
                                                                   if summary.get("completed_at") else ""),
               f"- artifacts: {summary.get('s3_prefix', '?')}", f"- MLflow: {mlflow_link(summary)}"]
