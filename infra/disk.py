@@ -1,4 +1,4 @@
-"""A full disk, named (issue 43, item 2): which path, how much is free, and what to do.
+"""A full disk, named: which path, how much is free, and what to do.
 
 A full disk reaches the pipeline in three shapes: an ``OSError`` with ``errno.ENOSPC`` (a write, a checkpoint
 save), a ``shutil.Error`` whose list of ``(src, dst, why)`` holds a ``[Errno 28]`` (a folder copied with
@@ -141,17 +141,34 @@ def full_disk(e: BaseException, home: Path | None = None) -> Path | None:
     return None
 
 
-def disk_full_message(path: Path, resume: str = "") -> str:
+def _holds_embedded_s3(folder: Path, home: Path | None = None) -> bool:
+    """True when the embedded S3 server's data folder (``$RAO_HOME/services/seaweedfs``; ``home``: ``$RAO_HOME``)
+    exists on the file system that holds ``folder``; never raises."""
+    if home is None:
+        from rao_core.paths import rao_home
+
+        home = rao_home()
+    try:
+        data = home / "services" / "seaweedfs"
+        return data.is_dir() and data.stat().st_dev == _existing(folder).stat().st_dev
+    except OSError:
+        return False
+
+
+def disk_full_message(path: Path, resume: str = "", home: Path | None = None) -> str:
     """``no space left on device under PATH (FREE of SIZE free); free space (...) and re-run: the campaign
     resumes at the RESUME stage``: ``PATH`` the folder (a file's parent folder), ``resume`` e.g. ``iteration 2 train``
     (empty: where it stopped). When the folder's disk is under the embedded S3 server's floor
-    (:func:`seaweedfs_floor_bytes`) but not empty, the line names the floor: "(2.1 GB of 252 GB free, under the
-    2.6 GB the embedded S3 store needs)"."""
+    (:func:`seaweedfs_floor_bytes`) the line names the floor: "(2.1 GB of 252 GB free, under the 2.6 GB the
+    embedded S3 store needs)", so that the space freed is enough for it too; on a disk that is full (under
+    :data:`LOW_FREE_BYTES` free) only when the embedded S3 store's folder is on it (``home``: ``$RAO_HOME``,
+    default ``rao_core.paths.rao_home()``)."""
     folder = path if path.is_dir() else path.parent
     free, total = free_bytes(folder)
     where = f"at the {resume} stage" if resume else "where it stopped"
     floor = seaweedfs_floor_bytes(total)
-    under = f", under the {human_bytes(floor)} the embedded S3 store needs" if LOW_FREE_BYTES <= free < floor else ""
+    named = free < floor and (free >= LOW_FREE_BYTES or _holds_embedded_s3(folder, home))
+    under = f", under the {human_bytes(floor)} the embedded S3 store needs" if named else ""
     return (f"no space left on device under {folder} ({human_bytes(free)} of {human_bytes(total)} free{under}); free "
             f"space (`rao campaigns list` shows what each campaign holds, `rao campaigns rm NAME` removes one) and "
             f"re-run: the campaign resumes {where}")
@@ -165,7 +182,7 @@ def as_disk_full(e: BaseException, resume: str = "", home: Path | None = None) -
     path = full_disk(e, home)
     if path is None:
         return None
-    return DiskFullError(errno.ENOSPC, disk_full_message(path, resume), str(path))
+    return DiskFullError(errno.ENOSPC, disk_full_message(path, resume, home), str(path))
 
 
 def _reserve(home: Path | None) -> Path:

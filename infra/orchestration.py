@@ -2,7 +2,8 @@
 
 - Embedded default: no ``PREFECT_API_URL``; each process runs Prefect's ephemeral API (about 20 s to
   start) with its state in ``$RAO_HOME/prefect`` (``PREFECT_HOME``).
-- ``PrefectServer``: ``prefect server start`` on 127.0.0.1 (free port, or a fixed one) for the UI and
+- ``PrefectServer``: ``prefect server start`` on 127.0.0.1 (a free port outside the kernel's ephemeral
+  range, or a fixed one) for the UI and
   deployments; processes pointed at it with ``PREFECT_API_URL``; :func:`worker_command` is what to run.
 - :func:`deploy`: ``prefect deploy --all`` in the repository root, so each deployment's pull step holds
   the repository's absolute path (``prefect.yaml``) and a worker can run it.
@@ -17,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.process import ManagedProcess, ServiceError, ServiceMixin, free_port
+from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, port_is_free, start_on_fresh_ports
 from rao_core.paths import REPO_ROOT, rao_home
 
 
@@ -56,29 +57,37 @@ class PrefectServer(ServiceMixin):
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "PrefectServer":
+        """Start ``prefect server start`` and wait for its health check. A port picked here (``port`` 0) that was
+        taken before the server bound it restarts it on a fresh one, at most ``infra.process.PORT_ATTEMPTS``
+        starts. Raises ServiceError: a ``port`` set by hand in use, a server that does not come up (its log
+        named; :class:`infra.process.PortInUseError` when every start found its port taken)."""
         if self.port and not port_free(self.port):
             raise ServiceError(f"Prefect server: port {self.port} on 127.0.0.1 is in use "
                                "(choose another --prefect-port)")
-        self.port = self.port or free_port()
+        fixed = self.port
+
+        def repick() -> None:
+            self.port = fixed
+
+        return start_on_fresh_ports("Prefect server", self._start_once, process=lambda: self.process,
+                                    repick=repick, repickable=lambda port: not fixed)
+
+    def _start_once(self) -> "PrefectServer":
+        self.port = self.port or pick_ports(1)[0]
         cmd = [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)]
         log_dir = Path(self.log_dir or rao_home() / "services")
         env = {k: v for k, v in prefect_env().items()}
         env["PREFECT_API_URL"] = self.api_url
         self.process = ManagedProcess("prefect", cmd, log_dir / f"prefect-{self.port}.log",
-                                      health_url=f"{self.api_url}/health", start_timeout_s=180, env=env).start()
+                                      health_url=f"{self.api_url}/health", start_timeout_s=180, env=env,
+                                      ports=(self.port,))
+        self.process.start()
         return self
 
 
 def port_free(port: int) -> bool:
-    """True if nothing listens on 127.0.0.1:``port`` (so a server can bind it)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+    """True if nothing listens on 127.0.0.1:``port`` (so a server can bind it): :func:`infra.process.port_is_free`."""
+    return port_is_free(port)
 
 
 def prefect_bin() -> str:

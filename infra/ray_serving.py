@@ -1,4 +1,4 @@
-"""Policy server replicas placed by Ray (issue 28, item 2): one Ray actor per vLLM replica, holding its process.
+"""Policy server replicas placed by Ray: one Ray actor per vLLM replica, holding its process.
 
 With ``execution.backend: ray`` (and ``execution.ray_replicas``, the default) the serve stage
 (``tasks/serve.py``) builds each replica of ``serving.replicas`` as a :class:`RayReplica` instead of a process of
@@ -29,6 +29,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +129,8 @@ class ReplicaHost:
         self.server = server
         self.driver_node = driver_node
         self.guarded = False
+        self.lines: list[str] = []  # the start's progress lines not yet taken by :meth:`progress`
+        self.lock = threading.Lock()
 
     def ready(self) -> str:
         """The node this actor was placed on (returns once the actor is placed and constructed)."""
@@ -133,12 +138,24 @@ class ReplicaHost:
 
         return ray.get_runtime_context().get_node_id()
 
-    def _guard(self, _line: str = "") -> None:
-        """Start the server's guard as soon as its process exists (the first progress line of its start)."""
+    def _guard(self, line: str = "") -> None:
+        """Keep the start's progress ``line`` for :meth:`progress`; start the server's guard as soon as its process
+        exists (the first progress line of its start)."""
+        if line:
+            with self.lock:
+                self.lines.append(line)
         proc = self.server.process.proc if self.server.process is not None else None
         if not self.guarded and proc is not None:
             start_guard(proc.pid)
             self.guarded = True
+
+    def progress(self) -> list[str]:
+        """The progress lines of the server's start (:class:`infra.serving.StartupWatch`: its phases, and a
+        heartbeat with the log's last line every 20 s of silence) since the last call; the driver relays them
+        while :meth:`start` runs (the actor answers both at once: ``max_concurrency=2``)."""
+        with self.lock:
+            out, self.lines = self.lines, []
+        return out
 
     def start(self) -> dict[str, Any]:
         """Start the server (wait until healthy), guarded from the moment its process exists; returns ``{"host",
@@ -195,6 +212,8 @@ def check_placement(replicas: int, num_cpus: float, num_gpus: float, cpus_per_sh
 
 
 _ACTOR: Any = None
+#: Seconds between two requests for a replica's start progress (:meth:`RayReplica._relay_start`).
+RELAY_POLL_S = 2.0
 
 
 def _actor_class() -> Any:
@@ -258,7 +277,7 @@ class RayReplica(VLLMServer):
 
         say = self.on_progress or (lambda line: None)
         say(f"vLLM: placing its Ray actor ({self.num_cpus:g} CPU, {self.num_gpus:g} GPU) and starting the server "
-            f"there (its progress is in its log on that node)")
+            f"there (its progress follows, relayed from that node)")
         actor = _actor_class().options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
                                        scheduling_strategy=placement(self.index, self.num_cpus, self.num_gpus)).remote(
             self._spec(), ray.get_runtime_context().get_node_id())
@@ -267,7 +286,7 @@ class RayReplica(VLLMServer):
         try:
             self.node = ray.get(actor.ready.remote(), timeout=limit)
             step, limit = "started", self.start_timeout_s + 90
-            info = ray.get(actor.start.remote(), timeout=limit)
+            info = self._relay_start(actor, limit, say)
         except GetTimeoutError:
             self._end()
             raise ServiceError(f"policy server replica {self.index + 1} was not {step} within {limit:.0f} s"
@@ -281,6 +300,29 @@ class RayReplica(VLLMServer):
         say(f"vLLM: ready on Ray node {self.node[:8]} at {self.base_url} ({self.start_phases.get('ready', 0):.0f} s "
             f"to start; log {self.log})")
         return self
+
+    def _relay_start(self, actor: Any, limit: float, say: Callable[[str], None]) -> dict[str, Any]:
+        """``actor.start()``'s result, waited for at most ``limit`` seconds, while the start's progress lines
+        (:meth:`ReplicaHost.progress`: the same phases and 20 s heartbeat as a local start's) go to ``say`` as
+        they come (polled every :data:`RELAY_POLL_S` seconds). Raises GetTimeoutError past ``limit``, or what the
+        actor's start raised."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        ref = actor.start.remote()
+        deadline = time.monotonic() + limit
+        while True:
+            done, _ = ray.wait([ref], timeout=RELAY_POLL_S)
+            try:
+                lines = ray.get(actor.progress.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - progress is best effort; the start's own result decides
+                lines = []
+            for line in lines:
+                say(line)
+            if done:
+                return ray.get(ref)
+            if time.monotonic() > deadline:
+                raise GetTimeoutError(f"the start did not return within {limit:.0f} s")
 
     def _end(self) -> None:
         """End the actor (its server's guard then stops the server) and forget where it ran."""

@@ -146,50 +146,87 @@ class RayHead:
         start_timeout_s: seconds to wait for ``Ray runtime started`` in the log.
     """
 
+    #: The ports of a head besides its GCS port (``ray start`` flags), each given: left to itself Ray binds them
+    #: on the kernel's ephemeral ports (or fixed defaults, 10001 for the client server), which others may hold.
+    PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--ray-client-server-port",
+                  "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+                  "--metrics-export-port")
+
     def __init__(self, *, num_cpus: int | None = None, object_store_gib: float = RAY_OBJECT_STORE_GIB,
                  port: int = 0, log_dir: Path | None = None, start_timeout_s: float = 120.0):
-        import sys
-
-        from infra.process import ManagedProcess, free_port
-
         if object_store_gib <= 0 or (num_cpus is not None and num_cpus < 1):
             raise ValueError(f"a Ray head needs num_cpus >= 1 and object_store_gib > 0, got {num_cpus}, "
                              f"{object_store_gib}")
-        self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.fixed_port = port
         self.num_cpus = num_cpus or os.cpu_count() or 1
+        self.object_store_gib = object_store_gib
+        self.log_dir = log_dir
         self.start_timeout_s = start_timeout_s
+        self.start_seconds = 0.0
+        self._make_process()
+
+    def _make_process(self) -> None:
+        """Pick the ports (:func:`infra.process.pick_ports`: outside the kernel's ephemeral range; the GCS port
+        ``port`` when given) and make the head's process (not started)."""
+        import sys
+
+        from infra.process import ManagedProcess, pick_ports
+
+        fresh = pick_ports(len(self.PORT_FLAGS) + 1)
+        self.port = self.fixed_port or fresh[0]
+        self.address = f"127.0.0.1:{self.port}"
+        self.ports = dict(zip(self.PORT_FLAGS, fresh[1:]))
         ray_cli = Path(sys.executable).parent / "ray"
         cmd = [str(ray_cli), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
-               "--num-cpus", str(self.num_cpus), "--object-store-memory", str(int(object_store_gib * 2 ** 30)),
+               "--num-cpus", str(self.num_cpus), "--object-store-memory", str(int(self.object_store_gib * 2 ** 30)),
                "--include-dashboard", "false", "--dashboard-host", "127.0.0.1", "--disable-usage-stats"]
-        self.process = ManagedProcess(name="ray", cmd=cmd, log_path=(log_dir or rao_home() / "logs") /
+        for flag, p in self.ports.items():
+            cmd += [flag, str(p)]
+        self.process = ManagedProcess(name="ray", cmd=cmd, log_path=Path(self.log_dir or rao_home() / "logs") /
                                       f"ray-{self.port}.log",
                                       env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
-                                           **RAY_LOOPBACK_ENV})
-        self.start_seconds = 0.0
+                                           **RAY_LOOPBACK_ENV}, ports=(self.port, *self.ports.values()))
 
     @property
     def pid(self) -> int | None:
         return self.process.pid
 
     def start(self) -> "RayHead":
-        """Start the head and wait until its log says it runs; raises ServiceError (one line naming the log)
-        when it exits or does not come up in time."""
+        """Start the head and wait until its log says it runs; a port of it taken before it bound it (its log
+        says so) starts it again on fresh ports, at most ``infra.process.PORT_ATTEMPTS`` starts (a GCS ``port``
+        set by hand is kept). Raises ServiceError (one line naming the log) when it exits or does not come up
+        in time (:class:`infra.process.PortInUseError`, naming the port and what holds it, when every start
+        found a port taken)."""
+        from infra.process import start_on_fresh_ports
+
+        ensure_ray_token()
+        first = [True]
+
+        def once() -> "RayHead":
+            if not first[0]:
+                self._make_process()
+            first[0] = False
+            return self._start_once()
+
+        return start_on_fresh_ports("Ray head", once, process=lambda: self.process, repick=lambda: None,
+                                    repickable=lambda port: not self.fixed_port or port != self.fixed_port)
+
+    def _start_once(self) -> "RayHead":
         from infra.process import ServiceError
 
         t0 = time.monotonic()
-        ensure_ray_token()
         p = self.process.start()
         deadline = t0 + self.start_timeout_s
         while True:
-            text = p.log_path.read_text(errors="replace") if p.log_path.exists() else ""
+            text = p.log_text()
             if "Ray runtime started" in text:
                 self.start_seconds = time.monotonic() - t0
                 return self
-            if not p.alive() or time.monotonic() > deadline:
-                why = f"exited with code {p.proc.returncode}" if not p.alive() else \
-                    f"did not start within {self.start_timeout_s:.0f} s"
+            clash = p.port_clash()
+            if clash is not None or not p.alive() or time.monotonic() > deadline:
+                why = (f"found port {clash.port} in use" if clash is not None else
+                       f"exited with code {p.proc.returncode}" if not p.alive() else
+                       f"did not start within {self.start_timeout_s:.0f} s")
                 p.stop()
                 raise ServiceError(f"the Ray head node {why}; log {p.log_path}")
             time.sleep(0.5)

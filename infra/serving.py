@@ -50,7 +50,7 @@ from pathlib import Path
 
 import httpx
 
-from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
+from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_fresh_ports
 from rao_core.paths import rao_home, vllm_cache_dir, vllm_python
 from rao_core.train.config import cpu_has_bf16
 
@@ -212,7 +212,7 @@ class VLLMServer(ServiceMixin):
         model_path: HF checkpoint folder (config.json + safetensors + tokenizer).
         served_model_name: the ``model`` name clients send.
         max_model_len: context length in tokens.
-        port: TCP port (0 = pick a free one).
+        port: TCP port (0 = pick a free one, outside the kernel's ephemeral range: ``infra.process.pick_ports``).
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` on CPU (GiB).
         enable_lora / max_lora_rank: serve LoRA adapters loaded at run time (rank: :func:`vllm_max_lora_rank`).
         gpus: CUDA devices (CUDA_VISIBLE_DEVICES; empty: the caller's environment decides).
@@ -324,20 +324,33 @@ class VLLMServer(ServiceMixin):
         return env
 
     def start(self) -> "VLLMServer":
-        """Start and wait for ``/health``; typically 2-3.5 minutes on 2 CPU cores."""
+        """Start and wait for ``/health``; typically 2-3.5 minutes on 2 CPU cores. A port picked here (``port``
+        0, or the one an earlier start picked) that was taken before the server bound it restarts it on a fresh
+        one, at most ``infra.process.PORT_ATTEMPTS`` starts, each retry one ``warning:`` line. Raises
+        ServiceError naming the log (:class:`infra.process.PortInUseError` naming the port and what holds it
+        when every start found its port taken)."""
         py = Path(self.python or vllm_python())
         if not py.exists():
             raise ServiceError(f"vLLM environment not found at {py} (run `make setup`)")
         if not (Path(self.model_path) / "config.json").exists():
             raise ServiceError(f"model not found: {self.model_path} has no config.json")
+        fixed = self.port if self.port != getattr(self, "_picked_port", 0) else 0
+
+        def repick() -> None:
+            self.port = fixed
+
+        return start_on_fresh_ports("vLLM server", self._start_once, process=lambda: self.process, repick=repick,
+                                    repickable=lambda port: not fixed)
+
+    def _start_once(self) -> "VLLMServer":
         if not self.port:
-            self.port = free_port()
+            self.port = self._picked_port = pick_ports(1, host=self.host)[0]
         log_dir = Path(self.log_dir or rao_home() / "services")
         log_path = log_dir / f"vllm-{self.port}.log"
         watch = StartupWatch(log_path, self.on_progress or (lambda line: None), pid=lambda: self.pid)
         self.process = ManagedProcess(
             name="vllm", cmd=self._cmd(), log_path=log_path, health_url=f"{self.url}/health", env=self._env(),
-            start_timeout_s=self.start_timeout_s, on_wait=watch.poll,
+            start_timeout_s=self.start_timeout_s, on_wait=watch.poll, ports=(self.port,),
         )
         self.process.start()
         # /health answers before the model is fully ready on some versions: wait for /v1/models too.

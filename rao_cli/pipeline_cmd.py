@@ -218,6 +218,31 @@ def completed_campaign(cfg) -> dict | None:
         return completed_summary(ArtifactStore(s3, cfg.name), cfg)
 
 
+def checked_run_inputs(params):
+    """The campaign config of ``rao run``'s parameters (``flows.campaign.CampaignParams``), every input it reads
+    checked before any service, flow run or process starts, each mistake one ``error:`` line with exit 2
+    (``rao_cli.main``): the config file and the ``--set`` overrides (ConfigError, naming the key), the folders
+    and files the config names (``model.path``, ``tasks.train_file``, a local ``warm_start.checkpoint``:
+    ``CampaignConfig.check_paths``), the default model folder (ModelError) and the records of the task file
+    ``tasks.train_file``, read as ``rao eval`` and ``rao tasks stats`` read it (InputError naming the file and
+    the line; a file with no task too). ``models:/`` and ``s3://`` references are resolved when the campaign
+    runs."""
+    from infra.models import require_model
+    from rao_cli import input_errors
+    from tasks.stages import check_task_pool
+
+    cfg = params.resolve()  # ConfigError: the config, the overrides, the paths it names
+    if cfg.warm_start.mode != "checkpoint":
+        require_model(cfg.model.path)  # the default checkpoint (a set model.path is checked by resolve)
+    if cfg.tasks.train_file is not None:
+        with input_errors("tasks.train_file: "):  # the reader names the file and the line
+            n = check_task_pool(cfg)
+        if n == 0:
+            raise InputError(f"tasks.train_file: {cfg.tasks.train_file}: holds no task (no non-blank line); `rao "
+                             "tasks generate` writes task files")
+    return cfg
+
+
 def _key_values(values: list[str]) -> list[str]:
     """typer callback of ``--set``: every value is KEY=VALUE."""
     for v in values:
@@ -628,14 +653,11 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--gpus and --gpu-mem-gib only go with --plan")
         _prefect_env()
         from flows.campaign import CampaignParams, rao_campaign
-        from infra.models import ModelError, require_model
+        from infra.models import ModelError
 
         params = params_from_options(CampaignParams, config=config, name=name, iterations=iterations,
                                      overrides=list(override))
-        # every config mistake is one ConfigError line here (rao_cli.main prints it), before any service starts
-        cfg = params.resolve()
-        if cfg.warm_start.mode != "checkpoint":
-            require_model(cfg.model.path)  # the default checkpoint (a set model.path is checked by resolve)
+        cfg = checked_run_inputs(params)  # every input, before any service, flow run or process starts
 
         done = completed_campaign(cfg)  # complete already: its summary, no Prefect, vLLM or MLflow write
         if done is not None:
