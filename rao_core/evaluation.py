@@ -5,7 +5,8 @@ file), the campaign's and the experiment's evaluation after each iteration (``ta
 nightly regression (``flows/evaluate.py``) all call it with an :class:`EvalConfig` (the campaign's
 ``eval`` section is that model plus pipeline fields) and the runtime limits of the RL rollouts. It runs
 :func:`evaluate_policy` once per mode with the same limits (``single`` = the same runtime and context
-window with ``delegation=False``, spec section 1), which grows one execution tree per task and
+window with ``delegation=False``, spec section 1; the tree's limit counts the tree's own time, not its wait on
+a server slowed by other load: :func:`mode_runtime`), which grows one execution tree per task and
 summarises the trees per (mode, difficulty). :func:`eval_tasks` draws the held-out tasks
 (``rao_core.task_sampling``, stream ``"eval"``). :func:`compare` flags success rates that dropped
 against a champion's metrics (the promotion gate of the pipeline).
@@ -138,11 +139,15 @@ class DevSet(BaseModel):
 
 
 def mode_runtime(runtime: RuntimeConfig, mode: Mode) -> RuntimeConfig:
-    """``runtime`` with ``delegation`` on (``mode='recursive'``) or off (``'single'``), everything else kept
-    (context window included); re-validated. Raises ValueError for another mode."""
+    """``runtime`` with ``delegation`` on (``mode='recursive'``) or off (``'single'``) and ``tree_clock``
+    ``'auto'`` resolved to ``'own'`` (an evaluation tree's limit counts its own time, not its wait on a server
+    slowed by other load: ``rao_core.runtime.agent``, "Tree limits"; an explicit ``'wall'`` or ``'own'`` is
+    kept), everything else kept (context window included); re-validated. Raises ValueError for another mode."""
     if mode not in ("recursive", "single"):
         raise ValueError(f"mode must be 'recursive' or 'single', got {mode!r}")
-    return RuntimeConfig.model_validate({**runtime.model_dump(), "delegation": mode == "recursive"})
+    clock = "own" if runtime.tree_clock == "auto" else runtime.tree_clock
+    return RuntimeConfig.model_validate({**runtime.model_dump(), "delegation": mode == "recursive",
+                                         "tree_clock": clock})
 
 
 def two_proportion_test(s1: float, n1: int, s2: float, n2: int) -> dict[str, float]:
@@ -506,7 +511,8 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
         tasks: evaluation tasks; rows are grouped by ``task.difficulty`` ("" becomes "all").
         policy: any policy (endpoint or scripted).
         runtime_config: limits; ``delegation`` is forced on for ``mode='recursive'`` and off for
-            ``mode='single'`` (everything else, context window included, is kept).
+            ``mode='single'``, ``tree_clock`` ``'auto'`` becomes ``'own'`` (:func:`mode_runtime`; everything
+            else, context window included, is kept).
         tokenizer: HF tokenizer or checkpoint folder (chat template of the served model).
         mode: 'recursive' | 'single'.
         graded: success rate = mean verifier value (default) instead of the fraction >= 1.

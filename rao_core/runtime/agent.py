@@ -18,15 +18,38 @@ Departures from the paper / project choices:
   ``launch_subagent`` returns and before the node's REPL is closed, so a cancellation during the REPL
   teardown cannot skip them. ``timings.wall_s`` therefore excludes the REPL teardown. The runtime never
   computes rewards.
+
+Tree limits (``tree_timeout_s`` on the clock ``RuntimeConfig.tree_clock`` names; docs/pipeline.md, "Tree limits on
+a busy machine"). What decides a tree's fate is its own work, each part bounded where it happens: turns per node
+(``max_steps_per_node``, ``tree_step_budget``), tokens per turn and per node (``max_new_tokens``,
+``context_window``), children and depth (``max_children_per_node``, ``max_depth``), seconds and CPU seconds per
+cell (``cell_timeout_s``, ``cell_cpu_s``), seconds per generation (``policy_timeout_s``). The tree's limit is the
+last-resort bound on top of them. The paper's authors set theirs far out of the way (rollout ``timeout`` 7200 s,
+docs/algorithm.md): their trees end by their step budget, and the timeout only catches a rollout that hangs. This
+project's 300-600 s wall-clock limit was also a pace-setter, and on a shared machine it measured the server rather
+than the tree: 32 evaluation trees behind a CPU server at load 4-15 each passed 300 s, and 98 of 100 nightly
+trees ended ``tree_timeout`` although none of them did anything wrong. The evaluation therefore counts the tree's
+OWN time (``tree_clock`` ``'own'``, :class:`_TreeClock`): the seconds during which at least one of its nodes is
+working (starting its REPL, running a cell, building its next prompt) and not those during which every working
+node waits on a policy generation (the request gate's queue and the server; a parent waiting on its children waits
+on their work, as ``cell_timeout_s`` does not count a cell's wait on them). Each generation is bounded by
+``policy_timeout_s`` and their number by the step limits, so the tree's wall-clock limit is ``tree_timeout_s`` plus
+the time it waited on the server: a bound that grows with the server's slowness, never below the wall-clock rule
+(the own time never exceeds the wall time: a tree the own clock cuts, the wall-clock would have cut). On an idle machine
+the same trees finish with the same turns; only a tree whose generations alone outlast the limit is no longer cut
+(``policy_timeout_s`` and its step limits end it). A tree cut by its limit is an infrastructure failure
+(``tree_timeout``, unscored), as before. The RL rollouts keep the wall-clock (``'auto'``): their generate stage is
+paced by it on CPU campaigns. ``tree.meta["own_s"]`` records the tree's own time under either clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +134,59 @@ class _Shared:
     pool: ReplPool
 
 
+class _TreeClock:
+    """The tree's own time in seconds (module docstring, "Tree limits"): wall-clock seconds during which at least
+    one running node of the tree is working, i.e. has started (``start``), has not ended (``end``) and is not
+    inside ``waiting`` (a policy generation, a call from its REPL to the orchestrator: a sub-agent or a tool).
+    Never more than the tree's wall-clock. Robust to a ``waiting`` block that closes after its node ended (it
+    counts nothing then)."""
+
+    def __init__(self) -> None:
+        self._waits: dict[str, int] = {}  # running node id -> ``waiting`` blocks open
+        self._working = 0  # running nodes with no ``waiting`` block open
+        self._since: float | None = None  # perf_counter() when _working last became positive
+        self._own = 0.0
+
+    def _shift(self, delta: int) -> None:
+        now = time.perf_counter()
+        if self._working == 0 and delta > 0:
+            self._since = now
+        self._working += delta
+        if self._working == 0 and self._since is not None:
+            self._own += now - self._since
+            self._since = None
+
+    def own_s(self) -> float:
+        """Seconds of own time so far (the running interval included)."""
+        return self._own + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+    def start(self, node_id: str) -> None:
+        """Node ``node_id`` starts working."""
+        if node_id not in self._waits:
+            self._waits[node_id] = 0
+            self._shift(+1)
+
+    def end(self, node_id: str) -> None:
+        """Node ``node_id`` ended: it no longer counts, whatever it was doing."""
+        if self._waits.pop(node_id, None) == 0:
+            self._shift(-1)
+
+    @contextlib.contextmanager
+    def waiting(self, node_id: str) -> Iterator[None]:
+        """Node ``node_id`` waits on something that is not its own work for the duration of the block."""
+        if node_id in self._waits:
+            self._waits[node_id] += 1
+            if self._waits[node_id] == 1:
+                self._shift(-1)
+        try:
+            yield
+        finally:
+            if node_id in self._waits:
+                self._waits[node_id] -= 1
+                if self._waits[node_id] == 0:
+                    self._shift(+1)
+
+
 @dataclass
 class _TreeCtx:
     env: Environment
@@ -120,6 +196,7 @@ class _TreeCtx:
     on_update: TreeCallback | None = None
     steps: int = 0
     timed_out: bool = False
+    clock: _TreeClock = field(default_factory=_TreeClock)
     ended: set[str] = field(default_factory=set)  # node ids already finalised by _end_node
     child_locks: dict[str, asyncio.Lock] = field(default_factory=dict)  # parent id -> lock (sequential_children)
 
@@ -276,7 +353,8 @@ class _NodeLoop:
         ctx, node, sent = self.ctx, self.node, self.prompt_ids
         ctx.steps += 1
         try:
-            gen, queue_s, gen_s = await _generate(ctx, node, sent)
+            with ctx.clock.waiting(node.node_id):  # the server's time, not the tree's (module docstring)
+                gen, queue_s, gen_s = await _generate(ctx, node, sent)
         except asyncio.TimeoutError:
             raise _NodeEnd(EndReason.POLICY_ERROR, f"policy did not answer within {ctx.config.policy_timeout_s:g} s") \
                 from None
@@ -336,15 +414,16 @@ class _NodeLoop:
         """Serve a call from the node's REPL: ``launch_subagent`` or an environment tool (a finishing tool
         finishes the node with its value)."""
         ctx = self.ctx
-        if name == "launch_subagent":
-            return await _launch_child(ctx, self.node, args, kwargs)
-        spec = next((t for t in ctx.env.tools() if t.name == name), None)
-        if spec is None:
-            raise ToolError(f"unknown tool {name!r}")
-        value = ctx.env.call_tool(ctx.episode, self.node, name, list(args), dict(kwargs))
-        if spec.finishes:
-            self.finished, self.result = True, value
-        return value
+        with ctx.clock.waiting(self.node.node_id):  # a sub-agent's work is its own, a tool's the orchestrator's
+            if name == "launch_subagent":
+                return await _launch_child(ctx, self.node, args, kwargs)
+            spec = next((t for t in ctx.env.tools() if t.name == name), None)
+            if spec is None:
+                raise ToolError(f"unknown tool {name!r}")
+            value = ctx.env.call_tool(ctx.episode, self.node, name, list(args), dict(kwargs))
+            if spec.finishes:
+                self.finished, self.result = True, value
+            return value
 
 
 async def _run_node(ctx: _TreeCtx, node: Node) -> None:
@@ -356,6 +435,7 @@ async def _run_node(ctx: _TreeCtx, node: Node) -> None:
     t_start = time.perf_counter()
     node.timings = NodeTimings(started_at=time.time())
     loop = _NodeLoop(ctx, node)
+    ctx.clock.start(node.node_id)
     try:
         await loop.start()
         while not loop.finished:
@@ -369,7 +449,7 @@ async def _run_node(ctx: _TreeCtx, node: Node) -> None:
         node.end_reason, node.error = end.args
     except asyncio.CancelledError:
         node.end_reason = EndReason.TREE_TIMEOUT if ctx.timed_out else EndReason.CANCELLED
-        node.error = node.error or ("the tree's wall-clock limit elapsed" if ctx.timed_out
+        node.error = node.error or (_timeout_note(ctx.config) if ctx.timed_out
                                     else "cancelled (the parent's cell ended or was killed)")
         raise
     except Exception as e:  # noqa: BLE001 - environment bugs end the node with a visible error
@@ -385,6 +465,7 @@ async def _run_node(ctx: _TreeCtx, node: Node) -> None:
             node.end_reason = EndReason.CANCELLED
             node.error = node.error or "the node was interrupted"
         _end_node(ctx, node, time.perf_counter() - t_start)
+        ctx.clock.end(node.node_id)
         if loop.repl is not None:
             await close_fully(loop.repl)
 
@@ -417,18 +498,43 @@ async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: di
     return child.result
 
 
+def tree_clock(config: RuntimeConfig) -> str:
+    """The clock ``config.tree_timeout_s`` (seconds) counts in ``run_tree``/``run_trees``, ``'wall'`` or ``'own'``:
+    ``config.tree_clock``, with ``'auto'`` read as ``'wall'`` (an evaluation resolves ``'auto'`` to ``'own'`` before
+    it runs its trees: ``rao_core.evaluation.mode_runtime``). Raises nothing."""
+    return "wall" if config.tree_clock == "auto" else config.tree_clock
+
+
+def _timeout_note(config: RuntimeConfig) -> str:
+    """The error of a node ended by the tree's limit."""
+    if tree_clock(config) == "own":
+        return f"the tree's own time reached its limit of {config.tree_timeout_s:g} s (runtime.tree_clock: own)"
+    return "the tree's wall-clock limit elapsed"
+
+
+_OWN_CLOCK_POLL_S = 0.05  # shortest wait between two looks at a paused own clock close to its limit (seconds)
+
+
 async def _run_tree_ctx(ctx: _TreeCtx) -> ExecutionTree:
     t0 = time.perf_counter()
     root = ctx.tree.root
     task = asyncio.ensure_future(_run_node(ctx, root))
+    own = tree_clock(ctx.config) == "own"
+    limit = ctx.config.tree_timeout_s
     try:
-        done, _ = await asyncio.wait({task}, timeout=ctx.config.tree_timeout_s)
-        if not done:
-            ctx.timed_out = True
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        elif task.exception() is not None:
-            ctx.tree.error = f"{type(task.exception()).__name__}: {task.exception()}"
+        while True:  # the clock never runs faster than the wall: waking after `remaining` seconds is never late
+            remaining = limit - (ctx.clock.own_s() if own else time.perf_counter() - t0)
+            if remaining > 0:
+                await asyncio.wait({task}, timeout=max(remaining, _OWN_CLOCK_POLL_S) if own else remaining)
+            if task.done():
+                if task.exception() is not None:
+                    ctx.tree.error = f"{type(task.exception()).__name__}: {task.exception()}"
+                break
+            if remaining <= 0:
+                ctx.timed_out = True
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                break
     except asyncio.CancelledError:
         task.cancel()
         # to its end even if cancelled again: a second cancel would cut the root's wait for its children short
@@ -440,6 +546,7 @@ async def _run_tree_ctx(ctx: _TreeCtx) -> ExecutionTree:
             n.error = n.error or "the node never ran (cancelled before it started)"
         _end_node(ctx, n, None)
     ctx.tree.wall_s = time.perf_counter() - t0
+    ctx.tree.meta["own_s"] = ctx.clock.own_s()
     ctx.notify()
     return ctx.tree
 

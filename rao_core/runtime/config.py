@@ -52,8 +52,19 @@ class RuntimeConfig(BaseModel):
                                   "about 250 levels).")
     tree_step_budget: int | None = Field(None, ge=1, description="Optional turns shared by the whole "
                                          "tree; once spent every running node ends with TREE_STEP_BUDGET.")
-    tree_timeout_s: float = Field(600.0, gt=0, description="Wall-clock seconds per tree; then all nodes "
-                                  "still running end with TREE_TIMEOUT.")
+    tree_timeout_s: float = Field(600.0, gt=0, description="Seconds per tree on the clock ``tree_clock`` names "
+                                  "(wall-clock, or the tree's own time); then all nodes still running end with "
+                                  "TREE_TIMEOUT, an infrastructure failure (unscored).")
+    tree_clock: Literal["auto", "wall", "own"] = Field(
+        "auto", description="What tree_timeout_s counts. 'wall': the seconds since the tree started. 'own': the "
+        "tree's own time, the wall-clock seconds during which at least one of its nodes is working (starting its "
+        "REPL, running a cell, between turns), not those during which every working node waits on a policy "
+        "generation (queue and server; each bounded by policy_timeout_s, their number by max_steps_per_node), so "
+        "a server slowed by other load does not end the tree, and the tree's wall-clock limit becomes "
+        "tree_timeout_s plus the time it waited on the server. 'auto': 'own' in evaluations "
+        "(rao_core.evaluation.mode_runtime), 'wall' in the RL rollouts, whose generate stage the limit paces. "
+        "Reason and numbers: rao_core.runtime.agent, 'Tree limits' (docs/pipeline.md, 'Tree limits on a busy "
+        "machine').")
     max_concurrent_requests: int = Field(64, ge=1, description="Policy requests in flight at once, over "
                                          "all trees of one run_trees call.")
     max_concurrent_trees: int | None = Field(None, ge=1, description="Trees grown at once by one run_trees "
