@@ -63,7 +63,9 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
     None without a depth-1 node), ``rollout_success_per_depth`` (``{d: success/depth_<d>}`` for every depth
     logged, in depth order), ``rollout_trees``, ``rollout_tokens`` (completion tokens of all rollout
     nodes), ``rollout_delegation_rate``, ``rollout_end_reasons`` ({reason: share of nodes}), ``samples`` and
-    ``signal_samples`` (training samples, and those with a non-zero coefficient), ``samples_per_depth``
+    ``signal_samples`` (training samples, and those with a non-zero coefficient), ``optimizer_steps`` (the
+    iteration's update budget as taken: its trainer's last ``train/step``, 0 when it made no update; equal across
+    the arms of a design by ``trainer.steps_per_batch``), ``samples_per_depth``
     (``{d: {samples, signal_samples, mean_abs_advantage, mean_advantage, mean_advantage_solved,
     assistant_tokens}}``, from ``samples/depth_<d>/*``; the two signed means in runs after 2026-12-04),
     ``staleness`` (``{lag: samples}``, from ``staleness/lag_<d>_samples``: how many training samples came from a
@@ -88,6 +90,7 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
             "rollout_end_reasons": {k.removeprefix("end/"): v for k, v in sorted(metrics.items())
                                     if k.startswith("end/")},
             "samples": metrics.get("samples/num_samples"), "signal_samples": metrics.get("samples/num_signal_samples"),
+            "optimizer_steps": int(metrics.get("train/step") or 0),
             "samples_per_depth": dict(sorted(per_depth.items(), key=lambda kv: int(kv[0]))),
             "staleness": dict(sorted(((k.removeprefix("staleness/lag_").removesuffix("_samples"), v)
                                       for k, v in metrics.items()

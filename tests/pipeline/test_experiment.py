@@ -282,7 +282,8 @@ def test_iteration_stats_from_the_logged_metrics():
     assert s["samples_per_depth"] == {"0": {"samples": 48.0, "signal_samples": 40.0, "mean_abs_advantage": 0.4,
                                             "assistant_tokens": 3000.0}, "1": {"samples": 92.0},
                                       "10": {"samples": 1.0}}  # depths in numeric order
-    assert s["train"] == {"loss": 0.1} and s["staleness"] == {}
+    assert s["train"] == {"loss": 0.1} and s["staleness"] == {} and s["optimizer_steps"] == 0  # no step logged
+    assert iteration_stats({"train/step": 1.0, "train/optimizer_steps_total": 3.0})["optimizer_steps"] == 1
     lagged = iteration_stats({"staleness/lag_10_samples": 1.0, "staleness/lag_0_samples": 30.0,
                               "staleness/lag_1_samples": 12.0, "train/behaviour_weight_mean": 0.97})
     assert list(lagged["staleness"].items()) == [("0", 30.0), ("1", 12.0), ("10", 1.0)]  # numeric order
