@@ -15,7 +15,7 @@ registered without moving ``champion`` (``tasks.bookkeeping.register_held``), re
 (``rollback``), the campaign stops (``stop``) or goes on (``warn``). The verdict is computed from the stored
 evaluation records, so a resumed campaign takes the same decisions.
 
-Asynchronous RL (``algo.max_staleness >= 1``, issue 40): the iterations run as the K + 1 steps of
+Asynchronous RL (``algo.max_staleness >= 1``): the iterations run as the K + 1 steps of
 ``rao_core.async_rl.overlap_schedule``, each a ``rao-overlap-step`` subflow (:func:`rao_overlap_step`) whose train
 side (judge, validate, train iteration k) and serving side (evaluate, register and log iteration k - 1, then
 generate iteration k + 1) run at once, each in its own thread under the step's flow run, every stage the same
@@ -265,6 +265,13 @@ def _finish_iteration(ctx: RunContext, k: int, gen: GenerateOutput, judged: Judg
     reference = k - 1 if reference is None else reference
     it_run = it_run or iteration_run(ctx, k)
     verdict = guard_verdict(ctx, k, reference, ev, val)
+    if verdict is not None and tr.steps == 0 and verdict.status != "no_reference":
+        # no optimizer step: the checkpoint holds its parent's weights, so a difference is evaluation noise
+        verdict = verdict.model_copy(update={"status": "no_reference",
+                                             "reason": "no optimizer step: the weights of the checkpoint it "
+                                                       "trained from"})
+    if verdict is not None and verdict.status == "no_reference":
+        log.info(f"collapse guard: iteration {k} not judged ({verdict.reason or 'nothing to compare with'})")
     collapsed = verdict is not None and verdict.collapsed
     if collapsed and tr.steps > 0:
         reg = register_held(ctx, k, tr.checkpoint, ev.metrics, it_run,

@@ -364,7 +364,7 @@ class EvalSettings(EvalConfig):
 
 
 class ExecutionSettings(_Strict):
-    """Where the generate stage grows its trees (issue 28; ``tasks/rollouts.py``). 'local': in the flow's own
+    """Where the generate stage grows its trees (``tasks/rollouts.py``). 'local': in the flow's own
     process, as one ``run_trees`` call (no Ray process is started). 'ray': its groups (a task and its G rollouts;
     a group is never split, the leave-one-out baseline needs all its trees) are cut into ``shards``, each one a
     Ray task that grows its trees with its own REPL sandboxes and policy client and writes them to one S3 object;
@@ -534,6 +534,11 @@ class CampaignConfig(_Strict):
             problems.append(f"warm_start.checkpoint = '{ckpt}': no checkpoint folder there (config.json or "
                             "adapter_config.json); expected a folder, models:/NAME@ALIAS, models:/NAME/VERSION "
                             "or s3://BUCKET/KEY")
+        ref = self.trainer.kl_reference
+        if (self.trainer.kl_coef > 0 and ref not in (None, "warm_start")
+                and not (Path(str(ref)) / "config.json").is_file()):
+            problems.append(f"trainer.kl_reference = '{ref}': no checkpoint folder there (config.json); expected a "
+                            "folder or 'warm_start'")
         return problems
 
     def _one_sampling_temperature(self) -> None:

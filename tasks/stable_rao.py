@@ -139,7 +139,8 @@ def run_check(config: str, overrides: Sequence[str], warm_start: Path, trees_fil
                 manifest = json.loads((ckpt / MANIFEST_NAME).read_text())
                 if manifest.get("data_hash") != data_hash(batch.samples):
                     raise ValueError(f"{ckpt} was trained on other samples than arm {arm}'s (data_hash differs)")
-                steps = [manifest.get("final_metrics", {})] * int(manifest.get("num_steps", 0))
+                n_steps = int(manifest.get("num_steps", 0))  # only the last step's metrics are in the manifest
+                steps = [{}] * (n_steps - 1) + [manifest.get("final_metrics", {})] if n_steps else []
                 print(f"{label}: adopting {ckpt} (same samples, {len(steps)} optimizer steps)", flush=True)
             else:
                 print(f"{label}: {len(batch)} samples ({batch.stats.num_signal_samples} with signal), "

@@ -87,7 +87,8 @@ class TrainerConfig(BaseModel):
         1, ge=1, description="The update budget: optimizer steps per pass over the batch (the minibatches of "
         "TRL/verl/OpenRLHF), each accumulating the gradient of its share of the micro-batches (consecutive in the "
         "epoch's order, as equal as the micro-batch count allows). 1: one step over the whole batch (the authors' "
-        "setting). Not with grad_accum.")
+        "setting). With more than one, each step's token-mean normaliser counts its own samples only (the "
+        "zero-coefficient samples skipped by skip_zero_advantage are left out of it). Not with grad_accum.")
     grad_accum: int | None = Field(
         None, ge=1, description="Micro-batches (per process) per optimizer step, so the step count follows the "
         "batch's size (SFT); None: steps_per_batch steps per epoch. Not with steps_per_batch > 1."

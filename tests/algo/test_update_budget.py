@@ -91,3 +91,14 @@ def test_kl_penalty_to_a_chosen_reference_is_logged_per_depth(tiny, tmp_path):
         train(samples, tiny, tmp_path / "bad", cfg.model_copy(update={"kl_reference": str(tmp_path)}))
     with pytest.raises(ValueError, match="resolved by a campaign's train stage"):
         train(samples, tiny, tmp_path / "bad", cfg.model_copy(update={"kl_reference": "warm_start"}))
+
+
+def test_a_campaign_refuses_a_kl_reference_that_is_not_a_checkpoint_before_anything_starts(tmp_path):
+    from rao_core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"trainer.kl_reference = '.*nowhere': no checkpoint folder there"):
+        load_config("configs/cpu-smoke.yaml", ["trainer.kl_coef=0.1", f"trainer.kl_reference={tmp_path}/nowhere"])
+    ok = load_config("configs/cpu-smoke.yaml", ["trainer.kl_coef=0.1", "trainer.kl_reference=warm_start"])
+    assert ok.trainer.kl_reference == "warm_start"
+    off = load_config("configs/cpu-smoke.yaml", [f"trainer.kl_reference={tmp_path}/nowhere"])  # no penalty: unused
+    assert off.trainer.kl_coef == 0
