@@ -16,7 +16,7 @@ claimed comparison: the recursive arm's last iteration vs its warm start, one-si
 
 Before any campaign starts, the evaluation (and development) tasks are checked to share no task with the
 training pool or the demonstrations (``rao_core.task_sampling.check_task_sets``; a ValueError naming the
-overlap fails the experiment). The record also gets (issue 38) the per-iteration rollout and training
+overlap fails the experiment). The record also gets the per-iteration rollout and training
 statistics from the campaigns' summaries, the stored evaluation trees of every point, the arms, the seeds,
 the commit of the config file (and whether it had uncommitted changes) and the preregistered
 ``eval.endpoint``.
@@ -100,7 +100,7 @@ def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_
     fills ``{campaign}``; a fixed name gets ``-single``), so its champion never moves the recursive agent's.
     With ``single_max_steps`` the single arm's node may take that many steps (``runtime.max_steps_per_node``).
     ``recursive``: recursive-mode evaluation (RAO as configured). ``outcome``: the ablation of RAO's credit
-    assignment (issue 38 arm b): recursive, but every node's success is its root's (``judge.child_source:
+    assignment: recursive, but every node's success is its root's (``judge.child_source:
     root_proxy``), no delegation bonus (``algo.lam: 0``) and no depth weights, so every node of a tree gets the
     root's outcome and one advantage; what peers ship (SkyRL's recursive-LM recipe) and what RAO must beat. With ``shared_checkpoint`` (the first arm's iteration-0
     folder) the arm starts from it instead of building its own warm start. A ``name=...`` override is

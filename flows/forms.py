@@ -1,4 +1,4 @@
-"""What the Prefect UI's run forms show for the flows' parameter models (issue 42, item 3).
+"""What the Prefect UI's run forms show for the flows' parameter models.
 
 - :data:`OptionalInt` / :data:`OptionalFloat`: a number field whose empty value means "the config file's".
   Typed ``int | None`` in Python, but shown as a plain number input: the form drew ``int | None`` as a type

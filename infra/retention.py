@@ -1,7 +1,7 @@
 """Checkpoint retention: bounded disk by default, keeping what users come back to and what resume needs.
 
 A full-weight checkpoint of SmolLM2-135M is 1.6 GB with its optimizer state (0.54 GB of weights, twice that
-of Adam moments), a 4B model's 8 GB, on S3 and again in the local cache, every iteration (issues 18, 27).
+of Adam moments), a 4B model's 8 GB, on S3 and again in the local cache, every iteration.
 After each iteration the campaign calls :func:`prune_campaign` with the ``checkpoints`` settings
 (``rao_core.config.CheckpointSettings``). The default policy:
 

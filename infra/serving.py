@@ -11,7 +11,7 @@ is restarted on the new folder. LoRA adapters are hot-loaded with ``POST /v1/loa
 this server or on an external one (:func:`load_lora_adapter`); an external server cannot be given full
 weights, and the config refuses that combination (``rao_core.config.external_switch_problem``).
 
-A pool of replicas (``serving.replicas``, issue 28): :func:`server_from_config` builds replica ``i`` of N,
+A pool of replicas (``serving.replicas``): :func:`server_from_config` builds replica ``i`` of N,
 each with its own port, its own consecutive share of ``gpus.serve`` (tensor x data parallel GPUs each) or, on
 CPU, its own share of this process's cores (:func:`cpu_share`, ``VLLM_CPU_OMP_THREADS_BIND``); the serve stage
 (``tasks/serve.py``) starts and switches them all. The replicas run on the flow's machine as processes of the

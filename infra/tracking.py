@@ -210,7 +210,7 @@ def _ns(t: float, plus: float = 0.0) -> int | None:
 def _fenced(text: str | None, lang: str) -> str | None:
     """``text`` as a fenced markdown code block (```` ```python ... ``` ````; None and "" unchanged). MLflow's
     trace view renders a span's string inputs and outputs as markdown, so a bare cell showed as one run-on
-    paragraph with its ``# comments`` as headings (issue 42); fenced, it shows as code, lines and indentation
+    paragraph with its ``# comments`` as headings; fenced, it shows as code, lines and indentation
     kept (the maintainers' advice, mlflow/mlflow#17863). The fence is longer than any run of backticks inside
     (CommonMark), so a cell containing ````` ``` ````` cannot close it early."""
     if not text:

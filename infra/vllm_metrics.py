@@ -1,4 +1,4 @@
-"""Serving metrics of one stage, from vLLM's Prometheus ``/metrics`` endpoint (issue 14, item 3).
+"""Serving metrics of one stage, from vLLM's Prometheus ``/metrics`` endpoint.
 
 The campaign's generate stage reads ``/metrics`` before and after the rollouts (:func:`scrape`) and logs
 the difference (:func:`serving_delta`) with the iteration's metrics as ``serving/<name>``, so that a slow

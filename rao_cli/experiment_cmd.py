@@ -72,7 +72,7 @@ def textcraft_ablation(
     override: list[str] = typer.Option([], "--set", callback=_key_values,
                                        help="KEY=VALUE override for every arm (repeatable)."),
 ) -> None:
-    """RAO's method tested as the paper tests it (issue 38): on tier1x2 at a 1536-token window, where the single
+    """RAO's method tested as the paper tests it: on tier1x2 at a 1536-token window, where the single
     agent can solve the task too, RAO vs an outcome-only recursive ablation vs a single agent with its own warm
     start, the same RL task stream and rollout budget, evaluated on a fresh held-out set (n = 100) with the
     endpoint preregistered in the config; one run per seed."""
@@ -93,7 +93,7 @@ def textcraft_nested(
     override: list[str] = typer.Option([], "--set", callback=_key_values,
                                        help="KEY=VALUE override for every arm (repeatable)."),
 ) -> None:
-    """Recursion one level deeper than trained (issue 39): warm-start SmolLM2-135M on demonstrations of the
+    """Recursion one level deeper than trained: warm-start SmolLM2-135M on demonstrations of the
     expert that recurses on TextCraft-Synth nest1 tasks (a tier-2 target made of two tier-1 sub-goals: trees of
     depth 1), run RAO iterations on nest1 with max_depth 4 (never binding) at a 1344-token window, and evaluate
     after each on fresh held-out nest1 and nest2 tasks (nest2: depth 2, never seen in training), n = 100 per
@@ -261,7 +261,7 @@ def textcraft_generalisation(
                                        help="KEY=VALUE override of every arm's config (repeatable), e.g. "
                                        "runtime.tree_timeout_s=600."),
 ) -> None:
-    """Generalisation as a curve (issue 38 item 4): the last checkpoints of the ablation's arms evaluated on
+    """Generalisation as a curve: the last checkpoints of the ablation's arms evaluated on
     tier1x2..tier1x5 (n per K, fresh held-out tasks), each arm in its own mode, every miss attributed to one
     cause from its execution tree (child given two targets, children failed, the root's window, a limit, an
     error, the root finished wrong). Each checkpoint is served once. Writes
@@ -296,7 +296,7 @@ def textcraft_wallclock(
     override: list[str] = typer.Option([], "--set", callback=_key_values,
                                        help="KEY=VALUE override of every setting's config (repeatable)."),
 ) -> None:
-    """Wall-clock, one tree at a time (issue 38 item 5): a trained recursive checkpoint with
+    """Wall-clock, one tree at a time: a trained recursive checkpoint with
     runtime.max_concurrent_trees 1, children gathered as the policy writes them vs forced sequential
     (runtime.sequential_children), and the single agent with a window that fits, on tier1x2, 3, 4, 6 (n tasks
     each): median wall-clock and completion tokens per tree, success with its Wilson interval, and the ratios
@@ -326,7 +326,7 @@ def textcraft_nested_control(
     override: list[str] = typer.Option([], "--set", callback=_key_values,
                                        help="KEY=VALUE override of the config (repeatable)."),
 ) -> None:
-    """The depth-limited control (issue 39 item 4): the nested experiment's recursive checkpoints on its own
+    """The depth-limited control: the nested experiment's recursive checkpoints on its own
     nest2 tasks with runtime.max_depth 1 (the root may delegate, its children may not), paired by task with the
     record's trees at full depth: what depth buys, measured. Each checkpoint is served once. Writes
     docs/results/textcraft-nested-control[-seed<S>].json and a section in docs/results.md."""

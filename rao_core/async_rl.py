@@ -1,4 +1,4 @@
-"""The schedule of asynchronous RL (issue 40): which stage runs where in each step of an overlapped campaign.
+"""The schedule of asynchronous RL: which stage runs where in each step of an overlapped campaign.
 
 [departure from the paper, which trains synchronously; docs/algorithm.md "Asynchronous RL"] With
 ``algo.max_staleness >= 1`` a campaign of K iterations runs K + 1 *steps*. In step k the policy server holds

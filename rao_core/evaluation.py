@@ -24,14 +24,14 @@ succession, and statistical inference", JASA 22(158)):
 mean is plugged in as p (an approximation). Departures from the paper: the paper reports success rates
 without intervals; this project reports both.
 
-What a row keeps so a reader can audit it (issue 38, ``docs/results/*.json``): the outcome of every task
+What a row keeps so a reader can audit it (``docs/results/*.json``): the outcome of every task
 (``per_task``, for paired tests), root end reasons, completion tokens per tree (mean and total; not tokens
 per solved task, which restates the success rate), wall-clock per tree (mean and median), the histograms
 of children per tree and of tree depth, per-depth node statistics, and a bounded sample of its trees made
 small by :func:`compact_tree` (:func:`tree_sample`: failures and successes alternately, in task order),
 and why each missed task missed (``misses``: :func:`miss_cause` over the scored roots with a value below 1).
 
-Miss attribution (issue 38 item 4; a project addition, the paper does not attribute failures): each missed
+Miss attribution (a project addition, the paper does not attribute failures): each missed
 root gets ONE primary cause read from its execution tree, the first that holds in this order:
 
 1. ``child_two_targets``: the root gave a depth-1 child two or more targets (``goal_args["targets"]`` with
@@ -211,7 +211,7 @@ class EvalRow(BaseModel):
     tokens_per_success: float | None = None  # generated tokens of all trees / successes (None: no success)
     wall_s: float = 0.0  # wall-clock of the evaluate_policy call that grew these trees
     end_reasons: dict[str, int] = Field(default_factory=dict)  # root end reasons
-    # issue 38: what a record needs to recompute every sentence written about it (module docstring)
+    # what a record needs to recompute every sentence written about it (module docstring)
     per_task: dict[str, float | None] = Field(default_factory=dict)  # task id -> root outcome: 1/0 (graded: the
     # verifier value), None when unscored; with graded=False the outcome is 1 for a value >= 1, else 0
     tokens_total: int = 0  # generated (assistant) tokens of all nodes of all trees
@@ -248,7 +248,7 @@ class EvalRow(BaseModel):
         tree_wall_s_median, tokens_per_tree (mean completion tokens) and tokens_total; then the audit fields
         of the experiment's record: end_reasons, children_per_tree, depth_hist, per_depth, per_task, misses
         (:func:`miss_counts`), and ``trees`` (the compact sample as JSON objects; absent when empty). Tokens per solved task are no
-        longer a column (they restate the success rate: issue 38)."""
+        longer a column (they restate the success rate)."""
         row = {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "unscored": self.unscored,
                "successes": round(self.successes, 4), "success": round(self.success, 3),
                "ci95": f"[{self.ci_low:.2f}, {self.ci_high:.2f}]", "mean_depth": round(self.mean_depth, 2),

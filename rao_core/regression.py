@@ -1,4 +1,4 @@
-"""The nightly regression decision: a paired test on per-task outcomes, with a known false-alarm rate (issue 42).
+"""The nightly regression decision: a paired test on per-task outcomes, with a known false-alarm rate.
 
 Champion and candidate are evaluated on the same held-out tasks (the evaluation seed draws them), so each task
 ``i`` gives a pair ``(x_i, y_i)`` of root outcomes, champion first (``rao_core.evaluation.EvalRow.per_task``).

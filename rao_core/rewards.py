@@ -8,7 +8,7 @@ rewards ``R``, so bonuses do not compound up the tree). Two rules (``algo.bonus`
 "Delegation bonus"):
 
 - ``eq1``: the paper's Eq. (1) as written: ``lambda * mean(s_c)`` over the scored children.
-- ``useful`` (the default of every config since issue 37): ``cap * sum(s_c of credited children) / |C(X)|``,
+- ``useful`` (the default; a config pins ``eq1`` where its records used it): ``cap * sum(s_c of credited children) / |C(X)|``,
   the authors' reference rule (platoon 0.4.0 ``platoon/rewards.py`` ``delegation_capped``: ``cap * succeeded /
   launched``) plus an anti-farming rule: a child whose ``Node.no_bonus`` is set (the environment's verdict at
   launch: it forwards its parent's goal, or asks for something that is not part of it) counts in the

@@ -154,7 +154,7 @@ class AlgoSettings(BaseModel):
         True, description="Mask the assistant tokens of turns whose cell raised an error, in samples with a "
         "positive advantage (the authors' filter_errors): a solved trajectory does not reinforce its tracebacks.")
     max_staleness: int = Field(
-        0, ge=0, description="Asynchronous RL (issue 40): the most policy versions a training sample may lag the "
+        0, ge=0, description="Asynchronous RL: the most policy versions a training sample may lag the "
         "checkpoint it trains (0: the synchronous loop, every tree from the checkpoint being trained; k >= 1: "
         "trees generated up to k checkpoints earlier, trained with the decoupled off-policy loss, "
         "trainer.behaviour_weight_cap). The trainer refuses older samples (rao_core.samples.check_staleness). "

@@ -12,7 +12,7 @@ purposes that draw from the same split (the demonstrations and the RL pool both 
 different tasks from the same master seed. Project choice (the paper does not describe how its task
 sets are drawn); it replaced three arithmetic rules (``seed*1000+500+i``, ``seed+i``, ``seed+1000*i``).
 
-Three sets of tasks, never mixed (issue 38): the training tasks (the RL pool and the demonstrations), the
+Three sets of tasks, never mixed: the training tasks (the RL pool and the demonstrations), the
 development set (``eval.dev``, stream ``"dev"``) and the evaluation set (stream ``"eval"``).
 :func:`campaign_task_sets` builds all of them from a campaign config and :func:`check_disjoint` refuses
 held-out sets that share a task with training or with each other, a task being identified by
@@ -49,7 +49,7 @@ def rollout_seed(seed: int, iteration: int, task_id: str, rollout_index: int) ->
     """Sampling seed (an int in [0, 2^31)) of rollout ``rollout_index`` (g in 0..G-1) of task ``task_id`` in RL
     iteration ``iteration`` under master ``seed``: ``int(sha256(f"rollout|{seed}|{iteration}|{task_id}|{g}")[:8
     hex digits]) mod 2^31``, the rule of :func:`task_seed`. It depends on nothing else (not on the other tasks,
-    the order the trees run in, or which shard or worker grows the tree: issue 28), and is stored as
+    the order the trees run in, or which shard or worker grows the tree), and is stored as
     ``ExecutionTree.seed``; each policy request of the tree derives its own from it
     (``rao_core.runtime.agent.request_seed``)."""
     return _hash_seed(f"rollout|{seed}|{iteration}|{task_id}|{rollout_index}")
@@ -60,7 +60,7 @@ def eval_tree_seed(seed: int, mode: str, task_id: str) -> int:
     evaluation seed ``seed`` (``eval.seed``): ``int(sha256(f"eval-tree|{seed}|{mode}|{task_id}")[:8 hex
     digits]) mod 2^31``, the rule of :func:`rollout_seed`. Two checkpoints evaluated on the same tasks ask for
     the same seeds, so where the server honours them (vLLM on GPUs; ``serving.request_seeds``) the nightly's
-    paired comparison differs only by the checkpoints (issue 42 item 1); stored as ``ExecutionTree.seed``."""
+    paired comparison differs only by the checkpoints; stored as ``ExecutionTree.seed``."""
     return _hash_seed(f"eval-tree|{seed}|{mode}|{task_id}")
 
 

@@ -127,7 +127,7 @@ class Node(BaseModel):
     # verdict when it was launched, ``Environment.bonus_exclusion``: e.g. it forwards its parent's goal);
     # None: it may (rao_core.rewards).
     no_bonus: str | None = None
-    # Filled by judging (issue 7) and credit assignment (Eq. 1):
+    # Filled by judging and credit assignment (Eq. 1):
     success: float | None = None
     success_source: str | None = None  # "verifier" | "judge" | "rule" | "proxy" | "none"
     reward: float | None = None
@@ -176,7 +176,7 @@ class ExecutionTree(BaseModel):
     policy: str = ""  # model name / checkpoint / scripted policy name
     seed: int | None = None  # sampling seed of the rollout (task_sampling.rollout_seed; an evaluation tree: eval_tree_seed); None: unseeded
     # the checkpoint version that generated it (the RL iteration of checkpoint iter-K, the warm start 0;
-    # rao_core.samples.sample_staleness); None: scripted, or recorded before asynchronous RL (issue 40)
+    # rao_core.samples.sample_staleness); None: scripted, or recorded before asynchronous RL
     policy_version: int | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
 

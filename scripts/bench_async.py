@@ -1,4 +1,4 @@
-"""Asynchronous RL's wall-clock (issue 40, item 5; results go to docs/benchmarks.md "Asynchronous RL").
+"""Asynchronous RL's wall-clock (results go to docs/benchmarks.md "Asynchronous RL").
 
 Runs the smoke campaign (``configs/cpu-smoke.yaml``) for ``--iterations`` (4) RL iterations through ``rao run``
 (the README's path), in three modes, in one run on one machine, repeated ``--repeats`` times in a rotating order:
@@ -17,7 +17,7 @@ sampled each second while ``rao run`` runs, each core's busy share over the whol
 iterations only (:func:`rl_window`: without the warm start, the first vLLM start and the base evaluation,
 which dilute the overlap). Printed: per
 mode min / median / max over repeats, and the ratios async-split / sync and async-split / sync-split of the
-per-iteration medians (issue 40's target: async-split <= 0.70 of sync-split).
+per-iteration medians (target: async-split <= 0.70 of sync-split).
 
 Each campaign's ``rao run`` output goes to ``$RAO_HOME/logs/<name>.log`` (printed; follow it with ``tail -f``).
 Run it on an idle machine: about 15-30 min per campaign on 2 cores, 3 campaigns per repeat (a review estimated
@@ -241,7 +241,7 @@ def pending(record: dict[str, Any], repeats: int, here: dict[str, str]) -> list[
 def summarise(record: dict[str, Any]) -> dict[str, Any]:
     """Per mode, min / median / max over its campaigns of the per-iteration median (seconds); per finished repeat,
     the ratios async-split / sync and async-split / sync-split of its own campaigns, and their min / median / max
-    over the finished repeats (issue 40's target: async-split / sync-split <= 0.70). Empty parts where nothing ran."""
+    over the finished repeats (target: async-split / sync-split <= 0.70). Empty parts where nothing ran."""
     def mmm(xs: list[float]) -> dict[str, float]:
         return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)} if xs else {}
 

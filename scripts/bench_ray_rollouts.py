@@ -1,4 +1,4 @@
-"""Ray's overhead on the generate stage (issue 28; results go to docs/benchmarks.md "## Rollouts on Ray").
+"""Ray's overhead on the generate stage (results go to docs/benchmarks.md "## Rollouts on Ray").
 
 The same trees (``--tasks`` RL tasks x ``--G`` rollouts: 32 by default) are grown by the generate stage
 (``tasks.stages.generate_trees``, trees written to S3 as in a campaign) with ``execution.backend: local``, then
@@ -7,7 +7,7 @@ The same trees (``--tasks`` RL tasks x ``--G`` rollouts: 32 by default) are grow
 prefix cache emptied before every run. Printed: each mode's stage wall time (min / median / max), its trees'
 mean wall time, and the Ray overhead = median(ray) - median(local) per stage, per tree, and as a share of
 the local stage's wall time and of a tree's wall time. On 2 cores no speed-up is expected: the figure that
-matters is the overhead (issue 28's target: <= 5% of tree wall time).
+matters is the overhead (target: <= 5% of tree wall time).
 
 Everything runs here: SeaweedFS (embedded), one vLLM server (``--model``: the tiny model by default, or the
 CPU policy SmolLM2-135M), a local Ray cluster (``--ray-cpus`` CPUs).

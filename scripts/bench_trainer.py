@@ -14,13 +14,13 @@ peak RSS is per run:
 - ``bf16``: ``chunked`` with ``dtype=bfloat16_if_native`` (bf16 autocast where the CPU or GPU has native
   bf16, else the same as ``chunked``);
 - ``gc``: ``bf16`` with ``gradient_checkpointing=True`` (the decoder layers' activations recomputed in the
-  backward pass instead of kept: issue 43's cheap memory reduction; compare it with ``bf16``).
+  backward pass instead of kept: the cheap memory reduction; compare it with ``bf16``).
 Each run does ``--steps`` optimizer steps of ``--mbs`` micro-batches of ``--rows`` x ``--seq`` tokens.
 The runs are interleaved (repeat 1: plain, chunked, ...; repeat 2: plain, chunked, ...) so that a drift of
 the machine's speed hits all loops alike. Per run: median step time over the steps after the first
 (warm-up); peak memory = max RSS on CPU, max allocated on CUDA. Prints min / median / max over the
 repeats of step time, tokens/s and peak MB per loop, and of the per-repeat ratios loop/plain (time and
-peak memory; issue 14 targets: time <= 1.15, peak <= 1.0). Checkpoint saving is not timed.
+peak memory; targets: time <= 1.15, peak <= 1.0). Checkpoint saving is not timed.
 Figures mean something only on an otherwise idle machine.
 """
 

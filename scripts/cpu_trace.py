@@ -1,6 +1,6 @@
-"""Where the cores went during a long command: machine and command CPU once a second, plotted (issue 27).
+"""Where the cores went during a long command: machine and command CPU once a second, plotted.
 
-Issue 27's check that `make run` keeps both cores busy.
+The check that `make run` keeps both cores busy.
 
 ``/usr/bin/time -v``'s "Percent of CPU this job got" counts a child's time only once some ancestor of it has
 waited for it: a process whose parent died first (a vLLM engine core left behind when its API server is killed,

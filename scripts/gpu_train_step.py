@@ -1,7 +1,7 @@
 """One real training step of the RAO trainer on a GPU: bf16, chunked log-probs, LoRA and full weights; with the tiny
 model, or with a randomly initialised model of the paper's shape (Qwen3-4B) and a shipped GPU config's trainer.
 
-Issue 18 asks for a check on CUDA that this machine (no GPU) cannot make. For each mode (``full`` weights,
+A check on CUDA that a CPU-only machine cannot make. For each mode (``full`` weights,
 ``lora`` adapter) it runs ``rao_core.train.train`` once (on-policy behaviour log-probs, one optimizer step,
 chunked log-probs, gradient checkpointing) and reports wall time, peak GPU memory (allocated and reserved by
 PyTorch's allocator), the step's metrics (``train/step_s``, ``train/tokens_per_s``, ...), the dtype the weights

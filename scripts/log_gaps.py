@@ -3,7 +3,7 @@ the longest gaps between two lines.
 
 ``rao run`` (or ``make run``) piped through it keeps its output in a file with an arrival time per line
 (seconds since the first line), and the summary names the N longest silences with the lines before and
-after them: issue 27's check that no stretch of ``make run`` is silent for more than 30 s, piped to a file.
+after them: the check that no stretch of ``make run`` is silent for more than 30 s, piped to a file.
 
 Usage:
     make run 2>&1 | python scripts/log_gaps.py --out var/make-run.log

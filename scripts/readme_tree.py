@@ -24,6 +24,8 @@ NOTES = {
     ".ci/run": "CI entry point: runs the README's test command",
     "README.md": "this file",
     ".gitignore": "ignored: virtual environments, var/ (models, runs, services), site/ (the built docs)",
+    "LICENSE": "Apache License 2.0",
+    "CITATION.cff": "how to cite the paper (Citation File Format)",
 }
 
 
@@ -53,6 +55,7 @@ def describe(path: Path) -> str:
 #: The README's short map: folders without a package docstring, in words.
 FOLDER_NOTES = {
     "configs/": "campaign and experiment configs (YAML, validated at load), accelerate configs for GPUs",
+    "rao_cli/": "the `rao` command line (typer), one module per area",
     "docs/": "the documentation site's pages (`make docs`); experiment records in docs/results/",
     "flows/": "Prefect flows: the campaign, the nightly evaluation, the experiments",
     "infra/": "services: vLLM, S3 (SeaweedFS), MLflow, Prefect, Ray replicas; retention, data validation",
@@ -108,7 +111,7 @@ def short_lines() -> list[str]:
             entries.setdefault("/".join(parts[:2]) + "/", folder_note("/".join(parts[:2]) + "/"))
     for f in KEY_FILES:
         entries[f] = describe(ROOT / f)
-    return [f"{k:<28} {v}".rstrip() for k, v in sorted(entries.items())]
+    return [f"{k:<23} {v}".rstrip() for k, v in sorted(entries.items())]
 
 
 def main() -> None:

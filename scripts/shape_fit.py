@@ -8,8 +8,8 @@ to ``--max-new-tokens``, so a reply above it could not be imitated by a policy),
 and the depths the trees reached (depth: trees). The
 ``single`` arm has delegation disabled and ``--single-steps`` steps (as many as it wants); the ``recursive``
 arm is the expert of the warm start: ``--expert split`` (``split_targets_min: 2``, the tier1x<K> shape, docs
-"The tier1xK shape", issue 25) or ``--expert recurse`` (one sub-agent per craftable ingredient, the nest<L>
-shape, docs "The nested shape", issue 39), with ``--max-depth`` as the runtime's depth limit.
+"The tier1xK shape") or ``--expert recurse`` (one sub-agent per craftable ingredient, the nest<L>
+shape, docs "The nested shape"), with ``--max-depth`` as the runtime's depth limit.
 
 Usage:
     python scripts/shape_fit.py --difficulties tier1x3 tier1x4 tier1x6 --windows 1536 2048 --n 20

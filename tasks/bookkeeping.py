@@ -1,4 +1,4 @@
-"""The campaign's bookkeeping, below the flow (issue 40, item 3): its MLflow runs (the campaign run, an
+"""The campaign's bookkeeping, below the flow: its MLflow runs (the campaign run, an
 iteration's nested run, the config as parameters), the completion marker and the stored summary, the summary as
 markdown (the flow run's artifact) and the MLflow link. ``flows.campaign`` only orders the stages; what a stage
 records goes through here or ``tasks.tracking``.
@@ -49,7 +49,7 @@ def log_config_params(run_id: str, cfg: CampaignConfig) -> None:
 def iteration_run(ctx: RunContext, iteration: int) -> str:
     """The MLflow run of one iteration (nested in the campaign run; found again on resume): its metrics are
     those of the checkpoint the iteration registers, so the registry's Compare view shows each version's own,
-    and its parameters the campaign's config (that view's Parameters section was empty: issue 42)."""
+    and its parameters the campaign's config (without them that view's Parameters section is empty)."""
     import mlflow
 
     it_run = tracking.find_iteration_run(ctx.mlflow_experiment_id, ctx.name, iteration)

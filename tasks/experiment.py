@@ -6,7 +6,7 @@ The claimed comparison is the recursive arm's last iteration vs its warm start (
 evaluated difficulty, recursive mode: a one-sided pooled two-proportion z-test
 (``rao_core.evaluation.two_proportion_test``). Every point keeps the checkpoint folder it evaluated.
 
-What a record holds so a reader can recompute every sentence about it (issue 38): per point, the
+What a record holds so a reader can recompute every sentence about it: per point, the
 evaluation row's audit fields (:data:`POINT_KEYS`: per-task outcomes, root end reasons, tokens and
 wall-clock per tree, children and depth histograms, per-depth statistics, the cause of each miss) and the
 file of its stored trees;
@@ -17,7 +17,7 @@ trees) go to ``docs/results/trees/<experiment>/<arm>-it<i>-<difficulty>-<mode>.j
 (:func:`write_tree_sample`, :func:`read_tree_sample`).
 
 A run whose trees may grow deeper than one level (``runtime.max_depth`` >= 2: ``rao experiment
-textcraft-nested``, issue 39; :func:`deep_config`) also gets, from the same per-point fields, the per-depth
+textcraft-nested``; :func:`deep_config`) also gets, from the same per-point fields, the per-depth
 tables (:func:`depth_markdown`), the depth plot ``docs/img/<experiment>-depth.png`` (:func:`depth_png`: node
 success by depth and iteration, the depth histogram of the evaluated trees) and, over seeds, the share of trees
 reaching each depth with intervals (:func:`depth_seeds_markdown`).
@@ -37,7 +37,7 @@ from prefect.cache_policies import NONE
 from rao_core.evaluation import two_proportion_test
 
 #: Fields of an evaluation row (``rao_core.evaluation.EvalRow.table_row``) copied into a record's point when
-#: present. ``tokens_per_success`` appears only in rows of campaigns evaluated before issue 38 (new rows have
+#: present. ``tokens_per_success`` appears only in rows of campaigns evaluated before audit fields existed (new rows have
 #: ``tokens_per_tree`` and ``tokens_total``: tokens per solved task restate the success rate).
 POINT_KEYS = ("unscored", "child_success", "child_nodes", "parallel_share", "tree_wall_s", "tree_wall_s_median",
               "tokens_per_tree", "tokens_total", "tokens_per_success", "end_reasons", "children_per_tree",
@@ -67,7 +67,7 @@ def iteration_stats(metrics: dict[str, Any]) -> dict[str, Any]:
     iteration's update budget as taken: its trainer's last ``train/step``, 0 when it made no update; equal across
     the arms of a design by ``trainer.steps_per_batch``), ``samples_per_depth``
     (``{d: {samples, signal_samples, mean_abs_advantage, mean_advantage, mean_advantage_solved,
-    assistant_tokens}}``, from ``samples/depth_<d>/*``; the two signed means in runs after 2026-12-04),
+    assistant_tokens}}``, from ``samples/depth_<d>/*``; the two signed means only in records that log them),
     ``staleness`` (``{lag: samples}``, from ``staleness/lag_<d>_samples``: how many training samples came from a
     checkpoint that many versions older than the trained one; {} for a run before asynchronous RL) and ``train``
     (the trainer's ``train/*`` values of the iteration, with the off-policy correction's
@@ -493,7 +493,7 @@ def depth_markdown(rows: list[dict[str, Any]]) -> str:
     ``rao_core.evaluation.depth_stats``): per depth of every point, its nodes, their success (mean verifier
     value of the scored ones), delegation rate, children per node and end reasons; per point, the depth
     histogram of the evaluated trees and the share that reached each depth >= 1 (Wilson 95%). Empty when no
-    row has per-depth statistics (rows older than issue 38)."""
+    row has per-depth statistics (rows recorded before per-depth statistics existed)."""
     rows = [r for r in rows if r.get("per_depth")]
     if not rows:
         return ""

@@ -1,4 +1,4 @@
-"""Rollouts beyond one process (issue 28): the generate stage's groups as shards on a Ray cluster.
+"""Rollouts beyond one process: the generate stage's groups as shards on a Ray cluster.
 
 With ``execution.backend: ray`` the generate stage (``tasks.stages.generate_trees``) cuts its groups (one RL
 task and its G rollouts) into :class:`Shard` records, at most ``execution.shards`` of them, in task order and

@@ -1,6 +1,6 @@
 """Prefect task ``serve_checkpoint``: start or re-point the vLLM policy server pool at a checkpoint.
 
-The pool (``serving.replicas`` vLLM servers, 1 by default; issue 28) is process-wide (one per flow run) and
+The pool (``serving.replicas`` vLLM servers, 1 by default) is process-wide (one per flow run) and
 stopped by :func:`shutdown_server` when the flow ends.
 A flow run stopped from outside (cancelled from the UI, its process killed by the worker) ends without
 reaching that ``finally``: the flows therefore carry :data:`STOP_SERVER_HOOKS`, whose
@@ -104,7 +104,7 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
 
     cfg = ctx.config.serving
     t0 = time.monotonic()
-    log = run_logger()  # a start's phases, from the server's log: minutes on a CPU (issue 27)
+    log = run_logger()  # a start's phases, from the server's log: minutes on a CPU
     src = checkpoint_local(ctx, ckpt)
     lora = is_lora_checkpoint(src)
     served_dir = ctx.local("served")

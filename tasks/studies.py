@@ -1,5 +1,5 @@
-"""Checkpoint studies of issue 38 (generalisation by K, wall-clock one tree at a time) and issue 39 (the
-depth-limited control); serve_and_evaluate.
+"""Checkpoint studies (generalisation by K, wall-clock one tree at a time, the depth-limited control);
+serve_and_evaluate.
 
 :func:`serve_and_evaluate` serves ONE checkpoint folder with vLLM as the campaign's serving stage does
 (``infra.serving.server_from_config`` with ``switching=False``: the serving settings and GPU placement of
@@ -9,14 +9,14 @@ given policy (tests: a scripted one, no server), and runs every :class:`EvalJob`
 nightly evaluations. The server is stopped at the end, whatever happens. ``rao eval`` is one job; each study
 runs all its jobs of a checkpoint against one server, so every checkpoint is served once.
 
-**The depth-limited control** (``rao experiment textcraft-nested-control``, issue 39 item 4): the recursive
+**The depth-limited control** (``rao experiment textcraft-nested-control``): the recursive
 arm's checkpoints of a ``textcraft-nested`` record (the warm start and the last iteration by default) on the
 record's own ``nest2`` tasks with ``runtime.max_depth: 1`` (the root may delegate, its children may not), every
 other runtime setting as trained, so that what depth buys is measured against the record's trees of the same
 tasks at full depth (paired by task; :func:`depth_control_table`). Records
 ``docs/results/textcraft-nested-control[-seed<S>].json``, a section of ``docs/results.md``.
 
-**Generalisation as a curve** (``rao experiment textcraft-generalisation``, issue 38 item 4): the last
+**Generalisation as a curve** (``rao experiment textcraft-generalisation``): the last
 checkpoint of each asked arm of an ablation record (``docs/results/textcraft-ablation[-seed<S>].json``, or
 ``--model ARM=PATH``) evaluated on TextCraft-Synth ``tier1x<K>`` (K distinct tier-1 targets) for K = 2..5,
 n tasks per K drawn with the record's fresh evaluation seed (``eval.seed``, split ``validation``), each arm
@@ -34,7 +34,7 @@ recursive arms' tree limit grows with the tree's nodes (:func:`tree_limit`: 300 
 a policy that runs its children one after another (seed 1's checkpoints never gather) needs about K
 child-times, and a fixed limit would count that as a miss of generalisation.
 
-**Wall-clock, one tree at a time** (``rao experiment textcraft-wallclock``, issue 38 item 5): one trained
+**Wall-clock, one tree at a time** (``rao experiment textcraft-wallclock``): one trained
 recursive checkpoint with ``runtime.max_concurrent_trees: 1`` and children launched as the policy writes
 them (``asyncio.gather`` where it gathers: setting ``gather``) vs forced one at a time (``sequential``:
 ``runtime.sequential_children``, a runtime switch, not a prompt), and the single agent (delegation off) with
@@ -93,9 +93,9 @@ WALLCLOCK_TREE_TIMEOUT_S = 1800.0
 WALLCLOCK_STORED_TREES = 4
 DEPTH_CONTROL = "textcraft-nested-control"
 DEFAULT_NESTED_RECORD = "docs/results/textcraft-nested.json"
-DEPTH_CONTROL_TITLE = f"## Depth-limited control (issue 39 item 4): `{DEPTH_CONTROL}"  # + "`" or "-seed<S>`"
-GENERALISATION_TITLE = f"## Generalisation (issue 38 item 4): `{GENERALISATION}"  # + "`" or "-seed<S>`"
-WALLCLOCK_TITLE = "## Wall-clock, one tree at a time (issue 38 item 5)"  # + ": `<record name>`"
+DEPTH_CONTROL_TITLE = f"## Depth-limited control: `{DEPTH_CONTROL}"  # + "`" or "-seed<S>`"
+GENERALISATION_TITLE = f"## Generalisation: `{GENERALISATION}"  # + "`" or "-seed<S>`"
+WALLCLOCK_TITLE = "## Wall-clock, one tree at a time"  # + ": `<record name>`"
 MISS_LABELS = {"child_two_targets": "child given 2+ targets", "child_failed": "children failed",
                "window": "root's window", "limit": "limit", "error": "error", "finished_wrong": "root finished wrong",
                "other": "other"}
@@ -753,7 +753,7 @@ def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, si
 def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Sequence[int] = (),
                        difficulty: str = "nest2", n: int | None = None, overrides: Sequence[str] = (),
                        command: str = "", root: Path | None = None) -> StudyPlan:
-    """The depth-limited control (issue 39 item 4; module docstring): the recursive arm's checkpoints of a
+    """The depth-limited control (module docstring): the recursive arm's checkpoints of a
     ``textcraft-nested`` record at ``iterations`` (default: the warm start and the last), each evaluated on the
     record's own ``difficulty`` tasks (the same eval seed and the first ``n``, default the record's n, so every
     task pairs with the record's tree of it) with ``runtime.max_depth: 1``: delegation at the root only, the rest

@@ -124,7 +124,7 @@ def learning_curve_figure(run_id: str, keys: Sequence[str], title: str):
     ax.set_xlabel("iteration")
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole: no 0.5 ticks (issue 42)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole: no 0.5 ticks
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.grid(alpha=0.3)

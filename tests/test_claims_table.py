@@ -1,4 +1,4 @@
-"""The claims table keeps the records' figures (issue 41): every figure of README.md and of the site's
+"""The claims table keeps the records' figures: every figure of README.md and of the site's
 "Experiments and results" page that links a record under docs/results/ is recomputed from that record.
 
 A figure is a Markdown link to its record whose title says where in the record the figure is::

@@ -1,4 +1,4 @@
-"""Every CLI error, usage errors included, is ONE ``error: ...`` line and a non-zero exit (issue 16, item 2);
+"""Every CLI error, usage errors included, is ONE ``error: ...`` line and a non-zero exit;
 ``RAO_DEBUG=1`` keeps the traceback."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_unexpected_exception_is_one_line_and_debug_keeps_traceback(capsys, monk
         main(["sandbox", "run", str(tmp_path / "missing.py")])
 
 
-# --- input checked before anything is written or started (issue 16, fresh-user findings) ---------------------
+# --- input checked before anything is written or started (fresh-user findings) ---------------------
 
 def _generate(capsys, out, *opts: str) -> tuple[int, str, str]:
     return run_cli(capsys, "tasks", "generate", "--env", "textcraft-synth", "--n", "2", *opts, "--out", str(out))

@@ -102,8 +102,8 @@ def test_help_width_set_by_the_user_is_kept(capsys, monkeypatch):
 
 
 def test_no_command_help_shows_rst_markup():
-    """``--help`` is read in a terminal: a docstring's reST double backticks would show literally (the new-user
-    trial of issue 41 found ``error:`` and ``n`` in `rao evaluate --help` and `rao tasks generate --help`)."""
+    """``--help`` is read in a terminal: a docstring's reST double backticks would show literally (a new-user
+    trial found ``error:`` and ``n`` in `rao evaluate --help` and `rao tasks generate --help`)."""
     import typer
 
     from rao_cli.main import app

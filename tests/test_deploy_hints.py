@@ -1,4 +1,4 @@
-"""``rao deploy`` prints one worker command, the right one (issue 27, item 4): Prefect's own hints
+"""``rao deploy`` prints one worker command, the right one: Prefect's own hints
 (``prefect worker start --pool 'rao-pool'``, without ``PREFECT_API_URL``: pasted elsewhere it starts a worker
 on another API) are dropped, its other ``$ prefect ...`` hints get the API URL (``rao_cli.prefect_hints``)."""
 

@@ -1,4 +1,4 @@
-"""The documentation site builds offline in strict mode (issue 41): a broken link, a bad anchor, a page left out
+"""The documentation site builds offline in strict mode: a broken link, a bad anchor, a page left out
 of the nav, a missing snippet or a docstring griffe cannot parse fails the build, so it fails this test.
 
 The build is the one ``make docs`` runs (``mkdocs build --strict``, config ``mkdocs.yml``), into a temporary
@@ -44,7 +44,7 @@ def test_make_docs_runs_the_strict_build():
 
 def test_the_site_builds_in_strict_mode(site):
     """The strict build succeeded (the fixture) and wrote the front pages. Its time is not asserted: a wall-clock
-    bound fails on a loaded machine without a defect (issue 42); `make docs` prints it, and it took 40-63 s here."""
+    bound fails on a loaded machine without a defect; `make docs` prints it, and it took 40-63 s here."""
     out = site
     assert (out / "index.html").exists() and (out / "getting-started.html").exists()
 

@@ -1,4 +1,4 @@
-"""One exit-code rule for every ``rao`` command (issue 27, item 5; ``rao_cli``'s docstring): 2 for a usage or
+"""One exit-code rule for every ``rao`` command (``rao_cli``'s docstring): 2 for a usage or
 input error, 1 for a failure while working, 130 / 143 for an interrupt, each told in ONE ``error:`` line on
 stderr. Every subcommand is run here with a bad option or input (the table covers them all: a command added
 without a row fails :func:`test_the_table_covers_every_command`)."""

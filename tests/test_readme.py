@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README_MAX_CHARS = 15_000  # issue 41: a front page read in five minutes
+README_MAX_CHARS = 15_000  # a front page read in five minutes
 
 
 def tree(*args: str) -> list[str]:

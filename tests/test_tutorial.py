@@ -1,5 +1,5 @@
 """docs/tutorial.md is this test's input: every file it shows is written, every ``bash`` block and every
-untitled ``python`` block is run, in the page's order, in an empty folder (issue 41: the tutorial and the code
+untitled ``python`` block is run, in the page's order, in an empty folder (the tutorial and the code
 cannot drift apart). ``text`` blocks are shown output, not run.
 
 The page's ``rao run`` is a real campaign (SmolLM2-135M served by vLLM on CPU, the embedded SeaweedFS, MLflow

@@ -87,7 +87,7 @@ class JudgeConfig(BaseModel):
     forwarding_is_failure: bool = Field(
         True, description="A sub-agent node without a verifier value whose only child was given the node's own "
         "goal (whitespace and case normalised) gets s = 0 (source 'rule', judge.rule 'forwarded') without a "
-        "request: forwarding the whole task earns its parent no delegation bonus (issue 37)."
+        "request: forwarding the whole task earns its parent no delegation bonus."
     )
     infra_failures: Literal["unscored", "failure"] = Field(
         "unscored", description="Trees whose root ended by policy_error, sandbox_error, token_prefix_break or "

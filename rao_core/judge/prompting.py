@@ -19,7 +19,7 @@ The prompt version recorded on nodes and used in the cache key is ``<name>/v<ver
 so a stale cached verdict is never reused for a different prompt.
 
 ``parent_goal`` (the goal of the node's parent) and ``subtasks`` (the goals of the sub-agents the node
-launched) need the tree; they let a prompt fail a node that only forwarded its task (issue 37). Prompts
+launched) need the tree; they let a prompt fail a node that only forwarded its task. Prompts
 that do not use them render as before.
 """
 

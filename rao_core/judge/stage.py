@@ -10,7 +10,7 @@ section 2):
    gets s = 0 (source ``rule``, ``node.judge["rule"] = "unfinished"``), so a crashed child never earns
    its parent the delegation bonus.
 1. a. ``verifier``: the exact value the runtime stored in ``node.verifier`` (None/NaN counts as absent);
-   b. rule ``forwarded`` ([project choice], issue 37): with ``forwarding_is_failure``, a sub-agent node
+   b. rule ``forwarded`` ([project choice]): with ``forwarding_is_failure``, a sub-agent node
    without a verifier value whose only child was given the node's own goal (whitespace and case
    normalised, :func:`forwards_its_goal`) gets s = 0 (source ``rule``, ``node.judge["rule"] =
    "forwarded"``) without a request: forwarding the whole task does no work, so it never earns its parent

@@ -33,7 +33,7 @@ class OpenAIPolicy(Policy):
         max_retries: retries of a transient error (so at most ``max_retries + 1`` attempts).
         extra_body: extra vLLM sampling fields (e.g. ``{"min_p": 0.05}``).
 
-        send_seeds: send a request's ``seed`` (``PolicyRequest.seed``: the rollout's seeds, issue 28), so vLLM
+        send_seeds: send a request's ``seed`` (``PolicyRequest.seed``: the rollout's seeds), so vLLM
             draws that request's tokens from its own generator seeded with it. False for vLLM's CPU engine
             (``serving.request_seeds``), which dies on a seeded request prefilled in chunks.
     """

@@ -1,4 +1,4 @@
-"""A pool of policy servers (issue 28, item 2): every tree pinned to one replica, trees spread by load.
+"""A pool of policy servers: every tree pinned to one replica, trees spread by load.
 
 :class:`PolicyPool` is the policy the pipeline's stages use (``tasks.stages._policy``), with one replica (one
 vLLM server, as before the pool existed) or several (``serving.replicas`` servers started by the serve stage,

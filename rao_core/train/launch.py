@@ -1,4 +1,4 @@
-"""Run :func:`rao_core.train.train` in its own process, through ``accelerate launch`` (issue 14, item 4).
+"""Run :func:`rao_core.train.train` in its own process, through ``accelerate launch``.
 
 ``train_in_subprocess`` writes the trainer config to JSON and runs::
 

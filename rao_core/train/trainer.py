@@ -16,7 +16,7 @@ only on a step's last micro-batch, except under FSDP, which reduce-scatters afte
 (``sync_each_batch``) instead of keeping a full unsharded gradient per process as its ``no_sync`` does. The
 chunked log-prob path is tested on one CPU process; under FSDP it relies on the LM head's (root)
 parameters staying gathered between forward and backward, which FSDP does for the root unit. On a GPU it has
-run under FSDP with one process only (an H200, 2026-12-04: torch then uses NO_SHARD, so nothing was sharded;
+run under FSDP with one process only (an H200: torch then uses NO_SHARD, so nothing was sharded;
 docs/benchmarks.md "Trainer on one GPU"); under FSDP the (sharded) optimizer state is not saved yet.
 
 Departures: no sequence packing (padding only); learning-rate schedule is constant after optional

@@ -1,4 +1,4 @@
-"""Behaviour log-probs recorded by the real vLLM server vs the trainer's recomputation (issue 13, A.1).
+"""Behaviour log-probs recorded by the real vLLM server vs the trainer's recomputation.
 
 Rollouts are sampled at T = 0.7 through ``OpenAIPolicy`` against the session's vLLM server (started by
 ``VLLMServer`` with ``--logprobs-mode processed_logprobs``); the trainer recomputes the sampled tokens'

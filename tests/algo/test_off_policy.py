@@ -1,4 +1,4 @@
-"""Asynchronous RL, items 1-2 of issue 40: the decoupled off-policy loss (AReaL, arXiv:2505.24298 Eq. 5), the
+"""Asynchronous RL: the decoupled off-policy loss (AReaL, arXiv:2505.24298 Eq. 5), the
 staleness bound on training samples and the trainer's proximal log-probs (docs/algorithm.md, "Asynchronous RL")."""
 
 import json
@@ -213,7 +213,7 @@ def test_asynchronous_rl_cannot_sleep_the_server_for_training():
 
 
 def test_iteration_ratio_stats_are_per_token_means_over_every_step():
-    """Issue 40 item 2's per-iteration statistics, by hand: step 1 has 100 tokens (ratio 1.0, clip 0.0, half
+    """The off-policy per-iteration statistics, by hand: step 1 has 100 tokens (ratio 1.0, clip 0.0, half
     stale with weight 2.0, none capped), step 2 has 300 (ratio 1.4, clip 0.2, all stale: weight 1.0, a tenth
     capped). The last step alone would say ratio 1.4; the iteration's tokens say (100 + 420) / 400 = 1.3."""
     from rao_core.async_rl import iteration_ratio_stats

@@ -1,4 +1,4 @@
-"""Issue 37: our delegation bonus and baselines checked against the authors' reference code, platoon 0.4.0.
+"""Our delegation bonus and baselines checked against the authors' reference code, platoon 0.4.0.
 
 platoon needs Python >= 3.12 and is never installed here. ``make setup`` (scripts/setup.sh, step 4) downloads its
 wheel to var/reference/; these tests read ``platoon/rewards.py`` straight out of it (the module has no runtime
@@ -31,7 +31,7 @@ from rao_core.rewards import local_node_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL = ROOT / "var" / "reference" / "platoon-0.4.0-py3-none-any.whl"
-#: sha256 of the wheel PyPI serves for platoon==0.4.0 (checked for issue 37).
+#: sha256 of the wheel PyPI serves for platoon==0.4.0 (checked when the reference comparison was written).
 WHEEL_SHA256 = "dab1dbe30721f54928b443967bac2a25b0d87806c56a078aebe91b8da85c50c5"
 CAPS = (0.4, 0.0)
 

@@ -93,7 +93,7 @@ def test_wide_tree_weights_7_175_04375():
     assert s["A", "r"].advantage == pytest.approx(1.5) and s["A", "c0g0"].advantage == pytest.approx(1.0)
     assert s["B", "c2"].advantage == pytest.approx(-1.5)
     assert batch.stats.samples_per_depth == {0: 2, 1: 8, 2: 32}
-    # per depth (issue 25): |A| is 1.5 at depths 0 and 1; depth 2: 16 x 1.0 (tree A) and 16 x 1.5 (tree B)
+    # per depth: |A| is 1.5 at depths 0 and 1; depth 2: 16 x 1.0 (tree A) and 16 x 1.5 (tree B)
     assert batch.stats.signal_samples_per_depth == {0: 2, 1: 8, 2: 32}
     assert batch.stats.mean_abs_advantage_per_depth == pytest.approx({0: 1.5, 1: 1.5, 2: 1.25})
     # signed: depth 2 is 16 x +1.0 (A's solved grandchildren) and 16 x -1.5 (B's failed ones)
@@ -235,7 +235,7 @@ def test_ablations_are_config_values():
         AlgoSettings(advantage="median")
 
 
-# ------------------------------------------------------------- the authors' filters (issue 37) ----------------------
+# ------------------------------------------------------------- the authors' filters ----------------------
 def _turned_node(node_id: str, parent: str | None, depth: int, success: float, statuses: list[str]) -> Node:
     """A node with one turn per status: turn k's prompt is 3 + 4k ids long and it generates 2 ids (1 prompt id
     between turns), so turn k's completion sits at [3 + 4k, 5 + 4k) of the trajectory."""

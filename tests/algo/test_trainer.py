@@ -325,7 +325,7 @@ def test_a_training_child_reports_progress_to_this_process(tmp_path, monkeypatch
 
 
 def test_an_interrupted_training_resumes_after_its_last_saved_step_with_the_same_result(tiny, tmp_path):
-    # issue 43: a warm start killed mid-way (the OOM killer) continues from its resume point, not from step 0
+    # a warm start killed mid-way (the OOM killer) continues from its resume point, not from step 0
     from safetensors.torch import load_file
 
     samples = _samples(tiny)
@@ -361,7 +361,7 @@ def test_an_interrupted_training_resumes_after_its_last_saved_step_with_the_same
 
 
 def test_gradient_checkpointing_changes_memory_not_the_update(tiny, tmp_path):
-    """trainer.gradient_checkpointing (issue 43: the cheap cut of the activations' memory) recomputes the decoder
+    """trainer.gradient_checkpointing (the cheap cut of the activations' memory) recomputes the decoder
     layers in the backward pass: the same loss, gradient norm and weights as without it, to float32 rounding."""
     from safetensors.torch import load_file
 

@@ -1,4 +1,4 @@
-"""The ``nest<L>`` nested shape (issue 39): a target whose craftable ingredients are sub-goals of the same kind one
+"""The ``nest<L>`` nested shape: a target whose craftable ingredients are sub-goals of the same kind one
 level down, the expert that recurses on it (one sub-agent per craftable ingredient, then its own craft), through
 the stand-in and the real runtime, and the window that fits the recursing tree but not one node doing it all."""
 

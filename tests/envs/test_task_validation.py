@@ -1,4 +1,4 @@
-"""Task files are checked against their environment when read, before any rollout (issue 16, item 1).
+"""Task files are checked against their environment when read, before any rollout.
 
 Every bad record gives ONE line naming the file, the line, the field and what was expected.
 """

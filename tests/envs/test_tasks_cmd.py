@@ -56,7 +56,7 @@ def test_generate_replaces_a_task_file_but_refuses_any_other_existing_file(tmp_p
 
 
 def test_stats_piped_keeps_every_column_whole(capsys, monkeypatch, tmp_path):
-    """Piped output (not a terminal) is not cut to rich's default 80 columns (issue 16): every header whole."""
+    """Piped output (not a terminal) is not cut to rich's default 80 columns: every header whole."""
     import pytest
 
     from rao_cli.main import main

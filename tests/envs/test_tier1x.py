@@ -1,4 +1,4 @@
-"""The ``tier1x<K>`` delegation shape (issue 25): K tier-1 sub-goals, one sub-agent per target, and a window
+"""The ``tier1x<K>`` delegation shape: K tier-1 sub-goals, one sub-agent per target, and a window
 that one node crafting all K itself does not fit (the shape's defining property, through the real runtime)."""
 
 from __future__ import annotations

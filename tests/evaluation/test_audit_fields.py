@@ -1,4 +1,4 @@
-"""Issue 38: what an evaluation row keeps so a record can be audited (per-task outcomes, end reasons, tokens
+"""What an evaluation row keeps so a record can be audited (per-task outcomes, end reasons, tokens
 and wall-clock per tree, children and depth histograms, per-depth statistics) and the compact tree sample."""
 
 from __future__ import annotations

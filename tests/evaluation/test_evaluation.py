@@ -90,7 +90,7 @@ def test_graded_equals_fraction_solved_for_binary_verifiers():
 
 
 def test_depth1_success_parallel_share_and_tokens_per_success():
-    """The delegation columns of an evaluation row (issue 25): depth-1 nodes' success, the share of them that
+    """The delegation columns of an evaluation row: depth-1 nodes' success, the share of them that
     ran beside a sibling, generated tokens per solved root."""
     from rao_core.metrics import overlapping_children, parallel_share
 
@@ -270,7 +270,7 @@ def test_oolong_partial_credit_is_kept():
 
 @needs_tok
 async def test_seeded_evaluation_gives_each_tree_its_task_seed_and_every_request_its_own():
-    """Issue 42 item 1: with ``seeded`` the nightly's two evaluations of the same tasks ask for the same
+    """With ``seeded`` the nightly's two evaluations of the same tasks ask for the same
     per-request seeds (the policy decides whether to send them); without it, as in ``rao eval``, none."""
     from rao_core.runtime.agent import request_seed
     from rao_core.task_sampling import eval_tree_seed

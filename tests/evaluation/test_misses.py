@@ -1,4 +1,4 @@
-"""Issue 38 item 4: the cause of each missed task (rao_core.evaluation.miss_cause), by hand-built trees.
+"""The cause of each missed task (rao_core.evaluation.miss_cause), by hand-built trees.
 
 Every cause alone, then the precedence when several hold, then the counts an evaluation row keeps."""
 

@@ -1,6 +1,6 @@
 """The nightly regression decision (rao_core.regression): Tango's score test with hand-computed numbers, its
 restricted MLE against a brute-force search, the power against a naive loop over every outcome sequence, and
-the false-alarm rate and power on a seeded fake evaluation with realistic noise (issue 42)."""
+the false-alarm rate and power on a seeded fake evaluation with realistic noise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 38: three sets of tasks, never mixed. The evaluation and development sets share no task (a TextCraft
+"""Three sets of tasks, never mixed. The evaluation and development sets share no task (a TextCraft
 task is its target multiset) with the training pool, the demonstrations or each other; the experiment checks
 it before any campaign starts (tests/pipeline/test_experiment.py). The preregistered endpoint and the
 development set are config blocks."""

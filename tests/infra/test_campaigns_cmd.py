@@ -1,4 +1,4 @@
-"""``rao campaigns list`` / ``rao campaigns rm NAME`` (issue 27, item 1) on a real S3 server (SeaweedFS) and an
+"""``rao campaigns list`` / ``rao campaigns rm NAME`` on a real S3 server (SeaweedFS) and an
 MLflow registry (SQLite): sizes local and on S3, and a registered champion never deleted without ``--force``;
 ``rao campaigns fetch NAME`` brings checkpoints back to the folders the records name, checked against S3."""
 

@@ -50,7 +50,7 @@ def test_overrides_and_cross_field_check():
 
 
 def test_duplicate_keys_are_refused_with_their_line(tmp_path):
-    """PyYAML keeps the last of two equal keys silently; a config file with one is refused (issue 16)."""
+    """PyYAML keeps the last of two equal keys silently; a config file with one is refused."""
     f = tmp_path / "dup.yaml"
     f.write_text("name: a\nalgo:\n  G: 4\n  lam: 0.5\n  G: 8\n")
     assert str(pytest.raises(ConfigError, load_config, f).value) == f"{f}: line 5: duplicate key 'G'"
@@ -63,7 +63,7 @@ def test_duplicate_keys_are_refused_with_their_line(tmp_path):
 
 
 def test_set_errors_name_the_set_not_the_file(tmp_path):
-    """An error about a value given with --set names that --set (it named the config file, issue 16); one about
+    """An error about a value given with --set names that --set (it named the config file); one about
     a file value names the file; a check across both names the file with the --set values."""
     f = tmp_path / "c.yaml"
     f.write_text("algo:\n  nope: 1\n")
@@ -87,7 +87,7 @@ def test_set_errors_name_the_set_not_the_file(tmp_path):
 
 def test_difficulties_are_checked_against_the_environment_at_load():
     """tasks, eval and warm_start difficulties must be ones the environment's generator knows."""
-    shapes = ", ".join(f"'tier1x{k}'" for k in range(2, 13))  # the tier1x<K> delegation shapes (issue 25)
+    shapes = ", ".join(f"'tier1x{k}'" for k in range(2, 13))  # the tier1x<K> delegation shapes
     expected = f"expected one of ['tier1', {shapes}, 'nest1', 'nest2', 'easy', 'medium', 'hard', 'extreme', 'mixed']"
     msg = str(pytest.raises(ConfigError, load_config, "configs/cpu-smoke.yaml", ["tasks.difficulties=[nope]"]).value)
     assert msg == ("--set tasks.difficulties=[nope]: tasks.difficulties = ['nope']: unknown textcraft-synth "

@@ -1,4 +1,4 @@
-"""The CPU core split of asynchronous RL (issue 40, item 4): serving.cpus binds the embedded vLLM server's threads,
+"""The CPU core split of asynchronous RL: serving.cpus binds the embedded vLLM server's threads,
 trainer.cpus the training child's process, so generation and training can run at once on separate cores."""
 
 from pathlib import Path
@@ -88,7 +88,7 @@ def _campaign(median_s: float) -> dict:
 
 
 def test_the_async_benchmark_resumes_by_repeat_and_takes_its_ratios_within_one(tmp_path, capsys):
-    """scripts/bench_async.py --out (issue 40 item 5: ~140 min, more than a sitting): finished repeats are kept,
+    """scripts/bench_async.py --out (~140 min, more than a sitting): finished repeats are kept,
     an unfinished repeat keeps its campaigns on the same machine and boot only (its ratios must come from one
     machine), and the ratios are per finished repeat."""
     import argparse

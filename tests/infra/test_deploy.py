@@ -1,4 +1,4 @@
-"""The Prefect workflow of the README (issue 17, items 1 and 3): ``rao services up --prefect-server`` prints
+"""The Prefect workflow of the README: ``rao services up --prefect-server`` prints
 the API URL and the worker command, ``rao deploy`` makes deployments whose pull step is the repository's
 absolute path, and the printed worker runs a deployment from there (not from its own folder)."""
 

@@ -1,4 +1,4 @@
-"""A full disk is named (issue 43, item 2; ``infra/disk.py``): one ``error:`` line with the path, its free space
+"""A full disk is named (``infra/disk.py``): one ``error:`` line with the path, its free space
 and the stage the campaign resumes at, for each shape the fault takes (an ENOSPC ``OSError``, a ``shutil.Error``
 list holding one, the embedded S3 server's "InternalError"); and the MLflow runs end FAILED although the disk is
 full (the reserve under ``$RAO_HOME``), checked on a real full tmpfs where this machine lets the test mount one.
@@ -178,8 +178,9 @@ def in_process_run(tmp_path, monkeypatch):
 @pytest.mark.parametrize("make", [lambda tmp: _copy_error(tmp / "ckpt"), lambda tmp: _upload_failed()],
                          ids=["copy", "s3-upload"])
 def test_rao_run_prints_one_line_for_a_full_disk(capsys, monkeypatch, tmp_path, in_process_run, make):
-    """The issue's two lines (a 1,590-character list of tuples; ``S3UploadFailedError ... (unexpected; ...)``),
-    raised out of the campaign where no stage named them, are now the disk line."""
+    """The two raw lines a full disk used to give (a 1,590-character list of tuples;
+    ``S3UploadFailedError ... (unexpected; ...)``), raised out of the campaign where no stage named them, are
+    now the disk line."""
     import flows.campaign
     import rao_cli.pipeline_cmd as pipeline_cmd
     from rao_cli.main import main
@@ -249,7 +250,7 @@ def _fill(path: Path) -> OSError:
 @pytest.mark.timeout(300)
 def test_on_a_full_tmpfs_the_runs_are_closed_failed_thanks_to_the_reserve(small_tmpfs, monkeypatch):
     """RAO_HOME and MLflow's SQLite file on a 96 MiB tmpfs that fills up: without the reserve MLflow cannot
-    mark a run FAILED ("database or disk is full", why the issue's runs stayed RUNNING); with it released by the
+    mark a run FAILED ("database or disk is full", why such runs stay RUNNING); with it released by the
     failure hook, it can. The error names the tmpfs."""
     import mlflow
 

@@ -1,4 +1,4 @@
-"""The paper's setting on GPUs, checked on CPU (issue 18): the LoRA rank vLLM is started with, the GPU
+"""The paper's setting on GPUs, checked on CPU: the LoRA rank vLLM is started with, the GPU
 placement in the vLLM command, and an external policy server that gets each new LoRA adapter through its API
 or is refused."""
 

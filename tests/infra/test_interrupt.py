@@ -1,6 +1,6 @@
 """An interrupted ``rao run`` (Ctrl-C or SIGTERM) stops at once: its child processes are stopped, the
 campaign's MLflow runs are marked KILLED and its Prefect flow runs CANCELLED, one ``error:`` line is printed
-and the exit status is 130 / 143 (issue 16: it took ~80 s, printed a traceback and left the MLflow run
+and the exit status is 130 / 143 (it took ~80 s, printed a traceback and left the MLflow run
 RUNNING; later the Prefect flow runs stayed RUNNING)."""
 
 from __future__ import annotations

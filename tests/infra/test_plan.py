@@ -1,4 +1,4 @@
-"""``rao run --plan`` checked on CPU (issue 18): placement, vLLM and trainer commands, memory per GPU and
+"""``rao run --plan`` checked on CPU: placement, vLLM and trainer commands, memory per GPU and
 what does not fit, for 1 and 8 GPUs of the shipped GPU configs."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_eight_gpu_plan_of_the_shipped_config():
 
 
 def test_the_plan_shows_the_rollout_shards_workers_and_replicas():
-    """``rao run --plan`` says where the rollouts run (issue 28): one process for backend local; for backend ray
+    """``rao run --plan`` says where the rollouts run: one process for backend local; for backend ray
     the shards (whole groups, split as tasks.rollouts.plan_shards splits them), the workers and retries."""
     from infra.plan import build_plan, format_plan
 
@@ -174,7 +174,7 @@ def test_a_plan_without_a_gpu_names_the_missing_option(monkeypatch):
 
 
 def test_the_plan_prints_the_asynchronous_layout():
-    # issue 40, item 4: with algo.max_staleness >= 1 the plan says which GPUs serve and which train in a step
+    # with algo.max_staleness >= 1 the plan says which GPUs serve and which train in a step
     from infra.plan import build_plan, format_plan
 
     text = format_plan(build_plan(_cfg(GPU8, "algo.max_staleness=1"), 8, 80, config_name=GPU8))

@@ -1,4 +1,4 @@
-"""The local Ray head of ``rao services up --ray`` listens on loopback only (issue 43, item 1).
+"""The local Ray head of ``rao services up --ray`` listens on loopback only.
 
 Ray takes "127.0.0.1" to mean "this machine" and registers the node under the host's network address, where its
 servers (and a replica's vLLM server, which listens on its node's address) are reachable from the network; the

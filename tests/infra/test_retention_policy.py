@@ -1,5 +1,5 @@
 """The default retention policy (``checkpoints``: keep_last 1, optimizer_state latest, local_copies none) on a
-real S3 server (SeaweedFS), issue 27 item 1: the warm start, the champion and the newest checkpoint stay on
+real S3 server (SeaweedFS): the warm start, the champion and the newest checkpoint stay on
 S3, only the newest keeps its optimizer state, local copies go once their upload is verified, and a stage that
 needs a removed local checkpoint fetches it back (with the tiny model: the train stage of the next iteration
 continues from the fetched parent's optimizer state)."""

@@ -106,7 +106,7 @@ def test_services_cli_up_status_down_leaves_nothing(tmp_path):
 @pytest.mark.services
 @pytest.mark.timeout(900)
 def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(tmp_path):
-    """``rao services up --ray`` starts a local Ray head (issue 28) with the CPUs and object store asked for; a
+    """``rao services up --ray`` starts a local Ray head with the CPUs and object store asked for; a
     process that takes the services' environment (as ``rao run`` does) joins it with ``execution.ray_address:
     auto``; ``rao services down`` stops every process of the head's group."""
     import json

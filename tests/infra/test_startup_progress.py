@@ -1,4 +1,4 @@
-"""No silent start (issue 27, item 2): a starting vLLM server's phases come from its log, with a line at least
+"""No silent start: a starting vLLM server's phases come from its log, with a line at least
 every ``heartbeat_s`` between them, and its compile cache lives under ``$RAO_HOME``. No server is started."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Execution trees as MLflow traces, read back from a real SQLite tracking store (issue 17, item 6).
+"""Execution trees as MLflow traces, read back from a real SQLite tracking store.
 
 A trace is ERROR only for an infrastructure failure (the trees judging leaves unscored); a wrong answer
 or a step limit is OK with its end reason and verifier value; every turn is a span under its node's span,
@@ -129,7 +129,7 @@ def test_experiment_opens_in_the_model_training_view(client):
 
 
 def test_a_cell_is_a_fenced_code_block_that_its_own_backticks_cannot_close():
-    """Issue 42: a cell with `# comment` lines and a markdown string inside stays one code block."""
+    """A cell with `# comment` lines and a markdown string inside stays one code block."""
     from infra.tracking import _fenced
 
     cell = "# count the planks\nx = '```'\n    print(x)"

@@ -1,10 +1,10 @@
-"""The README's Prefect workflow end to end (issue 17): on a real Prefect server started by ``rao services up
+"""The README's Prefect workflow end to end: on a real Prefect server started by ``rao services up
 --prefect-server``, ``rao deploy`` and the worker command it prints, the ``campaign`` deployment runs a cheap
 campaign (tiny model, 1 iteration) to COMPLETED, then the ``nightly-evaluation`` deployment, under another
 name, evaluates the checkpoint that campaign registered (fetched by its own S3 URI) to COMPLETED with the
 deployment's default parameters (the config's own evaluation: the champion, the same version, evaluated in the
 same run on the same tasks, >= 1 metric compared by the paired test, the table saying they are one checkpoint);
-the next nightly pairs with the champion's stored outcomes and evaluates the candidate only (issue 42). A worse
+the next nightly pairs with the champion's stored outcomes and evaluates the candidate only. A worse
 candidate failing is tests/pipeline/test_nightly_decision.py (the tiny model solves nothing, so no real
 checkpoint here can be worse than another).
 

@@ -10,7 +10,7 @@ from rao_core.judge.prompting import render_result, summarize_cells
 from rao_core.judge.stage import judge_inputs
 from tests.judge.conftest import node, tree
 
-#: Version of each shipped prompt (v2: the issue-37 failure rules).
+#: Version of each shipped prompt (v2: the failure rules of forwarding and unused children).
 VERSIONS = {"textcraft-synth": 1, "oolong": 2, "deepdive": 2, "arte": 2, "default": 2}
 
 
@@ -81,7 +81,7 @@ def test_judge_inputs_respect_include_cells(tmp_path):
     assert cells == "(not shown)" and "print(1)" not in msgs[1]["content"]
 
 
-def _issue37_tree(env: str):
+def _forwarding_tree(env: str):
     """p asks the question; n works on a part with a regex, hits the depth limit once and delegates once."""
     cells = [("import re\nprint(len(re.findall(r'Vex rolls', context)))", "7"),
              ("r = await launch_subagent('deeper')", "ToolError: launch_subagent refused: maximum depth 2 reached")]
@@ -90,7 +90,7 @@ def _issue37_tree(env: str):
                       node("k", "n", depth=2, goal="CHILD-GOAL: count the rolls in half of chunk 1")])
 
 
-#: Each issue-37 rule: the words the system message must hold, per prompt.
+#: Each v2 failure rule: the words the system message must hold, per prompt.
 FORWARDING = ("only forwarded its task", "its own goal unchanged", "returned its parent's goal or question")
 RULES = {
     "oolong": FORWARDING + ("string matching, regex or keyword counting", "re.findall",
@@ -102,10 +102,10 @@ RULES = {
 
 
 @pytest.mark.parametrize("env", sorted(RULES))
-def test_prompts_state_the_issue_37_failure_rules_and_show_their_inputs(env):
+def test_prompts_state_the_v2_failure_rules_and_show_their_inputs(env):
     """The system message states each rule as a "no" criterion; the user message shows what applying them
     needs: the parent's goal, the delegated goals and the cells (the regex call, the refused launch)."""
-    t = _issue37_tree(env)
+    t = _forwarding_tree(env)
     p = load_prompt(env, DEFAULT_PROMPT_DIR)
     assert {"parent_goal", "subtasks", "cells"} <= p.placeholders
     msgs, goal, _, _ = judge_inputs(t.node("n"), p, JudgeConfig(), tree=t)
@@ -123,7 +123,7 @@ def test_prompts_state_the_issue_37_failure_rules_and_show_their_inputs(env):
 
 
 def test_tree_fields_of_a_root_and_a_leaf():
-    t = _issue37_tree("oolong")
+    t = _forwarding_tree("oolong")
     p = load_prompt("oolong", DEFAULT_PROMPT_DIR)
     root = judge_inputs(t.root, p, JudgeConfig(), tree=t)[0][1]["content"]
     leaf = judge_inputs(t.node("k"), p, JudgeConfig(), tree=t)[0][1]["content"]
@@ -135,14 +135,14 @@ def test_tree_fields_of_a_root_and_a_leaf():
 
 
 def test_a_prompt_without_the_new_fields_renders_as_before(tmp_path):
-    """A prompt written before issue 37 (goal, result, cells only) renders unchanged and keeps its key."""
+    """A v1 prompt (goal, result, cells only) renders unchanged and keeps its key."""
     _write(tmp_path, "=== system ===\nS\n=== user ===\nG={{goal}} R={{result}} C={{cells}}")
-    t = _issue37_tree("x")
+    t = _forwarding_tree("x")
     p = load_prompt("x", tmp_path)
     msgs, goal, result, cells = judge_inputs(t.node("n"), p, JudgeConfig(), tree=t)
     assert msgs[1]["content"] == f"G=NODE-GOAL: count the rolls in chunk 1 R=7 C={cells}"
     assert goal == "NODE-GOAL: count the rolls in chunk 1" and result == "7"
     # the TextCraft prompt uses none of the tree fields: its cache key does not depend on the tree
-    t = _issue37_tree("textcraft-synth")
+    t = _forwarding_tree("textcraft-synth")
     p = load_prompt("textcraft-synth", DEFAULT_PROMPT_DIR)
     assert judge_inputs(t.node("n"), p, JudgeConfig(), tree=t)[1:] == judge_inputs(t.node("n"), p, JudgeConfig())[1:]

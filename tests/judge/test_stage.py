@@ -331,7 +331,7 @@ def yes(body, _idx):
 
 
 async def test_a_node_that_forwards_its_goal_is_failed_by_rule(config):
-    """Issue 37: a forwarded its whole goal to its only child, so s(a) = 0 without a request and a earns r
+    """A forwarded its whole goal to its only child, so s(a) = 0 without a request and a earns r
     no delegation bonus; b (a strict part) and c (two sub-agents) go to the judge as before."""
     with FakeOpenAI(yes) as srv:
         out, stats = await judge_trees([forwarding_tree()], "oolong", config.model_copy(
@@ -366,7 +366,7 @@ async def test_forwarding_rule_spares_roots_verifiers_and_the_ablation(config):
 
 
 async def test_judge_sees_the_parent_goal_the_subtasks_and_the_cells(config):
-    """The fake judge answers no only when it is shown what the issue-37 rules need (the regex in the cells,
+    """The fake judge answers no only when it is shown what the v2 failure rules need (the regex in the cells,
     the parent's goal, the delegated goal); its verdict is parsed as before."""
     t = tree("oolong", [
         node("r", None, verifier=1.0, goal="PARENT-QUESTION: how many rolls?"),

@@ -1,4 +1,4 @@
-"""Asynchronous RL in the campaign flow (issue 40, item 3): real vLLM (tiny model), SeaweedFS, MLflow (SQLite),
+"""Asynchronous RL in the campaign flow: real vLLM (tiny model), SeaweedFS, MLflow (SQLite),
 Prefect. A campaign with ``algo.max_staleness: 1`` is interrupted in the middle of an overlapped pair (iteration 2
 training while iteration 1 is evaluated and iteration 3 generated) and resumed: each iteration's trees are
 generated once, each checkpoint trained once, no MLflow (run, metric, step) twice, and the trees and samples

@@ -195,7 +195,7 @@ def test_killed_campaign_resumes_without_redoing_work(campaign_env, tiny_model_p
 
 def test_nightly_evaluation_pairs_the_champion_on_the_same_tasks(campaign_env, tiny_model_path, vllm_tiny, monkeypatch):
     """Candidate = champion (one version): the champion has no stored evaluation, so the nightly evaluates it in
-    the same run on the same tasks, decides by the paired test (issue 42; the old rule compared the candidate's
+    the same run on the same tasks, decides by the paired test (the old rule compared the candidate's
     point estimate with the champion's tag), says they are one checkpoint, and stores both outcome sets.
     A worse candidate failing is tests/pipeline/test_nightly_decision.py (a seeded fake evaluation)."""
     import mlflow

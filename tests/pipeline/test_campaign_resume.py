@@ -1,4 +1,4 @@
-"""Campaigns that resume correctly (issue 26): real vLLM (tiny model), SeaweedFS, MLflow (SQLite), Prefect.
+"""Campaigns that resume correctly: real vLLM (tiny model), SeaweedFS, MLflow (SQLite), Prefect.
 
 - A finished campaign re-run (in the flow, and by ``rao run``) returns its stored summary at once: no server,
   no MLflow point added. A campaign interrupted between stages and resumed logs each (run, metric, step)
@@ -106,7 +106,7 @@ def test_a_finished_campaign_reruns_in_seconds_and_an_interrupted_one_logs_each_
 
 def test_a_killed_vllm_fails_generation_naming_it_and_the_rerun_completes_the_iteration(
         campaign_env, tiny_model_path):
-    """The dead-server drill of issue 26 with the campaign's own vLLM (tiny model)."""
+    """The dead-server drill with the campaign's own vLLM (tiny model)."""
     from infra.storage import ArtifactStore, S3Settings
     from rao_core.tree import read_trees
 
@@ -154,7 +154,7 @@ def test_a_nightly_that_compares_no_metric_fails_instead_of_reporting_ok(campaig
                                                                         monkeypatch):
     """The model has no champion (a version was registered, never promoted): nothing can be compared, so the
     flow run fails with ``NothingCompared`` naming it and what was measured, and its MLflow run is FAILED. (A
-    champion scored on other tasks than the suite is no longer a case: since issue 42 the champion is evaluated
+    champion scored on other tasks than the suite is no longer a case: the champion is evaluated
     on the suite's own tasks.)"""
     import mlflow
 

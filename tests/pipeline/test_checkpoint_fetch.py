@@ -1,4 +1,4 @@
-"""Checkpoints are fetched by their own S3 URI, whichever campaign made them (issue 17, item 2)."""
+"""Checkpoints are fetched by their own S3 URI, whichever campaign made them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 39 item 4: the depth-limited control (`rao experiment textcraft-nested-control`, tasks/studies.py): the
+"""The depth-limited control (`rao experiment textcraft-nested-control`, tasks/studies.py): the
 nested experiment's checkpoints on its own nest2 tasks with runtime.max_depth 1, paired by task with the
 record's trees at full depth. Planning errors through the command line before any server; the table by hand;
 end to end with the scripted expert that recurses in place of a served checkpoint."""
@@ -157,5 +157,5 @@ def test_control_end_to_end_with_the_recursing_expert(tmp_path):
     assert p["successes"] == 0 and p["misses"] == {"child_failed": 2} and p["end_reasons"] == {"context_overflow": 2}
     assert (tmp_path / p["trees_file"]).name == "recursive-it3-nest2-recursive.jsonl.gz"
     md = (tmp_path / "docs/results.md").read_text()
-    assert "## Depth-limited control (issue 39 item 4): `textcraft-nested-control`" in md
+    assert "## Depth-limited control: `textcraft-nested-control`" in md
     assert depth_control_markdown(r).splitlines()[-1] in md

@@ -137,7 +137,7 @@ def test_write_results_rewrites_only_its_own_section_and_logs_to_mlflow(tmp_path
 
 
 def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
-    """Issue 25: recursive vs single at the last iteration per difficulty, the seeded run's names and
+    """Recursive vs single at the last iteration per difficulty, the seeded run's names and
     overrides, the single arm's step limit, the side-by-side / pooled seeds table, the depth-1 columns."""
     from tasks.experiment import arm_tests, experiment_record, seeds_markdown
 
@@ -208,7 +208,7 @@ def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
     assert not any("max_steps" in o for o in arm_overrides("recursive", [], "m", None, single_max_steps=42))
 
 
-# -- issue 38: records a reader can audit ----------------------------------------------------------------------
+# -- records a reader can audit -------------------------------------------------------------------------------
 def _eval_trees(n: int, text_chars: int = 600) -> list:
     """``n`` delegating tier1x2-like trees (root + 2 children, 4 turns each, ~300 generated tokens per turn);
     the first three solved."""
@@ -293,7 +293,7 @@ def test_iteration_stats_from_the_logged_metrics():
 
 
 def test_record_has_per_point_audit_fields_training_and_stored_trees(tmp_path, monkeypatch):
-    """A campaign summary -> rows, training statistics and stored trees -> the record (issue 38)."""
+    """A campaign summary -> rows, training statistics and stored trees -> the record."""
     import mlflow
 
     from flows.experiment import _training, _trees
@@ -353,7 +353,7 @@ def test_record_has_per_point_audit_fields_training_and_stored_trees(tmp_path, m
     doc = (tmp_path / "docs/results.md").read_text()
     assert "tokens per tree" in doc and "tokens per success" not in doc and "eval.seed 4321" in doc
     assert "Preregistered endpoint: arm recursive, tier1x2, recursive mode, iteration last against warm_start" in doc
-    # a record of a campaign evaluated before issue 38 still reads (tokens per solved task, no audit fields)
+    # a record of a campaign evaluated before audit fields existed still reads (tokens per solved task, no audit fields)
     old = experiment_record_of([dict(rows[1], tokens_per_success=900, per_task=None)])
     assert old["points"][0]["tokens_per_success"] == 900 and old["eval_seed"] is None and old["training"] == []
 
@@ -431,7 +431,7 @@ def test_the_flow_writes_the_audit_fields_from_the_campaign_summaries(tmp_path, 
 
 
 def test_the_outcome_arm_is_rao_without_its_credit_assignment():
-    """Issue 38 arm (b): recursive, every node scored by its root (root_proxy), no bonus, no depth weights."""
+    """The ablation's arm (b): recursive, every node scored by its root (root_proxy), no bonus, no depth weights."""
     out = arm_overrides("outcome", ["algo.G=2"], "rao-policy-x", "/ckpt")
     assert out == ["algo.G=2", "eval.modes=[recursive]", "judge.child_source=root_proxy", "algo.lam=0",
                    "algo.depth_weights=false", "model.registered_model=rao-policy-x-outcome",
@@ -475,7 +475,7 @@ def test_the_single_arm_can_build_its_own_warm_start(tmp_path, monkeypatch):
 
 
 def test_a_named_variant_has_its_own_record_and_campaigns(monkeypatch):
-    """Issue 40 item 6: `--name textcraft-tier1-async` (with algo.max_staleness=1) writes its own record and runs its
+    """`--name textcraft-tier1-async` (with algo.max_staleness=1) writes its own record and runs its
     own campaigns, per seed, so it overwrites neither the synchronous record nor resumes its campaigns."""
     import logging
 

@@ -1,4 +1,4 @@
-"""Fault drills of the pipeline's stages on real S3 (SeaweedFS) and real great-expectations (issue 16).
+"""Fault drills of the pipeline's stages on real S3 (SeaweedFS) and real great-expectations.
 
 - The flow killed during training: the train stage dies after uploading part of its checkpoint; nothing
   marks it done, the half-written folder is never read back (no manifest), a re-run trains again and

@@ -1,4 +1,4 @@
-"""A campaign started from the UI ends with its summary and MLflow link in its flow run (issue 42, item 3): the
+"""A campaign started from the UI ends with its summary and MLflow link in its flow run: the
 ``<campaign>-summary`` markdown artifact, and a re-run of a complete campaign names the form's fields (not
 ``rao run``'s flags) and where that summary is."""
 
@@ -68,7 +68,7 @@ def test_the_summary_artifact_is_written_in_a_flow_run_only(monkeypatch):
 
 
 def test_learning_curve_ticks_are_whole_iterations(monkeypatch):
-    """Two points (iterations 0 and 1) drew ticks at 0.0, 0.2, ... 1.0 (issue 42)."""
+    """Two points (iterations 0 and 1) drew ticks at 0.0, 0.2, ... 1.0."""
     from types import SimpleNamespace
 
     from tasks import tracking

@@ -1,4 +1,4 @@
-"""What the Prefect run forms show (issue 42, item 3: found in a real browser): numeric fields as plain number
+"""What the Prefect run forms show (found in a real browser): numeric fields as plain number
 inputs whose help names the config's value (they showed `int | None` toggles failing with `Property is type
 "None"`), the campaign-name rule checked as it is typed, and the nightly form's texts without RST backticks or
 internal function names."""

@@ -1,5 +1,5 @@
-"""Infrastructure failures fail the stage that saw them, naming their cause, and leave no completion marker
-(issue 26, item 2): the share rule on fabricated trees, and the generate stage against a policy server that
+"""Infrastructure failures fail the stage that saw them, naming their cause, and leave no completion marker:
+the share rule on fabricated trees, and the generate stage against a policy server that
 is gone (a killed process standing for the campaign's vLLM, nothing listening on its port) on real S3.
 
 The drill with the real vLLM killed mid-generation, then resumed, is in ``test_campaign_resume.py``.
@@ -95,7 +95,7 @@ def test_a_generate_stage_whose_server_died_fails_naming_it_and_writes_no_marker
 
 
 def test_a_dead_server_below_the_share_is_named_once_the_stage_passes():
-    """Issue 43, item 3: trees ended ``policy_error`` because a server died, the stage goes on; one warning names
+    """Trees ended ``policy_error`` because a server died, the stage goes on; one warning names
     the dead server (or replica), and none is made when every server runs or no tree ended policy_error."""
     from tasks import serve
 

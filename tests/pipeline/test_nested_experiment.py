@@ -1,4 +1,4 @@
-"""Issue 39 item 3: ``rao experiment textcraft-nested`` (train on nest1, trees of depth 1; evaluate on nest1 and
+"""``rao experiment textcraft-nested`` (train on nest1, trees of depth 1; evaluate on nest1 and
 nest2, depth 2): its config, its command, its plan, and what its record, tables and plots say per depth, from
 hand-built trees of depth 2 (no services)."""
 

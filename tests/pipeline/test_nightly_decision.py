@@ -1,7 +1,7 @@
 """The nightly regression flow (flows/evaluate.py) on a seeded fake evaluation: no vLLM, no Prefect API, an
 SQLite MLflow registry. The fake evaluates ``n_tasks`` tasks whose success probabilities are drawn once per
 task (seed 7); each evaluation is a fresh Bernoulli draw of them, so two evaluations of one checkpoint differ as
-they do on the CPU server (issue 42: the same version scored 0.25, 0.50 and 0.125 on the same 8 tasks)."""
+they do on the CPU server (the same version scored 0.25, 0.50 and 0.125 on the same 8 tasks)."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def test_rao_evaluate_prints_n_intervals_p_and_the_same_checkpoint(nightly):
 
 
 def test_the_prefect_ui_shows_the_passing_and_the_failing_nightly(nightly, prefect_harness, monkeypatch):
-    """Issue 42 item 4: the nightly as a real Prefect flow run (the test harness's API, which the UI reads), on the
+    """The nightly as a real Prefect flow run (the test harness's API, which the UI reads), on the
     seeded fake evaluation. An unchanged checkpoint's run completes and its artifacts show n, the Wilson intervals,
     the test with its p, 'ok' and that candidate and champion are one checkpoint; a clearly worse candidate's run
     FAILS and the same artifacts show 'regression' and the verdict. Read back through Prefect's API, as the UI does."""

@@ -1,4 +1,4 @@
-"""One path per capability (issue 15, item 1): the pipeline's task sets, evaluation and warm start are the
+"""One path per capability: the pipeline's task sets, evaluation and warm start are the
 library's, so they cannot drift apart. No services: direct calls of the stage bodies with scripted policies."""
 
 from __future__ import annotations

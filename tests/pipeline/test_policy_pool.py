@@ -1,4 +1,4 @@
-"""A pool of policy servers (issue 28, item 2): ``serving.replicas`` / ``serving.base_urls``, every tree pinned to
+"""A pool of policy servers: ``serving.replicas`` / ``serving.base_urls``, every tree pinned to
 one replica, trees spread by load, a checkpoint switch that reaches every replica, a replica lost mid-run.
 
 Fake OpenAI-compatible servers (:class:`FakeVLLM`, in this process, stdlib HTTP) stand for vLLM: they answer

@@ -1,4 +1,4 @@
-"""Policy server replicas placed by Ray (issue 28, item 2; ``infra/ray_serving.py``), on a real local Ray cluster.
+"""Policy server replicas placed by Ray (``infra/ray_serving.py``), on a real local Ray cluster.
 
 The replicas' servers are fake vLLM processes (``tests/pipeline/fake_vllm_main.py``, run through a stand-in
 python given as ``RAO_VLLM_PYTHON``), started by the replicas' Ray actors in the actors' own processes: the

@@ -1,4 +1,4 @@
-"""Rollouts beyond one process (issue 28, phase 1): the generate stage's groups as shards on a real local Ray
+"""Rollouts beyond one process: the generate stage's groups as shards on a real local Ray
 cluster, with a scripted policy (no vLLM).
 
 - shards keep groups whole, and every tree's task and sampling seed do not depend on the shard count;
@@ -209,7 +209,7 @@ def test_the_endpoint_policy_sends_the_request_seed_to_the_server():
 
 
 def test_a_lost_shard_is_named_with_its_worker_and_the_retry():
-    """Issue 43, item 4: the pipeline's line for a shard whose worker was lost (the drill below checks it on a
+    """The pipeline's line for a shard whose worker was lost (the drill below checks it on a
     real cluster)."""
     from tasks.rollouts import Shard, lost_line
 
@@ -319,7 +319,7 @@ def test_the_ray_backend_evaluates_as_the_local_backend(ray_cluster, s3_server, 
     for name, over in (("ev-local", {}), ("ev-ray", {"execution.backend": "ray", "execution.shards": 2})):
         ctx = _ctx(name, s3_server, tmp_path / name, monkeypatch, **ev, **over)
         out[name] = (ctx, stages.run_evaluation(ctx, _served(), str(TINY), 1))
-    def timeless(rows):  # the stored trees (issue 38) carry timings too: compared by their nodes' outcomes
+    def timeless(rows):  # the stored trees carry timings too: compared by their nodes' outcomes
         return [{**{k: v for k, v in r.items() if "wall" not in k and k != "trees"},
                  "trees": sorted((t["task_id"], [(n["node_id"], n["end_reason"], n.get("verifier"))
                                                  for n in t["nodes"]]) for t in r.get("trees", []))} for r in rows]
@@ -349,7 +349,7 @@ def test_a_worker_killed_mid_shard_is_retried_and_its_trees_written_once(ray_clu
     worker process, which regrows all its trees (same seeds) and writes the shard's object; the stage reads
     exactly the 2 shards' objects: 8 trees, each (task, rollout) once, each shard's from one worker, not the
     killed one; the killed attempt's scratch folder (its REPLs' work folders) is gone. The pipeline says so in
-    one line naming the shard, the lost worker (pid and node) and the retry (issue 43, item 4), and Ray's own
+    one line naming the shard, the lost worker (pid and node) and the retry, and Ray's own
     "(raylet)" line reaches the piped output without colour codes."""
     import logging
     import re

@@ -1,4 +1,4 @@
-"""Registry (issue 17): each campaign registers under its own model name unless the config names a fixed
+"""Registry: each campaign registers under its own model name unless the config names a fixed
 one; each version is linked to the run holding its own evaluation metrics and describes its checkpoint;
 an iteration that changed no weight registers no new version."""
 

@@ -1,5 +1,5 @@
 """A failed, crashed or cancelled Prefect flow run leaves no MLflow run RUNNING; flow runs are named after
-the campaign and iteration and linked to their MLflow runs (issue 17, item 4)."""
+the campaign and iteration and linked to their MLflow runs."""
 
 from __future__ import annotations
 

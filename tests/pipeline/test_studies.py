@@ -1,4 +1,4 @@
-"""Issue 38 items 4 and 5: the checkpoint studies of tasks/studies.py (generalisation, wall-clock).
+"""The checkpoint studies of tasks/studies.py (generalisation, wall-clock).
 
 `rao experiment textcraft-generalisation` / `textcraft-wallclock`: pure parts by hand-made points; the planning's
 errors through the command line before any server starts; both studies end to end with the scripted TextCraft
@@ -150,7 +150,7 @@ def test_markdown_and_plot_from_a_record(tmp_path):
            "points": [_gen_point("recursive", 2, 100, 56, 0.46, 0.65, {"window": 44}),
                       _gen_point("recursive", 3, 100, 20, 0.13, 0.29, {"child_failed": 80})]}
     md = generalisation_markdown(rec, img="img/x.png")
-    assert md.startswith("## Generalisation (issue 38 item 4): `textcraft-generalisation-seed1`\n")
+    assert md.startswith("## Generalisation: `textcraft-generalisation-seed1`\n")
     assert "wall time 10.0 min" in md and "![success vs K" in md and "| recursive | 3 | 100 | 0.20 |" in md
     assert "Incomplete" not in md and "Incomplete" in generalisation_markdown({**rec, "complete": False})
     png = generalisation_png(rec["points"], tmp_path / "g.png")
@@ -158,11 +158,11 @@ def test_markdown_and_plot_from_a_record(tmp_path):
     wall = {**rec, "experiment": "textcraft-wallclock", "tree_timeout_s": 1800.0,
             "points": [_wall_point("gather", 2, 20.0), _wall_point("sequential", 2, 50.0)]}
     md = wallclock_markdown(wall)
-    assert md.startswith("## Wall-clock, one tree at a time (issue 38 item 5): `textcraft-wallclock`\n")
+    assert md.startswith("## Wall-clock, one tree at a time: `textcraft-wallclock`\n")
     assert "| 2 | 20.0 / 50.0 / - | 2.50x | - |" in md
     # a seed's study has its own section: no title is a prefix of another (replace_section finds its own)
     assert wallclock_markdown({**wall, "experiment": "textcraft-wallclock-seed1"}).startswith(
-        "## Wall-clock, one tree at a time (issue 38 item 5): `textcraft-wallclock-seed1`\n")
+        "## Wall-clock, one tree at a time: `textcraft-wallclock-seed1`\n")
 
 
 # -- planning: one clear error before any server -----------------------------------------------------------
@@ -307,7 +307,7 @@ def test_generalisation_end_to_end_with_the_scripted_expert(tmp_path):
     assert all((tmp_path / p["trees_file"]).exists() for p in r["points"])
     assert (tmp_path / "docs/img/textcraft-generalisation.png").exists()
     md = (tmp_path / "docs/results.md").read_text()
-    assert "## Generalisation (issue 38 item 4): `textcraft-generalisation`" in md
+    assert "## Generalisation: `textcraft-generalisation`" in md
     assert "| single | 3 | 2 | 0.00 |" in md
     assert any(s.startswith("evaluating arm single, 2 tier1x3 tasks") for s in said)
 
@@ -334,7 +334,7 @@ def test_wallclock_end_to_end_with_the_scripted_expert(tmp_path):
     # a root and all its children at the largest K find their REPLs started (gathering is not charged start-ups)
     assert all(j.runtime.repl_pool_size == 4 for run in plan.runs for j in run.jobs)
     md = (tmp_path / "docs/benchmarks.md").read_text()
-    assert "## Wall-clock, one tree at a time (issue 38 item 5): `textcraft-wallclock`" in md
+    assert "## Wall-clock, one tree at a time: `textcraft-wallclock`" in md
     assert "| K | median tree wall" in md
 
 

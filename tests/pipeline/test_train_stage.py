@@ -165,7 +165,7 @@ def test_killed_child_is_reported_as_killed_not_as_its_last_metric_line(tmp_path
 
 
 def test_the_training_child_reports_its_phases_and_a_line_when_it_is_silent(tmp_path, monkeypatch):
-    """No silent minute while the trainer loads (issue 27, item 2): each phase the child writes becomes a line,
+    """No silent minute while the trainer loads: each phase the child writes becomes a line,
     and a child that writes nothing for ``heartbeat_s`` gets a "still ..." line naming its last phase. The child
     is a small script standing in for ``rao train`` (same protocol: JSON lines in the metrics file)."""
     import sys
@@ -211,7 +211,7 @@ def test_the_training_child_reports_its_phases_and_a_line_when_it_is_silent(tmp_
 
 
 def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_path, monkeypatch, progress_recorder):
-    """Issue 27, item 4: every advantage 0 -> no optimizer step; the train-progress artifact still appears,
+    """Every advantage 0 -> no optimizer step; the train-progress artifact still appears,
     complete, saying "no update" (it used to be missing, as if the stage had not run)."""
     from tasks import stages
 

@@ -1,4 +1,4 @@
-"""What the user sees of a running campaign (issue 17): one artifact-key pattern, progress artifacts in the
+"""What the user sees of a running campaign: one artifact-key pattern, progress artifacts in the
 Prefect UI, no vLLM server left behind by a cancelled or crashed flow, and the campaign form's name."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_artifact_key_refuses_an_empty_name():
 
 
 def test_every_stage_artifact_uses_artifact_key():
-    """No artifact key is spelled by hand any more (the three shapes of issue 17, item 7): every
+    """No artifact key is spelled by hand any more (the three hand-spelled shapes there were): every
     ``create_*_artifact`` call and every ``ProgressArtifact`` gets its key from ``artifact_key``."""
     import re
     from pathlib import Path
@@ -360,7 +360,7 @@ def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
 def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch, progress_recorder):
     """`rao run` piped prints no bar: the warm start (minutes on CPU) logs a line per tenth of its 32
     demonstration trees (every 3, and the last) and per SFT step (fewer than 20: each), with the step's loss.
-    The UI sees the same phases as two progress artifacts (issue 42: the Logs tab was the only sign of life for
+    The UI sees the same phases as two progress artifacts (the Logs tab was the only sign of life for
     ~20 min), the demonstrations' shown at 0 before the first tree, each fed every unit."""
     from pathlib import Path
     from types import SimpleNamespace
@@ -424,7 +424,7 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch, progress_re
 
 
 def test_the_end_of_run_table_has_every_stage_and_sums_to_the_wall_time():
-    """Issue 27, item 3: one table for the whole `rao run`: make's set-up check, start-up, Prefect's API, every
+    """One table for the whole `rao run`: make's set-up check, start-up, Prefect's API, every
     stage of the flow (warm start, first vLLM start, base evaluation, iterations, retention, ...) and Prefect's
     end; the rows are consecutive intervals, so their sum is the wall time from make's start to the table."""
     from rao_cli import pipeline_cmd
@@ -472,7 +472,7 @@ def test_an_iterations_row_names_its_stages_and_what_they_leave_out():
 
 
 def test_the_forms_optional_text_fields_are_plain_text_with_empty_meaning_the_configs():
-    """Issue 27, item 4: the text fields of the campaign, evaluation and experiment forms are strings (no
+    """The text fields of the campaign, evaluation and experiment forms are strings (no
     "None" toggle to click before typing); empty, or None from the CLI, means the config's value as before."""
     from prefect.utilities.callables import parameter_schema
 

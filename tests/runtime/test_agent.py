@@ -237,7 +237,7 @@ async def test_run_trees_groups(tok):
 class SlowPolicy(Policy):
     """Finishes after 0.2 s; counts the trees whose first turn is in flight at once. With ``wait_for`` = n each
     call also waits (up to 60 s) until n calls are in flight together, so a peak of n does not depend on how fast
-    a loaded machine starts the trees' REPLs (issue 42: peak 4 of 6 at load); a runtime that let fewer than n
+    a loaded machine starts the trees' REPLs (peak 4 of 6 at load); a runtime that let fewer than n
     run at once would show that smaller peak after the timeout."""
 
     def __init__(self, wait_for: int | None = None):
@@ -260,9 +260,9 @@ class SlowPolicy(Policy):
 
 
 async def test_max_concurrent_trees_gates_trees_and_their_clocks(tok):
-    """At most max_concurrent_trees trees grow at once (issue 25), and a queued tree's clock (``wall_s``,
+    """At most max_concurrent_trees trees grow at once, and a queued tree's clock (``wall_s``,
     ``tree_timeout_s``) starts when the tree starts, not when it was queued. Asserted as an ordering, not a
-    wall-clock ratio (issue 42: "a tree's wall time < half the elapsed time" failed on a machine at load 6-7).
+    wall-clock ratio ("a tree's wall time < half the elapsed time" failed on a machine at load 6-7).
     A tree's clock ends when run_trees reports it (``progress``, called as the tree leaves the gate, before a
     queued tree can start), so it started at that instant minus its ``wall_s``: each tree of a later wave must
     start after an earlier tree ended, and at most 2 root nodes run whenever one starts. Had the clocks started

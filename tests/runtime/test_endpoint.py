@@ -183,7 +183,7 @@ class _DyingServer:
 
 
 async def test_policy_server_dying_mid_generation_fails_only_the_trees_it_was_serving(tok):
-    """Drill (issue 16): vLLM killed mid-generation. The trees waiting on it end POLICY_ERROR within the
+    """Drill: vLLM killed mid-generation. The trees waiting on it end POLICY_ERROR within the
     client's bounded retries, no exception escapes ``run_trees``, the judge leaves them unscored (not 0),
     and the trees that had finished are intact and make the iteration's samples."""
     from rao_core.judge import JudgeConfig

@@ -1,4 +1,4 @@
-"""The REPL pool leaves no process and no work folder behind, whatever is cancelled when (issue 16, item 4).
+"""The REPL pool leaves no process and no work folder behind, whatever is cancelled when.
 
 Each test points ``tempfile`` at its own folder, so a leftover ``rao-repl-*`` folder or a process whose
 command line or working directory mentions that folder can only come from the test itself.
@@ -83,7 +83,7 @@ def cfg(**kw) -> RuntimeConfig:
 
 
 async def test_roots_that_finish_at_once_leave_nothing(tok, tmpdir_for_repls):
-    """The issue's case: the pool is still pre-starting REPLs when run_tree returns."""
+    """The racing case: the pool is still pre-starting REPLs when run_tree returns."""
     for _ in range(3):
         await run_tree(FakeEnv(), task(), ReplayPolicy(default=[cell("finish(1)")]), cfg(), tokenizer=tok)
     assert await _settled_leftovers(tmpdir_for_repls) == ([], [])

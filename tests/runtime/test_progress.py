@@ -1,4 +1,4 @@
-"""Progress of long loops (issue 17): rich's bar only on a terminal, and the callback that the Prefect tasks
+"""Progress of long loops: rich's bar only on a terminal, and the callback that the Prefect tasks
 turn into a progress artifact (rao_core.progress, run_trees)."""
 
 from __future__ import annotations

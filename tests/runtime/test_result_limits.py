@@ -1,7 +1,7 @@
-"""Results crossing from a child to its parent or into a tree record are bounded and well-formed (issue 16,
-item 3): size and nesting limits give a clear ToolError in the child (and are enforced again by the
-orchestrator when model code bypasses the REPL's check); NaN/inf are refused; one bad tree record never
-takes the other trees of a file with it."""
+"""Results crossing from a child to its parent or into a tree record are bounded and well-formed: size
+and nesting limits give a clear ToolError in the child (and are enforced again by the orchestrator when model
+code bypasses the REPL's check); NaN/inf are refused; one bad tree record never takes the other trees of a
+file with it."""
 
 from __future__ import annotations
 

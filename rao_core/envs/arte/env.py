@@ -94,7 +94,7 @@ class ArteEnv(Environment):
 
     name = "arte"
     #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
-    #: the authors' ART-E reward processor (issue 37: ApGa/platoon 01fcd20 plugins/email-search/platoon/email_search/train_scripts/areal/train_areal.py).
+    #: the authors' ART-E reward processor (ApGa/platoon 01fcd20 plugins/email-search/platoon/email_search/train_scripts/areal/train_areal.py).
     delegation_cap = 0.4
     difficulties = DIFFICULTIES
 

@@ -93,7 +93,7 @@ class DeepDiveEnv(Environment):
 
     name = "deepdive"
     #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
-    #: the authors' DeepDive reward processor gives no bonus (issue 37: ApGa/platoon 01fcd20 plugins/deepdive train_areal.py).
+    #: the authors' DeepDive reward processor gives no bonus (ApGa/platoon 01fcd20 plugins/deepdive train_areal.py).
     delegation_cap = 0.0
     difficulties = (*DIFFICULTY_HOPS, "k<N>")
 

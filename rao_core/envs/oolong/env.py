@@ -25,7 +25,7 @@ class OolongEnv(Environment):
 
     name = "oolong"
     #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
-    #: the authors' Oolong reward processor (issue 37: ApGa/platoon 01fcd20 plugins/oolong train_areal.py).
+    #: the authors' Oolong reward processor (ApGa/platoon 01fcd20 plugins/oolong train_areal.py).
     delegation_cap = 0.4
     difficulties = (*QUESTION_TYPES, "mixed")
     exact_subtask_verifier = False

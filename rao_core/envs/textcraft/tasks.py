@@ -21,12 +21,12 @@ docs/environments.md): one or two targets of tier 1, each crafted straight from 
 recipe. It exists so that a 135M policy on a 2-core CPU succeeds some of the time after its warm start,
 which the paper's levels do not allow (docs/results.md); ids stay opaque and the verifier exact.
 ``tier1x<K>`` (K = 2..12; e.g. ``tier1x3``, ``tier1x6``) is the CPU-scale *delegation* shape, also NOT in
-the paper (project addition, issue 25, docs/environments.md): exactly K distinct tier-1 targets, each a
+the paper (project addition, docs/environments.md): exactly K distinct tier-1 targets, each a
 ``tier1``-sized sub-goal (one recipe from base materials, 1-3 units). The sub-goals are independent, so
 one sub-agent per target solves the root; with the experiment's small context window one node that
 crafts all K itself runs out of the window (measured in docs/environments.md, "The tier1xK shape").
 ``nest<L>`` (``nest1``, ``nest2``) is the CPU-scale *nested* shape, also NOT in the paper (project addition,
-issue 39, docs/environments.md "The nested shape"): one target of tier L+1 whose craftable ingredients are
+docs/environments.md "The nested shape"): one target of tier L+1 whose craftable ingredients are
 exactly ``NEST_BRANCHING`` (2) items, each a ``nest<L-1>`` sub-goal, where a ``nest0`` item is a tier-1 item
 (one recipe from base materials). So ``nest1`` is a tier-2 target made from two tier-1 items (and base
 materials): ``tier1x2`` with the parent's own craft on top; ``nest2`` is a tier-3 target made from two
