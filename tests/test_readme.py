@@ -20,10 +20,13 @@ def tree(*args: str) -> list[str]:
     return [ln.split()[0] for ln in out.stdout.splitlines() if ln.strip()]
 
 
-def test_first_lines_are_the_two_commands_and_ci_runs_the_test_command():
+def test_the_first_code_block_is_the_two_commands_and_ci_runs_the_test_command():
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert lines[0].split("#")[0].strip() == "make run"
-    assert lines[1].split("#")[0].strip() == "make test"
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("```"))
+    assert start <= 3, "the two commands come right after the title"
+    assert lines[start + 1].split("#")[0].strip() == "make run"
+    assert lines[start + 2].split("#")[0].strip() == "make test"
+    assert lines[start + 3] == "```"
     ci = (ROOT / ".ci/run").read_text()
     assert "make test" in ci
     make = (ROOT / "Makefile").read_text()
