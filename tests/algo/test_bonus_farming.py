@@ -257,10 +257,18 @@ async def test_idle_children_get_no_credit_for_what_the_root_crafts_while_they_r
     (a, na), (b, nb) = task.data["targets"].items()
     parts = [{a: na}, {b: nb}, {a: 1}]  # strict parts of the goal: bonus_exclusion credits each of them
     root = cell(f"kids = [asyncio.ensure_future(launch_subagent(p, 2)) for p in {parts!r}]\n"
-                "await asyncio.sleep(0)  # the launches reach the orchestrator before the crafts\n"
+                "await asyncio.sleep(1)  # the children start before the crafts\n"
                 f"{_crafts(task)}\nawait asyncio.gather(*kids)\nfinish('done')")
-    idle = [cell("print('hi')"), cell("finish('ok')")]
-    padded = await _grow(task, _scripts([root], {(a,): idle, (b,): idle}), "padded")
+    idle = [cell("await asyncio.sleep(3)  # alive while the root crafts\nprint('hi')"), cell("finish('ok')")]
+
+    def rose(tree) -> bool:  # the loophole's condition: the shared inventory rose by each target in its child's life
+        return all(k.env_info["end_counts"][i] - k.env_info["start_counts"][i] >= n
+                   for k in tree.nodes if k.depth == 1 for i, n in k.goal_args["targets"].items())
+
+    for _ in range(3):  # on a loaded machine a child may start after the crafts: grow the tree again
+        padded = await _grow(task, _scripts([root], {(a,): idle, (b,): idle}), "padded")
+        if rose(padded):
+            break
     direct = await _grow(task, _direct_policy(task), "direct")
 
     kids = [n for n in padded.nodes if n.depth == 1]
