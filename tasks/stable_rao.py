@@ -197,6 +197,37 @@ def run_check(config: str, overrides: Sequence[str], warm_start: Path, trees_fil
     return record
 
 
+def _adv(d: dict[str, float], depth: str) -> str:
+    return f"{d[depth]:+.2f}" if depth in d else "-"
+
+
+def check_markdown(record: dict[str, Any]) -> str:
+    """The record's table, one row per evaluated checkpoint: its arm, trainer seed, optimizer steps, training
+    samples (with signal), the mean advantage of solved nodes at depths 0 and 1 (Eq. 4 as the arm computes it),
+    held-out successes / n with the Wilson 95% interval, and McNemar's exact test against the warm start and
+    against the ``default`` arm of the same seed (tasks gained / lost, two-sided p)."""
+    cmp = {(c["checkpoint"], c["vs"]): c for c in record.get("comparisons", [])}
+    rows = ["| checkpoint | optimizer steps | samples (signal) | solved nodes' mean A, depth 0 / 1 | held-out "
+            "success [95% CI] | vs warm start: gained / lost, p | vs default: gained / lost, p |",
+            "|---|---|---|---|---|---|---|"]
+    for p in record.get("points", []):
+        label = p["checkpoint"]
+        tr = record.get("training", {}).get(label)
+        seed = label.rpartition("-s")[2]
+        steps = str(tr["optimizer_steps"]) if tr else "-"
+        samples = f"{tr['samples']} ({tr['signal_samples']})" if tr else "-"
+        adv = tr["mean_advantage_solved_per_depth"] if tr else {}
+        advs = f"{_adv(adv, '0')} / {_adv(adv, '1')}" if tr else "-"
+        ci = p["ci95"]
+        cells = []
+        for vs in ("warm_start", f"default-s{seed}"):
+            c = cmp.get((label, vs))
+            cells.append(f"+{c['up']} / -{c['down']}, p = {c['p_two_sided']:.3g}" if c else "-")
+        rows.append(f"| {label} | {steps} | {samples} | {advs} | {p['successes']:g}/{p['n']} [{ci[0]:.2f}, "
+                    f"{ci[1]:.2f}] | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tasks.stable_rao``: :func:`run_check` from the command line; exit 2 on bad input."""
     ap = argparse.ArgumentParser(prog="python -m tasks.stable_rao", description=__doc__.splitlines()[0])

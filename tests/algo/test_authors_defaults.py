@@ -79,3 +79,17 @@ def test_mcnemar_pairs_tasks_by_id_and_tests_the_discordant_ones():
     assert mcnemar({"a": 1.0}, {"a": 1.0})["p_two_sided"] == 1.0
     many = mcnemar({str(k): 1.0 for k in range(10)}, {str(k): 0.0 for k in range(10)})
     assert many["down"] == 10 and many["p_two_sided"] == pytest.approx(2 / 1024, abs=1e-6)
+
+
+def test_the_check_table_reads_every_figure_from_the_record():
+    from tasks.stable_rao import check_markdown
+
+    rec = {"points": [{"checkpoint": "warm_start", "successes": 97.0, "n": 100, "ci95": [0.9152, 0.9897]},
+                      {"checkpoint": "old-s0", "successes": 40.0, "n": 100, "ci95": [0.31, 0.50]}],
+           "training": {"old-s0": {"optimizer_steps": 12, "samples": 144, "signal_samples": 140,
+                                   "mean_advantage_solved_per_depth": {"0": 0.05, "1": -0.349}}},
+           "comparisons": [{"checkpoint": "old-s0", "vs": "warm_start", "up": 1, "down": 58, "p_two_sided": 1.2e-15}]}
+    lines = check_markdown(rec).splitlines()
+    assert lines[2] == "| warm_start | - | - | - | 97/100 [0.92, 0.99] | - | - |"
+    assert lines[3] == ("| old-s0 | 12 | 144 (140) | +0.05 / -0.35 | 40/100 [0.31, 0.50] | +1 / -58, p = 1.2e-15 "
+                        "| - |")
