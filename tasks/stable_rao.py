@@ -69,7 +69,7 @@ def mcnemar(first: dict[str, float | None], second: dict[str, float | None]) -> 
     up = sum(1 for k in keys if second[k] >= 1 and first[k] < 1)  # type: ignore[operator]
     down = sum(1 for k in keys if first[k] >= 1 and second[k] < 1)  # type: ignore[operator]
     p = float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
-    return {"paired_tasks": len(keys), "up": up, "down": down, "p_two_sided": round(p, 6)}
+    return {"paired_tasks": len(keys), "up": up, "down": down, "p_two_sided": float(f"{p:.4g}")}
 
 
 def _git_commit() -> str:
@@ -180,21 +180,28 @@ def run_check(config: str, overrides: Sequence[str], warm_start: Path, trees_fil
             "delegation_rate": row.delegation_rate, "end_reasons": row.end_reasons, "per_task": row.per_task,
             "per_depth": row.per_depth, "eval_s": round(time.monotonic() - t0, 1)})
         _save(record_path, record)
-    base = next((p for p in record["points"] if p["checkpoint"] == "warm_start"), None)
-    ref = {p["checkpoint"]: p for p in record["points"]}
-    record["comparisons"] = []
-    for p in record["points"]:
-        if p["checkpoint"] == "warm_start" or base is None:
-            continue
-        row = {"checkpoint": p["checkpoint"], "vs": "warm_start", **mcnemar(base["per_task"], p["per_task"])}
-        record["comparisons"].append(row)
-        arm, _, seed = p["checkpoint"].rpartition("-s")
-        other = ref.get(f"default-s{seed}")
-        if arm != "default" and other is not None:
-            record["comparisons"].append({"checkpoint": p["checkpoint"], "vs": other["checkpoint"],
-                                          **mcnemar(other["per_task"], p["per_task"])})
+    record["comparisons"] = comparisons(record)
     _save(record_path, record)
     return record
+
+
+def comparisons(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """McNemar's exact test (:func:`mcnemar`) of every trained checkpoint of ``record`` against the warm start,
+    and of every other arm's checkpoint against the ``default`` arm's of the same trainer seed (of seed 0 when
+    that seed's was not evaluated: with one optimizer step over the whole batch the seed orders micro-batches
+    only). Rows: checkpoint, vs, paired_tasks, up, down, p_two_sided."""
+    ref = {p["checkpoint"]: p for p in record.get("points", [])}
+    base, out = ref.get("warm_start"), []
+    for label, p in ref.items():
+        if label == "warm_start":
+            continue
+        if base is not None:
+            out.append({"checkpoint": label, "vs": "warm_start", **mcnemar(base["per_task"], p["per_task"])})
+        arm, _, seed = label.rpartition("-s")
+        other = ref.get(f"default-s{seed}") or ref.get("default-s0")
+        if arm != "default" and other is not None:
+            out.append({"checkpoint": label, "vs": other["checkpoint"], **mcnemar(other["per_task"], p["per_task"])})
+    return out
 
 
 def _adv(d: dict[str, float], depth: str) -> str:
@@ -220,9 +227,10 @@ def check_markdown(record: dict[str, Any]) -> str:
         advs = f"{_adv(adv, '0')} / {_adv(adv, '1')}" if tr else "-"
         ci = p["ci95"]
         cells = []
-        for vs in ("warm_start", f"default-s{seed}"):
-            c = cmp.get((label, vs))
-            cells.append(f"+{c['up']} / -{c['down']}, p = {c['p_two_sided']:.3g}" if c else "-")
+        for vs in ("warm_start", "default"):
+            c = cmp.get((label, vs)) or cmp.get((label, f"default-s{seed}")) or cmp.get((label, "default-s0"))
+            which = "" if vs == "warm_start" or c is None else f" ({c['vs']})"
+            cells.append(f"+{c['up']} / -{c['down']}{which}, p = {c['p_two_sided']:.2g}" if c else "-")
         rows.append(f"| {label} | {steps} | {samples} | {advs} | {p['successes']:g}/{p['n']} [{ci[0]:.2f}, "
                     f"{ci[1]:.2f}] | {cells[0]} | {cells[1]} |")
     return "\n".join(rows)

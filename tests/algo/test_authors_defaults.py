@@ -88,8 +88,19 @@ def test_the_check_table_reads_every_figure_from_the_record():
                       {"checkpoint": "old-s0", "successes": 40.0, "n": 100, "ci95": [0.31, 0.50]}],
            "training": {"old-s0": {"optimizer_steps": 12, "samples": 144, "signal_samples": 140,
                                    "mean_advantage_solved_per_depth": {"0": 0.05, "1": -0.349}}},
-           "comparisons": [{"checkpoint": "old-s0", "vs": "warm_start", "up": 1, "down": 58, "p_two_sided": 1.2e-15}]}
+           "comparisons": [{"checkpoint": "old-s0", "vs": "warm_start", "up": 1, "down": 58, "p_two_sided": 1.2e-15},
+                           {"checkpoint": "old-s0", "vs": "default-s0", "up": 0, "down": 50, "p_two_sided": 0.0123}]}
     lines = check_markdown(rec).splitlines()
     assert lines[2] == "| warm_start | - | - | - | 97/100 [0.92, 0.99] | - | - |"
     assert lines[3] == ("| old-s0 | 12 | 144 (140) | +0.05 / -0.35 | 40/100 [0.31, 0.50] | +1 / -58, p = 1.2e-15 "
-                        "| - |")
+                        "| +0 / -50 (default-s0), p = 0.012 |")
+
+
+def test_comparisons_pair_each_arm_with_the_warm_start_and_the_default_of_its_seed_or_seed_0():
+    from tasks.stable_rao import comparisons
+
+    pt = lambda label, outs: {"checkpoint": label, "per_task": dict(enumerate(outs))}  # noqa: E731
+    rec = {"points": [pt("warm_start", [1, 1, 1, 1]), pt("default-s0", [1, 1, 1, 0]), pt("old-s1", [0, 0, 0, 0])]}
+    rows = {(r["checkpoint"], r["vs"]): (r["up"], r["down"]) for r in comparisons(rec)}
+    assert rows == {("default-s0", "warm_start"): (0, 1), ("old-s1", "warm_start"): (0, 4),
+                    ("old-s1", "default-s0"): (0, 3)}
