@@ -275,6 +275,7 @@ def test_the_train_stage_logs_its_optimizer_steps_with_the_loss(tmp_path, monkey
     out = _run_zero_stage(tmp_path, monkeypatch, _samples())
     assert out.steps == 3
     assert [ln for ln in lines if "optimizer step" in ln] == [
+        "iteration 1 train: update 1 optimizer step per batch",  # the update budget, said before the steps
         "iteration 1 train: optimizer step 1/3, loss 0.5000", "iteration 1 train: optimizer step 2/3, loss 0.2500",
         "iteration 1 train: optimizer step 3/3, loss 0.1667"]
     assert made == {"stage-iter-1-train-progress": [(1, 3), (2, 3), (3, 3)]}
