@@ -236,6 +236,33 @@ def check_markdown(record: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def check_png(record: dict[str, Any], path: Path) -> Path:
+    """Held-out success of every evaluated checkpoint of ``record`` (bars, Wilson 95% interval as error bars) and
+    the share of its trees that delegated (dots), the warm start first; saved as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = record.get("points", [])
+    x = list(range(len(pts)))
+    succ = [p["success"] for p in pts]
+    err = [[p["success"] - p["ci95"][0] for p in pts], [p["ci95"][1] - p["success"] for p in pts]]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(x, succ, yerr=err, capsize=4, color=["#888888" if p["checkpoint"] == "warm_start" else "#4c72b0"
+                                                for p in pts], label="held-out success (95% CI)")
+    ax.plot(x, [p.get("delegation_rate") for p in pts], "o", color="#dd8452", label="trees that delegated")
+    ax.set_xticks(x, [p["checkpoint"] for p in pts])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(f"share of {pts[0]['n'] if pts else 0} tasks")
+    ax.set_title(f"one RL iteration from one warm start ({record.get('difficulty', '')})")
+    ax.legend(loc="center right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tasks.stable_rao``: :func:`run_check` from the command line; exit 2 on bad input."""
     ap = argparse.ArgumentParser(prog="python -m tasks.stable_rao", description=__doc__.splitlines()[0])

@@ -104,3 +104,15 @@ def test_comparisons_pair_each_arm_with_the_warm_start_and_the_default_of_its_se
     rows = {(r["checkpoint"], r["vs"]): (r["up"], r["down"]) for r in comparisons(rec)}
     assert rows == {("default-s0", "warm_start"): (0, 1), ("old-s1", "warm_start"): (0, 4),
                     ("old-s1", "default-s0"): (0, 3)}
+
+
+def test_the_check_plot_is_written_at_its_size(tmp_path):
+    import matplotlib.image
+
+    from tasks.stable_rao import check_png
+
+    rec = {"difficulty": "nest1", "points": [
+        {"checkpoint": "warm_start", "success": 0.97, "ci95": [0.92, 0.99], "n": 100, "delegation_rate": 0.99},
+        {"checkpoint": "old-s0", "success": 0.01, "ci95": [0.0, 0.05], "n": 100, "delegation_rate": 0.08}]}
+    img = matplotlib.image.imread(check_png(rec, tmp_path / "c.png"))
+    assert img.shape[:2] == (385, 770)  # 7 x 3.5 inches at 110 dpi
