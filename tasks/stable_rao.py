@@ -92,7 +92,8 @@ def run_check(config: str, overrides: Sequence[str], warm_start: Path, trees_fil
     """Train every (arm, seed) from ``warm_start`` on the shared ``trees_file`` and evaluate the warm start and
     every trained checkpoint on the same ``n`` held-out ``difficulty`` tasks (seed ``eval_seed``), one
     checkpoint at a time; the record (``record_path``, JSON) is written after every point and resumed from (a
-    point already in it, or a checkpoint already trained, is not redone).
+    point already in it, or a checkpoint already trained, is not redone); ``calls`` lists every call's command and
+    commit (``command``/``commit``: the last one's).
 
     Raises ValueError for an unknown arm, FileNotFoundError for a missing input, and whatever training or
     serving raises (the record keeps what was done before).
@@ -108,6 +109,8 @@ def run_check(config: str, overrides: Sequence[str], warm_start: Path, trees_fil
     trees = read_trees(trees_file)
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
     record.setdefault("experiment", "stable-rao-check")
+    record.setdefault("calls", []).append({"command": command, "commit": _git_commit(),
+                                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     record.update(command=command, commit=_git_commit(), config=config, overrides=list(overrides),
                   warm_start=str(warm_start), trees_file=str(trees_file), n=n, eval_seed=eval_seed,
                   difficulty=difficulty, arms={a: {"algo": ARMS[a][0], "trainer": ARMS[a][1]} for a in arms},
