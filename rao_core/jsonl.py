@@ -61,8 +61,8 @@ def one_line_error(e: BaseException) -> str:
         value = short_repr(first.get("input"))
         more = f"; and {len(errs) - 1} more" if len(errs) > 1 else ""
         return f"{loc}: {first.get('msg', 'invalid')} (got {value}){more}"
-    if isinstance(e, json.JSONDecodeError):
-        return f"invalid JSON: {e}"
+    if isinstance(e, json.JSONDecodeError):  # one record per line: the column says where, json's "line" never does
+        return f"invalid JSON at column {e.pos + 1}: {e.msg}"
     return " ".join(str(e).split()) or type(e).__name__
 
 
@@ -87,7 +87,7 @@ def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: s
             if not line.strip():
                 continue
             try:
-                out.append(parse(json.loads(line)))
+                out.append(parse(json.loads(line.rstrip("\r\n"))))
             except Exception as e:
                 raise ValueError(f"{path}:{i}: not a valid {what}: {one_line_error(e)}") from e
     return out

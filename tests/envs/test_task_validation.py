@@ -69,7 +69,10 @@ def test_wrong_top_level_types_give_one_line_with_the_field(tmp_path, rec, field
 def test_unparseable_line_names_the_line(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps(_textcraft_record()) + "\n{not json\n")
-    assert _error(path, None).startswith(f"{path}:2: not a valid task record: invalid JSON")
+    assert _error(path, None) == (f"{path}:2: not a valid task record: invalid JSON at column 2: Expecting property "
+                                  "name enclosed in double quotes")
+    path.write_text('{"task_id": "a"\n')  # an unclosed record: where it ends, not json's "line 2 column 1"
+    assert _error(path, None) == f"{path}:1: not a valid task record: invalid JSON at column 16: Expecting ',' delimiter"
 
 
 @pytest.mark.parametrize("name, options", [
