@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, port_is_free, start_on_fresh_ports
+from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, port_is_free, start_on_a_fresh_port
 from rao_core.paths import REPO_ROOT, rao_home
 
 
@@ -64,13 +64,7 @@ class PrefectServer(ServiceMixin):
         if self.port and not port_free(self.port):
             raise ServiceError(f"Prefect server: port {self.port} on 127.0.0.1 is in use "
                                "(choose another --prefect-port)")
-        fixed = self.port
-
-        def repick() -> None:
-            self.port = fixed
-
-        return start_on_fresh_ports("Prefect server", self._start_once, process=lambda: self.process,
-                                    repick=repick, repickable=lambda port: not fixed)
+        return start_on_a_fresh_port("Prefect server", self, self.port)
 
     def _start_once(self) -> "PrefectServer":
         self.port = self.port or pick_ports(1)[0]

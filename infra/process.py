@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -231,6 +231,17 @@ class PortInUseError(ServiceError):
     def __init__(self, message: str, *, service: str, port: int | None, log_path: Path | None):
         super().__init__(message)
         self.service, self.port, self.log_path = service, port, log_path
+
+
+def start_on_a_fresh_port(service: str, owner: Any, fixed: int) -> Any:
+    """:func:`start_on_fresh_ports` for a service of one port: ``owner.port`` (0: ``owner._start_once()`` picks
+    one), its ``owner.process``; a retry puts ``owner.port`` back to ``fixed`` (0: pick again), and a port set by
+    hand (``fixed`` not 0) is never retried. Returns and raises as :func:`start_on_fresh_ports`."""
+    def repick() -> None:
+        owner.port = fixed
+
+    return start_on_fresh_ports(service, owner._start_once, process=lambda: owner.process, repick=repick,
+                                repickable=lambda port: not fixed)
 
 
 def start_on_fresh_ports(service: str, start_once: Callable[[], T], *,

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import httpx
 
-from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_fresh_ports
+from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_a_fresh_port
 from rao_core.paths import rao_home, vllm_cache_dir, vllm_python
 from rao_core.train.config import cpu_has_bf16
 
@@ -335,12 +335,7 @@ class VLLMServer(ServiceMixin):
         if not (Path(self.model_path) / "config.json").exists():
             raise ServiceError(f"model not found: {self.model_path} has no config.json")
         fixed = self.port if self.port != getattr(self, "_picked_port", 0) else 0
-
-        def repick() -> None:
-            self.port = fixed
-
-        return start_on_fresh_ports("vLLM server", self._start_once, process=lambda: self.process, repick=repick,
-                                    repickable=lambda port: not fixed)
+        return start_on_a_fresh_port("vLLM server", self, fixed)
 
     def _start_once(self) -> "VLLMServer":
         if not self.port:

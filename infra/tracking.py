@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.process import ManagedProcess, ServiceMixin, pick_ports, start_on_fresh_ports
+from infra.process import ManagedProcess, ServiceMixin, pick_ports, start_on_a_fresh_port
 from rao_core.paths import rao_home
 from rao_core.tree import ExecutionTree, Node, unscored
 
@@ -245,13 +245,7 @@ class MLflowServer(ServiceMixin):
         before the server bound it restarts it on a fresh one, at most ``infra.process.PORT_ATTEMPTS`` starts.
         Raises ServiceError naming the log (:class:`infra.process.PortInUseError` naming the port and what
         holds it when every start found its port taken)."""
-        fixed = self.port
-
-        def repick() -> None:
-            self.port = fixed
-
-        return start_on_fresh_ports("MLflow server", self._start_once, process=lambda: self.process,
-                                    repick=repick, repickable=lambda port: not fixed)
+        return start_on_a_fresh_port("MLflow server", self, self.port)
 
     def _start_once(self) -> "MLflowServer":
         self.port = self.port or pick_ports(1)[0]

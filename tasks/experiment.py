@@ -297,6 +297,16 @@ def _rerun_key(p: dict[str, Any]) -> tuple:
     return p["arm"], p.get("iteration", p.get("checkpoint_iteration")), p["mode"], p["difficulty"]
 
 
+def mcnemar_exact(pairs: Sequence[tuple[float, float]]) -> tuple[int, int, float]:
+    """McNemar's exact test of paired binary outcomes ``(first, second)`` per task: ``(up, down, p)`` with ``up``
+    the tasks only the second solved, ``down`` those only the first solved, and ``p`` the two-sided exact sign
+    test (binomial, p = 1/2) on the ``up + down`` discordant tasks (1.0 when there is none). Units: tasks."""
+    from scipy import stats
+
+    up, down = sum(1 for x, y in pairs if y > x), sum(1 for x, y in pairs if y < x)
+    return up, down, float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
+
+
 def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """Two evaluations of one design on the same held-out tasks compared point by point: a seed retrained, the same
     seed on another machine, or one checkpoint evaluated twice (an experiment record against a checkpoint study's,
@@ -309,8 +319,6 @@ def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str,
     partner]}``. Raises ValueError when the records have different ``eval_seed`` (other held-out tasks), when an
     outcome is not 0 or 1 (graded partial credit: the test needs binary outcomes), or when no point pairs with
     another. Units: counts of tasks."""
-    from scipy import stats
-
     from rao_core.evaluation import wilson_interval
 
     if first.get("eval_seed") != second.get("eval_seed"):
@@ -330,14 +338,14 @@ def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str,
         if any(v not in (0, 1) for pair in pairs for v in pair):
             raise ValueError(f"point {key}: per-task outcomes other than 0 and 1 (graded partial credit); "
                              "McNemar's test needs binary outcomes")
-        up, down = sum(1 for x, y in pairs if y > x), sum(1 for x, y in pairs if y < x)
+        up, down, p = mcnemar_exact(pairs)
         n = len(pairs)
         s1, s2 = sum(x for x, _ in pairs), sum(y for _, y in pairs)
         arm, it, mode, diff = key
         rows.append({"arm": arm, "iteration": it, "mode": mode, "difficulty": diff,
                      "n": n, "first": s1, "second": s2, "first_ci95": list(wilson_interval(s1, n)),
                      "second_ci95": list(wilson_interval(s2, n)), "second_better": up, "first_better": down,
-                     "p_two_sided": float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0,
+                     "p_two_sided": p,
                      "test": "two-sided exact sign test on the discordant tasks (McNemar exact)"})
     if not rows:
         raise ValueError("no point of the first record has per-task outcomes matching a point of the second "

@@ -28,8 +28,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from rao_core.config import load_config
 from rao_core.envs import get_env
 from rao_core.evaluation import EvalConfig, eval_tasks
@@ -38,6 +36,7 @@ from rao_core.task_sampling import task_identity
 from rao_core.train.checkpoint import MANIFEST_NAME, data_hash
 from rao_core.train.launch import run_training
 from rao_core.tree import read_trees
+from tasks.experiment import mcnemar_exact
 from tasks.studies import EvalJob, serve_and_evaluate
 
 #: arm -> (algo settings, trainer overrides): module docstring.
@@ -66,9 +65,7 @@ def mcnemar(first: dict[str, float | None], second: dict[str, float | None]) -> 
     only ``second`` solved (``up``) and only ``first`` solved (``down``), and a two-sided exact binomial test
     (p = 1/2) on the ``up + down`` discordant tasks. Tasks missing or unscored in either map are left out."""
     keys = [k for k in first if k in second and first[k] is not None and second[k] is not None]
-    up = sum(1 for k in keys if second[k] >= 1 and first[k] < 1)  # type: ignore[operator]
-    down = sum(1 for k in keys if first[k] >= 1 and second[k] < 1)  # type: ignore[operator]
-    p = float(stats.binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
+    up, down, p = mcnemar_exact([(float(first[k] >= 1), float(second[k] >= 1)) for k in keys])  # type: ignore[operator]
     return {"paired_tasks": len(keys), "up": up, "down": down, "p_two_sided": float(f"{p:.4g}")}
 
 
