@@ -9,7 +9,9 @@ Two tables are checked (documented in ``docs/pipeline.md``, "Data validation"):
 ``samples`` (one row per training sample, from :func:`sample_table`):
   - ``advantage`` and ``weight`` never null/NaN, ``num_assistant_tokens`` >= 1,
     ``num_tokens`` at most the context window, ``group_size`` >= 2 (scored trees in the sample's group),
-    at least one row;
+    at least one row, unless the authors' filters (``algo.filter_zero_variance_groups``,
+    ``algo.filter_errors``) removed every sample: a batch without signal is an iteration with no optimizer
+    step (the train stage copies the parent checkpoint), not bad data;
   - ``advantage`` and ``weight`` finite (NaN and +-inf are made null, so the not-null checks name them);
     ``advantage`` within ``[-(1 + lambda), 1 + lambda]`` for the estimators without a scale (all but
     ``grpo``: R(n) and b_g both lie in ``[0, 1 + lambda]``, Eqs. 1, 3, 4); ``weight`` in ``[0, N]`` (Eq. 5:
@@ -93,7 +95,15 @@ def advantage_bound(estimator: str, lam: float) -> float | None:
     return None if estimator == "grpo" else 1.0 + lam + ROUNDING
 
 
-def _suites(max_depth: int, lam: float, context_window: int, num_samples: int, adv_bound: float | None):
+def emptied_by_filters(batch: SampleBatch) -> bool:
+    """True when ``batch`` has no sample and the authors' filters removed at least one: every group's nodes
+    had one reward (``dropped_nodes_of_uniform_groups``) or only error turns (``dropped_error_only_nodes``)."""
+    st = batch.stats
+    return not batch.samples and st.dropped_nodes_of_uniform_groups + st.dropped_error_only_nodes > 0
+
+
+def _suites(max_depth: int, lam: float, context_window: int, num_samples: int, adv_bound: float | None,
+            min_samples: int = 1):
     import sys
 
     import great_expectations as gx
@@ -110,7 +120,7 @@ def _suites(max_depth: int, lam: float, context_window: int, num_samples: int, a
         E.ExpectColumnValuesToBeBetween(column="num_tokens", min_value=0, max_value=context_window),
     ]
     samples = [
-        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectTableRowCountToBeBetween(min_value=min_samples),
         E.ExpectColumnValuesToNotBeNull(column="advantage"),
         E.ExpectColumnValuesToNotBeNull(column="weight"),
         E.ExpectColumnValuesToBeBetween(column="num_assistant_tokens", min_value=1),
@@ -131,6 +141,8 @@ def validate_training_data(trees: Sequence[ExecutionTree], batch: SampleBatch, *
 
     ``estimator``: the advantage estimator the batch was built with (``algo.advantage``), which bounds
     the advantages (:func:`advantage_bound`).
+
+    An empty batch passes only when :func:`emptied_by_filters` (the report's ``emptied_by_filters``).
 
     NaN rewards/successes (failed judgements) are allowed in the node table (great-expectations treats
     NaN as missing and skips it for range checks); NaN advantages in samples are not.
@@ -154,8 +166,10 @@ def validate_training_data(trees: Sequence[ExecutionTree], batch: SampleBatch, *
     # null, which the not-null expectations name.
     for col in ("advantage", "weight"):
         frames["samples"][col] = frames["samples"][col].map(lambda x: x if math.isfinite(x) else None)
-    report: dict[str, Any] = {"success": True, "tables": {}, "failures": []}
-    suites = _suites(max_depth, lam, context_window, len(batch.samples), advantage_bound(estimator, lam))
+    empty_ok = emptied_by_filters(batch)
+    report: dict[str, Any] = {"success": True, "tables": {}, "failures": [], "emptied_by_filters": empty_ok}
+    suites = _suites(max_depth, lam, context_window, len(batch.samples), advantage_bound(estimator, lam),
+                     min_samples=0 if empty_ok else 1)
     for name, expectations in suites.items():
         df = frames[name]
         asset = source.add_dataframe_asset(name)

@@ -636,7 +636,9 @@ def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_swi
                              "runtime.max_steps_per_node": 2, "runtime.context_window": 1024,
                              "runtime.max_new_tokens": 32, "runtime.max_infra_failure_share": 1.0,
                              "serving.replicas": 2, "serving.max_model_len": 1024, "serving.kv_cache_gib": 1,
-                             "execution.backend": "ray", "execution.shards": 2, "execution.cpus_per_replica": 0})
+                             "execution.backend": "ray", "execution.shards": 2, "execution.cpus_per_replica": 0,
+                             # every tree's node reaches the samples, uniform groups included: this test counts them
+                             "algo.filter_zero_variance_groups": False})
     ctx = RunContext(config=cfg, s3=s3_server.settings().__dict__, mlflow_uri="")
     serve.shutdown_server()
     _start_ray(ray, worker_runtime_env())

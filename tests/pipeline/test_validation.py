@@ -110,3 +110,25 @@ def test_validation_keeps_great_expectations_info_lines_out_of_the_log(caplog):
         rep = _validate([_tree(0, 1.0), _tree(1, 0.0)])
     assert rep["success"], rep["failures"]
     assert not [r for r in caplog.records if "ephemeral docs site" in r.getMessage()]
+
+
+def test_a_batch_emptied_by_the_authors_filters_passes_and_an_empty_one_without_them_fails():
+    """Every group's nodes scored alike: the zero-variance filter leaves no sample, an iteration without an
+    optimizer step (not bad data); the same trees with every node unscored leave no sample either and fail."""
+    from infra.validation import validate_training_data
+
+    trees = [_tree(0, 1.0), _tree(1, 1.0)]  # root and child solved in both trees: one reward, R = 1
+    batch = build_samples(trees, lam=0.0, filter_zero_variance_groups=True)
+    assert len(batch) == 0 and batch.stats.dropped_uniform_groups == 1
+    rep = validate_training_data(trees, batch, max_depth=2, lam=0.0, context_window=100)
+    assert rep["success"] is True and rep["emptied_by_filters"] is True, rep["failures"]
+    assert rep["tables"]["samples"]["rows"] == 0
+
+    for t in trees:
+        for n in t.nodes:
+            n.success = None
+    batch = build_samples(trees, lam=0.0, filter_zero_variance_groups=True)
+    assert len(batch) == 0 and batch.stats.dropped_uniform_groups == 0
+    rep = validate_training_data(trees, batch, max_depth=2, lam=0.0, context_window=100)
+    assert rep["success"] is False and rep["emptied_by_filters"] is False
+    assert any("expect_table_row_count_to_be_between" in f for f in rep["failures"]), rep["failures"]
