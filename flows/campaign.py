@@ -2,17 +2,18 @@
 register, each iteration a subflow whose tasks pass S3 URIs (not objects) to each other.
 
 Resume: a campaign re-run with the same name skips every stage whose completion marker exists on S3
-(``tasks.common.stage``), so it continues after the last completed iteration, and an interrupted
+(``infra.stage_io.stage``), so it continues after the last completed iteration, and an interrupted
 iteration is redone from its first unfinished stage, starting a policy server only for a stage that still
 generates or evaluates. Each (metric, step) reaches MLflow once however often it is resumed (the ``log``
 stage's marker, and ``tasks.tracking.log_metrics``). A campaign already complete (``_done/campaign.json``)
 returns its stored summary at once (:func:`completed_summary`).
 
 Collapse guard (``guard``, ``rao_core.guard``): before an iteration's checkpoint is registered, its held-out
-evaluation is tested task by task against the evaluation of the checkpoint it trained from; a collapse is
-registered without moving ``champion`` (``tasks.bookkeeping.register_held``), reported on one line, logged under
-``guard/``, and then, by ``guard.action``, the next iteration trains from the last good checkpoint
-(``rollback``), the campaign stops (``stop``) or goes on (``warn``). The verdict is computed from the stored
+evaluation is tested task by task against the evaluation of the checkpoint it trained from (under
+``eval.every``, the last evaluated one of its lineage: :func:`guard_reference`; an iteration not evaluated is not
+judged); a collapse is registered without moving ``champion`` (``tasks.bookkeeping.register_held``), reported on
+one line, logged under ``guard/``, and then, by ``guard.action``, the next iteration trains from the last good
+checkpoint (``rollback``), the campaign stops (``stop``) or goes on (``warn``). The verdict is computed from the stored
 evaluation records, so a resumed campaign takes the same decisions.
 
 Asynchronous RL (``algo.max_staleness >= 1``): the iterations run as the K + 1 steps of
@@ -47,12 +48,12 @@ from rao_core.progress import Timeline
 from tasks import tracking
 from tasks.bookkeeping import (CAMPAIGN_DONE_KEY, already_complete_line, campaign_run, completed_summary,
                                iteration_run, mlflow_link, mlflow_setup, register_held, summary_artifact)
-from tasks.common import RunContext, done_key, stored_record
-from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput,
-                           ValidateOutput)
+from infra.stage_io import RunContext, done_key, stored_record
+from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput,
+                                 ValidateOutput)
 from tasks.serve import STOP_SERVER_HOOKS, serve_checkpoint, shutdown_server
 from tasks.stages import (check_task_pool, evaluate, generate_trees, judge_trees, register_checkpoint,
-                          train_policy, validate_dataset)
+                          skip_evaluation, train_policy, validate_dataset)
 from tasks.warm_start import warm_start
 
 
@@ -193,7 +194,9 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint, reference: 
 
     Resumed, it starts a policy server only for a stage that still has to run: generation (serving the
     parent ``ckpt``) or evaluation (serving the new checkpoint); a completed iteration starts none, and its
-    metrics come from the ``log`` stage's marker (MLflow is not written again)."""
+    metrics come from the ``log`` stage's marker (MLflow is not written again). An iteration ``eval.every``
+    does not evaluate (``EvalConfig.evaluates``) serves nothing for it: its ``evaluate`` stage is
+    ``tasks.stages.skip_evaluation``."""
     it_run = iteration_run(ctx, iteration)
     times: dict[str, float] = {}
     store = ctx.store()
@@ -208,30 +211,53 @@ def rao_iteration(ctx: RunContext, iteration: int, ckpt: Checkpoint, reference: 
     val = validate_dataset(ctx, iteration, judged.scored_uri)
     tr = train_policy(ctx, iteration, val.samples_uri, ckpt)
     ev = EvalOutput()
-    if ctx.config.eval.enabled:
+    ref = iteration - 1 if reference is None else reference
+    if ctx.config.eval.enabled and not ctx.config.eval.evaluates(iteration, ctx.config.iterations):
+        ev = skip_evaluation(ctx, iteration, ref)
+    elif ctx.config.eval.enabled:
         t = time.monotonic()
         served2 = serve_checkpoint(ctx, tr.checkpoint) if todo["evaluate"] else ServedEndpoint()
         times["serve_new"] = time.monotonic() - t
         ev = evaluate(ctx, iteration, served2, _tokenizer_path(ctx, tr.checkpoint) if todo["evaluate"] else "")
-    ref = iteration - 1 if reference is None else reference
     return _finish_iteration(ctx, iteration, gen, judged, val, tr, ev, times, it_run, reference=ref)
 
 
 def guard_verdict(ctx: RunContext, k: int, reference: int | None, ev: EvalOutput, val: ValidateOutput
                   ) -> GuardVerdict | None:
     """The collapse guard's verdict on iteration ``k`` (``rao_core.guard.judge_iteration`` with ``guard.alpha``
-    and ``guard.min_drop``): its evaluation ``ev`` against the stored evaluation of iteration ``reference``
-    (whose checkpoint it trained from; none when evaluation is off or that iteration has no evaluate marker),
-    with the per-depth mean advantage of the solved training nodes of ``val``. None when ``guard.enabled`` is
-    False."""
+    and ``guard.min_drop``): its evaluation ``ev`` against the stored evaluation of the last evaluated iteration
+    of its lineage (:func:`guard_reference` from iteration ``reference``, whose checkpoint it trained from; the
+    verdict's ``reference`` is the iteration compared with; none when evaluation is off or the walk reaches an
+    iteration without an evaluate marker), with the per-depth mean advantage of the solved training nodes of
+    ``val``. An iteration not evaluated (``ev.evaluated`` False: ``eval.every``) is not judged: status
+    'no_reference', reason ``not evaluated: eval.every N``. None when ``guard.enabled`` is False."""
     g = ctx.config.guard
     if not g.enabled:
         return None
+    advantage = val.sample_stats.get("mean_advantage_solved_per_depth")
+    if not ev.evaluated:
+        return judge_iteration(k, None, [], alpha=g.alpha, min_drop=g.min_drop, solved_advantage=advantage
+                               ).model_copy(update={"reason": f"not evaluated: eval.every {ctx.config.eval.every}"})
     before = None
-    if ctx.config.eval.enabled and reference is not None and ctx.store().exists(done_key(reference, "evaluate")):
-        before = stored_record(ctx, reference, "evaluate", EvalOutput).rows
+    if ctx.config.eval.enabled and (found := guard_reference(ctx, reference)) is not None:
+        reference, before = found[0], found[1].rows
     return judge_iteration(k, before, ev.rows, alpha=g.alpha, min_drop=g.min_drop, reference=reference,
-                           solved_advantage=val.sample_stats.get("mean_advantage_solved_per_depth"))
+                           solved_advantage=advantage)
+
+
+def guard_reference(ctx: RunContext, reference: int | None) -> tuple[int, EvalOutput] | None:
+    """The last evaluated iteration of a lineage and its stored evaluation: iteration ``reference`` when it was
+    evaluated, else (``eval.every``) the iteration its stored record says it trained from (``trained_from``;
+    ``reference - 1`` when the record lacks it), and so on back to iteration 0. None when ``reference`` is None
+    or the walk reaches an iteration without an ``evaluate`` marker."""
+    store, seen, r = ctx.store(), set(), reference
+    while r is not None and r >= 0 and r not in seen and store.exists(done_key(r, "evaluate")):
+        rec = stored_record(ctx, r, "evaluate", EvalOutput)
+        if rec.evaluated:
+            return r, rec
+        seen.add(r)
+        r = rec.trained_from if rec.trained_from is not None else r - 1
+    return None
 
 
 def guard_consequence(cfg: CampaignConfig, k: int, reference: int | None) -> str:
@@ -276,11 +302,12 @@ def _finish_iteration(ctx: RunContext, k: int, gen: GenerateOutput, judged: Judg
     if collapsed and tr.steps > 0:
         reg = register_held(ctx, k, tr.checkpoint, ev.metrics, it_run,
                             verdict.line(f"iter-{k}", guard_consequence(ctx.config, k, reference)))
-    else:  # no optimizer step: the parent's weights, which register_checkpoint never promotes
-        reg = register_checkpoint(ctx, k, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0)
+    else:  # no optimizer step (the parent's weights) or not evaluated: register_checkpoint never promotes it
+        reg = register_checkpoint(ctx, k, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0,
+                                  evaluated=ev.evaluated)
     for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
                       ("register", reg)]:
-        if out.stage_s is not None:
+        if out.stage_s is not None and (name != "evaluate" or ev.evaluated):
             times.setdefault(name, out.stage_s)
     logged = tracking.log_iteration(ctx, k, it_run, gen, judged, val, tr, ev, times)
     m, times = logged.metrics, logged.times or times  # a resumed log: the times of the run that logged them
@@ -295,14 +322,14 @@ def _finish_iteration(ctx: RunContext, k: int, gen: GenerateOutput, judged: Judg
             guard["line"] = verdict.line(where, guard_consequence(ctx.config, k, reference))
             log.warning(guard["line"])
         for run in (it_run, ctx.campaign_run_id):
-            if run:
+            if run and ev.evaluated:  # an iteration not evaluated has no guard/ point
                 tracking.log_metrics(run, verdict.metrics(), step=k)
         mlflow.MlflowClient().set_tag(it_run, "guard/verdict", verdict.status)
         if guard["line"]:
             mlflow.MlflowClient().set_tag(it_run, "guard/line", guard["line"])
     mlflow.MlflowClient().set_terminated(it_run)
     return {"checkpoint": tr.checkpoint, "metrics": m, "times": times, "register": reg.model_dump(by_alias=True),
-            "eval_rows": ev.rows, "guard": guard}
+            "eval_rows": ev.rows, "evaluated": ev.evaluated, "guard": guard}
 
 
 def _in_thread(pool: Any, fn: Any) -> Any:
@@ -326,7 +353,8 @@ def rao_overlap_step(ctx: RunContext, plan: OverlapStep, serve: Checkpoint, pare
 
     log = get_run_logger()
     store, cfg, t_step = ctx.store(), ctx.config, time.monotonic()
-    eval_on = cfg.eval.enabled and plan.evaluate is not None
+    eval_on = (cfg.eval.enabled and plan.evaluate is not None  # eval.every: a skipped one needs no server
+               and cfg.eval.evaluates(plan.evaluate, cfg.iterations))
     todo = [(plan.generate_first, "generate"), (plan.evaluate if eval_on else None, "evaluate"),
             (plan.generate_next, "generate")]
     need_server = any(k is not None and not store.exists(done_key(k, s)) for k, s in todo)
@@ -354,8 +382,11 @@ def rao_overlap_step(ctx: RunContext, plan: OverlapStep, serve: Checkpoint, pare
         t0, finished = time.monotonic() - t_step, None
         if plan.evaluate is not None:
             e = plan.evaluate
-            ev = evaluate(ctx, e, served, tok if not store.exists(done_key(e, "evaluate")) else "") \
-                if cfg.eval.enabled else EvalOutput()
+            ev = EvalOutput()
+            if cfg.eval.enabled and not cfg.eval.evaluates(e, cfg.iterations):
+                ev = skip_evaluation(ctx, e, e - 1)  # overlapped: iteration e trained from e - 1
+            elif cfg.eval.enabled:
+                ev = evaluate(ctx, e, served, tok if not store.exists(done_key(e, "evaluate")) else "")
             records = [stored_record(ctx, e, s, r) for s, r in (("generate", GenerateOutput), ("judge", JudgeOutput),
                                                                  ("validate", ValidateOutput), ("train", TrainOutput))]
             finished = _finish_iteration(ctx, e, *records, ev, {"serve_new": round(serve_s, 3)})
@@ -527,6 +558,7 @@ def _iteration_done(ctx: RunContext, k: int, finished: dict[str, Any], summary: 
     guard = finished.get("guard")
     summary["iterations"].append({"iteration": k, **{f: finished[f] for f in ("metrics", "times", "register",
                                                                               "eval_rows")},
+                                  "evaluated": finished.get("evaluated", True),  # False: eval.every skipped it
                                   "checkpoint_local": finished["checkpoint"].local, "guard": guard})
     if guard and guard.get("line"):
         summary.setdefault("guard", {}).setdefault("collapses", []).append(guard["line"])

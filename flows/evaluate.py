@@ -34,7 +34,7 @@ from flows.forms import FormParams, OptionalFloat, config_value, no_default, pla
 from rao_core.config import CampaignConfig
 from rao_core.evaluation import EvalConfig, Mode
 from tasks import tracking
-from tasks.common import RunContext
+from infra.stage_io import RunContext
 from flows.campaign import FLOW_END_HOOKS
 from tasks.serve import serve_checkpoint, shutdown_server
 from tasks.stages import checkpoint_from_uri, evaluate_checkpoint

@@ -17,7 +17,6 @@ Run: ``python -m infra.models [--check]``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -25,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from infra.storage import sha256_file
 from rao_core.paths import default_model_path, models_dir, tiny_model_path
 
 MANIFEST = "rao-model.json"
@@ -37,16 +37,8 @@ class ModelError(RuntimeError):
     """A model is missing or corrupt; the message says which and how to fix it."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_manifest(folder: Path, source: str) -> None:
-    files = {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
     (folder / MANIFEST).write_text(json.dumps({"source": source, "sha256": files}, indent=2))
 
 
@@ -65,7 +57,7 @@ def verify_model(folder: Path, source: str | None = None) -> None:
         p = folder / name
         if not p.exists():
             raise ModelError(f"model {folder} is missing {name} (run `make setup`)")
-        if p.stat().st_size and _sha256(p) != digest:
+        if p.stat().st_size and sha256_file(p) != digest:
             raise ModelError(f"model {folder}: checksum mismatch for {name} (delete the folder, `make setup`)")
 
 

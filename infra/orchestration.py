@@ -8,6 +8,11 @@
 - :func:`deploy`: ``prefect deploy --all`` in the repository root, so each deployment's pull step holds
   the repository's absolute path (``prefect.yaml``) and a worker can run it.
 - Real mode: set ``PREFECT_API_URL`` (and ``PREFECT_API_KEY`` for Prefect Cloud).
+
+Both embedded APIs (the ephemeral one and ``PrefectServer``) require Prefect's basic authentication: the server
+setting ``PREFECT_SERVER_API_AUTH_STRING`` is the installation's Prefect credential
+(:func:`infra.credentials.service_secret`), and the project's own clients send it as ``PREFECT_API_AUTH_STRING``
+(:func:`configure_prefect`), only to those APIs: never to a ``PREFECT_API_URL`` of the user's own choosing.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.credentials import service_secret, service_secret_file
 from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, port_is_free, start_on_a_fresh_port
 from rao_core.paths import REPO_ROOT, rao_home
 
@@ -34,10 +40,41 @@ def prefect_env() -> dict[str, str]:
     }
 
 
+def prefect_auth() -> str:
+    """The auth string of the project's embedded Prefect APIs: the installation's Prefect credential."""
+    return service_secret("prefect")
+
+
+def own_api(api_url: str | None) -> bool:
+    """Whether ``api_url`` is a Prefect API of this installation: none (the ephemeral API each process starts)
+    or the server of ``rao services up --prefect-server`` (recorded in the services' state)."""
+    if not api_url:
+        return True
+    from infra.service_state import load_state
+
+    recorded = (load_state().get("prefect") or {}).get("api_url", "")
+    return bool(recorded) and recorded.rstrip("/") == api_url.rstrip("/")
+
+
 def configure_prefect() -> None:
-    """Apply ``prefect_env()`` defaults to this process before ``import prefect``."""
+    """Apply ``prefect_env()`` defaults to this process before ``import prefect``, and the embedded APIs'
+    authentication: ``PREFECT_SERVER_API_AUTH_STRING`` (the ephemeral API started here requires it) and, when the
+    API is the installation's own (:func:`own_api`), ``PREFECT_API_AUTH_STRING`` for this process's clients and
+    its children (a value set by the user is kept). Prefect's settings are read again when Prefect was imported
+    already."""
     for k, v in prefect_env().items():
         os.environ.setdefault(k, v)
+    os.environ.setdefault("PREFECT_SERVER_API_AUTH_STRING", prefect_auth())
+    api = os.environ.get("PREFECT_API_URL")
+    if not api:  # the ephemeral API this process starts
+        os.environ.setdefault("PREFECT_API_AUTH_STRING", os.environ["PREFECT_SERVER_API_AUTH_STRING"])
+    elif own_api(api):
+        os.environ.setdefault("PREFECT_API_AUTH_STRING", prefect_auth())
+    import sys
+
+    context = sys.modules.get("prefect.context")
+    if context is not None and hasattr(context, "refresh_global_settings_context"):
+        context.refresh_global_settings_context()
 
 
 @dataclass
@@ -72,6 +109,7 @@ class PrefectServer(ServiceMixin):
         log_dir = Path(self.log_dir or rao_home() / "services")
         env = {k: v for k, v in prefect_env().items()}
         env["PREFECT_API_URL"] = self.api_url
+        env["PREFECT_SERVER_API_AUTH_STRING"] = env["PREFECT_API_AUTH_STRING"] = prefect_auth()
         self.process = ManagedProcess("prefect", cmd, log_dir / f"prefect-{self.port}.log",
                                       health_url=f"{self.api_url}/health", start_timeout_s=180, env=env,
                                       ports=(self.port,))
@@ -90,8 +128,15 @@ def prefect_bin() -> str:
 
 
 def worker_command(api_url: str, pool: str = "rao-pool") -> str:
-    """A ready-to-paste shell command that starts a process worker on ``pool`` against ``api_url``."""
-    return f"PREFECT_API_URL={api_url} {prefect_bin()} worker start --pool {pool}"
+    """A ready-to-paste shell command that starts a process worker on ``pool`` against ``api_url``; for the
+    installation's own server (:func:`own_api`) it reads the auth string from its file of mode 0600
+    (:func:`infra.credentials.service_secret_file`), which the command shows by name only."""
+    import shlex
+
+    auth = ""
+    if api_url and own_api(api_url):
+        auth = f'PREFECT_API_AUTH_STRING="$(cat {shlex.quote(str(service_secret_file("prefect")))})" '
+    return f"PREFECT_API_URL={api_url} {auth}{prefect_bin()} worker start --pool {pool}"
 
 
 def check_api(api_url: str | None, timeout_s: float = 5.0) -> str:

@@ -306,7 +306,7 @@ def _switch_times(cfg: CampaignConfig, shape: ModelShape, a: Assumptions) -> lis
 
 def rollout_placement(cfg: CampaignConfig) -> list[str]:
     """Where an iteration's rollouts run (``execution``): the shards and their groups
-    (``tasks.rollouts.plan_shards``' rule), the Ray workers that grow them, the policy server replicas."""
+    (``infra.ray_rollouts.plan_shards``' rule), the Ray workers that grow them, the policy server replicas."""
     from rao_core.task_sampling import split_evenly
 
     ex, n, G = cfg.execution, cfg.tasks.tasks_per_iteration, cfg.algo.G

@@ -276,6 +276,7 @@ class RayReplica(VLLMServer):
         from ray.exceptions import GetTimeoutError
 
         say = self.on_progress or (lambda line: None)
+        os.environ.setdefault("RAO_POLICY_API_KEY", self.api_key)  # this process's clients and its children
         say(f"vLLM: placing its Ray actor ({self.num_cpus:g} CPU, {self.num_gpus:g} GPU) and starting the server "
             f"there (its progress follows, relayed from that node)")
         actor = _actor_class().options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,

@@ -16,7 +16,7 @@ After each iteration the campaign calls :func:`prune_campaign` with the ``checkp
 - **Local copies** (``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``) are removed once their upload is
   verified (``local_copies: none``): the manifest exists, every object it lists is on S3 with the SHA-256
   recorded at upload, and every local file is listed there with its size. A stage that needs a checkpoint
-  fetches it again (``tasks.serve.checkpoint_local`` -> ``tasks.common.fetch_dir``). Folders that
+  fetches it again (``tasks.serve.checkpoint_local`` -> ``infra.stage_io.fetch_dir``). Folders that
   ``fetch_dir`` downloaded (``.complete``, any other name) are copies of S3 and go too.
 
 Trees, samples, reports and completion markers are kept (they are small). ``rao campaigns list`` /
@@ -220,7 +220,7 @@ def upload_verified(store: ArtifactStore, k: int, folder: Path) -> bool:
 def remove_local_copies(store: ArtifactStore, local_root: Path, keep: Iterable[int] = ()) -> dict[str, int]:
     """Remove the local checkpoint folders under ``local_root`` that S3 holds: ``iter-K`` whose upload is
     verified (:func:`upload_verified`), except the iterations in ``keep``; and folders of other names that
-    ``tasks.common.fetch_dir`` downloaded whole (their ``.complete`` marker: a checked copy of an S3 folder).
+    ``infra.stage_io.fetch_dir`` downloaded whole (their ``.complete`` marker: a checked copy of an S3 folder).
     A folder that is not verified (an upload cut short) stays. Returns {folder name: bytes freed}."""
     freed: dict[str, int] = {}
     if not local_root.is_dir():

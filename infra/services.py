@@ -1,46 +1,22 @@
 """``rao services up|down|status``: long-lived embedded services shared by several commands.
 
-State lives in ``$RAO_HOME/services/state.json`` (name -> pid, url, log, started). Services started here
-keep running after the command exits (each in its own process group) until ``down`` stops the groups.
+State lives in ``$RAO_HOME/services/state.json`` (:mod:`infra.service_state`: name -> pid, url, log, started,
+and the variables that point a process at the service, credentials included: the file is mode 0600). Services
+started here keep running after the command exits (each in its own process group) until ``down`` stops the groups.
 A name whose endpoint comes from configuration (AWS S3, a remote MLflow, a Prefect server, any
 OpenAI-compatible URL) is listed as ``external`` and never started or stopped by the project.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from infra.process import kill_group, pid_alive
+from infra.service_state import load_state, record, save_state, state_path  # noqa: F401 (re-exported)
 from rao_core.paths import rao_home
-
-
-def state_path() -> Path:
-    return rao_home() / "services" / "state.json"
-
-
-def load_state() -> dict[str, dict[str, Any]]:
-    try:
-        return json.loads(state_path().read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def save_state(state: dict[str, dict[str, Any]]) -> None:
-    p = state_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, p)
-
-
-def record(name: str, **info: Any) -> None:
-    state = load_state()
-    state[name] = {**info, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    save_state(state)
 
 
 def service_env() -> dict[str, str]:
@@ -111,23 +87,38 @@ def is_loopback_address(address: str) -> bool:
         return False
 
 
+def ray_token_path() -> Path:
+    """Ray's default token file, ``~/.ray/auth_token``."""
+    return Path.home() / ".ray" / "auth_token"
+
+
 def ensure_ray_token() -> None:
-    """Make Ray's token (``~/.ray/auth_token``, ``ray get-auth-token --generate``) unless one is at hand
-    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or that file): ``ray start`` in token mode refuses to start
-    without one. Raises ServiceError when it cannot be made."""
-    import subprocess
-    import sys
+    """Make Ray's token file (:func:`ray_token_path`: 64 random hex digits, as ``ray get-auth-token --generate``
+    makes it, but created mode 0600 in a folder of mode 0700) unless a token is at hand (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or that file): ``ray start`` in token mode refuses to start without one. A token
+    file found readable by others is made 0600. Raises ServiceError when it cannot be made."""
+    import secrets
 
     from infra.process import ServiceError
 
-    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
-            (Path.home() / ".ray" / "auth_token").is_file():
+    if os.environ.get("RAY_AUTH_TOKEN"):
         return
-    r = subprocess.run([str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
-    if r.returncode != 0:
-        raise ServiceError(f"could not make Ray's token (ray get-auth-token --generate exited {r.returncode}: "
-                           f"{' '.join(r.stderr.split())[-200:]})")
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or ray_token_path())
+    try:
+        if path.is_file():
+            if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+                os.chmod(path, 0o600)
+            return
+        if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+            return  # the user's path: Ray says what is missing
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise ServiceError(f"could not make Ray's token {path}: {e.strerror or e}") from None
 
 
 class RayHead:
@@ -293,7 +284,8 @@ def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = F
         srv = VLLMServer(model, max_model_len=max_model_len).start()
         record("vllm", pid=srv.pid, url=srv.base_url, log=str(srv.process.log_path), model=str(model),
                start_s=round(srv.process.start_seconds, 2),
-               env={"RAO_POLICY_BASE_URL": srv.base_url, "RAO_POLICY_MODEL": srv.model})
+               env={"RAO_POLICY_BASE_URL": srv.base_url, "RAO_POLICY_MODEL": srv.model,
+                    "RAO_POLICY_API_KEY": srv.api_key})
     return load_state()
 
 
@@ -305,8 +297,11 @@ def prefect_instructions(pool: str = "rao-pool") -> list[str]:
     info = load_state().get("prefect") or {}
     if not (info.get("pid") and pid_alive(info["pid"])):
         return []
+    from infra.credentials import service_secret_file
+
     api = info.get("api_url") or info.get("env", {}).get("PREFECT_API_URL", "")
     return [f"Prefect UI:       {info.get('url', '')}", f"PREFECT_API_URL:  {api}",
+            f"UI password:      the contents of {service_secret_file('prefect')}",
             "deployments:      .venv/bin/rao deploy   (rao commands find the server by themselves)",
             f"worker:           {worker_command(api, pool)}"]
 

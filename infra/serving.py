@@ -30,6 +30,14 @@ from (after temperature, top-k and top-p), not from the raw logits. The trainer 
 quantity (``trainer.temperature`` = ``runtime.temperature``, enforced at config load), so the importance
 ratio of the policy-gradient loss starts at 1 (docs/algorithm.md, "Behaviour log-probs").
 
+Authentication: every server started here requires an API key (``VLLM_API_KEY``, vLLM's variable for
+``--api-key``, so that the key is not on the command line ``ps`` shows): :func:`policy_api_key`, the installation's
+vLLM credential unless ``RAO_POLICY_API_KEY`` names one. The project's OpenAI clients send ``RAO_POLICY_API_KEY``
+(``rao_core.policies.openai_policy``), which :meth:`VLLMServer.start` and ``rao services up`` export. vLLM's own
+check covers its ``/v1`` routes only; the middleware :data:`VLLM_AUTH_MIDDLEWARE` (``infra/vllm_plugins``) makes
+every other route require the key too (``/collective_rpc``, ``/sleep``, ``/invocations``, ...), except the probes
+``/health``, ``/ping`` and ``/metrics``.
+
 Start-up: a start on 2 CPU cores takes minutes (loading, torch.compile, warm-up). :class:`StartupWatch` reads
 the server's log while it starts and reports each phase once (:data:`VLLM_START_PHASES`) and, between
 phases, a line every ``heartbeat_s`` seconds; the phase times are kept on the server (``start_phases``).
@@ -53,6 +61,26 @@ import httpx
 from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_a_fresh_port
 from rao_core.paths import rao_home, vllm_cache_dir, vllm_python
 from rao_core.train.config import cpu_has_bf16
+
+#: The folder put on the vLLM server's ``PYTHONPATH`` and the middleware it loads from there (``--middleware``).
+VLLM_PLUGINS = Path(__file__).resolve().parent / "vllm_plugins"
+VLLM_AUTH_MIDDLEWARE = "rao_vllm_auth.RequireKey"
+
+
+def policy_api_key() -> str:
+    """The API key of the vLLM servers the pipeline starts and the one its OpenAI clients send:
+    ``RAO_POLICY_API_KEY`` when set, else the installation's vLLM credential
+    (:func:`infra.credentials.service_secret`)."""
+    from infra.credentials import service_secret
+
+    return os.environ.get("RAO_POLICY_API_KEY") or service_secret("vllm")
+
+
+def client_api_key() -> str:
+    """The key this process sends to a policy server: ``RAO_POLICY_API_KEY``, else ``OPENAI_API_KEY``, else
+    ``EMPTY`` (what vLLM without a key ignores)."""
+    return os.environ.get("RAO_POLICY_API_KEY") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+
 
 # vLLM's LoRAConfig.max_lora_rank accepts only these values (vllm/config/lora.py, MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -231,6 +259,8 @@ class VLLMServer(ServiceMixin):
         host: the address it listens on and clients use (127.0.0.1; a replica placed by Ray on another node:
             that node's IP, ``infra/ray_serving.py``).
         on_progress: where the start's progress lines go (:class:`StartupWatch`); None: nowhere.
+        api_key: the key the server requires (``VLLM_API_KEY``) and this object's requests send
+            (default :func:`policy_api_key`).
     After :meth:`start`, ``start_phases`` holds the seconds at which each phase of the start was reached
     (:data:`VLLM_START_PHASES`, plus ``ready``).
     Raises ServiceError (naming the log file) if the server does not become healthy.
@@ -260,6 +290,12 @@ class VLLMServer(ServiceMixin):
     process: ManagedProcess | None = None
     on_progress: Callable[[str], None] | None = None
     start_phases: dict[str, float] = field(default_factory=dict)
+    api_key: str = field(default_factory=policy_api_key, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of a request to this server."""
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def url(self) -> str:
@@ -281,6 +317,7 @@ class VLLMServer(ServiceMixin):
             "--model", str(self.model_path), "--served-model-name", self.served_model_name,
             "--max-model-len", str(self.max_model_len), "--host", self.host, "--port", str(self.port),
             "--dtype", resolve_dtype(self.dtype, self.on_gpu), "--logprobs-mode", self.logprobs_mode,
+            "--middleware", VLLM_AUTH_MIDDLEWARE,
         ]  # no --disable-log-stats: it also empties /metrics of every vllm:* series (infra/vllm_metrics.py)
         if self.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
@@ -307,6 +344,9 @@ class VLLMServer(ServiceMixin):
             "TOKENIZERS_PARALLELISM": "false",
             # the compile cache under $RAO_HOME (reused by the next start), unless the caller chose one
             "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(vllm_cache_dir()),
+            "VLLM_API_KEY": self.api_key,
+            "PYTHONPATH": os.pathsep.join([str(VLLM_PLUGINS)] + [p for p in os.environ.get("PYTHONPATH", "")
+                                                                .split(os.pathsep) if p]),
         }
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
@@ -335,6 +375,7 @@ class VLLMServer(ServiceMixin):
         if not (Path(self.model_path) / "config.json").exists():
             raise ServiceError(f"model not found: {self.model_path} has no config.json")
         fixed = self.port if self.port != getattr(self, "_picked_port", 0) else 0
+        os.environ.setdefault("RAO_POLICY_API_KEY", self.api_key)  # this process's clients and its children
         return start_on_a_fresh_port("vLLM server", self, fixed)
 
     def _start_once(self) -> "VLLMServer":
@@ -352,7 +393,7 @@ class VLLMServer(ServiceMixin):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.base_url}/models", timeout=5).status_code == 200:
+                if httpx.get(f"{self.base_url}/models", timeout=5, headers=self.headers).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -368,19 +409,20 @@ class VLLMServer(ServiceMixin):
         Raises ServiceError if the route is not available or fails.
         """
         try:
-            r = httpx.post(f"{self.url}/collective_rpc", json={"method": "reload_weights"}, timeout=timeout_s)
+            r = httpx.post(f"{self.url}/collective_rpc", json={"method": "reload_weights"}, timeout=timeout_s,
+                           headers=self.headers)
         except httpx.HTTPError as e:
             raise ServiceError(f"vLLM reload_weights failed: {e}") from e
         if r.status_code != 200:
             raise ServiceError(f"vLLM reload_weights answered {r.status_code}: {r.text[:300]}")
         try:  # cached KV from the old weights must not be reused
-            httpx.post(f"{self.url}/reset_prefix_cache", timeout=30)
+            httpx.post(f"{self.url}/reset_prefix_cache", timeout=30, headers=self.headers)
         except httpx.HTTPError:
             pass
 
     def load_lora(self, name: str, path: str | Path) -> None:
         """Hot-load (or replace) LoRA adapter ``name`` from ``path``; needs ``enable_lora``."""
-        load_lora_adapter(self.base_url, name, path)
+        load_lora_adapter(self.base_url, name, path, api_key=self.api_key)
 
     def sleep(self, level: int = 1, timeout_s: float = 300.0) -> None:
         """Free the GPUs (needs ``enable_sleep_mode``): level 1 moves the weights to CPU memory and drops the
@@ -391,13 +433,13 @@ class VLLMServer(ServiceMixin):
         """Bring a sleeping server back (weights to the GPUs, KV cache re-allocated). Raises ServiceError."""
         self._dev_post("/wake_up", timeout_s)
         try:  # the KV cache was dropped: nothing cached may be reused
-            httpx.post(f"{self.url}/reset_prefix_cache", timeout=30)
+            httpx.post(f"{self.url}/reset_prefix_cache", timeout=30, headers=self.headers)
         except httpx.HTTPError:
             pass
 
     def _dev_post(self, route: str, timeout_s: float) -> None:
         try:
-            r = httpx.post(f"{self.url}{route}", timeout=timeout_s)
+            r = httpx.post(f"{self.url}{route}", timeout=timeout_s, headers=self.headers)
         except httpx.HTTPError as e:
             raise ServiceError(f"vLLM {route} failed: {e}") from e
         if r.status_code != 200:
@@ -422,14 +464,16 @@ def process_state(server) -> str:
     return f"the vLLM server (pid {proc.proc.pid}) {state}; log {proc.log_path}"
 
 
-def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: float = 120.0) -> None:
+def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: float = 120.0,
+                      api_key: str | None = None) -> None:
     """``POST {base_url}/load_lora_adapter`` (``base_url`` ends in ``/v1``): load or replace adapter ``name``
     from ``path``, a folder the server can read. Requests then name the adapter as their model. The server
-    must run with ``--enable-lora`` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. Raises ServiceError."""
+    must run with ``--enable-lora`` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. ``api_key``: the key sent
+    (default :func:`client_api_key`). Raises ServiceError."""
     try:
         r = httpx.post(f"{base_url.rstrip('/')}/load_lora_adapter", timeout=timeout_s,
                        json={"lora_name": name, "lora_path": str(path), "load_inplace": True},
-                       headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"})
+                       headers={"Authorization": f"Bearer {api_key or client_api_key()}"})
     except httpx.HTTPError as e:
         raise ServiceError(f"load_lora_adapter({name}) at {base_url} failed: {e}") from e
     if r.status_code != 200:
@@ -500,7 +544,7 @@ def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{base_url.rstrip('/')}/models", timeout=5,
-                         headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"}
+                         headers={"Authorization": f"Bearer {client_api_key()}"}
                          ).status_code == 200:
                 return
         except httpx.HTTPError as e:
@@ -515,7 +559,7 @@ def served_models(base_url: str, timeout_s: float = 30.0) -> list[str]:
     ServiceError when it does not answer 200 with a model list."""
     try:
         r = httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s,
-                      headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"})
+                      headers={"Authorization": f"Bearer {client_api_key()}"})
         r.raise_for_status()
         return [str(m["id"]) for m in r.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:

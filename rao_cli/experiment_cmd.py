@@ -2,7 +2,7 @@
 textcraft-tier1x, textcraft-tier1, textcraft-cpu: RAO vs an outcome-only ablation vs a single agent; recursion one
 level deeper than trained; recursive vs single agent), and the studies of an experiment's checkpoints
 (textcraft-generalisation: success and the cause of each miss vs the number of sub-goals K; textcraft-wallclock:
-wall-clock one tree at a time, children gathered vs sequential vs the single agent; ``tasks/studies.py``)."""
+wall-clock one tree at a time, children gathered vs sequential vs the single agent; ``research/studies.py``)."""
 
 from __future__ import annotations
 
@@ -19,21 +19,21 @@ console = make_console()
 
 def _run(experiment: str, config: str, iterations: int | None, arm: list[str], write_docs: bool,
          override: list[str], seeds: list[int] | None = None, single_max_steps: int | None = None,
-         single_warm_start: str = "shared", name: str = "") -> None:
+         single_warm_start: str = "shared", name: str = "", single_checkpoint: str = "") -> None:
     """Run ``experiment`` once per seed (``seeds``; none = the config's), then, for several seeds, write the
-    side-by-side and pooled section (``tasks.experiment.seeds_markdown``)."""
+    side-by-side and pooled section (``research.records.seeds_markdown``)."""
     from rao_cli.pipeline_cmd import _prefect_env, params_from_options
 
     _prefect_env()
     from flows.campaign import CampaignParams
-    from flows.experiment import ExperimentParams, rao_experiment
+    from research.experiment import ExperimentParams, rao_experiment
 
     # a bad option names it (--iterations, --arm, --seed); a config mistake is one ConfigError line (printed
     # by rao_cli.main); both before any service starts
     runs = [params_from_options(ExperimentParams, experiment=experiment, config=config, iterations=iterations,
                                 arms=list(arm), write_docs=write_docs, overrides=list(override), seed=s,
                                 single_max_steps=single_max_steps, single_warm_start=single_warm_start,
-                                name=name)
+                                name=name, single_checkpoint=single_checkpoint)
             for s in (seeds or [None])]
     for p in runs:
         CampaignParams(config=config, iterations=iterations, overrides=p.seed_overrides() + list(override)).resolve()
@@ -43,7 +43,7 @@ def _run(experiment: str, config: str, iterations: int | None, arm: list[str], w
         console.print(out["markdown"])
         records.append(out["record"])
     if len(records) > 1:
-        from tasks.experiment import write_seeds_section
+        from research.experiment import write_seeds_section
 
         console.print(write_seeds_section(name or experiment, records, write_docs))
 
@@ -54,23 +54,32 @@ NAME_HELP = ("Name of a variant run (e.g. textcraft-tier1-async with --set algo.
 SEED_HELP = ("Seed of the run (task pool, demonstrations, sampling, trainers); repeat for several seeds, reported "
              "side by side and pooled (default: the config's seed).")
 
+# the options every experiment command shares (one definition each)
+ITERATIONS = typer.Option(None, help="RL iterations per arm (default: the config's).")
+NAME = typer.Option("", help=NAME_HELP)
+SEED = typer.Option([], help=SEED_HELP)
+SETS = typer.Option([], "--set", callback=_key_values, help="KEY=VALUE override for every arm (repeatable).")
+THREE_ARMS = typer.Option(["recursive", "outcome", "single"], help="Arms to run (repeatable): recursive (RAO), "
+                          "outcome (outcome-only credit), single (single agent).")
+TWO_ARMS = typer.Option(["recursive", "single"], help="Arms to run (repeatable): recursive (RAO), outcome "
+                        "(outcome-only credit), single (single agent).")
+SINGLE_MAX_STEPS = typer.Option(None, help="Steps of the single agent's node (default: max_steps_per_node x "
+                                "(1 + max_children_per_node), a whole recursive tree's).")
+
 
 @app.command("textcraft-ablation")
 def textcraft_ablation(
     config: str = typer.Option("configs/experiment-textcraft-ablation.yaml", help="Config of the three arms."),
-    iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
-    arm: list[str] = typer.Option(["recursive", "outcome", "single"], help="Arms to run (repeatable): recursive "
-                                  "(RAO), outcome (outcome-only credit), single (single agent)."),
-    name: str = typer.Option("", help=NAME_HELP),
-    seed: list[int] = typer.Option([], help=SEED_HELP),
+    iterations: int = ITERATIONS,
+    arm: list[str] = THREE_ARMS,
+    name: str = NAME,
+    seed: list[int] = SEED,
     single_warm_start: str = typer.Option("own", help="own: the single agent's warm start from single-agent "
                                           "demonstrations; shared: the recursive arm's."),
-    single_max_steps: int = typer.Option(None, help="Steps of the single agent's node (default: max_steps_per_node "
-                                         "x (1 + max_children_per_node), a whole recursive tree's)."),
+    single_max_steps: int = SINGLE_MAX_STEPS,
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-ablation[-seed<S>].json "
                                     "and docs/img/textcraft-ablation.png."),
-    override: list[str] = typer.Option([], "--set", callback=_key_values,
-                                       help="KEY=VALUE override for every arm (repeatable)."),
+    override: list[str] = SETS,
 ) -> None:
     """RAO's method tested as the paper tests it: on tier1x2 at a 1536-token window, where the single
     agent can solve the task too, RAO vs an outcome-only recursive ablation vs a single agent with its own warm
@@ -80,18 +89,39 @@ def textcraft_ablation(
          single_warm_start, name)
 
 
+@app.command("textcraft-deeper")
+def textcraft_deeper(
+    config: str = typer.Option("configs/experiment-textcraft-deeper.yaml", help="Config of the three arms."),
+    iterations: int = ITERATIONS,
+    arm: list[str] = THREE_ARMS,
+    name: str = NAME,
+    seed: list[int] = SEED,
+    single_checkpoint: str = typer.Option("", help="The single agent's warm-start checkpoint, shared by every seed "
+                                          "(default: its own from single-agent demonstrations)."),
+    write_docs: bool = typer.Option(True, help="Write docs/results/textcraft-deeper[-seed<S>].json and its plots."),
+    override: list[str] = typer.Option([], "--set", callback=_key_values,
+                                       help="KEY=VALUE override for every arm (repeatable), e.g. "
+                                       "warm_start.mode=checkpoint and warm_start.checkpoint=DIR: the recursive "
+                                       "warm start shared by every seed."),
+) -> None:
+    """Train one level deep, solve the next, on the stable default (preregistered in the config and
+    docs/experiments/textcraft-deeper.md): nest1 training, nest1 and nest2 evaluation on 100 distinct problems
+    per level, RAO vs outcome-only credit vs a single agent, one optimizer step per iteration each."""
+    _run("textcraft-deeper", config, iterations, arm, write_docs, override, seed, None, "own", name,
+         single_checkpoint)
+
+
 @app.command("textcraft-nested")
 def textcraft_nested(
     config: str = typer.Option("configs/experiment-textcraft-nested.yaml", help="Config of the experiment."),
-    iterations: int = typer.Option(None, help="RL iterations (default: the config's)."),
+    iterations: int = ITERATIONS,
     arm: list[str] = typer.Option(["recursive"], help="Arms to run (repeatable): recursive (RAO; the experiment), "
                                   "outcome (outcome-only credit), single (single agent)."),
-    name: str = typer.Option("", help=NAME_HELP),
-    seed: list[int] = typer.Option([], help=SEED_HELP),
+    name: str = NAME,
+    seed: list[int] = SEED,
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-nested[-seed<S>].json, "
                                     "docs/img/textcraft-nested.png and docs/img/textcraft-nested-depth.png."),
-    override: list[str] = typer.Option([], "--set", callback=_key_values,
-                                       help="KEY=VALUE override for every arm (repeatable)."),
+    override: list[str] = SETS,
 ) -> None:
     """Recursion one level deeper than trained: warm-start SmolLM2-135M on demonstrations of the
     expert that recurses on TextCraft-Synth nest1 tasks (a tier-2 target made of two tier-1 sub-goals: trees of
@@ -105,16 +135,14 @@ def textcraft_nested(
 @app.command("textcraft-tier1x")
 def textcraft_tier1x(
     config: str = typer.Option("configs/experiment-textcraft-tier1x.yaml", help="Config of both arms."),
-    iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
-    arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
-    name: str = typer.Option("", help=NAME_HELP),
-    seed: list[int] = typer.Option([], help=SEED_HELP),
-    single_max_steps: int = typer.Option(None, help="Steps of the single agent's node (default: max_steps_per_node "
-                                         "x (1 + max_children_per_node), a whole recursive tree's)."),
+    iterations: int = ITERATIONS,
+    arm: list[str] = TWO_ARMS,
+    name: str = NAME,
+    seed: list[int] = SEED,
+    single_max_steps: int = SINGLE_MAX_STEPS,
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1x.json and "
                                     "docs/img/textcraft-tier1x.png."),
-    override: list[str] = typer.Option([], "--set", callback=_key_values,
-                                       help="KEY=VALUE override for both arms (repeatable)."),
+    override: list[str] = SETS,
 ) -> None:
     """The delegation experiment: warm-start SmolLM2-135M on TextCraft-Synth tier1x<K> tasks (K tier-1
     sub-goals that do not fit one node's window), run RAO iterations, evaluate 50 held-out tasks per split
@@ -126,14 +154,13 @@ def textcraft_tier1x(
 @app.command("textcraft-tier1")
 def textcraft_tier1(
     config: str = typer.Option("configs/experiment-textcraft-tier1.yaml", help="Config of both arms."),
-    iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
-    arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
-    name: str = typer.Option("", help=NAME_HELP),
-    seed: list[int] = typer.Option([], help=SEED_HELP),
+    iterations: int = ITERATIONS,
+    arm: list[str] = TWO_ARMS,
+    name: str = NAME,
+    seed: list[int] = SEED,
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1.json and "
                                     "docs/img/textcraft-tier1.png."),
-    override: list[str] = typer.Option([], "--set", callback=_key_values,
-                                       help="KEY=VALUE override for both arms (repeatable)."),
+    override: list[str] = SETS,
 ) -> None:
     """The CPU-scale learning curve: warm-start SmolLM2-135M on TextCraft-Synth tier1 tasks, run RAO
     iterations, evaluate 50 held-out tasks after each (recursive arm, then the single-agent arm)."""
@@ -143,11 +170,10 @@ def textcraft_tier1(
 @app.command("textcraft-cpu")
 def textcraft_cpu(
     config: str = typer.Option("configs/experiment-textcraft-cpu.yaml", help="Config of both arms."),
-    iterations: int = typer.Option(None, help="RL iterations per arm (default: the config's)."),
-    arm: list[str] = typer.Option(["recursive", "single"], help="Arms to run (repeatable)."),
+    iterations: int = ITERATIONS,
+    arm: list[str] = TWO_ARMS,
     write_docs: bool = typer.Option(True, help="Write docs/results.md and docs/img/learning_curve.png."),
-    override: list[str] = typer.Option([], "--set", callback=_key_values,
-                                       help="KEY=VALUE override for both arms (repeatable)."),
+    override: list[str] = SETS,
 ) -> None:
     """Warm-start SmolLM2-135M, run RAO iterations, evaluate after each; same for a single agent (the paper's
     easy/medium/hard levels, which the 135M model does not learn on CPU: docs/results.md)."""
@@ -161,7 +187,8 @@ def seeds(
 ) -> None:
     """Report every stored seed of an experiment side by side and pooled (docs/results/<experiment>.json and
     <experiment>-seed<S>.json, e.g. seeds run in separate sessions or on other machines)."""
-    from tasks.experiment import seed_records, write_seeds_section
+    from research.experiment import write_seeds_section
+    from research.records import seed_records
 
     from rao_cli import input_errors
 
@@ -177,10 +204,10 @@ def rerun(
 ) -> None:
     """Two runs of one design compared on the same held-out tasks (a seed retrained, or run on another machine):
     per point, each run's successes and interval, the tasks only one solved, and a two-sided exact sign test on
-    them (how far two runs of one seed differ: tasks.experiment.rerun_comparison). Prints a markdown table."""
+    them (how far two runs of one seed differ: research.records.rerun_comparison). Prints a markdown table."""
     import json
 
-    from tasks.experiment import rerun_markdown
+    from research.records import rerun_markdown
 
     from rao_cli import input_errors
 
@@ -217,12 +244,12 @@ DRY_RUN_HELP = "Print the plan (checkpoints, evaluations, runtimes, task sets ch
 def _run_study(plan_fn, write_docs: bool, dry_run: bool, **options) -> None:
     """Plan the study (every input checked: one ``error:`` line, exit 2, before any server starts); with
     ``dry_run`` print the plan and stop; else run it interruptibly (Ctrl-C / SIGTERM: the server stopped, the
-    record so far kept, exit 130 / 143; the same command resumes from it: ``tasks.studies.run_study``) and print
+    record so far kept, exit 130 / 143; the same command resumes from it: ``research.studies.run_study``) and print
     its markdown section."""
     from pathlib import Path
 
     from rao_cli import input_errors
-    from tasks.studies import plan_text, run_study
+    from research.studies import plan_text, run_study
 
     with input_errors():
         plan = plan_fn(**options)
@@ -266,7 +293,7 @@ def textcraft_generalisation(
     cause from its execution tree (child given two targets, children failed, the root's window, a limit, an
     error, the root finished wrong). Each checkpoint is served once. Writes
     docs/results/textcraft-generalisation[-seed<S>].json and a section with a plot in docs/results.md."""
-    from tasks.studies import plan_generalisation
+    from research.studies import plan_generalisation
 
     models = dict(v.partition("=")[::2] for v in model)
     command = (f"rao experiment textcraft-generalisation --record {record}" + "".join(f" --arm {a}" for a in arm)
@@ -302,7 +329,7 @@ def textcraft_wallclock(
     each): median wall-clock and completion tokens per tree, success with its Wilson interval, and the ratios
     sequential / gather and single / gather per K. Writes docs/results/textcraft-wallclock.json and a section of
     docs/benchmarks.md."""
-    from tasks.studies import plan_wallclock
+    from research.studies import plan_wallclock
 
     command = (f"rao experiment textcraft-wallclock --record {record}" + (f" --model {model}" if model else "")
                + (f" --single-model {single_model}" if single_model else "") + f" --n {n}"
@@ -330,7 +357,7 @@ def textcraft_nested_control(
     nest2 tasks with runtime.max_depth 1 (the root may delegate, its children may not), paired by task with the
     record's trees at full depth: what depth buys, measured. Each checkpoint is served once. Writes
     docs/results/textcraft-nested-control[-seed<S>].json and a section in docs/results.md."""
-    from tasks.studies import plan_depth_control
+    from research.studies import plan_depth_control
 
     command = (f"rao experiment textcraft-nested-control --record {record}"
                + "".join(f" --iteration {i}" for i in iteration) + f" --difficulty {difficulty}"

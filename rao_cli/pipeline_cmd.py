@@ -256,7 +256,7 @@ _OPTION_OF_FIELD = {"overrides": "--set", "arms": "--arm"}
 
 def params_from_options(model, **options):
     """``model(**options)``: the parameters model of a flow (``flows.campaign.CampaignParams``,
-    ``flows.experiment.ExperimentParams``) built from a command's options. Raises typer.BadParameter (one
+    ``research.experiment.ExperimentParams``) built from a command's options. Raises typer.BadParameter (one
     ``error:`` line, exit 2) naming the option the user wrote (``--iterations``; ``--set`` for ``overrides``,
     ``--arm`` for ``arms``) for a value the model refuses, where pydantic's error named the model's class."""
     from pydantic import ValidationError

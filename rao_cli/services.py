@@ -45,7 +45,7 @@ def up(
     if model:  # before any service starts: a folder that is not a checkpoint is a usage error (exit 2)
         from pathlib import Path
 
-        from rao_cli.sft_cmd import check_model
+        from rao_cli.train_cmd import check_model
 
         check_model(Path(model))
     _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, prefect_port=prefect_port,

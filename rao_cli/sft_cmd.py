@@ -57,27 +57,6 @@ def remove_temporaries(out: Path) -> str:
     return str(log) if log.exists() else ""
 
 
-def check_model(model: Path | None) -> Path:
-    """The checkpoint ``rao sft`` fine-tunes: ``model``, else :func:`rao_core.paths.default_model_path`, checked
-    before any demonstration is built (:func:`rao_core.train.checkpoint.is_checkpoint`: full weights or a LoRA
-    adapter).
-
-    Raises:
-        typer.BadParameter: one ``error:`` line, exit 2: the folder does not exist, or holds no ``config.json``
-            / ``adapter_config.json``.
-    """
-    from rao_core.paths import default_model_path
-    from rao_core.train.checkpoint import is_checkpoint
-
-    path = model or default_model_path()
-    if is_checkpoint(path):
-        return path
-    what = ("is not a checkpoint folder (no config.json or adapter_config.json)" if path.exists()
-            else "does not exist")
-    hint = "" if model else " (the default model; `make setup` installs it)"
-    raise typer.BadParameter(f"{path} {what}{hint}", param_hint="'--model'")
-
-
 def check_campaign_file(path: Path, raw: object) -> None:
     """``rao sft --config`` checked whole, as ``rao run`` checks it (:func:`rao_cli.train_cmd.load_campaign_file`:
     one ConfigError line for a typo anywhere). DemoConfig fields written directly in ``warm_start`` (this
@@ -112,11 +91,14 @@ def register(app: typer.Typer) -> None:
                                                "medium where the environment has them, else its first)."),
         config: Path = typer.Option(None, "--config", help="Campaign config (validated whole, as `rao run` does): its `warm_start` (DemoConfig fields + `trainer`: SFT TrainerConfig fields) and `runtime`."),
         trees: Path = typer.Option(None, "--trees", help="Also write the demonstration trees (JSON lines) here."),
+        single_agent: bool = typer.Option(False, "--single-agent", help="Single-agent demonstrations (delegation "
+                                          "off, single_agent_fraction 1.0), each node allowed a whole recursive "
+                                          "tree's steps: the single-agent arm's warm start."),
     ) -> None:
         """Build demonstrations with the expert and fine-tune MODEL on them (loss_type sft); prints stats."""
         import json
 
-        from rao_cli.train_cmd import check_out
+        from rao_cli.train_cmd import check_model, check_out
         from rao_core.config import read_yaml
         from rao_core.warmstart import (DemoConfig, default_sft_trainer_config, recommended_runtime_config,
                                         run_warm_start)
@@ -135,11 +117,19 @@ def register(app: typer.Typer) -> None:
         demo.update({k: v for k, v in (("n_tasks", n_tasks), ("difficulties", difficulties or None)) if v is not None})
         demo["difficulties"] = demo_difficulties(env, demo.get("difficulties"))  # the env's, not TextCraft's
         demo["seed"] = seed
+        # the campaign's task generator (e.g. a larger TextCraft recipe graph): demonstrations from its problems
+        gen = (raw.get("tasks") or {}).get("generator_options") if isinstance(raw.get("tasks"), dict) else None
+        if gen and "generator_options" not in demo:
+            demo["generator_options"] = dict(gen)
         trainer.update({k: v for k, v in (("epochs", epochs), ("lr", lr)) if v is not None})
+        if single_agent:
+            demo["single_agent_fraction"] = 1.0
         try:
             dc = DemoConfig(**demo)
             tc = default_sft_trainer_config(**trainer)
             rc = recommended_runtime_config(**(raw.get("runtime") or {}))
+            if single_agent:
+                rc = rc.model_copy(update={"max_steps_per_node": rc.whole_tree_steps})
         except ValueError as e:
             from rao_core.jsonl import one_line_error
 

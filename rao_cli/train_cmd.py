@@ -36,6 +36,27 @@ def load_campaign_file(path: Path, read_as: dict | None = None) -> CampaignConfi
     return load_config(path, check_paths=False, data=read_as)
 
 
+def check_model(model: Path | None) -> Path:
+    """The checkpoint a command starts from (``rao sft``, ``rao train``): ``model``, else
+    :func:`rao_core.paths.default_model_path`, checked before any work
+    (:func:`rao_core.train.checkpoint.is_checkpoint`: full weights or a LoRA adapter).
+
+    Raises:
+        typer.BadParameter: one ``error:`` line, exit 2: the folder does not exist, or holds no ``config.json``
+            / ``adapter_config.json``.
+    """
+    from rao_core.paths import default_model_path
+    from rao_core.train.checkpoint import is_checkpoint
+
+    path = model or default_model_path()
+    if is_checkpoint(path):
+        return path
+    what = ("is not a checkpoint folder (no config.json or adapter_config.json)" if path.exists()
+            else "does not exist")
+    hint = "" if model else " (the default model; `make setup` installs it)"
+    raise typer.BadParameter(f"{path} {what}{hint}", param_hint="'--model'")
+
+
 def trainer_config(path: Path) -> TrainerConfig:
     """The TrainerConfig of ``rao train --config``: a file of TrainerConfig fields only (what the campaign's
     training child gets), else a campaign config, checked whole (:func:`load_campaign_file`), whose
@@ -82,7 +103,6 @@ def register(app: typer.Typer) -> None:
         import os
         import resource
 
-        from rao_cli.sft_cmd import check_model
         from rao_core.samples import read_samples
         from rao_core.train import TrainerConfig, train
 

@@ -318,7 +318,7 @@ class Endpoint(_Strict):
     min_difference: float | None = Field(None, ge=-1, le=1, description="Smallest difference of success rates "
                                          "(the endpoint's point minus `against`'s, pooled over seeds) the endpoint "
                                          "also needs to be supported; None = the test alone decides "
-                                         "(tasks.experiment.seed_comparison).")
+                                         "(research.records.seed_comparison).")
 
     @field_validator("iteration")
     @classmethod
@@ -364,7 +364,7 @@ class EvalSettings(EvalConfig):
 
 
 class ExecutionSettings(_Strict):
-    """Where the generate stage grows its trees (``tasks/rollouts.py``). 'local': in the flow's own
+    """Where the generate stage grows its trees (``infra/ray_rollouts.py``). 'local': in the flow's own
     process, as one ``run_trees`` call (no Ray process is started). 'ray': its groups (a task and its G rollouts;
     a group is never split, the leave-one-out baseline needs all its trees) are cut into ``shards``, each one a
     Ray task that grows its trees with its own REPL sandboxes and policy client and writes them to one S3 object;

@@ -114,6 +114,26 @@ class EvalConfig(BaseModel):
                               "difficulty) row, made small (compact_tree: no token ids or log-probs, long texts "
                               "cut) and at most SAMPLE_MAX_CHARS of JSON: failures and successes alternately, in "
                               "task order (tree_sample); the experiment stores them beside its record. 0: none.")
+    every: int = Field(1, ge=1, description="A campaign evaluates its held-out set after iteration 0 (the starting "
+                       "checkpoint), after every iteration k with k % every == 0, and after the last iteration "
+                       "(evaluates); the others grow no evaluation tree: their checkpoint is registered but never "
+                       "champion, the collapse guard does not judge them and they have no point on the learning "
+                       "curve. 1: after every iteration.")
+
+    def evaluates(self, iteration: int, iterations: int) -> bool:
+        """Whether a campaign of ``iterations`` RL iterations evaluates after iteration ``iteration``: iteration
+        0, every multiple of ``every``, and the last one."""
+        return iteration == 0 or iteration % self.every == 0 or iteration >= iterations
+
+    def evaluated_iterations(self, iterations: int) -> list[int]:
+        """The iterations a campaign of ``iterations`` RL iterations evaluates after (:meth:`evaluates`),
+        ascending: ``every`` 6 of 12 gives [0, 6, 12], ``every`` 2 of 5 gives [0, 2, 4, 5]."""
+        return [k for k in range(iterations + 1) if self.evaluates(k, iterations)]
+
+    def next_evaluated(self, iteration: int, iterations: int) -> int:
+        """The first iteration after ``iteration`` that is evaluated (:meth:`evaluates`); ``iterations`` past
+        the last one."""
+        return min((iteration // self.every + 1) * self.every, max(iterations, iteration + 1))
 
     @field_validator("difficulties", "modes")
     @classmethod
@@ -193,6 +213,8 @@ class EvalRow(BaseModel):
     mode: str
     difficulty: str
     n: int  # trees
+    distinct_problems: int | None = None  # distinct problems among the trees' tasks (task_identity; task ids
+    # name draws, not problems); None where the tasks were not given (summarise from trees alone)
     unscored: int = 0  # roots whose verifier returned None (left out of the rate)
     successes: float = 0.0  # count (binary) or sum of values (graded), over scored roots
     success: float = 0.0  # success rate over scored roots
@@ -247,7 +269,7 @@ class EvalRow(BaseModel):
         wall_s, child_success (None without children), child_nodes, parallel_share, tree_wall_s (mean) and
         tree_wall_s_median, tokens_per_tree (mean completion tokens) and tokens_total; then the audit fields
         of the experiment's record: end_reasons, children_per_tree, depth_hist, per_depth, per_task, misses
-        (:func:`miss_counts`), and ``trees`` (the compact sample as JSON objects; absent when empty). Tokens per solved task are no
+        (:func:`miss_counts`), distinct_problems, and ``trees`` (the compact sample as JSON objects; absent when empty). Tokens per solved task are no
         longer a column (they restate the success rate)."""
         row = {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "unscored": self.unscored,
                "successes": round(self.successes, 4), "success": round(self.success, 3),
@@ -259,7 +281,8 @@ class EvalRow(BaseModel):
                "tokens_per_tree": round(self.mean_tokens, 1), "tokens_total": self.tokens_total,
                "end_reasons": dict(self.end_reasons), "children_per_tree": dict(self.children_per_tree),
                "depth_hist": dict(self.depth_hist), "per_depth": {d: dict(v) for d, v in self.per_depth.items()},
-               "per_task": dict(self.per_task), "misses": dict(self.misses)}
+               "per_task": dict(self.per_task), "misses": dict(self.misses),
+               "distinct_problems": self.distinct_problems}
         if self.sample:
             row["trees"] = [t.model_dump(mode="json") for t in self.sample]
         return row
@@ -547,9 +570,10 @@ async def evaluate_policy(env: Environment, tasks: Sequence[Task], policy: Polic
 def report_from_trees(tasks: Sequence[Task], trees: Sequence[ExecutionTree], *, mode: Mode, graded: bool = True,
                       wall_s: float = 0.0, keep_trees: int = STORED_TREES) -> EvalReport:
     """The :class:`EvalReport` of one mode from its trees, ``trees[i]`` grown for ``tasks[i]`` (one each, in
-    order: :func:`evaluate_policy`, or the shards of ``tasks.rollouts``): one row per difficulty in first-seen
+    order: :func:`evaluate_policy`, or the shards of ``infra.ray_rollouts``): one row per difficulty in first-seen
     order (``""`` becomes ``"all"``), ``wall_s`` the seconds the trees took (every row's ``wall_s``), each row
-    keeping ``keep_trees`` compact trees (:func:`tree_sample`). Sets each tree's ``meta`` ``eval_mode`` and
+    keeping ``keep_trees`` compact trees (:func:`tree_sample`) and counting its ``distinct_problems``
+    (:func:`rao_core.task_sampling.task_identity`). Sets each tree's ``meta`` ``eval_mode`` and
     ``difficulty``. Raises ValueError when the counts differ."""
     if len(tasks) != len(trees):
         raise ValueError(f"{len(trees)} trees for {len(tasks)} evaluation tasks")
@@ -558,8 +582,13 @@ def report_from_trees(tasks: Sequence[Task], trees: Sequence[ExecutionTree], *, 
         tree.meta["eval_mode"] = mode
         tree.meta["difficulty"] = task.difficulty or "all"
         by_diff.setdefault(task.difficulty or "all", []).append(tree)
+    from rao_core.task_sampling import task_identity
+
+    problems: dict[str, set[str]] = {}
+    for task in tasks:
+        problems.setdefault(task.difficulty or "all", set()).add(task_identity(task))
     rows = [summarise(ts, mode=mode, difficulty=d, graded=graded, wall_s=wall_s, keep_trees=keep_trees)
-            for d, ts in by_diff.items()]
+            .model_copy(update={"distinct_problems": len(problems[d])}) for d, ts in by_diff.items()]
     return EvalReport(rows=rows, trees=list(trees), graded=graded)
 
 

@@ -2,7 +2,8 @@
 
 After RL iteration ``k`` is evaluated, its held-out evaluation is compared with the evaluation of the
 checkpoint it was trained from (the reference: iteration ``k - 1``'s, or after a rollback the last good
-checkpoint's; iteration 0 is the starting checkpoint's base evaluation). Both evaluations grow one tree per
+checkpoint's; iteration 0 is the starting checkpoint's base evaluation; under ``eval.every``, the last evaluated
+iteration of that lineage). Both evaluations grow one tree per
 held-out task of the same evaluation seed, so the tasks pair.
 
 Rule, per evaluation row (mode, difficulty) that both evaluations have with per-task outcomes
@@ -14,7 +15,7 @@ Rule, per evaluation row (mode, difficulty) that both evaluations have with per-
     collapse  <=>  some row has  p < alpha / m  and  drop >= min_drop,  m = rows tested              (G3)
 
 (G1) is McNemar's exact test for 0/1 outcomes (a graded outcome, e.g. partial credit, counts as lost or
-gained by its sign); it is ``scipy.stats.binomtest``, the sign test of ``tasks.experiment``. The division by
+gained by its sign); it is ``scipy.stats.binomtest``, the sign test of ``research.records``. The division by
 ``m`` (Bonferroni) keeps the chance of a false alarm at most ``alpha`` per iteration however many modes and
 difficulties are evaluated; ``min_drop`` keeps a significant but small dip (a nightly regression's matter,
 ``rao_core.regression``) from counting as a collapse. With ``n`` paired tasks the smallest possible p is
@@ -91,7 +92,9 @@ class GuardVerdict(BaseModel):
 
     iteration: int = Field(description="The RL iteration judged.")
     reference: int | None = Field(description="The iteration whose evaluation it was compared with (its "
-                                  "checkpoint is the one iteration was trained from); None without one.")
+                                  "checkpoint is the one iteration was trained from or, when that one was not "
+                                  "evaluated (eval.every), the last evaluated one it descends from); None without "
+                                  "one.")
     status: Literal["collapse", "pass", "no_reference"] = Field(description="'collapse' (G3 holds), 'pass', or "
                                                                 "'no_reference' (nothing to compare with).")
     reason: str = Field("", description="Why there was nothing to compare (status 'no_reference').")

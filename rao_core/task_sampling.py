@@ -14,8 +14,8 @@ sets are drawn); it replaced three arithmetic rules (``seed*1000+500+i``, ``seed
 
 Three sets of tasks, never mixed: the training tasks (the RL pool and the demonstrations), the
 development set (``eval.dev``, stream ``"dev"``) and the evaluation set (stream ``"eval"``).
-:func:`campaign_task_sets` builds all of them from a campaign config and :func:`check_disjoint` refuses
-held-out sets that share a task with training or with each other, a task being identified by
+``rao_core.task_sets.campaign_task_sets`` builds all of them from a campaign config and :func:`check_disjoint`
+refuses held-out sets that share a task with training or with each other, a task being identified by
 :func:`task_identity` (for TextCraft its target multiset, not its id).
 """
 
@@ -24,15 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rao_core.envs.base import Environment, Task
 
-if TYPE_CHECKING:
-    from rao_core.config import CampaignConfig
-
-__all__ = ["campaign_task_sets", "check_disjoint", "check_task_sets", "eval_tree_seed", "rollout_seed", "sample_tasks",
-           "split_evenly", "task_identity", "task_seed"]
+__all__ = ["check_disjoint", "eval_tree_seed", "rollout_seed", "sample_tasks", "split_evenly", "task_identity",
+           "task_seed"]
 
 
 def _hash_seed(text: str) -> int:
@@ -150,40 +147,3 @@ def check_disjoint(held_out: Mapping[str, Sequence[Task]], training: Mapping[str
     if problems:
         raise ValueError("held-out tasks are not disjoint from the others: " + " | ".join(problems))
     return {name: len(ts) for name, ts in {**held_out, **training}.items()}
-
-
-def campaign_task_sets(cfg: CampaignConfig) -> tuple[dict[str, list[Task]], dict[str, list[Task]]]:
-    """The task sets of campaign ``cfg``, as its stages draw them: held out, ``{"evaluation": eval tasks
-    (rao_core.evaluation.eval_tasks), "development": eval.dev's tasks (only when set)}``; training,
-    ``{"training": the RL pool (tasks.train_file's train-split tasks, else stream "rl-pool" of the master
-    seed: the rule of tasks.stages.training_pool), "demonstrations": the warm start's tasks (only in mode
-    'demos'; rao_core.warmstart.demo_tasks with the config tasks.warm_start builds)}``. The names carry
-    their seeds, e.g. ``"evaluation (eval.seed 1234)"``."""
-    from rao_core.envs import get_env
-    from rao_core.envs.base import load_tasks
-    from rao_core.evaluation import dev_tasks, eval_tasks
-    from rao_core.warmstart import DemoConfig, demo_tasks
-
-    tc, ev, ws = cfg.tasks, cfg.eval, cfg.warm_start
-    env = get_env(tc.env, **tc.env_options)
-    held = {f"evaluation (eval.seed {ev.seed})": eval_tasks(env, ev, **tc.generator_options)}
-    if ev.dev is not None:
-        held[f"development (eval.dev.seed {ev.dev.seed})"] = dev_tasks(env, ev, ev.dev, **tc.generator_options)
-    if tc.train_file:
-        pool = load_tasks(tc.train_file, env)
-        train = {f"training (tasks.train_file {tc.train_file})": [t for t in pool if t.split == "train"] or pool}
-    else:
-        train = {f"training (seed {cfg.seed})": sample_tasks(env, seed=cfg.seed, stream="rl-pool",
-                                                             difficulties=tc.difficulties, n=tc.pool_size,
-                                                             split="train", **tc.generator_options)}
-    if ws.mode == "demos":
-        demo_cfg = DemoConfig(n_tasks=ws.n_tasks, difficulties=ws.difficulties, seed=cfg.seed, **ws.options)
-        train[f"demonstrations (seed {cfg.seed})"] = demo_tasks(env, demo_cfg)
-    return held, train
-
-
-def check_task_sets(cfg: CampaignConfig) -> dict[str, int]:
-    """:func:`check_disjoint` of :func:`campaign_task_sets` ``(cfg)``: the number of tasks of each set (names
-    with their seeds); ValueError naming the overlap when a held-out task is also a training task or the
-    development and evaluation sets share one."""
-    return check_disjoint(*campaign_task_sets(cfg))

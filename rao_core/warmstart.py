@@ -21,7 +21,7 @@ Departures from the paper / project choices:
   sequential launches, occasional valid-but-longer routes, wording, the crafting depth from which
   ingredients are delegated), so the demonstrations are not one fixed script.
 - ``single_agent_fraction`` mixes in trees grown with delegation disabled, so that one warm start serves
-  both the recursive agent and the single-agent baseline of the experiment (``flows/experiment.py``).
+  both the recursive agent and the single-agent baseline of the experiment (``research/experiment.py``).
 - By default only nodes that the verifier accepted become samples (a successful root may hold a child
   that failed and was repaired by its parent; imitating the failed child is not wanted).
 """
@@ -66,6 +66,10 @@ class DemoConfig(BaseModel):
                                     description="Task difficulties of the demonstrations (env names).")
     seed: int = Field(0, description="Seed of task generation and of the per-tree expert settings.")
     split: str = Field("train", description="Task split the demonstrations come from.")
+    generator_options: dict[str, Any] = Field(default_factory=dict, description="Extra generate_tasks options "
+                                              "of the campaign's tasks (`tasks.generator_options`, e.g. "
+                                              "TextCraft's `items_per_tier`): demonstrations come from the same "
+                                              "generator as the RL pool and the evaluation.")
     rollouts_per_task: int = Field(1, ge=1, description="Demonstration trees per task (each with its own "
                                    "expert settings).")
     parallel_prob: float = Field(0.5, ge=0, le=1, description="Probability that the expert launches 2+ "
@@ -134,12 +138,13 @@ def default_sft_trainer_config(**overrides: Any):
 def demo_tasks(env: Environment, config: DemoConfig) -> list[Task]:
     """The demonstration tasks: ``config.n_tasks`` split over ``config.difficulties`` (the first get the
     remainder), drawn by :func:`rao_core.task_sampling.sample_tasks` from stream ``"demos"`` of
-    ``config.split`` with ``config.seed``.
+    ``config.split`` with ``config.seed`` and ``config.generator_options``.
 
     Raises NotImplementedError for an environment without a task generator.
     """
     return sample_tasks(env, seed=config.seed, stream="demos", difficulties=config.difficulties,
-                        n=split_evenly(config.n_tasks, len(config.difficulties)), split=config.split)
+                        n=split_evenly(config.n_tasks, len(config.difficulties)), split=config.split,
+                        **config.generator_options)
 
 
 class _EosTerminated(Policy):

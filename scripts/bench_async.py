@@ -273,7 +273,7 @@ def main() -> None:
     ap.add_argument("--out", default="", help="Write the campaigns and the summary as JSON here, and resume from it.")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args()
-    from flows.experiment import _git
+    from research.designs import git_output
 
     stamp = time.strftime("%m%d%H%M")
     record, here = load_record(args.out, args), machine()
@@ -288,7 +288,7 @@ def main() -> None:
               f" rao run {out['wall_s']:.0f} s, core busy: whole run {out['cores']}, RL iterations "
               f"{out['rl_cores']}", flush=True)
         rep = next(rep for rep in record["repeats"] if rep["repeat"] == r)
-        rep["runs"][mode] = {**out, "commit": _git("-C", str(ROOT), "rev-parse", "--short", "HEAD"),
+        rep["runs"][mode] = {**out, "commit": git_output("-C", str(ROOT), "rev-parse", "--short", "HEAD"),
                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if args.out:  # after every campaign, so that an interrupted measurement resumes here
             write_record(args.out, {**record, "summary": summarise(record)})

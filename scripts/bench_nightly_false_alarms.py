@@ -68,7 +68,7 @@ def main() -> None:
     _prefect_env()
     from flows.campaign import CampaignParams
     from flows.evaluate import EvaluateParams, RegressionError, champion_suite, rao_evaluate
-    from flows.experiment import _git
+    from research.designs import git_output
     from rao_core.paths import REPO_ROOT
 
     base = CampaignParams(config=args.config).resolve()
@@ -97,7 +97,7 @@ def main() -> None:
         wall = time.monotonic() - t0
         rows = _comparison(name)
         runs.append({"run": i, "false_alarm": alarm, "wall_s": round(wall, 1), "comparison": rows,
-                     "commit": _git("-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"), "host": socket.gethostname(),
+                     "commit": git_output("-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"), "host": socket.gethostname(),
                      "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         detail = "; ".join(f"{r['metric']}: champion {r['champion']}, candidate {r['candidate']}, losses/wins "
                            f"{r['losses/wins']}, p {r['p']}, {r['status']}, {r['same_checkpoint']}" for r in rows)

@@ -46,9 +46,9 @@ def main() -> None:
     from rao_core.config import load_config
     from rao_core.paths import rao_home, tiny_model_path
     from rao_core.tree import read_trees
-    from tasks.common import RunContext
-    from tasks.records import ServedEndpoint
-    from tasks.rollouts import worker_runtime_env
+    from infra.stage_io import RunContext
+    from infra.stage_records import ServedEndpoint
+    from infra.ray_rollouts import worker_runtime_env
     from tasks.stages import fetch, generate_trees
 
     model = tiny_model_path() if args.model == "tiny" else rao_home() / "models" / "smollm2-135m-instruct"

@@ -29,8 +29,8 @@ for label, policy in [("off (keep all, as before)", CheckpointSettings(keep_last
     d = Path(tempfile.mkdtemp(prefix="meas-"))
     os.environ["RAO_HOME"] = str(d / "home")
     from tasks import stages
-    from tasks.common import RunContext
-    from tasks.records import Checkpoint
+    from infra.stage_io import RunContext
+    from infra.stage_records import Checkpoint
     srv = SeaweedFSServer(data_dir=d / "s3", log_dir=d / "logs").start()
     try:
         cfg = CampaignConfig(name="meas", checkpoints=policy, trainer=TrainerConfig(loss_type="reinforce", lr=1e-3, micro_batch_size=1, process="inline"))

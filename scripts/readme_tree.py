@@ -57,7 +57,7 @@ FOLDER_NOTES = {
     "configs/": "campaign and experiment configs (YAML, validated at load), accelerate configs for GPUs",
     "rao_cli/": "the `rao` command line (typer), one module per area",
     "docs/": "the documentation site's pages (`make docs`); experiment records in docs/results/",
-    "flows/": "Prefect flows: the campaign, the nightly evaluation, the experiments",
+    "flows/": "Prefect flows: the campaign and the nightly evaluation",
     "infra/": "services: vLLM, S3 (SeaweedFS), MLflow, Prefect, Ray replicas; retention, data validation",
     "rao_core/": "the algorithm, the agent runtime, the environments (no Prefect, MLflow or boto3 here)",
     "requirements/": "pinned lock files (uv) of the main and the inference-server environments",

@@ -13,8 +13,8 @@ from prefect import get_run_logger
 
 from rao_core.config import CampaignConfig
 from tasks import tracking
-from tasks.common import RunContext, artifact_key, stage
-from tasks.records import Checkpoint, RegisterOutput
+from infra.stage_io import RunContext, artifact_key, stage
+from infra.stage_records import Checkpoint, RegisterOutput
 
 __all__ = ["CAMPAIGN_DONE_KEY", "already_complete_line", "campaign_run", "completed_summary", "flatten",
            "iteration_run", "log_config_params", "mlflow_link", "mlflow_setup", "register_held", "summary_artifact",
@@ -154,7 +154,7 @@ def summary_markdown(summary: dict[str, Any], note: str = "") -> str:
 
 def summary_artifact(summary: dict[str, Any], note: str = "") -> None:
     """The ``<campaign>-summary`` markdown artifact of this flow run (inside a Prefect run only; never fails it)."""
-    from tasks.common import in_prefect_run
+    from infra.stage_io import in_prefect_run
 
     if not in_prefect_run():
         return

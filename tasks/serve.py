@@ -37,8 +37,8 @@ from prefect.cache_policies import NONE
 
 from rao_core.paths import rao_home
 from rao_core.train.checkpoint import is_checkpoint, is_lora_checkpoint
-from tasks.common import RunContext, fetch_dir, run_logger
-from tasks.records import Checkpoint, ServedEndpoint, ServedReplica
+from infra.stage_io import RunContext, fetch_dir, run_logger
+from infra.stage_records import Checkpoint, ServedEndpoint, ServedReplica
 
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {"servers": [], "served": None, "lora": None}  # servers: the pool, replica order
@@ -121,7 +121,7 @@ def _switch_pool(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     gpus = None  # None: the replicas start here, on GPUs if this host has one (infra.serving.has_cuda_gpu)
     if on_ray:
         from infra.ray_serving import RayReplica, check_placement
-        from tasks.rollouts import connect
+        from infra.ray_rollouts import connect
 
         resources = connect(ex.ray_address)
         gpus = resources.get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own

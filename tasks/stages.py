@@ -1,8 +1,8 @@
 """The Prefect tasks of one RL iteration (thin: load inputs, call ``rao_core``, save outputs, return URIs).
 
 Order: serve_checkpoint (tasks/serve.py) -> generate_trees -> judge_trees -> validate_dataset ->
-train_policy -> evaluate -> register_checkpoint. Each is a resumable Prefect task (``tasks.common.stage``):
-its return value (a ``tasks.records`` record: URIs, small metrics) is stored on S3 once it completed.
+train_policy -> evaluate -> register_checkpoint. Each is a resumable Prefect task (``infra.stage_io.stage``):
+its return value (an ``infra.stage_records`` record: URIs, small metrics) is stored on S3 once it completed.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from rao_core.progress import every_tenth, fan_out, quiet_heartbeat
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.tree import read_trees, tree_json_line, write_trees
 from tasks import tracking
-from tasks.common import (ProgressArtifact, RunContext, artifact_key, fetch, in_prefect_run, iter_key, run_logger,
-                          stage)
-from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
-                           TrainOutput, ValidateOutput)
+from infra.stage_io import (ProgressArtifact, RunContext, artifact_key, fetch, in_prefect_run, iter_key, run_logger,
+                            stage)
+from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
+                                 TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local
 from infra.process import ServiceError
 
@@ -156,7 +156,7 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
 
     Each tree's sampling seed is ``rollout_seed(seed, iteration, task_id, g)`` (``ExecutionTree.seed``).
     ``execution.backend`` says where the trees grow: 'local', in this process (one ``run_trees``); 'ray', as
-    shards on a Ray cluster (``tasks.rollouts``), the same trees with the same seeds, merged in the same order.
+    shards on a Ray cluster (``infra.ray_rollouts``), the same trees with the same seeds, merged in the same order.
     Either way the trees go to ``iter-K/trees/trees.jsonl``.
     """
     log = run_logger()
@@ -255,9 +255,9 @@ def _generate_locally(ctx: RunContext, iteration: int, tasks: list[Task], served
 
 def _generate_on_ray(ctx: RunContext, iteration: int, tasks: list[Task], served: ServedEndpoint,
                      tokenizer_path: str, ui: ProgressArtifact) -> list:
-    """The trees of ``tasks`` grown as shards on the Ray cluster (backend 'ray', ``tasks.rollouts``), read back
+    """The trees of ``tasks`` grown as shards on the Ray cluster (backend 'ray', ``infra.ray_rollouts``), read back
     from exactly the shards' objects, in the local backend's order."""
-    from tasks import rollouts
+    from infra import ray_rollouts as rollouts
 
     log = run_logger()
     ex = ctx.config.execution
@@ -496,11 +496,11 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
 def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[Task], served: ServedEndpoint,
                      tokenizer_path: str, where: str, advance) -> "EvalReport":
     """The evaluation of ``tasks`` in each mode of ``eval`` as shards on the Ray cluster (backend 'ray'): per
-    mode, ``tasks.rollouts.plan_eval_shards`` (objects under ``<folder>/eval/shards/``, folder ``iter-K``, or
+    mode, ``infra.ray_rollouts.plan_eval_shards`` (objects under ``<folder>/eval/shards/``, folder ``iter-K``, or
     ``eval`` outside an iteration), read back in task order and summarised as the local backend does
     (``rao_core.evaluation.report_from_trees``). ``advance(result)``: a shard finished (``ShardResult``: its trees and roots solved)."""
     from rao_core.evaluation import EvalReport, report_from_trees
-    from tasks import rollouts
+    from infra import ray_rollouts as rollouts
 
     ev, ex = ctx.config.eval, ctx.config.execution
     folder = iter_key(iteration) if iteration is not None else "eval"
@@ -542,12 +542,26 @@ def evaluate(ctx: RunContext, iteration: int | str, served: ServedEndpoint, toke
     return res
 
 
+@stage("evaluate", name="evaluate-skipped")
+def skip_evaluation(ctx: RunContext, iteration: int, trained_from: int | None = None) -> EvalOutput:
+    """The ``evaluate`` stage of an iteration the campaign does not evaluate (``eval.every``:
+    ``rao_core.evaluation.EvalConfig.evaluates``): no tree grown, no server asked. Its record (and resumable
+    marker) has ``evaluated`` False, no metrics, no rows, and ``trained_from``, the iteration whose checkpoint
+    this one trained from (the collapse guard walks from it to the last evaluated iteration). Logs one line,
+    ``iteration 5: not evaluated (eval.every 6; next: iteration 6)``."""
+    ev = ctx.config.eval
+    run_logger().info(f"iteration {iteration}: not evaluated (eval.every {ev.every}; next: iteration "
+                      f"{ev.next_evaluated(iteration, ctx.config.iterations)})")
+    return EvalOutput(evaluated=False, trained_from=trained_from)
+
+
 @stage("register", name="register-checkpoint", **IO_RETRIES)
 def register_checkpoint(ctx: RunContext, iteration: int, ckpt: Checkpoint, eval_metrics: dict[str, float],
-                        run_id: str, updated: bool = True) -> RegisterOutput:
+                        run_id: str, updated: bool = True, evaluated: bool = True) -> RegisterOutput:
     """Register the checkpoint as a model version (unless its weights equal a version the campaign registered
     before: ``updated`` False); move champion only for a real update not worse than the champion beyond
-    ``eval.tolerance``."""
+    ``eval.tolerance``, never for a checkpoint not evaluated (``evaluated`` False: ``eval.every``; tag
+    ``rao.evaluated`` false)."""
     name = tracking.registered_model_name(ctx.config)
     metric = primary_metric(ctx)
     same = None if updated else tracking.campaign_version(name, ctx.name, iteration)  # weights unchanged
@@ -555,12 +569,13 @@ def register_checkpoint(ctx: RunContext, iteration: int, ckpt: Checkpoint, eval_
         return RegisterOutput(model=name, version=same, champion=False, metric=metric,
                               score=eval_metrics.get(metric), updated=False)
     tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, "rao.updated": str(updated).lower(),
-            **{k: round(v, 4) for k, v in eval_metrics.items()}}
+            **({} if evaluated else {"rao.evaluated": "false"}), **{k: round(v, 4) for k, v in eval_metrics.items()}}
     desc = (f"Checkpoint {ckpt.uri}\n\ncampaign {ctx.name}, iteration {iteration}"
-            + ("" if updated else "; update skipped (no optimizer step): the weights it started from"))
+            + ("" if updated else "; update skipped (no optimizer step): the weights it started from")
+            + ("" if evaluated else f"; not evaluated (eval.every {ctx.config.eval.every}): never champion"))
     version = tracking.register_version(name, ckpt.uri, run_id, tags, desc)
-    promoted = tracking.promote(name, version, eval_metrics.get(metric), metric,
-                                tolerance=ctx.config.eval.tolerance, updated=updated)
+    promoted = evaluated and tracking.promote(name, version, eval_metrics.get(metric), metric,
+                                              tolerance=ctx.config.eval.tolerance, updated=updated)
     return RegisterOutput(model=name, version=version, champion=promoted, metric=metric,
                           score=eval_metrics.get(metric), updated=updated)
 

@@ -32,8 +32,8 @@ from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
 from rao_core.tree import ExecutionTree
-from tasks.common import RunContext, artifact_key, fetch, in_prefect_run, stage
-from tasks.records import EvalOutput, GenerateOutput, JudgeOutput, LogOutput, TrainOutput, ValidateOutput
+from infra.stage_io import RunContext, artifact_key, fetch, in_prefect_run, stage
+from infra.stage_records import EvalOutput, GenerateOutput, JudgeOutput, LogOutput, TrainOutput, ValidateOutput
 
 FLOW_RUN_TAG = "rao.prefect_flow_run_id"
 
@@ -159,7 +159,7 @@ def log_iteration(ctx: RunContext, iteration: int, run_id: str, gen: GenerateOut
     """Log iteration ``iteration``'s metrics to its run ``run_id`` and the campaign run, with its plots and
     traces (module docstring); returns the metrics and the stage times logged.
 
-    A resumable stage (``tasks.common.stage``, marker ``iter-K/_done/log.json``): a re-run returns what was
+    A resumable stage (``infra.stage_io.stage``, marker ``iter-K/_done/log.json``): a re-run returns what was
     logged without asking MLflow anything. Interrupted half-way, the re-run logs only what is missing: each
     (metric, step) at most once (:func:`log_metrics`) and no tree's trace twice (:func:`logged_tree_ids`).
     """

@@ -14,8 +14,8 @@ import json
 from rao_core.envs import get_env
 from rao_core.progress import every_tenth, fan_out
 from tasks import tracking
-from tasks.common import ProgressArtifact, RunContext, artifact_key, run_logger, stage
-from tasks.records import Checkpoint, WarmStartOutput
+from infra.stage_io import ProgressArtifact, RunContext, artifact_key, run_logger, stage
+from infra.stage_records import Checkpoint, WarmStartOutput
 from tasks.stages import checkpoint_from_uri
 
 
@@ -28,10 +28,11 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
         return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, str(cfg.model.path)), mode="none")
     if ws.mode == "checkpoint":
         return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, ws.checkpoint or ""), mode="checkpoint")
-    from rao_core.warmstart import DemoConfig, run_warm_start
+    from rao_core.task_sets import campaign_demo_config
+    from rao_core.warmstart import run_warm_start
 
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
-    demo_cfg = DemoConfig(n_tasks=ws.n_tasks, difficulties=ws.difficulties, seed=cfg.seed, **ws.options)
+    demo_cfg = campaign_demo_config(cfg)
     out_dir = ctx.local("checkpoints/iter-0")
     tpath, spath = ctx.local("iter-0/demos.jsonl"), ctx.local("iter-0/demo_samples.jsonl")
     log, steps = run_logger(), []  # progress lines every tenth: minutes pass in a log with no bar drawn

@@ -1,7 +1,8 @@
 """Shared fixtures: real services started once per test session.
 
 - ``vllm_tiny``: a vLLM OpenAI server on the tiny random model (2-3 minutes to start on CPU). Set
-  ``RAO_TEST_VLLM_URL`` (+ ``RAO_TEST_VLLM_MODEL``, ``RAO_TEST_VLLM_MODEL_PATH``) to reuse a running one.
+  ``RAO_TEST_VLLM_URL`` (+ ``RAO_TEST_VLLM_MODEL``, ``RAO_TEST_VLLM_MODEL_PATH``, and ``RAO_POLICY_API_KEY`` when
+  it requires a key) to reuse a running one; ``.api_key`` is the key to send it.
 - ``s3_server``: SeaweedFS on loopback with a bucket; ``mlflow_uri``: SQLite tracking in a temp folder;
   ``prefect_harness``: one session-wide Prefect test harness.
 Tests needing them are marked ``vllm`` / ``services``; ``-m "not vllm"`` skips the slow ones.
@@ -87,6 +88,9 @@ class ServedModel:
     model: str
     model_path: Path
     server: object | None = None
+    #: The key the server requires (``Authorization: Bearer``): the started server's own, else the one this
+    #: process sends to a policy server (``infra.serving.client_api_key``: ``RAO_POLICY_API_KEY``, ...).
+    api_key: str = "EMPTY"
 
 
 @pytest.fixture(scope="session")
@@ -112,8 +116,10 @@ def tiny() -> Path:
 def vllm_tiny(tmp_path_factory, tiny_model_path):
     url = os.environ.get("RAO_TEST_VLLM_URL")
     if url:
+        from infra.serving import client_api_key
+
         yield ServedModel(url, os.environ.get("RAO_TEST_VLLM_MODEL", "policy"),
-                          Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)))
+                          Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)), api_key=client_api_key())
         return
     from infra.serving import VLLMServer
 
@@ -126,7 +132,7 @@ def vllm_tiny(tmp_path_factory, tiny_model_path):
                         log_dir=tmp_path_factory.mktemp("vllm-logs"))  # fp32: exact log-prob checks
     server.start()
     try:
-        yield ServedModel(server.base_url, server.model, served, server)
+        yield ServedModel(server.base_url, server.model, served, server, api_key=server.api_key)
     finally:
         server.stop()
 

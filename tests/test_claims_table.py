@@ -1,5 +1,7 @@
-"""The claims table keeps the records' figures: every figure of README.md and of the site's
-"Experiments and results" page that links a record under docs/results/ is recomputed from that record.
+"""The claims table keeps the records' figures: every figure of README.md, of the site's "Experiments" page
+and of each experiment's page (docs/experiments/*.md) that links a record under docs/results/ is recomputed
+from that record. The README's claims table is short (claim | status | headline figure | details); the per-seed
+figures are on the experiment pages, checked here the same way.
 
 A figure is a Markdown link to its record whose title says where in the record the figure is::
 
@@ -24,7 +26,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIGURE = re.compile(r'\[([^\]]+)\]\(([^)\s]+\.json) "([^"]+)"\)')
 STEP = re.compile(r"^([A-Za-z_][\w]*)(?:\[([^\]]+)\])?$")
-PAGES = {"README.md": "docs/results/", "docs/experiments.md": "results/"}  # page -> its link prefix of records
+#: the pages whose record-linked figures are checked: the README, the site's claims page, each experiment's page
+PAGES = ["README.md", "docs/experiments.md",
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs/experiments").glob("*.md"))]
 CLAIMS = re.compile(r"<!-- claims:start -->\n(.*?)<!-- claims:end -->", re.S)
 
 
@@ -90,10 +94,16 @@ def test_select_and_render_by_hand():
         select(record, "points[arm=single,iteration=2].tokens")
 
 
-@pytest.mark.parametrize("page", sorted(PAGES))
+def test_the_pages_carry_their_figures():
+    assert len(figures("README.md")) >= 10, "the README's claims table links fewer than 10 figures"
+    assert len(figures("docs/experiments.md")) >= 10, "the site's claims table links fewer than 10 figures"
+    per_experiment = sum(len(figures(p)) for p in PAGES[2:])
+    assert per_experiment >= 50, f"the experiment pages link {per_experiment} figures; were the per-seed figures lost?"
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_every_linked_figure_equals_its_record(page):
     found = figures(page)
-    assert len(found) >= 15, f"{page}: only {len(found)} record-linked figures; is the claims table there?"
     wrong = []
     for text, record_file, path in found:
         assert record_file.parent == ROOT / "docs/results", f"{page}: {record_file} is not a record of docs/results/"
@@ -113,17 +123,17 @@ def claims_rows(page: str) -> list[str]:
 def test_the_claims_table_has_the_papers_four_claims_each_with_a_status():
     rows = claims_rows("README.md")
     head, rule, *claims = rows
-    assert head.startswith("| the paper's claim |") and set(rule) <= set("|-")
+    assert head.startswith("| the paper's claim | status here | headline figure") and set(rule) <= set("|-")
     assert len(claims) == 4, "one row per claim of the paper"
     for row in claims:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 4, row
-        assert re.match(r"\*\*[^*]+\*\*", cells[2]), f"the status cell opens with its verdict in bold: {row[:80]}"
-        if cells[1] != "none yet":
-            assert FIGURE.search(cells[1]), f"the figure cell links its record: {row[:80]}"
-            assert "](docs/results/" in cells[3], f"the record cell names the record: {row[:80]}"
+        assert re.match(r"\*\*[^*]+\*\*", cells[1]), f"the status cell opens with its verdict in bold: {row[:80]}"
+        if cells[2] != "none yet":
+            assert FIGURE.search(cells[2]), f"the figure cell links its record: {row[:80]}"
+        assert "](docs/experiments/" in cells[3], f"the details cell links the experiment's page: {row[:80]}"
 
 
 def test_the_sites_claims_table_is_the_readmes():
-    readme = [r.replace("](docs/results/", "](results/") for r in claims_rows("README.md")]
+    readme = [r.replace("](docs/", "](") for r in claims_rows("README.md")]
     assert claims_rows("docs/experiments.md") == readme, "edit both tables (docs/experiments.md links results/...)"

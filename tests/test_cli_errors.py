@@ -549,10 +549,10 @@ def test_judge_calibrate_reads_the_tree_file_before_contacting_the_server(capsys
 def test_a_run_option_the_parameters_refuse_is_named_as_written(capsys, monkeypatch, in_process_command):
     """Was ``error: CampaignParams: iterations: Input should be ...`` (the pydantic class, exit 1)."""
     import flows.campaign
-    import flows.experiment
+    import research.experiment
 
     monkeypatch.setattr(flows.campaign, "rao_campaign", lambda params: pytest.fail("a campaign started"))
-    monkeypatch.setattr(flows.experiment, "rao_experiment", lambda params: pytest.fail("an experiment started"))
+    monkeypatch.setattr(research.experiment, "rao_experiment", lambda params: pytest.fail("an experiment started"))
     code, _, err = run_cli(capsys, "run", "--iterations", "-1", "--name", "x")
     assert code == 2 and one_error_line(err) == ("error: Invalid value for '--iterations': Input should be greater "
                                                   "than or equal to 0 (got -1) (see `rao run --help`)")

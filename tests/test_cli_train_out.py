@@ -179,3 +179,27 @@ def test_sft_still_reads_demo_settings_written_directly_in_warm_start(capsys, tm
     f.write_text("warm_start:\n  parallel_prob: 3\n")
     code, _, err = run_cli(capsys, *_argv("sft", tmp_path, tmp_path / "ck2", "--config", str(f)))
     assert code == 2 and "parallel_prob" in one_error_line(err)
+
+
+def test_sft_demonstrates_the_configs_generator_and_the_single_agent_on_request(capsys, tmp_path, monkeypatch):
+    """``rao sft --config``: demonstrations from the campaign's ``tasks.generator_options`` (its recipe graph);
+    ``--single-agent``: delegation-off demonstrations whose node gets a whole recursive tree's steps."""
+    import rao_core.warmstart
+
+    got = []
+
+    def run_warm_start(env, model_path, out_dir, demo_config=None, runtime_config=None, **kw):
+        got.append((demo_config, runtime_config))
+        _writes_checkpoint(Path(out_dir))
+        return SimpleNamespace(checkpoint=Path(out_dir), stats={}, num_samples=0, num_tokens=0,
+                               num_assistant_tokens=0, demo_wall_s=0.0, sft_wall_s=0.0)
+
+    monkeypatch.setattr(rao_core.warmstart, "run_warm_start", run_warm_start)
+    cfg = "configs/experiment-textcraft-deeper.yaml"
+    for extra in ([], ["--single-agent"]):
+        code, _, err = run_cli(capsys, "sft", "--config", cfg, "--out", str(tmp_path / f"o{len(extra)}"), *extra)
+        assert code == 0, err
+    (demo, rc), (single, rc1) = got
+    assert demo.generator_options == single.generator_options == {"items_per_tier": 300}
+    assert (demo.single_agent_fraction, demo.recurse, rc.max_steps_per_node) == (0.0, True, 6)
+    assert (single.single_agent_fraction, rc1.max_steps_per_node) == (1.0, 6 * (1 + 4))

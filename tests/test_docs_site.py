@@ -1,5 +1,7 @@
 """The documentation site builds offline in strict mode: a broken link, a bad anchor, a page left out
 of the nav, a missing snippet or a docstring griffe cannot parse fails the build, so it fails this test.
+The API reference renders the docstrings' reST roles as links (docs/_ext/rst_roles.py), and the manual stays a
+manual: no page over 25,000 bytes, no heading with a date or an issue number (the dated notebook excepted).
 
 The build is the one ``make docs`` runs (``mkdocs build --strict``, config ``mkdocs.yml``), into a temporary
 folder. The API reference is read by static analysis (griffe), so nothing is imported and no service starts.
@@ -74,3 +76,52 @@ def test_the_getting_started_page_includes_the_readmes_services_table(site):
     out = site
     html = (out / "getting-started.html").read_text()
     assert "RAO_POLICY_BASE_URL" in html and "--8&lt;--" not in html and "--8<--" not in html
+
+
+#: the dated notebook (its headings carry dates by design) and the generated file map: not manual pages
+NOT_MANUAL = {"results.md", "files.md"}
+NOTEBOOK_DIR = "notebook"
+MANUAL_PAGE_MAX_BYTES = 25_000
+RAW_ROLE = re.compile(r":(?:py:)?(?:func|class|data|meth|attr|mod|exc|obj):(?:<code>|`)")
+DATED_HEADING = re.compile(r"\d{4}-\d{2}-\d{2}|\bissue\s+#?\d+", re.I)
+
+
+def manual_pages() -> list[Path]:
+    docs = ROOT / "docs"
+    return [p for p in sorted(docs.rglob("*.md")) if str(p.relative_to(docs)) not in NOT_MANUAL
+            and p.relative_to(docs).parts[0] != NOTEBOOK_DIR and "_ext" not in p.relative_to(docs).parts]
+
+
+def headings(text: str) -> list[str]:
+    """The Markdown headings of ``text`` (ATX, outside fenced code)."""
+    out, fence = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+        elif not fence and re.match(r"^#{1,6} ", line):
+            out.append(line)
+    return out
+
+
+def test_the_api_reference_renders_no_raw_rest_role(site):
+    """Docstrings write :func:`x`; the griffe extension makes each a link (or inline code where the target is
+    not on the site), so no role reaches the HTML."""
+    pages = sorted((site / "reference").glob("*.html"))
+    assert len(pages) >= 9
+    raw = {p.name: len(RAW_ROLE.findall(p.read_text())) for p in pages}
+    assert not {k: v for k, v in raw.items() if v}, f"raw reST roles in the built reference: {raw}"
+    links = sum(p.read_text().count('class="autorefs autorefs-internal"') for p in pages)
+    assert links >= 100, f"only {links} cross-references in the reference: is docs/_ext/rst_roles.py loaded?"
+
+
+def test_no_manual_page_passes_25_kb():
+    pages = manual_pages()
+    assert len(pages) >= 30
+    big = {str(p.relative_to(ROOT)): p.stat().st_size for p in pages if p.stat().st_size > MANUAL_PAGE_MAX_BYTES}
+    assert not big, f"manual pages over {MANUAL_PAGE_MAX_BYTES} bytes (split them by topic): {big}"
+
+
+def test_no_manual_heading_carries_a_date_or_an_issue_number():
+    bad = [f"{p.relative_to(ROOT)}: {h}" for p in manual_pages() for h in headings(p.read_text())
+           if DATED_HEADING.search(h)]
+    assert not bad, "dated headings belong in the notebook (docs/results.md, docs/notebook/):\n" + "\n".join(bad)

@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, ToolError, ToolSpec, load_tasks, tool,
+from rao_core.envs.base import (ChildSpec, Environment, Episode, Task, TaskError, ToolError, ToolSpec, tool,
                                 write_tasks)
+from rao_core.jsonl import read_jsonl
 
 if TYPE_CHECKING:
     from rao_core.policies.base import Policy
@@ -95,6 +96,27 @@ def canonical_name(name: str) -> str:
         except ValueError:
             return name
     return _names().get(name, name)
+
+
+def check_task(env: Environment, task: Task) -> Task:
+    """Check that ``task`` is for ``env`` and passes ``env.validate_task``; returns it or raises TaskError."""
+    if canonical_name(task.env) != canonical_name(env.name):
+        raise TaskError("env", f"task {task.task_id} is for environment {task.env!r}", f"{env.name!r}")
+    env.validate_task(task)
+    return task
+
+
+def load_tasks(path: str | os.PathLike[str], env: Environment | None = None) -> list[Task]:
+    """Load a JSON-lines task file, checking every record before anything runs.
+
+    Each line must be a ``Task``; with ``env``, each task must also be for that environment and pass
+    ``env.validate_task``. Raises FileNotFoundError, or ValueError with one line naming the file, the
+    line, the field and what was expected (``"t.jsonl:3: not a valid task record: data.targets.x: unknown
+    item 'x' (expected ...)"``).
+    """
+    if env is None:
+        return read_jsonl(path, Task.model_validate, "task record")
+    return read_jsonl(path, lambda d: check_task(env, Task.model_validate(d)), "task record")
 
 
 def _load(target: str) -> Any:

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rao_core.jsonl import read_jsonl, short_repr, write_jsonl
+from rao_core.jsonl import short_repr, write_jsonl
 from rao_core.tree import Node
 
 
@@ -390,29 +390,6 @@ class Environment(ABC):
         Raises ``TaskError(field, problem, expected)`` for unknown items, wrong types, missing fields and
         impossible goals. Default: accepts every record (the ``Task`` schema is checked on parsing).
         """
-
-
-def check_task(env: Environment, task: Task) -> Task:
-    """Check that ``task`` is for ``env`` and passes ``env.validate_task``; returns it or raises TaskError."""
-    from rao_core.envs import canonical_name
-
-    if canonical_name(task.env) != canonical_name(env.name):
-        raise TaskError("env", f"task {task.task_id} is for environment {task.env!r}", f"{env.name!r}")
-    env.validate_task(task)
-    return task
-
-
-def load_tasks(path: str | os.PathLike[str], env: Environment | None = None) -> list[Task]:
-    """Load a JSON-lines task file, checking every record before anything runs.
-
-    Each line must be a ``Task``; with ``env``, each task must also be for that environment and pass
-    ``env.validate_task``. Raises FileNotFoundError, or ValueError with one line naming the file, the
-    line, the field and what was expected (``"t.jsonl:3: not a valid task record: data.targets.x: unknown
-    item 'x' (expected ...)"``).
-    """
-    if env is None:
-        return read_jsonl(path, Task.model_validate, "task record")
-    return read_jsonl(path, lambda d: check_task(env, Task.model_validate(d)), "task record")
 
 
 def write_tasks(path: str | os.PathLike[str], tasks: list[Task]) -> Path:

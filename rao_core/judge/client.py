@@ -53,8 +53,13 @@ class JudgeOutcome(BaseModel):
 
 
 def make_client(config: JudgeConfig) -> openai.AsyncOpenAI:
-    """An AsyncOpenAI client for ``config`` (key from ``config.api_key_env``, 'EMPTY' when unset)."""
-    return openai.AsyncOpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
+    """An AsyncOpenAI client for ``config``. Its key: ``RAO_POLICY_API_KEY`` (the key of the project's own vLLM
+    servers) for the project's vLLM service (``RAO_POLICY_BASE_URL``); else the variable named by
+    ``config.api_key_env``, else ``RAO_POLICY_API_KEY``, else 'EMPTY'."""
+    own = config.base_url.rstrip("/") == os.environ.get("RAO_POLICY_BASE_URL", "").rstrip("/")
+    key = ((os.environ.get("RAO_POLICY_API_KEY") if own else None) or os.environ.get(config.api_key_env)
+           or os.environ.get("RAO_POLICY_API_KEY") or "EMPTY")
+    return openai.AsyncOpenAI(base_url=config.base_url, api_key=key,
                               max_retries=config.max_retries, timeout=config.timeout_s)
 
 

@@ -38,7 +38,7 @@ class OpenAIPolicy(Policy):
             (``serving.request_seeds``), which dies on a seeded request prefilled in chunks.
     """
 
-    def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", temperature: float = 1.0,
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, temperature: float = 1.0,
                  top_p: float = 1.0, stop: tuple[str, ...] | list[str] = DEFAULT_STOP,
                  request_timeout_s: float = 120.0, max_retries: int = 3, extra_body: dict[str, Any] | None = None,
                  send_seeds: bool = True):
@@ -54,6 +54,10 @@ class OpenAIPolicy(Policy):
         self.max_retries = max_retries
         self.extra_body = dict(extra_body or {})
         self.send_seeds = send_seeds
+        import os
+
+        # the pipeline's vLLM servers require RAO_POLICY_API_KEY (infra.serving.policy_api_key)
+        api_key = api_key or os.environ.get("RAO_POLICY_API_KEY") or "EMPTY"
         self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=request_timeout_s, max_retries=0)
 
     async def _create(self, request: PolicyRequest) -> Any:

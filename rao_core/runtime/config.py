@@ -91,7 +91,7 @@ class RuntimeConfig(BaseModel):
                                              "'none' (plain subprocess with rlimits; debugging only).")
     repl_pool_size: int = Field(2, ge=0, description="Pre-started idle REPL processes (hide start-up).")
     work_root: str | None = Field(None, description="Folder that holds the REPLs' work folders (rao-repl-*); "
-                                  "None: the system temporary folder. A Ray shard sets its own (tasks/rollouts.py).")
+                                  "None: the system temporary folder. A Ray shard sets its own (infra/ray_rollouts.py).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature of endpoint policies.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of endpoint policies.")
     echo_last_expression: bool = Field(False, description="Notebook echo: print the repr of a cell's bare "
@@ -110,3 +110,9 @@ class RuntimeConfig(BaseModel):
     def effective_max_depth(self) -> int:
         """Max depth in force: 0 when delegation is disabled."""
         return self.max_depth if self.delegation else 0
+
+    @property
+    def whole_tree_steps(self) -> int:
+        """Steps a single agent's node gets to match one recursive node and its children:
+        ``max_steps_per_node x (1 + max_children_per_node)`` (the single-agent arms of the experiments)."""
+        return self.max_steps_per_node * (1 + self.max_children_per_node)

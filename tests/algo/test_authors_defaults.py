@@ -5,7 +5,7 @@ import pytest
 
 from rao_core.envs import env_class
 from rao_core.samples import AlgoSettings, build_samples
-from tasks.stable_rao import ARMS, arm_samples, mcnemar
+from research.stable_rao import ARMS, arm_samples, mcnemar
 
 from tests.algo.helpers import node, tree
 
@@ -82,7 +82,7 @@ def test_mcnemar_pairs_tasks_by_id_and_tests_the_discordant_ones():
 
 
 def test_the_check_table_reads_every_figure_from_the_record():
-    from tasks.stable_rao import check_markdown
+    from research.stable_rao import check_markdown
 
     rec = {"points": [{"checkpoint": "warm_start", "successes": 97.0, "n": 100, "ci95": [0.9152, 0.9897]},
                       {"checkpoint": "old-s0", "successes": 40.0, "n": 100, "ci95": [0.31, 0.50]}],
@@ -97,7 +97,7 @@ def test_the_check_table_reads_every_figure_from_the_record():
 
 
 def test_comparisons_pair_each_arm_with_the_warm_start_and_the_default_of_its_seed_or_seed_0():
-    from tasks.stable_rao import comparisons
+    from research.stable_rao import comparisons
 
     pt = lambda label, outs: {"checkpoint": label, "per_task": dict(enumerate(outs))}  # noqa: E731
     rec = {"points": [pt("warm_start", [1, 1, 1, 1]), pt("default-s0", [1, 1, 1, 0]), pt("old-s1", [0, 0, 0, 0])]}
@@ -109,7 +109,7 @@ def test_comparisons_pair_each_arm_with_the_warm_start_and_the_default_of_its_se
 def test_the_check_plot_is_written_at_its_size(tmp_path):
     import matplotlib.image
 
-    from tasks.stable_rao import check_png
+    from research.stable_rao import check_png
 
     rec = {"difficulty": "nest1", "points": [
         {"checkpoint": "warm_start", "success": 0.97, "ci95": [0.92, 0.99], "n": 100, "delegation_rate": 0.99},

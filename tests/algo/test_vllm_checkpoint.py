@@ -25,7 +25,7 @@ def test_trained_checkpoints_served_by_vllm(tiny_model_path, tmp_path):
                  TrainerConfig(lr=1e-3, micro_batch_size=4, lora=LoraSettings(r=8, alpha=16))).checkpoint
     with VLLMServer(full, served_model_name="policy", max_model_len=512, enable_lora=True, max_lora_rank=8,
                     log_dir=tmp_path / "logs") as server:
-        client = OpenAI(base_url=server.base_url, api_key="x")
+        client = OpenAI(base_url=server.base_url, api_key=server.api_key)
         out = client.completions.create(model="policy", prompt="Hello", max_tokens=8, temperature=0.0,
                                         logprobs=1, extra_body={"return_token_ids": True})
         assert out.usage.completion_tokens > 0 and out.choices[0].logprobs.token_logprobs

@@ -120,3 +120,15 @@ def test_report_from_trees_keeps_the_configured_sample():
     assert EvalConfig().stored_trees == 10
     with pytest.raises(ValueError):
         EvalConfig(stored_trees=-1)
+
+
+def test_a_row_counts_distinct_problems_not_draws():
+    """Three draws of two problems (task ids differ, two share their targets): n 3, distinct_problems 2, per
+    difficulty; summarise alone (no tasks) does not claim a count."""
+    tasks = [Task(task_id=f"task-{i}", env="textcraft-synth", difficulty="nest1", data={"targets": targets})
+             for i, targets in enumerate([{"a": 1}, {"a": 1}, {"a": 2}])]
+    trees = [_tree(i, [_node("0", None, 0, 1.0, 3)], 1.0) for i in range(3)]
+    row = report_from_trees(tasks, trees, mode="recursive").row("recursive", "nest1")
+    assert (row.n, row.distinct_problems) == (3, 2)
+    assert row.table_row()["distinct_problems"] == 2
+    assert summarise(trees, mode="recursive", difficulty="nest1").distinct_problems is None

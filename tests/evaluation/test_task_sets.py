@@ -11,7 +11,8 @@ from rao_core.config import ConfigError, load_config
 from rao_core.envs import get_env
 from rao_core.envs.base import Task, write_tasks
 from rao_core.evaluation import DevSet, EvalConfig, dev_tasks, eval_tasks
-from rao_core.task_sampling import campaign_task_sets, check_disjoint, check_task_sets, task_identity
+from rao_core.task_sampling import check_disjoint, task_identity
+from rao_core.task_sets import campaign_task_sets, check_task_sets
 
 TIER1X = "configs/experiment-textcraft-tier1x.yaml"
 TIER1 = "configs/experiment-textcraft-tier1.yaml"
@@ -107,3 +108,31 @@ def test_endpoint_and_dev_blocks_are_validated():
     with pytest.raises(ConfigError, match="eval.endpoint.n"):
         load_config(TIER1X, [ep.replace("n: 100", "n: 0")], check_paths=False)
 
+
+
+def test_every_set_of_a_campaign_comes_from_its_generator_options():
+    """``tasks.generator_options`` (here a larger recipe graph) reach the RL pool, the evaluation AND the
+    demonstrations: a warm start on another graph would demonstrate problems the campaign never poses."""
+    cfg = load_config("configs/experiment-textcraft-nested.yaml",
+                      ["tasks.generator_options={items_per_tier: 40}", "tasks.pool_size=4", "eval.n_tasks=3"],
+                      check_paths=False)
+    held, train = campaign_task_sets(cfg)
+    sets = {**held, **train}
+    assert any(name.startswith("demonstrations") for name in sets)
+    for name, tasks in sets.items():
+        assert tasks and {t.data["graph"]["items_per_tier"] for t in tasks} == {40}, name
+
+
+def test_the_deeper_design_draws_100_distinct_held_out_problems_per_level():
+    """configs/experiment-textcraft-deeper.yaml's preregistration: each evaluation point draws 100 distinct
+    problems per level (a problem is its target multiset), disjoint from the RL pool and the demonstrations,
+    and the demonstrations come from the same (larger) recipe graph."""
+    cfg = load_config("configs/experiment-textcraft-deeper.yaml", check_paths=False)
+    held, train = campaign_task_sets(cfg)
+    (evaluation,) = held.values()
+    for level in ("nest1", "nest2"):
+        tasks = [t for t in evaluation if t.difficulty == level]
+        assert len(tasks) == 100 and len({task_identity(t) for t in tasks}) == 100, level
+    assert {t.data["graph"]["items_per_tier"] for ts in (*held.values(), *train.values()) for t in ts} == {300}
+    assert check_task_sets(cfg)  # raises on any shared problem
+    assert cfg.eval.evaluated_iterations(cfg.iterations) == [0, 6, 12]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,9 +36,16 @@ def prefect_api(prefect_up):
     """An HTTP client of the session's Prefect server, its base URL the API's (``client.post("deployments/filter",
     ...)``): Prefect's own ``PrefectHttpxSyncClient``, which retries what the server answers as retryable (503
     when its SQLite is busy under load, 502, 429, timeouts) with backoff, as the worker's and the UI's clients do,
-    and raises on any other error status. A bare httpx call failed CI once on such a 503."""
+    and raises on any other error status. A bare httpx call failed CI once on such a 503. It authenticates as
+    Prefect's clients do with ``PREFECT_API_AUTH_STRING``: ``Authorization: Basic base64(auth string)``, the auth
+    string being that installation's (``$RAO_HOME/secrets/prefect``, written when the worker command was printed)."""
+    import base64
+
     from prefect.client.base import PrefectHttpxSyncClient
 
-    _, _, port = prefect_up
-    with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}/api/", timeout=60) as client:
+    env, _, port = prefect_up
+    auth = Path(env["RAO_HOME"]) / "secrets" / "prefect"
+    assert auth.is_file(), f"{auth} missing: `rao services up --prefect-server` printed no worker command"
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.read_bytes()).decode()}
+    with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}/api/", timeout=60, headers=headers) as client:
         yield client

@@ -8,25 +8,27 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from infra.process import kill_group
 from rao_core.paths import REPO_ROOT
+from tests.infra.prefect_worker import printed_worker, wait_for_flow_run
 
 pytestmark = pytest.mark.services
 RAO = [sys.executable, "-m", "rao_cli.main"]
 
 
 def test_services_up_prints_the_api_url_and_a_worker_command(prefect_up):
-    _, out, port = prefect_up
+    env, out, port = prefect_up
     api = f"http://127.0.0.1:{port}/api"
     assert f"PREFECT_API_URL:  {api}" in out
-    worker = f"PREFECT_API_URL={api} {Path(sys.executable).parent / 'prefect'} worker start --pool rao-pool"
+    auth = Path(env["RAO_HOME"]) / "secrets" / "prefect"  # read by the shell: the auth string is not shown
+    worker = (f'PREFECT_API_URL={api} PREFECT_API_AUTH_STRING="$(cat {auth})" '
+              f"{Path(sys.executable).parent / 'prefect'} worker start --pool rao-pool")
     assert f"worker:           {worker}" in out
+    assert auth.read_text() not in out
     assert httpx.get(f"{api}/health", timeout=10).json() is True
 
 
@@ -61,20 +63,11 @@ def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up
                             json={"parameters": {"params": {"config": "configs/no-such-config.yaml"}}})
     assert resp.status_code == 201, f"create_flow_run: {resp.status_code} {resp.text[:2000]}"
     fr = resp.json()
-    cmd = re.search(r"start a worker: (.*)", r.stdout).group(1).split()
-    worker = subprocess.Popen(cmd[1:], env={**env, "PREFECT_API_URL": api}, cwd=tmp_path, start_new_session=True,
-                              stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            run = prefect_api.get(f"flow_runs/{fr['id']}").json()
-            if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-                break
-            time.sleep(2)
-    finally:
-        kill_group(worker.pid)
-        worker.wait(timeout=30)
-    log = (tmp_path / "worker.log").read_text()[-3000:]
+    line = re.search(r"start a worker: (.*)", r.stdout).group(1)
+    assert 'PREFECT_API_AUTH_STRING="$(cat ' in line
+    with printed_worker(line, env, tmp_path) as worker_log:
+        run = wait_for_flow_run(prefect_api, fr["id"], timeout_s=300)
+    log = worker_log.read_text()[-3000:]
     assert run["state"]["type"] == "FAILED", log
     assert "no-such-config.yaml" in run["state"]["message"], run["state"]["message"]
     assert run["name"] == "campaign"  # the form's config could not be read: the fallback name

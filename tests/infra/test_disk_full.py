@@ -16,7 +16,7 @@ import pytest
 
 from infra.disk import (RESERVE_BYTES, RESERVE_NAME, DiskFullError, as_disk_full, disk_full_message, full_disk,
                         keep_reserve, release_reserve)
-from tasks.records import GenerateOutput, StageRecord
+from infra.stage_records import GenerateOutput, StageRecord
 
 SEAWEED_LOG = ("E1203 10:02:11 volume_write.go:118] failed to write to volume 7: write "
                "/rao/services/seaweedfs/volume/rao_7.dat: no space left on device\n")
@@ -133,7 +133,7 @@ class _Store:
 
 
 def test_a_stage_that_fills_the_disk_fails_with_one_line_naming_it_and_writes_no_marker(tmp_path, monkeypatch):
-    from tasks.common import stage
+    from infra.stage_io import stage
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     store = _Store()
@@ -287,8 +287,8 @@ def test_a_campaign_whose_stage_fills_the_disk_fails_on_one_line_and_closes_its_
     import mlflow
 
     import flows.campaign as fc
-    from tasks.common import done_key, stage
-    from tasks.records import Checkpoint, ServedEndpoint, WarmStartOutput
+    from infra.stage_io import done_key, stage
+    from infra.stage_records import Checkpoint, ServedEndpoint, WarmStartOutput
 
     home = small_tmpfs / "rao"
     monkeypatch.setenv("RAO_HOME", str(home))

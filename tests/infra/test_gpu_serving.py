@@ -128,14 +128,14 @@ class _LoraServer:
 
 
 def _ctx(cfg):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     return RunContext(config=cfg, s3={"endpoint_url": "http://127.0.0.1:9", "bucket": "rao"}, mlflow_uri="")
 
 
 def test_an_external_server_gets_each_lora_adapter_through_its_api(tmp_path):
     from tasks import serve
-    from tasks.records import Checkpoint
+    from infra.stage_records import Checkpoint
 
     base = tmp_path / "base"
     base.mkdir()
@@ -157,7 +157,7 @@ def test_an_external_server_gets_each_lora_adapter_through_its_api(tmp_path):
 def test_an_external_server_from_the_environment_fails_at_the_first_full_weight_switch(tmp_path, monkeypatch):
     from infra.process import ServiceError
     from tasks import serve
-    from tasks.records import Checkpoint
+    from infra.stage_records import Checkpoint
 
     monkeypatch.setenv("RAO_POLICY_BASE_URL", "http://127.0.0.1:9/v1")  # set after the config was validated
     cfg = load_config("configs/cpu-smoke.yaml", check_paths=False).with_env_overrides()

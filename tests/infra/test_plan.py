@@ -65,7 +65,7 @@ def test_eight_gpu_plan_of_the_shipped_config():
 
 def test_the_plan_shows_the_rollout_shards_workers_and_replicas():
     """``rao run --plan`` says where the rollouts run: one process for backend local; for backend ray
-    the shards (whole groups, split as tasks.rollouts.plan_shards splits them), the workers and retries."""
+    the shards (whole groups, split as infra.ray_rollouts.plan_shards splits them), the workers and retries."""
     from infra.plan import build_plan, format_plan
 
     local = format_plan(build_plan(_cfg(GPU8, "tasks.tasks_per_iteration=5", "algo.G=4"), 8, 80, config_name=GPU8))

@@ -101,7 +101,7 @@ def _drive(address: str, ckpt_dir: str) -> None:
     import ray
 
     from tasks import serve
-    from tasks.records import Checkpoint
+    from infra.stage_records import Checkpoint
     from tests.pipeline.test_ray_replicas import _ctx
 
     ctx = _ctx(f"execution.ray_address={address}", "serving.replicas=1", "execution.cpus_per_replica=1")

@@ -37,7 +37,7 @@ def _campaign(s3_server, tmp_path, iterations=range(4)):
 
 def test_the_default_policy(s3_server, tmp_path, monkeypatch):
     from infra.retention import apply_retention, checkpoint_iterations
-    from tasks.common import RunContext, fetch_dir
+    from infra.stage_io import RunContext, fetch_dir
 
     assert CheckpointSettings() == CheckpointSettings(keep_last=1, optimizer_state="latest", local_copies="none")
     assert CampaignConfig().checkpoints == CheckpointSettings()  # on by default
@@ -121,8 +121,8 @@ def test_resume_fetches_a_removed_local_checkpoint(s3_server, tmp_path, monkeypa
     from rao_core.samples import write_samples
     from rao_core.train import TrainerConfig
     from tasks import stages
-    from tasks.common import RunContext
-    from tasks.records import Checkpoint
+    from infra.stage_io import RunContext
+    from infra.stage_records import Checkpoint
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     name = f"ret-resume-{uuid.uuid4().hex[:6]}"

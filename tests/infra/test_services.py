@@ -130,7 +130,7 @@ def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(
         assert (info["cpus"], info["object_store_gib"]) == (1, 1.0)
         assert len(_group_members(pid)) >= 3  # ray start --block, the GCS and the raylet
         code = ("import json; from infra.services import apply_service_env; apply_service_env(); "
-                "from tasks.rollouts import connect; print(json.dumps(connect('auto')))")
+                "from infra.ray_rollouts import connect; print(json.dumps(connect('auto')))")
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -147,7 +147,7 @@ def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(
 def test_vllm_chat_completion_with_token_ids_and_logprobs(vllm_tiny):
     from openai import OpenAI
 
-    client = OpenAI(base_url=vllm_tiny.base_url, api_key="EMPTY")
+    client = OpenAI(base_url=vllm_tiny.base_url, api_key=vllm_tiny.api_key)
     r = client.chat.completions.create(
         model=vllm_tiny.model, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
         logprobs=True, temperature=1.0, extra_body={"return_token_ids": True},

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.process import kill_group
 from rao_core.paths import REPO_ROOT
+from tests.infra.prefect_worker import printed_worker, wait_for_flow_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.services, pytest.mark.slow]
 RAO = [sys.executable, "-m", "rao_cli.main"]
@@ -51,13 +51,7 @@ def _run_deployment(api, deployment_id: str, parameters: dict, timeout_s: float)
     """Create a flow run of the deployment through the ``prefect_api`` client and wait for a final state;
     returns the flow run."""
     fr = api.post(f"deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        run = api.get(f"flow_runs/{fr.json()['id']}").json()
-        if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            return run
-        time.sleep(2)
-    return run
+    return wait_for_flow_run(api, fr.json()["id"], timeout_s=timeout_s)
 
 
 def _tables(api, key: str) -> list[list[dict]]:
@@ -70,8 +64,7 @@ def _tables(api, key: str) -> list[list[dict]]:
 
 def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_through_a_worker(
         prefect_up, prefect_api, vllm_tiny, s3_server, tmp_path):
-    env, _, port = prefect_up
-    api = f"http://127.0.0.1:{port}/api"
+    env, _, _ = prefect_up
     home = Path(env["RAO_HOME"])
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**env, **s3_server.settings().env(), "MLFLOW_TRACKING_URI": mlflow_uri}
@@ -80,12 +73,11 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     r = subprocess.run(RAO + ["deploy"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     deps = {d["name"]: d["id"] for d in prefect_api.post("deployments/filter", json={}).json()}
-    worker_cmd = re.search(r"start a worker: (.*)", r.stdout).group(1).split()  # PREFECT_API_URL=... prefect ...
-    worker = subprocess.Popen(worker_cmd[1:], env={**env, "PREFECT_API_URL": api}, cwd=tmp_path,
-                              start_new_session=True, stdout=open(tmp_path / "worker.log", "w"),
-                              stderr=subprocess.STDOUT)
+    worker_line = re.search(r"start a worker: (.*)", r.stdout).group(1)  # PREFECT_API_URL=... prefect ...
+    # the worker's flows send the vLLM fixture's key: that server belongs to another installation than this home
+    worker_env = {**env, "RAO_POLICY_API_KEY": vllm_tiny.api_key}
     t0 = time.monotonic()
-    try:
+    with printed_worker(worker_line, worker_env, tmp_path) as worker_log:
         campaign = _run_deployment(prefect_api, deps["campaign"],
                                    {"params": {"config": str(config), "name": CAMPAIGN}}, 900)
         t_campaign = time.monotonic() - t0
@@ -104,10 +96,7 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
             # the next night: the champion's outcomes are stored, only the candidate is evaluated
             next_night = _run_deployment(prefect_api, deps["nightly-evaluation"], {"params": {
                 "config": str(config), "model": "candidate", "campaign": CAMPAIGN, "name": NIGHTLY}}, 600)
-    finally:
-        kill_group(worker.pid)
-        worker.wait(timeout=30)
-    log = (tmp_path / "worker.log").read_text()[-4000:]
+    log = worker_log.read_text()[-4000:]
     print(f"campaign {t_campaign:.0f} s, nightly {time.monotonic() - t0 - t_campaign:.0f} s through the worker")
     assert campaign["state"]["type"] == "COMPLETED", f"{campaign['state']['message']}\n{log}"
     assert campaign["name"] == CAMPAIGN

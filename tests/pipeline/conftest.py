@@ -18,10 +18,10 @@ def no_server(monkeypatch):
 
 @pytest.fixture
 def progress_recorder():
-    """A factory ``progress_recorder(made)`` of stand-ins for tasks.common.ProgressArtifact: the real class, every
+    """A factory ``progress_recorder(made)`` of stand-ins for infra.stage_io.ProgressArtifact: the real class, every
     update written (no interval) to ``made[key]`` instead of Prefect: each count as ``(done, total)``, a ``note`` or
     ``finish`` as its text. Patch it in where a stage looks ProgressArtifact up."""
-    from tasks.common import ProgressArtifact
+    from infra.stage_io import ProgressArtifact
 
     def make(made: dict[str, list]) -> type:
         class Recorder(ProgressArtifact):

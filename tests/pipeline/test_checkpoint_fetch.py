@@ -10,7 +10,7 @@ from rao_core.config import CampaignConfig
 
 
 def _ctx(name: str, s3_server):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     return RunContext(config=CampaignConfig(name=name), s3=s3_server.settings().__dict__, mlflow_uri="")
 
@@ -30,7 +30,7 @@ def _upload_checkpoint(s3_server, tmp_path, campaign: str, iteration: int, weigh
 
 @pytest.mark.services
 def test_a_checkpoint_of_another_campaign_is_fetched_whole_by_its_uri(s3_server, tmp_path, monkeypatch):
-    from tasks.records import Checkpoint
+    from infra.stage_records import Checkpoint
     from tasks.serve import checkpoint_local
     from tasks.stages import checkpoint_from_uri
 

@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from tasks.records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, LogOutput, ServedEndpoint,
-                           TrainOutput, ValidateOutput, WarmStartOutput)
+from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, LogOutput, ServedEndpoint,
+                                 TrainOutput, ValidateOutput, WarmStartOutput)
 
 MODEL = "rao-policy-guarded"
 PRIMARY = "eval/recursive/tier1/success"
@@ -67,7 +67,7 @@ def campaign(tmp_path, monkeypatch):
     from infra.storage import S3Settings
     from tasks import stages, tracking
     from tasks.bookkeeping import register_held
-    from tasks.common import RunContext, stage
+    from infra.stage_io import RunContext, stage
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

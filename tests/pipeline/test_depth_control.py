@@ -1,4 +1,4 @@
-"""The depth-limited control (`rao experiment textcraft-nested-control`, tasks/studies.py): the
+"""The depth-limited control (`rao experiment textcraft-nested-control`, research/studies.py): the
 nested experiment's checkpoints on its own nest2 tasks with runtime.max_depth 1, paired by task with the
 record's trees at full depth. Planning errors through the command line before any server; the table by hand;
 end to end with the scripted expert that recurses in place of a served checkpoint."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rao_core.paths import REPO_ROOT, tiny_model_path
-from tasks.studies import depth_control_markdown, depth_control_table, plan_depth_control, plan_text, run_study
+from research.studies import depth_control_markdown, depth_control_table, plan_depth_control, plan_text, run_study
 from tests.cli import one_error_line, run_cli
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
@@ -106,7 +106,7 @@ def test_fewer_tasks_than_the_record_are_its_first_tasks(tmp_path):
 
 
 def test_the_table_by_hand():
-    # the reference is the experiment record's point: its ci95 is text (tasks.experiment), the study's a pair
+    # the reference is the experiment record's point: its ci95 is text (research.records), the study's a pair
     ref = {"3": {"n": 4, "successes": 3, "success": 0.75, "ci95": "[0.30, 0.95]", "depth_hist": {"2": 3, "1": 1},
                  "per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}}
     point = {"iteration": 3, "n": 4, "successes": 1, "success": 0.25, "ci95": [0.05, 0.7],
@@ -119,7 +119,7 @@ def test_the_table_by_hand():
 def test_the_seeds_section_puts_each_seeds_control_beside_it(tmp_path):
     """`rao experiment seeds textcraft-nested`: a table of every seed's control, and a row saying so for a seed
     without one (seed 0's checkpoints were lost before its control ran)."""
-    from tasks.studies import depth_control_seeds_markdown
+    from research.studies import depth_control_seeds_markdown
 
     ref = {"3": {"n": 4, "successes": 3, "success": 0.75, "ci95": "[0.30, 0.95]", "depth_hist": {"2": 3, "1": 1},
                  "per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}}

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from flows.campaign import CampaignParams
-from flows.experiment import ExperimentParams, _rows, arm_overrides
-from tasks.experiment import learning_curve_png, results_markdown
+from research.designs import arm_overrides
+from research.experiment import ExperimentParams, _rows
+from research.records import learning_curve_png, results_markdown
 
 CONFIG = "configs/experiment-textcraft-cpu.yaml"
 
@@ -72,7 +73,7 @@ def test_two_proportion_test_values():
 
 
 def test_experiment_record_points_and_test(tmp_path):
-    from tasks.experiment import experiment_record
+    from research.records import experiment_record
     from rao_core.paths import REPO_ROOT
 
     def row(arm, it, mode, s):
@@ -98,7 +99,7 @@ def test_experiment_flow_run_is_named_after_the_experiment(monkeypatch):
     """The experiment's Prefect flow run is named after it (it got a random name such as 'elusive-termite')."""
     import prefect.runtime.flow_run as fr
 
-    from flows.experiment import experiment_run_name
+    from research.experiment import experiment_run_name
 
     monkeypatch.setitem(fr.FIELDS, "parameters", lambda: {"params": {"experiment": "textcraft-tier1"}})
     assert experiment_run_name() == "textcraft-tier1"
@@ -113,7 +114,7 @@ def test_write_results_rewrites_only_its_own_section_and_logs_to_mlflow(tmp_path
 
     import mlflow
 
-    from tasks.experiment import write_results
+    from research.records import write_results
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
     run_id = mlflow.MlflowClient().create_run(mlflow.create_experiment("e")).info.run_id
@@ -139,7 +140,7 @@ def test_write_results_rewrites_only_its_own_section_and_logs_to_mlflow(tmp_path
 def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
     """Recursive vs single at the last iteration per difficulty, the seeded run's names and
     overrides, the single arm's step limit, the side-by-side / pooled seeds table, the depth-1 columns."""
-    from tasks.experiment import arm_tests, experiment_record, seeds_markdown
+    from research.records import arm_tests, experiment_record, seeds_markdown
 
     def row(arm, it, diff, s, child=None):
         return {"arm": arm, "iteration": it, "mode": arm, "difficulty": diff, "n": 50, "successes": s,
@@ -183,7 +184,8 @@ def test_arm_tests_seeds_and_the_delegation_table(tmp_path):
     p_all = two_proportion_test(2, 50, 20, 100)["p_value"]  # what pooling seed 2's recursive roots would give
     assert f"{p_all:.4f}" != f"{p_seed0:.4f}" and mixed.splitlines()[-1].endswith(f"| 2/50 = 0.04 [0.01, 0.13] | {p_seed0:.4f} |")
     # seeds run in separate sessions: `rao experiment seeds` reads the stored records, ordered by seed
-    from tasks.experiment import seed_records, write_seeds_section
+    from research.experiment import write_seeds_section
+    from research.records import seed_records
 
     (tmp_path / "docs/results").mkdir(parents=True)
     for r in (rec1, rec):
@@ -238,7 +240,7 @@ def _eval_trees(n: int, text_chars: int = 600) -> list:
 
 def test_stored_trees_file_is_small_stripped_and_readable(tmp_path):
     from rao_core.evaluation import tree_sample
-    from tasks.experiment import TREE_FILE_MAX_BYTES, read_tree_sample, write_tree_sample
+    from research.records import TREE_FILE_MAX_BYTES, read_tree_sample, write_tree_sample
 
     trees = _eval_trees(20)
     full = sum(len(t.model_dump_json()) for t in trees[:10])
@@ -267,7 +269,7 @@ def test_stored_trees_file_is_small_stripped_and_readable(tmp_path):
 
 
 def test_iteration_stats_from_the_logged_metrics():
-    from tasks.experiment import iteration_stats
+    from research.records import iteration_stats
 
     m = {"success/root": 0.25, "success/depth_1": 0.5, "samples/num_trees": 48.0, "tokens/completion_total": 9000.0,
          "tree/delegation_rate": 0.9, "end/finished": 0.8, "end/max_steps": 0.2, "samples/num_samples": 140.0,
@@ -296,9 +298,9 @@ def test_record_has_per_point_audit_fields_training_and_stored_trees(tmp_path, m
     """A campaign summary -> rows, training statistics and stored trees -> the record."""
     import mlflow
 
-    from flows.experiment import _training, _trees
+    from research.experiment import _training, _trees
     from rao_core.evaluation import summarise
-    from tasks.experiment import read_tree_sample, write_results
+    from research.records import read_tree_sample, write_results
 
     trees = _eval_trees(6)
     row0 = summarise(trees, mode="recursive", difficulty="tier1x2", keep_trees=4).table_row()
@@ -359,7 +361,7 @@ def test_record_has_per_point_audit_fields_training_and_stored_trees(tmp_path, m
 
 
 def experiment_record_of(rows: list[dict]) -> dict:
-    from tasks.experiment import experiment_record
+    from research.records import experiment_record
 
     meta = {"command": "c", "config": "c.yaml", "seed": 0, "commit": "abc", "date": "2026-12-01", "wall_s": 1.0}
     return experiment_record("old", rows, meta, {}, {})
@@ -370,7 +372,7 @@ def test_the_experiment_stops_before_any_campaign_on_an_overlap(monkeypatch):
     an overlap is a ValueError naming it (one ``error:`` line from ``rao experiment``)."""
     import logging
 
-    import flows.experiment as fe
+    import research.experiment as fe
 
     def no_campaign(*a, **k):
         raise AssertionError("a campaign started")
@@ -390,9 +392,9 @@ def test_the_flow_writes_the_audit_fields_from_the_campaign_summaries(tmp_path, 
 
     import mlflow
 
-    import flows.experiment as fe
+    import research.experiment as fe
     from rao_core.evaluation import summarise
-    from tasks.experiment import write_results
+    from research.records import write_results
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
     run_id = mlflow.MlflowClient().create_run(mlflow.create_experiment("e")).info.run_id
@@ -448,14 +450,15 @@ def test_the_outcome_arm_is_rao_without_its_credit_assignment():
     assert node_rewards(t, cfg.algo.bonus_weight("textcraft-synth"), bonus=cfg.algo.bonus) == {"r": 1.0, "c": 1.0}
 
 
-def test_the_single_arm_can_build_its_own_warm_start(tmp_path, monkeypatch):
-    """single_warm_start 'own': the single arm gets no shared checkpoint and demonstrates without delegation;
-    the outcome arm still shares the recursive arm's."""
+def _fake_arms(monkeypatch) -> tuple[dict[str, list[str]], dict]:
+    """``rao_experiment``'s campaigns replaced by a stand-in: returns (arm -> the overrides its campaign got, the
+    record's meta once written); each arm's warm start is ``/ck/<campaign>``."""
     import logging
 
-    import flows.experiment as fe
+    import research.experiment as fe
 
-    seen = {}
+    seen: dict[str, list[str]] = {}
+    meta: dict = {}
 
     def campaign(params):
         seen[params.name.rsplit("-", 1)[1]] = list(params.overrides)
@@ -464,7 +467,17 @@ def test_the_single_arm_can_build_its_own_warm_start(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fe, "rao_campaign", campaign)
     monkeypatch.setattr(fe, "get_run_logger", lambda: logging.getLogger("test"))
-    monkeypatch.setattr(fe, "write_results", lambda *a, **k: {"markdown": "", "record": {}})
+    monkeypatch.setattr(fe, "write_results", lambda name, rows, m, *a, **k: meta.update(m) or {"markdown": "",
+                                                                                              "record": {}})
+    return seen, meta
+
+
+def test_the_single_arm_can_build_its_own_warm_start(tmp_path, monkeypatch):
+    """single_warm_start 'own': the single arm gets no shared checkpoint and demonstrates without delegation;
+    the outcome arm still shares the recursive arm's."""
+    import research.experiment as fe
+
+    seen, _ = _fake_arms(monkeypatch)
     fe.rao_experiment.fn(fe.ExperimentParams(experiment="abl", config="configs/experiment-textcraft-tier1x.yaml",
                                              arms=["recursive", "outcome", "single"], single_warm_start="own",
                                              write_docs=False))
@@ -474,12 +487,42 @@ def test_the_single_arm_can_build_its_own_warm_start(tmp_path, monkeypatch):
     assert not any(o.startswith("warm_start.checkpoint") for o in seen["single"])
 
 
+def test_one_warm_start_per_agent_kind_is_shared_by_every_seed(tmp_path, monkeypatch):
+    """The recursive warm start given to every arm by --set and the single agent's by single_checkpoint: the
+    single arm's checkpoint comes last (the last override wins), the outcome arm shares the recursive arm's
+    iteration-0 folder, and the record's command names both."""
+    import research.experiment as fe
+    from rao_core.config import load_config
+
+    seen, meta = _fake_arms(monkeypatch)
+    monkeypatch.setattr(fe, "check_task_sets", lambda cfg: {})
+    for kind in ("recursive", "single"):  # checkpoint folders (the config checks the paths)
+        (tmp_path / f"warm-{kind}").mkdir()
+        (tmp_path / f"warm-{kind}" / "config.json").write_text("{}")
+    shared = ["warm_start.mode=checkpoint", f"warm_start.checkpoint={tmp_path}/warm-recursive"]
+    fe.rao_experiment.fn(fe.ExperimentParams(experiment="textcraft-deeper",
+                                             config="configs/experiment-textcraft-deeper.yaml",
+                                             arms=["recursive", "outcome", "single"], single_warm_start="own",
+                                             single_checkpoint=f"{tmp_path}/warm-single", overrides=shared,
+                                             write_docs=False))
+    def last_checkpoint(overrides: list[str]) -> str:  # the last override of a key wins
+        return [o for o in overrides if o.startswith("warm_start.checkpoint=")][-1].partition("=")[2]
+
+    assert last_checkpoint(seen["recursive"]) == f"{tmp_path}/warm-recursive"
+    assert last_checkpoint(seen["outcome"]) == "/ck/textcraft-deeper-recursive"
+    assert last_checkpoint(seen["single"]) == f"{tmp_path}/warm-single"
+    cfg = load_config("configs/experiment-textcraft-deeper.yaml", seen["single"], check_paths=False)
+    assert cfg.warm_start.checkpoint == f"{tmp_path}/warm-single" and cfg.runtime.max_steps_per_node == 30
+    assert meta["command"].endswith(f"--single-checkpoint {tmp_path}/warm-single --set warm_start.mode=checkpoint "
+                                    f"--set warm_start.checkpoint={tmp_path}/warm-recursive")
+
+
 def test_a_named_variant_has_its_own_record_and_campaigns(monkeypatch):
     """`--name textcraft-tier1-async` (with algo.max_staleness=1) writes its own record and runs its
     own campaigns, per seed, so it overwrites neither the synchronous record nor resumes its campaigns."""
     import logging
 
-    import flows.experiment as fe
+    import research.experiment as fe
 
     seen, written = [], []
 
@@ -507,7 +550,7 @@ def test_a_named_variant_has_its_own_record_and_campaigns(monkeypatch):
 
 def _record(seed, outcomes):
     """A record with last points per arm from ``outcomes``: {(arm, iteration): [0/1 per task]}."""
-    from tasks.experiment import ARM_MODES
+    from research.designs import ARM_MODES
 
     pts = [{"arm": a, "iteration": i, "difficulty": "tier1x2", "mode": ARM_MODES[a], "n": len(v),
             "successes": float(sum(v)), "success": sum(v) / len(v), "per_task": {f"t{k}": x for k, x in enumerate(v)}}
@@ -518,7 +561,7 @@ def _record(seed, outcomes):
 
 def test_rerun_comparison_pairs_the_same_tasks_of_two_runs_by_hand():
     """Two runs of one seed: per point the successes, the discordant tasks each way and McNemar's exact test."""
-    from tasks.experiment import rerun_comparison, rerun_markdown
+    from research.records import rerun_comparison, rerun_markdown
 
     # 10 tasks; iteration 2: run 1 solves t0-t5, run 2 solves t0-t1 and t6: 4 tasks only run 1, 1 only run 2
     a = _record(0, {("recursive", 2): [1] * 6 + [0] * 4, ("recursive", 0): [1] * 3 + [0] * 7})
@@ -545,7 +588,7 @@ def test_rerun_comparison_pairs_the_same_tasks_of_two_runs_by_hand():
 
 
 def test_seed_comparison_pairs_tasks_across_seeds_by_hand():
-    from tasks.experiment import comparisons_markdown, seed_comparison
+    from research.records import comparisons_markdown, seed_comparison
 
     # 10 tasks, 3 seeds; recursive solves tasks 0-5 in every seed, outcome solves 0-1 (seed 0, 1) or 0-2 (seed 2)
     recs = [_record(s, {("recursive", 2): [1] * 6 + [0] * 4, ("recursive", 0): [1] * 2 + [0] * 8,

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.services
 
 
 def _ctx(name: str, s3_server):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     return RunContext(config=CampaignConfig(name=name), s3=s3_server.settings().__dict__, mlflow_uri="")
 
@@ -51,8 +51,8 @@ def test_a_train_stage_killed_mid_upload_is_rerun_and_its_half_checkpoint_never_
     from infra.storage import ArtifactStore
     from rao_core.samples import write_samples
     from tasks import stages
-    from tasks.common import done_key, fetch_dir
-    from tasks.records import Checkpoint
+    from infra.stage_io import done_key, fetch_dir
+    from infra.stage_records import Checkpoint
     from tasks.serve import checkpoint_local
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
@@ -125,7 +125,7 @@ def _checkpoint_on_s3(store, tmp_path: Path, iteration: int) -> tuple[str, bytes
 
 def test_a_corrupted_s3_object_is_a_checksum_error_naming_it(s3_server, tmp_path, monkeypatch):
     from infra.storage import ChecksumError
-    from tasks.common import fetch, fetch_dir
+    from infra.stage_io import fetch, fetch_dir
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     ctx = _ctx("drill-s3", s3_server)
@@ -193,7 +193,7 @@ def test_out_of_range_samples_stop_training_naming_the_expectation(corrupt, colu
     import rao_core.samples as samples_mod
     from rao_core.tree import write_trees
     from tasks import stages
-    from tasks.common import done_key
+    from infra.stage_io import done_key
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     ctx = _ctx(f"drill-validate-{uuid.uuid4().hex[:8]}", s3_server)  # a campaign of its own: no marker yet

@@ -53,7 +53,7 @@ def test_a_rerun_names_the_forms_fields_in_the_ui_and_the_flags_in_the_cli():
 def test_the_summary_artifact_is_written_in_a_flow_run_only(monkeypatch):
     import prefect.artifacts
 
-    import tasks.common
+    import infra.stage_io
     from tasks import bookkeeping
 
     made = []
@@ -61,7 +61,7 @@ def test_the_summary_artifact_is_written_in_a_flow_run_only(monkeypatch):
                         lambda key, markdown, **kw: made.append((key, markdown)))
     bookkeeping.summary_artifact(SUMMARY)
     assert made == []  # not in a run
-    monkeypatch.setattr(tasks.common, "in_prefect_run", lambda: True)
+    monkeypatch.setattr(infra.stage_io, "in_prefect_run", lambda: True)
     bookkeeping.summary_artifact(SUMMARY, "a note")
     (key, md), = made
     assert key == "ui-demo-summary" and md.startswith("## Campaign ui-demo\n\na note\n")
@@ -90,7 +90,7 @@ def test_iteration_runs_carry_the_config_as_parameters(tmp_path, monkeypatch):
 
     from flows.campaign import CampaignParams, iteration_run
     from infra.tracking import configure_mlflow
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")

@@ -24,7 +24,7 @@ def _tree(i: int, end: EndReason, error: str | None = None) -> ExecutionTree:
 
 
 def _ctx(share: float = 0.25, s3: dict | None = None, **cfg):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     config = CampaignConfig(name="infra", **cfg)
     config.runtime.max_infra_failure_share = share
@@ -66,8 +66,8 @@ def test_a_generate_stage_whose_server_died_fails_naming_it_and_writes_no_marker
 
     from infra.process import ManagedProcess, free_port
     from tasks import serve
-    from tasks.common import done_key
-    from tasks.records import ServedEndpoint
+    from infra.stage_io import done_key
+    from infra.stage_records import ServedEndpoint
     from tasks.stages import InfrastructureFailure, generate_trees
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
@@ -139,8 +139,8 @@ def test_a_generate_stage_that_passes_below_the_share_warns_with_the_dead_server
 
     from infra.process import ManagedProcess, free_port
     from tasks import serve
-    from tasks.common import done_key
-    from tasks.records import ServedEndpoint
+    from infra.stage_io import done_key
+    from infra.stage_records import ServedEndpoint
     from tasks.stages import generate_trees
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))

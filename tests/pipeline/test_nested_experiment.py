@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from flows.campaign import CampaignParams
-from flows.experiment import ExperimentParams, arm_overrides
+from research.designs import arm_overrides
+from research.experiment import ExperimentParams
 from rao_core.config import load_config
 from rao_core.evaluation import summarise
 from rao_core.tree import EndReason, ExecutionTree, Node, Turn
-from tasks.experiment import (comparisons_markdown, deep_config, depth_markdown, depth_png, depth_reach,
+from research.records import (comparisons_markdown, deep_config, depth_markdown, depth_png, depth_reach,
                               depth_seeds_markdown, experiment_record, iteration_stats, seed_comparison)
 
 CONFIG = "configs/experiment-textcraft-nested.yaml"
@@ -99,7 +100,7 @@ def test_the_endpoint_refuses_an_impossible_difference():
 def test_the_plan_resolves_for_every_seed_and_its_task_sets_are_disjoint(seed):
     """What ``rao experiment textcraft-nested --seed S`` runs: one recursive arm, its seeds set everywhere, the
     evaluation set the same for every seed and disjoint from the pool and the demonstrations."""
-    from rao_core.task_sampling import check_task_sets
+    from rao_core.task_sets import check_task_sets
 
     p = ExperimentParams(experiment="textcraft-nested", config=CONFIG, arms=["recursive"], seed=seed)
     base = CampaignParams(config=CONFIG, overrides=p.seed_overrides()).resolve()
@@ -199,7 +200,7 @@ def _seed_record(seed: int, base: list[int], last: list[int], diff: str = "nest1
 
 
 def test_the_endpoint_needs_its_pooled_difference_and_the_seeds_section_has_depths(tmp_path):
-    from tasks.experiment import write_seeds_section
+    from research.experiment import write_seeds_section
 
     # 10 tasks; the warm start solves 2, the last iteration 4, in every seed: +0.2, but only 2 tasks differ
     recs = [_seed_record(s, [1] * 2 + [0] * 8, [1] * 4 + [0] * 6) for s in (0, 1, 2)]
@@ -239,8 +240,8 @@ def test_the_flow_writes_the_depth_record_tables_and_plot(tmp_path, monkeypatch)
 
     import mlflow
 
-    import flows.experiment as fe
-    from tasks.experiment import write_results
+    import research.experiment as fe
+    from research.records import write_results
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
     run_id = mlflow.MlflowClient().create_run(mlflow.create_experiment("e")).info.run_id

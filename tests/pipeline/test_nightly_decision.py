@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from tasks.records import EvalOutput
+from infra.stage_records import EvalOutput
 
 M = "eval/recursive/tier1/success"
 
@@ -208,7 +208,7 @@ def test_the_prefect_ui_shows_the_passing_and_the_failing_nightly(nightly, prefe
     from prefect.client.orchestration import get_client
 
     from flows.evaluate import RegressionError
-    from tasks.common import artifact_key
+    from infra.stage_io import artifact_key
 
     fe = nightly.fe_module
     # the fixture calls log_evaluation's function directly (no Prefect run); here it is the flow's task again

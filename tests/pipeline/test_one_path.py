@@ -22,7 +22,7 @@ needs_tok = pytest.mark.skipif(not (TINY / "tokenizer_config.json").exists(),
 
 
 def _ctx(tmp_path, monkeypatch, **overrides):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     cfg = load_config(None, {"runtime.sandbox": SANDBOX, **overrides})
@@ -95,7 +95,7 @@ def test_pipeline_evaluation_keeps_oolong_partial_credit(tmp_path, monkeypatch):
     through the library's evaluate_suite."""
     import rao_core.evaluation as evaluation
     import tasks.stages as stages
-    from tasks.records import ServedEndpoint
+    from infra.stage_records import ServedEndpoint
 
     ctx = _ctx(tmp_path, monkeypatch, **{"tasks.env": "oolong", "tasks.difficulties": ["mixed"],
                                          "eval.difficulties": ["singledoc_rolls"],

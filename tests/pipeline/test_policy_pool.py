@@ -409,14 +409,14 @@ def fake_vllm(monkeypatch, tmp_path):
 
 
 def _serve_ctx(*sets: str):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     cfg = load_config(None, ["name=pool", *sets])
     return RunContext(config=cfg, s3={"endpoint_url": "http://127.0.0.1:9", "bucket": "rao"}, mlflow_uri="")
 
 
 def _ckpt(tmp_path: Path, name: str, lora: bool = False):
-    from tasks.records import Checkpoint
+    from infra.stage_records import Checkpoint
 
     d = tmp_path / name
     d.mkdir(exist_ok=True)
@@ -517,8 +517,8 @@ def test_the_generate_stage_pins_trees_over_the_pool_and_counts_each_replica(fak
                                                                               monkeypatch):
     """The local backend's generate stage with a served pool of 2 fake replicas: every tree on one replica, both
     used, the serving metrics summed over the replicas with each one's requests."""
-    from tasks.common import RunContext
-    from tasks.records import ServedEndpoint
+    from infra.stage_io import RunContext
+    from infra.stage_records import ServedEndpoint
     from tasks.stages import fetch, generate_trees
     from rao_core.tree import read_trees
 
@@ -542,14 +542,14 @@ def test_the_generate_stage_pins_trees_over_the_pool_and_counts_each_replica(fak
 
 def _start_ray(ray, runtime_env=None, attempts: int = 3, num_cpus: int = 2) -> None:
     """A local Ray cluster (head and ``num_cpus`` CPUs, 300 MiB object store, no dashboard; ``runtime_env``
-    default ``tasks.rollouts.worker_runtime_env()``), the one the Ray tests start. Ray gives its raylet a fixed
+    default ``infra.ray_rollouts.worker_runtime_env()``), the one the Ray tests start. Ray gives its raylet a fixed
     30 s to register (ray/_private/node.py), which a loaded 2-core machine can miss: up to ``attempts`` tries.
     The cluster is on 127.0.0.1 only (``infra.services.ray_loopback``), as ``rao services up --ray``'s is."""
     from infra.services import ray_loopback
 
     ray_loopback()
     if runtime_env is None:
-        from tasks.rollouts import worker_runtime_env
+        from infra.ray_rollouts import worker_runtime_env
 
         runtime_env = worker_runtime_env()
     for k in range(attempts):
@@ -571,9 +571,9 @@ def test_ray_shards_pin_their_trees_over_the_pool(fakes, s3_server, tmp_path, mo
     """Backend ray, 2 shards, 2 fake replicas: each tree's requests on one replica, both replicas used by
     each shard (ties start at the shard's own replica), the trees those of the local backend."""
     ray = pytest.importorskip("ray")
-    from tasks.common import RunContext
-    from tasks.records import ServedEndpoint
-    from tasks.rollouts import worker_runtime_env
+    from infra.stage_io import RunContext
+    from infra.stage_records import ServedEndpoint
+    from infra.ray_rollouts import worker_runtime_env
     from tasks.stages import fetch, generate_trees
     from rao_core.tree import read_trees
 
@@ -624,9 +624,9 @@ def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_swi
     from rao_core.task_sampling import rollout_seed
     from rao_core.tree import read_trees
     from tasks import serve
-    from tasks.common import RunContext
-    from tasks.records import Checkpoint
-    from tasks.rollouts import worker_runtime_env
+    from infra.stage_io import RunContext
+    from infra.stage_records import Checkpoint
+    from infra.ray_rollouts import worker_runtime_env
     from tasks.stages import (fetch, generate_trees, iteration_tasks, judge_trees, train_policy,
                               validate_dataset)
 

@@ -56,14 +56,14 @@ def ray_pool(tmp_path, monkeypatch):
 
 
 def _ctx(*sets: str):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     cfg = load_config(None, ["name=ray-pool", "execution.backend=ray", "serving.replicas=2", *sets])
     return RunContext(config=cfg, s3={"endpoint_url": "http://127.0.0.1:9", "bucket": "rao"}, mlflow_uri="")
 
 
 def _ckpt(tmp_path: Path, name: str):
-    from tasks.records import Checkpoint
+    from infra.stage_records import Checkpoint
 
     d = tmp_path / name
     d.mkdir(exist_ok=True)

@@ -96,14 +96,14 @@ def _config(name: str, **overrides):
 
 
 def _ctx(name: str, s3, tmp_path, monkeypatch, **overrides):
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     return RunContext(config=_config(name, **overrides), s3=s3.settings().__dict__, mlflow_uri="")
 
 
 def _served():
-    from tasks.records import ServedEndpoint
+    from infra.stage_records import ServedEndpoint
 
     return ServedEndpoint(base_url="http://127.0.0.1:9/v1", model="policy")  # nothing listens: no /metrics
 
@@ -129,7 +129,7 @@ def ray_cluster():
 # -- no services ----------------------------------------------------------------------------------------------
 def test_shards_keep_groups_whole_and_every_tree_keeps_its_task_and_seed():
     from rao_core.envs import Task
-    from tasks.rollouts import plan_shards
+    from infra.ray_rollouts import plan_shards
 
     tasks = [Task(task_id=f"t{i}", env="textcraft-synth") for i in range(5)]
     plans = {n: plan_shards(tasks, 3, seed=7, iteration=2, shards=n) for n in (1, 2, 3, 5, 8)}
@@ -150,7 +150,7 @@ def test_shards_keep_groups_whole_and_every_tree_keeps_its_task_and_seed():
 def test_evaluation_shards_seed_each_tree_as_the_local_evaluation_does():
     from rao_core.envs import Task
     from rao_core.task_sampling import eval_tree_seed
-    from tasks.rollouts import plan_eval_shards
+    from infra.ray_rollouts import plan_eval_shards
 
     tasks = [Task(task_id=f"t{i}", env="textcraft-synth") for i in range(5)]
     p = plan_eval_shards(tasks, mode="single", shards=2, folder="iter-3", seed=9)
@@ -211,7 +211,7 @@ def test_the_endpoint_policy_sends_the_request_seed_to_the_server():
 def test_a_lost_shard_is_named_with_its_worker_and_the_retry():
     """The pipeline's line for a shard whose worker was lost (the drill below checks it on a
     real cluster)."""
-    from tasks.rollouts import Shard, lost_line
+    from infra.ray_rollouts import Shard, lost_line
 
     shard = Shard(index=1, count=4, groups=[], key="iter-1/trees/shards/shard-2-of-4.jsonl")
     crashed = type("WorkerCrashedError", (Exception,), {})()
@@ -247,7 +247,7 @@ def test_the_local_backend_imports_no_ray():
 @pytest.mark.services
 def test_a_retried_shard_overwrites_its_object_and_only_the_final_result_is_read(s3_server, tmp_path, monkeypatch):
     from infra.storage import ChecksumError
-    from tasks.rollouts import ShardError, plan_shards, read_shards, run_shard
+    from infra.ray_rollouts import ShardError, plan_shards, read_shards, run_shard
     from tasks.stages import iteration_tasks
 
     ctx = _ctx("shard-overwrite", s3_server, tmp_path, monkeypatch)

@@ -24,7 +24,7 @@ def test_each_campaign_registers_under_its_own_model_unless_the_config_names_one
 
 
 def test_the_single_arm_of_a_templated_experiment_gets_its_own_model():
-    from flows.experiment import arm_overrides
+    from research.designs import arm_overrides
     from tasks.tracking import registered_model_name
 
     cfg = CampaignParams(config="configs/experiment-textcraft-cpu.yaml", name="tc-single",
@@ -38,8 +38,8 @@ def test_versions_hold_their_own_metrics_and_unchanged_weights_add_none(s3_serve
     import mlflow
 
     from infra.tracking import configure_mlflow, ensure_experiment
-    from tasks.common import RunContext
-    from tasks.records import Checkpoint, RegisterOutput
+    from infra.stage_io import RunContext
+    from infra.stage_records import Checkpoint, RegisterOutput
     from tasks.stages import register_checkpoint
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))

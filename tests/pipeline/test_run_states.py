@@ -32,7 +32,7 @@ def test_a_failed_iteration_marks_its_run_and_the_campaign_run_failed(tmp_path, 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     for k, v in s3_server.settings().env().items():
         monkeypatch.setenv(k, v)
-    from tasks.records import Checkpoint, WarmStartOutput
+    from infra.stage_records import Checkpoint, WarmStartOutput
 
     monkeypatch.setattr(fc, "warm_start", lambda ctx: WarmStartOutput(checkpoint=Checkpoint(name="base", local=str(tiny)),
                                                                       mode="none"))

@@ -1,4 +1,4 @@
-"""Resumable stages (``tasks.common.stage``) and their typed records (``tasks.records``): a stage runs once,
+"""Resumable stages (``infra.stage_io.stage``) and their typed records (``infra.stage_records``): a stage runs once,
 stores its record as the completion marker, and returns the stored record afterwards; markers written
 before the records existed (plain dicts with ``_stage_s``) still resume. No S3: an in-memory store."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from rao_core.config import CampaignConfig
-from tasks.common import RunContext, stage
-from tasks.records import Checkpoint, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput
+from infra.stage_io import RunContext, stage
+from infra.stage_records import Checkpoint, GenerateOutput, JudgeOutput, ServedEndpoint, TrainOutput
 
 
 class _MemoryStore:
@@ -128,7 +128,7 @@ def test_log_iteration_logs_the_iterations_metrics_and_plots(ctx, tmp_path):
 
     from infra.tracking import configure_mlflow, ensure_experiment
     from rao_core.tree import EndReason, ExecutionTree, Node, write_trees
-    from tasks.records import EvalOutput, ValidateOutput
+    from infra.stage_records import EvalOutput, ValidateOutput
     from tasks.tracking import log_iteration
 
     configure_mlflow(f"sqlite:///{tmp_path / 'mlflow.db'}")

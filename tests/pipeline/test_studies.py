@@ -1,4 +1,4 @@
-"""The checkpoint studies of tasks/studies.py (generalisation, wall-clock).
+"""The checkpoint studies of research/studies.py (generalisation, wall-clock).
 
 `rao experiment textcraft-generalisation` / `textcraft-wallclock`: pure parts by hand-made points; the planning's
 errors through the command line before any server starts; both studies end to end with the scripted TextCraft
@@ -15,9 +15,9 @@ import pytest
 
 from tests.cli import one_error_line, run_cli
 from rao_core.paths import REPO_ROOT, tiny_model_path
-from tasks.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
-                           plan_generalisation, plan_text, plan_wallclock, run_study, study_name, study_point, tree_limit, trees_at_once,
-                           wallclock_markdown, wallclock_pairs, wallclock_ratios, wallclock_table)
+from research.studies import (generalisation_markdown, generalisation_png, generalisation_table, last_checkpoints,
+                              plan_generalisation, plan_text, plan_wallclock, run_study, study_name, study_point, tree_limit, trees_at_once,
+                              wallclock_markdown, wallclock_pairs, wallclock_ratios, wallclock_table)
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 TINY = tiny_model_path()  # resolved before any test moves RAO_HOME
@@ -399,7 +399,7 @@ def test_a_job_without_tasks_evaluates_the_held_out_set_its_campaign_generates(t
     import rao_core.evaluation as evaluation
     from rao_core.config import load_config
     from rao_core.envs import get_env
-    from tasks.studies import EvalJob, serve_and_evaluate
+    from infra.checkpoint_eval import EvalJob, serve_and_evaluate
 
     cfg = load_config(REPO_ROOT / CONFIG, check_paths=False)
     cfg = cfg.model_copy(update={"tasks": cfg.tasks.model_copy(update={"generator_options": {"graph_seed": 7}})})
@@ -434,7 +434,7 @@ def test_a_job_without_tasks_evaluates_the_held_out_set_its_campaign_generates(t
 
 
 def test_a_missing_campaign_checkpoint_names_the_fetch_command_for_its_home(tmp_path, monkeypatch):
-    from tasks.studies import _checkpoint
+    from research.studies import _checkpoint
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     mine = tmp_path / "campaigns" / "abl-recursive" / "checkpoints" / "iter-0"

@@ -47,8 +47,8 @@ def _run_stage(tmp_path: Path, monkeypatch, tiny: Path, process: str, bad: bool 
     from rao_core.config import CampaignConfig
     from rao_core.train import TrainerConfig
     from tasks import stages
-    from tasks.common import RunContext
-    from tasks.records import Checkpoint
+    from infra.stage_io import RunContext
+    from infra.stage_records import Checkpoint
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / f"home-{process}"))
     monkeypatch.setattr(RunContext, "store", lambda self: _FakeStore())
@@ -117,8 +117,8 @@ def test_generate_stage_reports_serving_metrics(tmp_path, monkeypatch, tiny):
     import rao_core.runtime as rt
     from rao_core.config import CampaignConfig
     from tasks import stages
-    from tasks.common import RunContext
-    from tasks.records import ServedEndpoint
+    from infra.stage_io import RunContext
+    from infra.stage_records import ServedEndpoint
 
     fix = Path(__file__).parents[1] / "infra" / "fixtures"
     texts = iter([(fix / "vllm_metrics_before.txt").read_text(), (fix / "vllm_metrics_after.txt").read_text()])
@@ -233,8 +233,8 @@ def test_an_iteration_without_update_says_so_in_its_train_progress_artifact(tmp_
 def _run_zero_stage(tmp_path: Path, monkeypatch, samples):
     from rao_core.config import CampaignConfig
     from tasks import stages
-    from tasks.common import RunContext
-    from tasks.records import Checkpoint
+    from infra.stage_io import RunContext
+    from infra.stage_records import Checkpoint
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(RunContext, "store", lambda self: _FakeStore())

@@ -18,7 +18,7 @@ def test_artifact_keys_follow_one_pattern_prefect_accepts(campaign, stage, itera
     from prefect.client.schemas.actions import ArtifactCreate
     from prefect.types.names import raise_on_name_alphanumeric_dashes_only
 
-    from tasks.common import artifact_key
+    from infra.stage_io import artifact_key
 
     got = artifact_key(campaign, stage, iteration)
     assert got == key
@@ -27,7 +27,7 @@ def test_artifact_keys_follow_one_pattern_prefect_accepts(campaign, stage, itera
 
 
 def test_artifact_key_refuses_an_empty_name():
-    from tasks.common import artifact_key
+    from infra.stage_io import artifact_key
 
     with pytest.raises(ValueError, match="campaign and a stage"):
         artifact_key("__", "eval", 1)
@@ -148,7 +148,7 @@ def _recording_artifact_api(monkeypatch, fail: bool = False) -> list[tuple[str, 
 
 
 def test_progress_artifact_is_created_then_updated_at_most_every_interval(monkeypatch):
-    from tasks.common import ProgressArtifact
+    from infra.stage_io import ProgressArtifact
 
     calls = _recording_artifact_api(monkeypatch)
     now = [0.0]
@@ -167,7 +167,7 @@ def test_progress_artifact_is_created_then_updated_at_most_every_interval(monkey
 def test_a_note_shows_until_the_first_count_and_never_after_it_or_the_finish(monkeypatch):
     """ProgressArtifact.note: the phase before a total is known (the warm start's trainer loading) is written at
     0 %; once a count is written, or the artifact finished, a note changes nothing."""
-    from tasks.common import ProgressArtifact
+    from infra.stage_io import ProgressArtifact
 
     calls = _recording_artifact_api(monkeypatch)
     ui = ProgressArtifact("ws-iter-0-warm-start-sft-progress", "SFT optimizer steps", min_interval_s=0.0, enabled=True)
@@ -184,7 +184,7 @@ def test_a_note_shows_until_the_first_count_and_never_after_it_or_the_finish(mon
 
 
 def test_a_failing_artifact_api_never_fails_the_stage(monkeypatch, caplog):
-    from tasks.common import ProgressArtifact
+    from infra.stage_io import ProgressArtifact
 
     calls = _recording_artifact_api(monkeypatch, fail=True)
     ui = ProgressArtifact("k", "optimizer steps", enabled=True)
@@ -195,7 +195,7 @@ def test_a_failing_artifact_api_never_fails_the_stage(monkeypatch, caplog):
 
 
 def test_outside_a_flow_run_no_artifact_is_written(monkeypatch):
-    from tasks.common import ProgressArtifact
+    from infra.stage_io import ProgressArtifact
 
     calls = _recording_artifact_api(monkeypatch)
     ui = ProgressArtifact("k", "trees")
@@ -208,7 +208,7 @@ def test_in_prefect_run_is_true_inside_a_flow_or_task_run_only(prefect_harness):
     run, and in no direct ``.fn()`` call."""
     from prefect import flow, task
 
-    from tasks.common import in_prefect_run
+    from infra.stage_io import in_prefect_run
 
     @task
     def in_task() -> bool:
@@ -247,8 +247,8 @@ def _evaluate_stage(monkeypatch, tmp_path):
 
     from rao_core.config import CampaignConfig
     from tasks import stages
-    from tasks.common import RunContext
-    from tasks.records import EvalOutput
+    from infra.stage_io import RunContext
+    from infra.stage_records import EvalOutput
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     store = _MemoryStore()
@@ -267,7 +267,7 @@ def test_a_stage_called_outside_a_run_skips_its_artifact_without_a_prefect_warni
 
     from prefect.artifacts import Artifact
 
-    from tasks.common import artifact_key
+    from infra.stage_io import artifact_key
 
     stages, ctx = _evaluate_stage(monkeypatch, tmp_path)
     with warnings.catch_warnings(record=True) as caught:
@@ -284,7 +284,7 @@ def test_a_stage_inside_a_flow_run_still_writes_its_artifact(prefect_harness, mo
     from prefect import flow
     from prefect.artifacts import Artifact
 
-    from tasks.common import artifact_key
+    from infra.stage_io import artifact_key
 
     stages, ctx = _evaluate_stage(monkeypatch, tmp_path)
 
@@ -308,7 +308,7 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path, 
     import rao_core.runtime
     from rao_core.config import CampaignConfig
     from tasks import stages
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
 
     made: dict[str, list] = {}
     Recorder = progress_recorder(made)
@@ -367,7 +367,7 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch, progress_re
 
     import rao_core.warmstart
     from rao_core.config import CampaignConfig
-    from tasks.common import RunContext
+    from infra.stage_io import RunContext
     import tasks.warm_start
     from tasks.warm_start import warm_start
 
@@ -478,7 +478,7 @@ def test_the_forms_optional_text_fields_are_plain_text_with_empty_meaning_the_co
 
     from flows.campaign import CampaignParams, rao_campaign
     from flows.evaluate import EvaluateParams, rao_evaluate
-    from flows.experiment import ExperimentParams, rao_experiment
+    from research.experiment import ExperimentParams, rao_experiment
 
     for flow_fn, model, fields in ((rao_campaign, "CampaignParams", ("name", "env", "model_path")),
                                    (rao_evaluate, "EvaluateParams", ("campaign",)),

@@ -19,7 +19,7 @@ def test_log_evaluation_logs_the_comparison_and_fails_the_run_on_a_regression(tm
     from infra.tracking import configure_mlflow
     from rao_core.regression import decide
     from tasks import tracking
-    from tasks.common import in_prefect_run
+    from infra.stage_io import in_prefect_run
     from tasks.tracking import log_evaluation
 
     configure_mlflow(f"sqlite:///{tmp_path / 'm.db'}")

@@ -11,6 +11,8 @@ import os
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from openai_fakes import completion, send_json  # run as a script: its folder is on sys.path
+
 PORT, DIE_AFTER = int(sys.argv[1]), int(sys.argv[2])
 NULL_LOGPROB = len(sys.argv) > 3 and sys.argv[3] == "null_logprob"
 COUNT = {"n": 0}
@@ -36,19 +38,6 @@ class H(BaseHTTPRequestHandler):
         lps = [-0.5] * len(ids)
         if NULL_LOGPROB:
             lps[1] = None
-        out = {"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
-               "choices": [{"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
-                            "prompt_token_ids": body["prompt"],
-                            "logprobs": {"tokens": list(text), "token_logprobs": lps,
-                                         "top_logprobs": None, "text_offset": list(range(len(ids)))}}],
-               "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids),
-                         "total_tokens": len(body["prompt"]) + len(ids)}}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+        send_json(self, completion(body["model"], body["prompt"], text, ids, lps, list(text)))
 
 ThreadingHTTPServer(("127.0.0.1", PORT), H).serve_forever()

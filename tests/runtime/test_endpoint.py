@@ -15,6 +15,7 @@ from rao_core.policies.openai_policy import OpenAIPolicy
 from rao_core.runtime import RuntimeConfig, run_tree
 from rao_core.tree import EndReason
 from tests.runtime.fakes import FakeEnv, task
+from tests.runtime.openai_fakes import completion, send_json
 from tests.runtime.test_agent import check_tokens
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
@@ -149,20 +150,8 @@ class _DyingServer:
                 text = ("```python\nfinish('done')\n```\n" if "quick" in prompt
                         else "```python\nprint('xyzzy-42')\n```\n")
                 ids = tok.encode(text, add_special_tokens=False)
-                out = {"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
-                       "choices": [{"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
-                                    "prompt_token_ids": body["prompt"],
-                                    "logprobs": {"tokens": [tok.decode([i]) for i in ids],
-                                                 "token_logprobs": [-0.25] * len(ids), "top_logprobs": None,
-                                                 "text_offset": list(range(len(ids)))}}],
-                       "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids),
-                                 "total_tokens": len(body["prompt"]) + len(ids)}}
-                data = json.dumps(out).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, completion(body["model"], body["prompt"], text, ids, [-0.25] * len(ids),
+                                           [tok.decode([i]) for i in ids]))
                 outer.answered += 1
                 outer.first_turns.release()
 

@@ -31,6 +31,7 @@ Cluster. :func:`connect` joins the cluster at ``execution.ray_address`` (``auto`
 --ray`` started on this machine); a process that already called ``ray.init`` (a test's local cluster) keeps
 its own. Workers import the repository from its path on the driver (``PYTHONPATH`` of the job's runtime
 environment), so a worker node needs the repository at that path, as a Prefect worker does.
+Docs: docs/pipeline/ray.md.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def shard_key(iteration: int, index: int, count: int) -> str:
     """S3 key (relative to the campaign) of shard ``index`` (0-based) of ``count``:
     ``iter-K/trees/shards/shard-<index+1>-of-<count>.jsonl`` (the count in the name: a re-run with another
     shard count never reads an object of the earlier plan)."""
-    from tasks.common import iter_key
+    from infra.stage_io import iter_key
 
     return iter_key(iteration, f"trees/shards/shard-{index + 1}-of-{count}.jsonl")
 
@@ -294,10 +295,13 @@ def read_shards(ctx: Any, what: str, shards: Sequence[Shard], results: Sequence[
 
 def worker_runtime_env() -> dict[str, Any]:
     """The Ray job's runtime environment: the repository (this checkout's path) on every worker's
-    ``PYTHONPATH``, and ``RAO_HOME`` and ``RAO_VLLM_PYTHON`` (the vLLM environment a replica's actor starts its
-    server with, ``infra/ray_serving.py``) when set."""
+    ``PYTHONPATH``, ``RAO_POLICY_API_KEY`` (the key of the pipeline's vLLM servers, which the shards' clients
+    send: :func:`infra.serving.policy_api_key`), and ``RAO_HOME`` and ``RAO_VLLM_PYTHON`` (the vLLM environment a
+    replica's actor starts its server with, ``infra/ray_serving.py``) when set."""
+    from infra.serving import policy_api_key
+
     path = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path)), "RAO_POLICY_API_KEY": policy_api_key()}
     for name in ("RAO_HOME", "RAO_VLLM_PYTHON"):
         if os.environ.get(name):
             env[name] = os.environ[name]
@@ -385,7 +389,7 @@ def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], s
     import ray
     from ray.exceptions import RayError, RayTaskError
 
-    from tasks.common import run_logger
+    from infra.stage_io import run_logger
 
     ex = ctx.config.execution
     what = what or f"iteration {iteration} generate"

@@ -2,10 +2,11 @@
 
 A stage (one Prefect task, made by :func:`stage`) writes its outputs to S3 under
 ``CAMPAIGN/iter-K/<stage>/...`` and then a completion marker ``CAMPAIGN/iter-K/_done/<stage>.json``
-holding its return value (a ``tasks.records`` record: URIs and small metrics). Re-running a campaign
+holding its return value (an ``infra.stage_records`` record: URIs and small metrics). Re-running a campaign
 with the same name returns the stored value of every stage whose marker exists, so nothing completed is
 recomputed and an interrupted iteration restarts at its first unfinished stage. Local copies live under
 ``$RAO_HOME/campaigns/CAMPAIGN`` (a cache: it can be deleted).
+Docs: docs/pipeline/resume-and-faults.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from infra.disk import as_disk_full
 from infra.storage import ArtifactStore, S3Settings
 from rao_core.config import CampaignConfig
 from rao_core.paths import rao_home
-from tasks.records import StageRecord
+from infra.stage_records import StageRecord
 
 R = TypeVar("R", bound=StageRecord)
 

@@ -2,9 +2,10 @@
 output record per stage.
 
 A stage's output record is also its completion marker on S3 (``CAMPAIGN/iter-K/_done/<stage>.json``,
-``tasks.common.stage``): it is written with the same keys as before these records existed (``_stage_s``
+``infra.stage_io.stage``): it is written with the same keys as before these records existed (``_stage_s``
 for the wall time), and markers written then load into these records (fields they lack take their
 defaults), so a campaign started before still resumes. ``resumed`` is never stored.
+Docs: docs/pipeline/resume-and-faults.md.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class ServedEndpoint(BaseModel):
     start_phases: dict[str, float] = Field(default_factory=dict)  # a (re)start: seconds to each phase (infra.serving)
     base_urls: list[str] = Field(default_factory=list)  # every replica's .../v1 (empty: [base_url])
     replicas: list[ServedReplica] = Field(default_factory=list)
-    replica_offset: int = 0  # the replica a pool's ties start from (a Ray shard's index: tasks.rollouts)
+    replica_offset: int = 0  # the replica a pool's ties start from (a Ray shard's index: infra.ray_rollouts)
     seeded: bool = True  # the requests carry their sampling seeds (serving.request_seeds; off for vLLM on CPU)
 
     @property
@@ -117,11 +118,16 @@ class TrainOutput(StageRecord):
 
 
 class EvalOutput(StageRecord):
-    """``evaluate``: flat ``eval/<mode>/<difficulty>/...`` metrics and one table row per mode and difficulty."""
+    """``evaluate``: flat ``eval/<mode>/<difficulty>/...`` metrics and one table row per mode and difficulty.
+
+    An iteration the campaign does not evaluate (``eval.every``) stores ``evaluated`` False, no metrics, no rows,
+    and ``trained_from``: the collapse guard walks from it to the last evaluated iteration of the lineage."""
 
     metrics: dict[str, float] = Field(default_factory=dict)
     rows: list[dict[str, Any]] = Field(default_factory=list)
     report_uri: str = ""
+    evaluated: bool = True  # False: skipped by eval.every (metrics and rows empty)
+    trained_from: int | None = None  # a skipped iteration's reference: the iteration whose checkpoint it trained from
 
 
 class LogOutput(StageRecord):

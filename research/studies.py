@@ -1,13 +1,6 @@
-"""Checkpoint studies (generalisation by K, wall-clock one tree at a time, the depth-limited control);
-serve_and_evaluate.
-
-:func:`serve_and_evaluate` serves ONE checkpoint folder with vLLM as the campaign's serving stage does
-(``infra.serving.server_from_config`` with ``switching=False``: the serving settings and GPU placement of
-the config, no LoRA slots, no sleep mode), or uses a running OpenAI-compatible server (``base_url``), or a
-given policy (tests: a scripted one, no server), and runs every :class:`EvalJob` against it through
-``rao_core.evaluation.run_evaluation``, the function behind the campaign's, the experiment's and the
-nightly evaluations. The server is stopped at the end, whatever happens. ``rao eval`` is one job; each study
-runs all its jobs of a checkpoint against one server, so every checkpoint is served once.
+"""Checkpoint studies (generalisation by K, wall-clock one tree at a time, the depth-limited control). Each
+study runs all its jobs of a checkpoint against one server (``infra.checkpoint_eval.serve_and_evaluate``, the
+path ``rao eval`` takes too), so every checkpoint is served once.
 
 **The depth-limited control** (``rao experiment textcraft-nested-control``): the recursive
 arm's checkpoints of a ``textcraft-nested`` record (the warm start and the last iteration by default) on the
@@ -20,9 +13,9 @@ tasks at full depth (paired by task; :func:`depth_control_table`). Records
 checkpoint of each asked arm of an ablation record (``docs/results/textcraft-ablation[-seed<S>].json``, or
 ``--model ARM=PATH``) evaluated on TextCraft-Synth ``tier1x<K>`` (K distinct tier-1 targets) for K = 2..5,
 n tasks per K drawn with the record's fresh evaluation seed (``eval.seed``, split ``validation``), each arm
-in its own mode (``tasks.experiment.ARM_MODES``: recursive and outcome with delegation, single without) and
+in its own mode (``research.designs.ARM_MODES``: recursive and outcome with delegation, single without) and
 with the runtime it was trained and evaluated with (the record's ``config_values`` with
-``flows.experiment.arm_overrides``: e.g. the single arm's node step limit). Every miss gets one cause from
+``research.designs.arm_overrides``: e.g. the single arm's node step limit). Every miss gets one cause from
 its execution tree (``rao_core.evaluation.miss_cause``: a child given two targets, children failed, the
 root's window, a limit, an error, the root finished wrong). K = 2 are the ablation's own evaluation tasks
 (same seed; the first n); K >= 3 were never trained on (the RL pool and the demonstrations are K = 2 only).
@@ -51,7 +44,7 @@ unseeded (a study's evaluation sends no seeds: ``rao_core.evaluation.evaluate_su
 of a task are not paired.
 
 Task sets: the study's evaluation tasks (every K) are checked against the record's training pool and
-demonstrations and its development set before any server starts (``rao_core.task_sampling.check_task_sets``;
+demonstrations and its development set before any server starts (``rao_core.task_sets.check_task_sets``;
 for TextCraft a task is its target multiset, so a K >= 3 task can never be a K = 2 training task, and the
 validation split's targets are held out of training). Records: ``docs/results/<study>.json`` (per point n,
 successes, success, ci95, per_task, misses, end_reasons, tree wall median and mean, tokens per tree,
@@ -59,9 +52,10 @@ children and depth histograms, the checkpoint; the command, commit, date, checkp
 sets), a few stored trees per point under ``docs/results/trees/<study>/``; the markdown comes from the
 records by pure functions (:func:`generalisation_markdown`, :func:`wallclock_markdown`) and goes to
 ``docs/results.md`` (with the plot ``docs/img/<study>.png``, :func:`generalisation_png`) and
-``docs/benchmarks.md`` through ``tasks.experiment.replace_section``. The record is written after each
+``docs/benchmarks.md`` through ``research.records.replace_section``. The record is written after each
 evaluation (``"complete": false``) and an interrupted study resumes from it (:func:`run_study`); a dead
 server (:func:`infra_failures`) stops the study instead of recording its zeros.
+Docs: docs/experiments/checkpoint-studies.md.
 """
 
 from __future__ import annotations
@@ -76,9 +70,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rao_core.envs.base import Environment, Task
+from infra.checkpoint_eval import EvalJob, serve_and_evaluate, serving_config
+from rao_core.envs.base import Task
 from rao_core.evaluation import MISS_CAUSES, EvalConfig, EvalReport, EvalRow
 from rao_core.runtime import RuntimeConfig
+from rao_core.task_sets import check_task_sets
+from research.designs import ARM_MODES, arm_overrides, git_output
+from research.records import depth_reach, replace_section, write_tree_sample
 
 GENERALISATION = "textcraft-generalisation"
 WALLCLOCK = "textcraft-wallclock"
@@ -99,114 +97,6 @@ WALLCLOCK_TITLE = "## Wall-clock, one tree at a time"  # + ": `<record name>`"
 MISS_LABELS = {"child_two_targets": "child given 2+ targets", "child_failed": "children failed",
                "window": "root's window", "limit": "limit", "error": "error", "finished_wrong": "root finished wrong",
                "other": "other"}
-
-
-class EvalJob(BaseModel):
-    """One evaluation against a served checkpoint: which tasks (``config``, or ``tasks`` given), how the agent
-    runs (``runtime``), and the ``label`` its progress lines name."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    label: str
-    config: EvalConfig
-    runtime: RuntimeConfig
-    tasks: list[Task] | None = Field(None, description="The tasks (e.g. a task file); None: eval_tasks(config).")
-
-
-def serving_config(cfg: Any, jobs: Sequence[EvalJob]) -> Any:
-    """``cfg`` (a ``rao_core.config.CampaignConfig``) with ``serving.max_model_len`` raised to the largest
-    context window of ``jobs`` (unchanged when it already fits): the server must take every job's prompts."""
-    need = max([cfg.serving.max_model_len, *(j.runtime.context_window for j in jobs)])
-    if need == cfg.serving.max_model_len:
-        return cfg
-    return cfg.model_copy(update={"serving": cfg.serving.model_copy(update={"max_model_len": need})})
-
-
-def _tenths_said(label: str, say: Callable[[str], None]) -> Callable[[int, int, Any], None]:
-    """A ``run_trees`` progress callback ``(done, total, tree)`` that says ``  <label>: trees d/N, solved s`` at each
-    tenth of the trees (``rao_core.progress.every_tenth``; every tree below 20), counting from 0 again at each
-    mode's first tree: a job of 100 trees is minutes, and a log file draws no bar."""
-    from rao_core.progress import every_tenth
-
-    solved = [0]
-    line = every_tenth(lambda done, total: say(f"  {label}: trees {done}/{total}, solved {solved[0]}"))
-
-    def progress(done: int, total: int, tree: Any) -> None:
-        solved[0] = (0 if done == 1 else solved[0]) + int(tree is not None and tree.root.verifier == 1.0)
-        line(done, total)
-
-    return progress
-
-
-def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: Environment,
-                       base_url: str | None = None, served_name: str | None = None, policy: Any = None,
-                       say: Callable[[str], None] = print,
-                       on_report: Callable[[EvalJob, EvalReport], None] | None = None) -> list[EvalReport]:
-    """Serve checkpoint ``model`` once and run every job of ``jobs`` against it, in order.
-
-    Args:
-        cfg: the campaign config whose serving settings and GPU placement start the server
-            (``serving.max_model_len`` raised to the jobs' largest window: :func:`serving_config`).
-        model: checkpoint folder (its tokenizer's chat template is used by every job).
-        jobs: the evaluations (:class:`EvalJob`); a job without ``tasks`` evaluates
-            ``rao_core.evaluation.eval_tasks(env, job.config, **cfg.tasks.generator_options)``, the tasks a
-            campaign with ``cfg`` holds out.
-        env: the environment of the tasks.
-        base_url / served_name: use this running OpenAI-compatible server (model name ``served_name``, default
-            ``serving.served_model_name``) instead of starting vLLM.
-        policy: use this policy (e.g. scripted) instead of any server; closed at the end.
-        say: progress lines (the server's start phases, each job's start and result).
-        on_report: called with each job and its report as soon as it is done (e.g. to save a partial record).
-
-    Returns:
-        One ``EvalReport`` per job, in order. Raises ``infra.serving.ServiceError`` when the server does not
-        start or answer; the server is stopped in every case (an interrupt included).
-    """
-    import asyncio
-
-    from rao_core import evaluation
-    from rao_core.runtime import load_tokenizer
-
-    tokenizer = load_tokenizer(str(model))
-    options = cfg.tasks.generator_options  # a job without tasks gets the campaign's held-out set, generated alike
-    server = None
-    reports: list[EvalReport] = []
-    try:
-        if policy is not None:
-            url, name = None, "policy"
-        elif base_url:
-            from infra.serving import wait_for_server
-
-            wait_for_server(base_url)
-            url, name = base_url, served_name or cfg.serving.served_model_name
-        else:
-            from infra.serving import server_from_config
-
-            server = server_from_config(serving_config(cfg, jobs), model, switching=False)  # as tasks/serve.py
-            where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
-            say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
-            server.on_progress = say  # its phases from its log, and a line every 20 s
-            server.start()
-            url, name = server.base_url, server.model
-        for job in jobs:
-            say(f"evaluating {job.label}")
-            tasks = job.tasks if job.tasks is not None else evaluation.eval_tasks(env, job.config, **options)
-            report = evaluation.run_evaluation(job.config, env=env, tasks=tasks, runtime=job.runtime,
-                                               tokenizer=tokenizer, base_url=url, model=name, policy=policy,
-                                               close_policy=False, progress=_tenths_said(job.label, say))
-            reports.append(report)
-            for r in report.rows:
-                say(f"  {job.label}: {r.mode} {r.difficulty}: success {r.success:.3f} = {r.successes:g} / {r.scored}"
-                    f" [{r.ci_low:.2f}, {r.ci_high:.2f}], median tree wall {r.median_tree_wall_s:.1f} s, "
-                    f"{r.wall_s:.0f} s in all")
-            if on_report is not None:
-                on_report(job, report)
-    finally:
-        if policy is not None:
-            asyncio.run(policy.aclose())
-        if server is not None:
-            server.stop()
-    return reports
 
 
 # -- records (pure) ---------------------------------------------------------------------------------------
@@ -235,10 +125,8 @@ def study_name(base: str, source: dict[str, Any]) -> str:
 
 def last_checkpoints(record: dict[str, Any]) -> dict[str, tuple[str, int]]:
     """``{arm: (checkpoint folder, iteration)}`` of each arm's last evaluated iteration in an experiment
-    record (points in the arm's own mode, ``tasks.experiment.ARM_MODES``; points without a checkpoint are
+    record (points in the arm's own mode, ``research.designs.ARM_MODES``; points without a checkpoint are
     skipped)."""
-    from tasks.experiment import ARM_MODES
-
     out: dict[str, tuple[str, int]] = {}
     for p in record.get("points", []):
         arm = p.get("arm")
@@ -491,7 +379,6 @@ def generalisation_png(points: Sequence[dict[str, Any]], path: Path) -> Path:
 # -- planning: every input checked before any server starts --------------------------------------------------
 class StudyRun(BaseModel):
     """One checkpoint of a study and its jobs: served once (:func:`serve_and_evaluate`)."""
-
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     checkpoint: str
@@ -502,7 +389,6 @@ class StudyRun(BaseModel):
 
 class StudyPlan(BaseModel):
     """A study ready to run: its record's name and metadata, and its checkpoints with their jobs."""
-
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     name: str
@@ -555,10 +441,9 @@ def _checkpoint(path: str, what: str, root: Path) -> str:
 
 def arm_config(record: dict[str, Any], arm: str, overrides: Sequence[str] = ()) -> Any:
     """The campaign config arm ``arm`` of ``record`` ran with: the record's ``config_values`` (else its config
-    file at its ``seed``) with ``flows.experiment.arm_overrides`` (the single arm's node step limit: the
+    file at its ``seed``) with ``research.designs.arm_overrides`` (the single arm's node step limit: the
     record's ``single_max_steps``, else the experiment's default), no endpoint, then ``overrides``.
     Raises ValueError for an unknown arm, ``rao_core.config.ConfigError`` for a bad override."""
-    from flows.experiment import arm_overrides
     from rao_core.config import load_config
 
     values, source = record.get("config_values"), record.get("config") or "<record>"
@@ -585,8 +470,6 @@ def _eval_config(cfg: Any, difficulties: list[str], n: int, mode: str, stored: i
 
 def _check_tasks(cfg: Any, difficulties: list[str], n: int) -> dict[str, int]:
     """``check_task_sets`` of ``cfg`` with the study's evaluation set (``difficulties``, ``n`` each)."""
-    from rao_core.task_sampling import check_task_sets
-
     ev = cfg.eval.model_copy(update={"difficulties": difficulties, "n_tasks": n})
     return check_task_sets(cfg.model_copy(update={"eval": ev}))
 
@@ -623,9 +506,8 @@ def _difficulties(ks: Sequence[int], option: str = "--k") -> list[str]:
 
 def _meta(study: str, name: str, record: dict[str, Any], source: str, command: str, n: int, ks: Sequence[int],
           checkpoints: dict[str, str], task_sets: dict[str, int], cfg: Any, **extra: Any) -> dict[str, Any]:
-    from flows.experiment import _git
 
-    return {"experiment": name, "study": study, "command": command, "commit": _git("rev-parse", "--short", "HEAD")
+    return {"experiment": name, "study": study, "command": command, "commit": git_output("rev-parse", "--short", "HEAD")
             or "unknown", "date": time.strftime("%Y-%m-%d"), "source_record": source,
             "source_experiment": record.get("experiment"), "seed": record.get("seed", cfg.seed),
             "eval_seed": cfg.eval.seed, "split": cfg.eval.split, "n_tasks": n, "ks": list(ks),
@@ -640,7 +522,6 @@ def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = (
     configs and ``overrides``, and the evaluation tasks against the training sets. Raises ValueError,
     FileNotFoundError or ``rao_core.config.ConfigError`` with one line naming what is wrong."""
     from rao_core.paths import REPO_ROOT
-    from tasks.experiment import ARM_MODES
 
     root = root or REPO_ROOT
     models = dict(models or {})
@@ -823,8 +704,6 @@ def depth_control_rows(record: dict[str, Any]) -> list[str]:
     over the tasks both have), the one-sided exact sign test that depth helps (p), and the share of the
     experiment's trees that reached depth 2."""
     from scipy import stats
-
-    from tasks.experiment import depth_reach
 
     rows = []
     for p in sorted(record["points"], key=lambda q: q["iteration"]):
@@ -1040,7 +919,6 @@ def run_study(plan: StudyPlan, *, write_docs: bool = True, root: Path | None = N
     from infra.process import ServiceError
     from rao_core.envs import get_env
     from rao_core.paths import REPO_ROOT
-    from tasks.experiment import replace_section, write_tree_sample
 
     root = root or REPO_ROOT
     rec_path = root / "docs/results" / f"{plan.name}.json"

@@ -1,6 +1,6 @@
-"""The experiment's results as Prefect tasks: the ``docs/results/<experiment>.json`` record, the
-learning-curve plot, the ``docs/results.md`` section and their MLflow copies (``flows/experiment.py`` only
-calls :func:`write_results`).
+"""The experiment's records: the ``docs/results/<experiment>.json`` record, the learning-curve plot, the
+``docs/results.md`` section and their MLflow copies (the Prefect task :func:`write_results`, which
+``research/experiment.py`` calls), and the comparisons and tables read from records.
 
 The claimed comparison is the recursive arm's last iteration vs its warm start (iteration 0) on the first
 evaluated difficulty, recursive mode: a one-sided pooled two-proportion z-test
@@ -21,6 +21,7 @@ textcraft-nested``; :func:`deep_config`) also gets, from the same per-point fiel
 tables (:func:`depth_markdown`), the depth plot ``docs/img/<experiment>-depth.png`` (:func:`depth_png`: node
 success by depth and iteration, the depth histogram of the evaluated trees) and, over seeds, the share of trees
 reaching each depth with intervals (:func:`depth_seeds_markdown`).
+Docs: docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -34,14 +35,19 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from rao_core.evaluation import two_proportion_test
+from rao_core.evaluation import two_proportion_test, wilson_interval
+from rao_core.jsonl import atomic_path, one_line_error
+from rao_core.paths import REPO_ROOT
+from rao_core.tree import ExecutionTree, tree_json_line
+from research.designs import ARM_MODES, ARM_PAIRS
+from tasks import tracking
 
 #: Fields of an evaluation row (``rao_core.evaluation.EvalRow.table_row``) copied into a record's point when
 #: present. ``tokens_per_success`` appears only in rows of campaigns evaluated before audit fields existed (new rows have
 #: ``tokens_per_tree`` and ``tokens_total``: tokens per solved task restate the success rate).
 POINT_KEYS = ("unscored", "child_success", "child_nodes", "parallel_share", "tree_wall_s", "tree_wall_s_median",
               "tokens_per_tree", "tokens_total", "tokens_per_success", "end_reasons", "children_per_tree",
-              "depth_hist", "per_depth", "per_task", "misses")
+              "depth_hist", "per_depth", "per_task", "misses", "distinct_problems")
 #: Largest stored-trees file (bytes, gzipped): trees at the end of a sample are dropped until it fits.
 TREE_FILE_MAX_BYTES = 200_000
 
@@ -104,9 +110,6 @@ def write_tree_sample(path: Path, trees: Sequence[Any], max_bytes: int = TREE_FI
     ``rao_core.evaluation.tree_sample``) as gzipped JSON lines at ``path``, atomically and byte for byte the
     same for the same trees (no time stamp in the gzip header). Trees at the end are dropped until the file
     is at most ``max_bytes``; nothing is written when none fits or none is given. Returns the trees written."""
-    from rao_core.jsonl import atomic_path
-    from rao_core.tree import ExecutionTree, tree_json_line
-
     lines = [tree_json_line(t if isinstance(t, ExecutionTree) else ExecutionTree.model_validate(t)) for t in trees]
     while lines:
         data = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
@@ -121,9 +124,6 @@ def write_tree_sample(path: Path, trees: Sequence[Any], max_bytes: int = TREE_FI
 def read_tree_sample(path: Path) -> list[Any]:
     """The trees of a stored-trees file (:func:`write_tree_sample`) as ``ExecutionTree`` objects; ValueError
     naming the file and line of a bad record, FileNotFoundError for a missing file."""
-    from rao_core.jsonl import one_line_error
-    from rao_core.tree import ExecutionTree
-
     out = []
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
@@ -146,8 +146,6 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
     arm's node step limit) from ``meta`` (None when ``meta``
     lacks them), and the test of the recursive arm's last iteration vs its warm start on the first
     evaluated difficulty (recursive mode)."""
-    from rao_core.paths import REPO_ROOT
-
     def rel(path: str | None) -> str | None:
         if not path:
             return None
@@ -187,12 +185,6 @@ def experiment_record(experiment: str, rows: list[dict[str, Any]], meta: dict[st
             "config_values": config, "points": points,
             "training": list(training or []), "warm_start": meta.get("warm_start"), "test": test,
             "arm_tests": arm_tests(points)}
-
-
-#: The evaluation mode of each arm of ``rao experiment`` (flows.experiment.arm_overrides).
-ARM_MODES = {"recursive": "recursive", "outcome": "recursive", "single": "single"}
-#: Arm comparisons made when both arms ran: (arm, against), H1: arm > against.
-ARM_PAIRS = (("recursive", "single"), ("recursive", "outcome"), ("outcome", "single"))
 
 
 def _last_point(points: list[dict[str, Any]], arm: str, difficulty: str) -> dict[str, Any] | None:
@@ -243,8 +235,6 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
     Returns None when no record has both points with per-task outcomes. Units: rates in [0, 1].
     """
     from scipy import stats
-
-    from rao_core.evaluation import wilson_interval
 
     per_seed, tables = [], []
     for rec in sorted(records, key=lambda r: r["seed"]):
@@ -319,8 +309,6 @@ def rerun_comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str,
     partner]}``. Raises ValueError when the records have different ``eval_seed`` (other held-out tasks), when an
     outcome is not 0 or 1 (graded partial credit: the test needs binary outcomes), or when no point pairs with
     another. Units: counts of tasks."""
-    from rao_core.evaluation import wilson_interval
-
     if first.get("eval_seed") != second.get("eval_seed"):
         raise ValueError(f"the two records did not evaluate the same tasks (eval_seed: {first.get('eval_seed')!r} vs "
                          f"{second.get('eval_seed')!r}); a rerun comparison pairs the same held-out tasks")
@@ -484,8 +472,6 @@ def depth_reach(depth_hist: dict[str, int], depth: int) -> tuple[int, int]:
 
 def _frac(k: float, n: int) -> str:
     """``k/n = rate [lo, hi]`` with the Wilson 95% interval; empty for n = 0."""
-    from rao_core.evaluation import wilson_interval
-
     if not n:
         return ""
     lo, hi = wilson_interval(min(k, n), n)
@@ -710,8 +696,6 @@ def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any], experimen
 def replace_section(doc: Path, title: str, md: str) -> None:
     """Replace the ``title`` section of markdown file ``doc`` (from the title to the next ``## `` section) by
     ``md``, or append it; other sections are kept; the file is replaced atomically."""
-    from rao_core.jsonl import atomic_path
-
     old = doc.read_text() if doc.exists() else "# Results\n"
     head, _, rest = old.partition(title)
     nxt = rest.find("\n## ")  # keep any later sections (other experiments)
@@ -726,8 +710,6 @@ def seeds_markdown(experiment: str, records: list[dict[str, Any]]) -> str:
     arms at the last iteration on the first difficulty (computed from the points for records older than
     ``arm_tests``); pooled: successes summed over seeds, with the same one-sided two-proportion z-tests on the
     sums (seeds treated as one larger sample); recursive vs single over the seeds that ran both arms only."""
-    from rao_core.evaluation import wilson_interval
-
     lines = [f"## Seeds: {experiment}", "",
              "| seed | record | recursive: warm start | recursive: last | p (last > warm start) | single: last | "
              "p (recursive > single) |", "|---|---|---|---|---|---|---|"]
@@ -766,8 +748,6 @@ def seed_records(experiment: str, root: Path | None = None) -> list[dict[str, An
     (the config's seed) and ``docs/results/<experiment>-seed<S>.json`` under ``root`` (the repository by
     default). Raises FileNotFoundError naming the folder when there is none, ValueError naming a file that
     is not JSON."""
-    from rao_core.paths import REPO_ROOT
-
     folder = (root or REPO_ROOT) / "docs/results"
     paths = [folder / f"{experiment}.json", *sorted(folder.glob(f"{experiment}-seed*.json"))]
     records = []
@@ -780,27 +760,6 @@ def seed_records(experiment: str, root: Path | None = None) -> list[dict[str, An
     if not records:
         raise FileNotFoundError(f"no record of {experiment} under {folder} (run `rao experiment {experiment}` first)")
     return sorted(records, key=lambda r: r["seed"])
-
-
-def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_docs: bool = True,
-                        root: Path | None = None) -> str:
-    """``comparisons_markdown`` of ``records`` (``seeds_markdown`` for records without per-task outcomes), and for
-    deep trees the per-depth table and each seed's depth-limited control (``tasks.studies``), written as the
-    ``## Seeds: <experiment>`` section of ``docs/results.md`` under ``root`` (the repository by default) when
-    ``write_docs``; returns the markdown."""
-    from rao_core.paths import REPO_ROOT
-
-    with_tasks = any(p.get("per_task") for r in records for p in r.get("points", []))
-    md = comparisons_markdown(experiment, records) if with_tasks else seeds_markdown(experiment, records)
-    if any(deep_config(r.get("config_values")) for r in records):
-        from tasks.studies import depth_control_seeds_markdown
-
-        md += "\n" + depth_seeds_markdown(records)
-        if ctrl := depth_control_seeds_markdown(records, root):
-            md += "\n" + ctrl
-    if write_docs:
-        replace_section((root or REPO_ROOT) / "docs/results.md", f"## Seeds: {experiment}", md)
-    return md
 
 
 def write_tree_files(root: Path, experiment: str, trees: dict[tuple[str, int, str, str], list[Any]],
@@ -837,9 +796,6 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
     (``depth_plot``: :func:`depth_png`, for a run whose trees may grow deeper than one level,
     :func:`deep_config`; else None).
     """
-    from rao_core.jsonl import atomic_path
-    from rao_core.paths import REPO_ROOT
-
     root = out_root or REPO_ROOT
     img_name = "learning_curve.png" if experiment == "textcraft-cpu" else f"{experiment}.png"
     img = learning_curve_png(rows, root / "docs/img" / img_name)
@@ -855,8 +811,6 @@ def write_results(experiment: str, rows: list[dict[str, Any]], meta: dict[str, A
     if write_docs:
         replace_section(root / "docs/results.md", _section_title(experiment), md)
     import mlflow
-
-    from tasks import tracking
 
     tracking.log_json(run_id, {"rows": rows, "meta": meta}, "experiment/results.json")
     mlflow.MlflowClient().log_artifact(run_id, str(img), "experiment")

@@ -13,7 +13,8 @@ task by task (McNemar's exact test on the discordant tasks). The arms:
 - ``useful``: the ``useful`` bonus with cap 0.4 and the bounded update of ``default``.
 
 Each arm is trained with every trainer seed given (``trainer.seed``: the micro-batch order; with one step over
-the whole batch the order changes only the floating-point sum). Run it with ``python -m tasks.stable_rao``.
+the whole batch the order changes only the floating-point sum). Run it with ``python -m research.stable_rao``.
+Docs: docs/experiments/stable-rao.md.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from rao_core.task_sampling import task_identity
 from rao_core.train.checkpoint import MANIFEST_NAME, data_hash
 from rao_core.train.launch import run_training
 from rao_core.tree import read_trees
-from tasks.experiment import mcnemar_exact
-from tasks.studies import EvalJob, serve_and_evaluate
+from research.records import mcnemar_exact
+from infra.checkpoint_eval import EvalJob, serve_and_evaluate
 
 #: arm -> (algo settings, trainer overrides): module docstring.
 ARMS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -264,8 +265,8 @@ def check_png(record: dict[str, Any], path: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tasks.stable_rao``: :func:`run_check` from the command line; exit 2 on bad input."""
-    ap = argparse.ArgumentParser(prog="python -m tasks.stable_rao", description=__doc__.splitlines()[0])
+    """``python -m research.stable_rao``: :func:`run_check` from the command line; exit 2 on bad input."""
+    ap = argparse.ArgumentParser(prog="python -m research.stable_rao", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/experiment-textcraft-nested.yaml")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--warm-start", type=Path, required=True, help="the warm-start checkpoint folder")
@@ -281,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_check(a.config, a.overrides, a.warm_start, a.trees, a.out, a.record, a.seeds or [0, 1],
                   a.arms or list(ARMS), a.n, a.eval_seed, a.difficulty,
-                  "python -m tasks.stable_rao " + " ".join(sys.argv[1:] if argv is None else argv))
+                  "python -m research.stable_rao " + " ".join(sys.argv[1:] if argv is None else argv))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

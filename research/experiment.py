@@ -1,31 +1,17 @@
-"""The ``rao-experiment`` flow: the learning-curve experiment of ``docs/results.md``.
+"""The ``rao-experiment`` flow: the learning-curve experiment of ``docs/results.md``, and its seeds section.
 
-Runs two campaigns from one config with the same budget and the same context window: the recursive
-agent (delegation on) and the single-agent baseline (``runtime.delegation = false``). Both start from
-ONE warm-start checkpoint: the first arm builds it (SFT on a demonstration set that mixes recursive and
-single-agent trees, ``warm_start.options.single_agent_fraction``), the second arm starts from that
-checkpoint (``warm_start.mode = checkpoint``), so the arms differ only in whether delegation is
-available during RL and evaluation. Each evaluates after the warm start and after every iteration on
-the same held-out validation tasks. The flow then writes a table (success by difficulty vs iteration,
-recursive vs single, Wilson 95% intervals, mean depth, delegation rate, wall time per iteration) and a
-learning-curve plot to ``docs/results.md`` / ``docs/img/`` and to an MLflow run, and a machine-readable
-record ``docs/results/<experiment>.json`` (every evaluated point with its checkpoint folder, and the
-claimed comparison: the recursive arm's last iteration vs its warm start, one-sided two-proportion z-test,
-``rao_core.evaluation.two_proportion_test``); the record, plot and docs section are written by the task
-``tasks.experiment.write_results``.
-
-Before any campaign starts, the evaluation (and development) tasks are checked to share no task with the
-training pool or the demonstrations (``rao_core.task_sampling.check_task_sets``; a ValueError naming the
-overlap fails the experiment). The record also gets the per-iteration rollout and training
-statistics from the campaigns' summaries, the stored evaluation trees of every point, the arms, the seeds,
-the commit of the config file (and whether it had uncommitted changes) and the preregistered
-``eval.endpoint``.
+Runs one campaign per arm (``research.designs.arm_overrides``) from one config with the same budget and the
+same context window, all starting from ONE warm-start checkpoint (the first arm builds it; an arm with its own
+warm start is the one exception), each evaluated after the warm start and after every iteration on the same
+held-out validation tasks, checked before any campaign starts to share no task with the training pool or
+the demonstrations (``rao_core.task_sets.check_task_sets``). The record, plot and docs section are written by
+the task ``research.records.write_results``; :func:`write_seeds_section` pools the records of several seeds.
+Docs: docs/experiments.md.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -35,8 +21,12 @@ from pydantic import BaseModel, Field, field_validator
 
 from flows.campaign import CampaignParams, rao_campaign
 from rao_core.config import NAME_PATTERN
-from rao_core.task_sampling import check_task_sets
-from tasks.experiment import write_results
+from rao_core.paths import REPO_ROOT
+from rao_core.task_sets import check_task_sets
+from research.designs import arm_overrides, git_output
+from research.records import (comparisons_markdown, deep_config, depth_seeds_markdown, iteration_stats,
+                              replace_section, seeds_markdown, write_results)
+from research.studies import depth_control_seeds_markdown
 from tasks.serve import STOP_SERVER_HOOKS
 
 
@@ -70,6 +60,9 @@ class ExperimentParams(BaseModel):
                              "None = the config's. Another seed than the config's runs as campaigns "
                              "`<prefix>-seed<S>-<arm>` with the record `docs/results/<experiment>-seed<S>.json`; "
                              "the held-out evaluation tasks (`eval.seed`) stay the same for every seed.")
+    single_checkpoint: str = Field("", description="The single arm's warm-start checkpoint (a folder or a "
+                                   "registered model URI), e.g. one chosen on a training-split probe and shared by "
+                                   "every seed; empty: single_warm_start decides.")
     single_max_steps: int | None = Field(None, ge=1, description="Steps of the single-agent arm's node; None = "
                                          "runtime.max_steps_per_node x (1 + runtime.max_children_per_node), "
                                          "no fewer than a whole recursive tree may take.")
@@ -90,38 +83,6 @@ class ExperimentParams(BaseModel):
         if self.seed is None:
             return []
         return [f"seed={self.seed}", f"trainer.seed={self.seed}", f"warm_start.trainer.seed={self.seed}"]
-
-
-def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_checkpoint: str | None,
-                  single_max_steps: int | None = None) -> list[str]:
-    """Config overrides (``KEY=VALUE``) of one arm, after the user's ``overrides``.
-
-    ``single``: delegation off, single-mode evaluation, its own registered model (the arm's campaign name
-    fills ``{campaign}``; a fixed name gets ``-single``), so its champion never moves the recursive agent's.
-    With ``single_max_steps`` the single arm's node may take that many steps (``runtime.max_steps_per_node``).
-    ``recursive``: recursive-mode evaluation (RAO as configured). ``outcome``: the ablation of RAO's credit
-    assignment: recursive, but every node's success is its root's (``judge.child_source:
-    root_proxy``), no delegation bonus (``algo.lam: 0``) and no depth weights, so every node of a tree gets the
-    root's outcome and one advantage; what peers ship (SkyRL's recursive-LM recipe) and what RAO must beat. With ``shared_checkpoint`` (the first arm's iteration-0
-    folder) the arm starts from it instead of building its own warm start. A ``name=...`` override is
-    dropped: it is the prefix of the arms' campaign names (``<name>-<arm>``), and kept it would give both
-    arms one campaign (the second would resume the first). Raises ValueError for another arm name.
-    """
-    extra = [o for o in overrides if o.partition("=")[0].strip() != "name"]
-    if arm == "single":
-        extra += ["runtime.delegation=false", "eval.modes=[single]"]
-        extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-single"]
-        extra += [f"runtime.max_steps_per_node={single_max_steps}"] if single_max_steps else []
-    elif arm == "recursive":
-        extra += ["eval.modes=[recursive]"]
-    elif arm == "outcome":
-        extra += ["eval.modes=[recursive]", "judge.child_source=root_proxy", "algo.lam=0", "algo.depth_weights=false"]
-        extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-outcome"]
-    else:
-        raise ValueError(f"unknown arm {arm!r} (expected 'recursive', 'outcome' or 'single')")
-    if shared_checkpoint:
-        extra += ["warm_start.mode=checkpoint", f"warm_start.checkpoint={shared_checkpoint}"]
-    return extra
 
 
 def _rows(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -150,17 +111,9 @@ def _trees(arm: str, summary: dict[str, Any]) -> dict[tuple[str, int, str, str],
 
 def _training(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Per RL iteration of one arm's campaign ``summary``: ``arm``, ``iteration`` and
-    ``tasks.experiment.iteration_stats`` of the metrics the iteration logged."""
-    from tasks.experiment import iteration_stats
-
+    ``research.records.iteration_stats`` of the metrics the iteration logged."""
     return [{"arm": arm, "iteration": it["iteration"], **iteration_stats(it.get("metrics") or {})}
             for it in summary["iterations"]]
-
-
-def _git(*args: str) -> str | None:
-    """``git ARGS`` output, stripped; None when git fails (no repository, a file outside it)."""
-    p = subprocess.run(["git", *args], capture_output=True, text=True)
-    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def experiment_run_name() -> str:
@@ -179,11 +132,11 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     log = get_run_logger()
     t0 = time.monotonic()
     # the commit the run STARTED from (files may change on disk while a long run goes on)
-    commit = _git("rev-parse", "--short", "HEAD")
+    commit = git_output("rev-parse", "--short", "HEAD")
     # the config's own commit (the endpoint is preregistered when it was committed before the run) and
     # whether the file had uncommitted changes when the run started (None: not in a git repository)
-    config_commit = _git("log", "-1", "--format=%h", "--", params.config) or None
-    status = _git("status", "--porcelain", "--", params.config)
+    config_commit = git_output("log", "-1", "--format=%h", "--", params.config) or None
+    status = git_output("status", "--porcelain", "--", params.config)
     config_dirty = None if status is None else bool(status)
     overrides = params.seed_overrides() + list(params.overrides)
     cfg0 = CampaignParams(config=params.config, iterations=params.iterations, overrides=params.overrides).resolve()
@@ -193,8 +146,7 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     # campaigns <name or the config's name>[-seed<S>]-<arm>: a named run or another seed never resumes another's
     prefix = (params.name or base.name) + ("" if experiment == (params.name or params.experiment)
                                            else f"-seed{base.seed}")
-    single_steps = params.single_max_steps or (base.runtime.max_steps_per_node
-                                               * (1 + base.runtime.max_children_per_node))
+    single_steps = params.single_max_steps or base.runtime.whole_tree_steps
     rows: list[dict[str, Any]] = []
     training: list[dict[str, Any]] = []
     trees: dict[tuple[str, int, str, str], list[Any]] = {}
@@ -205,6 +157,8 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
         own = arm == "single" and params.single_warm_start == "own"
         extra = arm_overrides(arm, overrides, base.model.registered_model, None if own else shared_ckpt, single_steps)
         extra += ["warm_start.options.single_agent_fraction=1.0"] if own else []
+        if arm == "single" and params.single_checkpoint:  # one single-agent warm start shared by every seed
+            extra += ["warm_start.mode=checkpoint", f"warm_start.checkpoint={params.single_checkpoint}"]
         summaries[arm] = rao_campaign(CampaignParams(config=params.config, name=f"{prefix}-{arm}",
                                                      iterations=params.iterations, overrides=extra))
         log.info(f"arm {arm}: campaign {prefix}-{arm} finished")
@@ -223,6 +177,7 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
     arms = "".join(f" --arm {a}" for a in params.arms) if params.arms != ["recursive", "single"] else ""
     arms += " --single-warm-start own" if params.single_warm_start == "own" and "single" in params.arms else ""
     arms += f" --name {params.name}" if params.name else ""
+    arms += f" --single-checkpoint {params.single_checkpoint}" if params.single_checkpoint else ""
     meta = {"command": f"rao experiment {params.experiment} --config {params.config}{iters}{seed}{arms}{sets}",
             "config": params.config,
             "seed": base.seed, "commit": commit or "unknown", "date": time.strftime("%Y-%m-%d"), "wall_s": wall,
@@ -239,3 +194,20 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
                         out_root=None if params.write_docs else Path(base.name), training=training, trees=trees)
     md = out["markdown"]
     return {"rows": rows, "meta": meta, "markdown": md, "record": out["record"], "summaries": json.loads(json.dumps(summaries, default=str))}
+
+
+def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_docs: bool = True,
+                        root: Path | None = None) -> str:
+    """``comparisons_markdown`` of ``records`` (``seeds_markdown`` for records without per-task outcomes), and for
+    deep trees the per-depth table and each seed's depth-limited control (:mod:`research.studies`), written as the
+    ``## Seeds: <experiment>`` section of ``docs/results.md`` under ``root`` (the repository by default) when
+    ``write_docs``; returns the markdown."""
+    with_tasks = any(p.get("per_task") for r in records for p in r.get("points", []))
+    md = comparisons_markdown(experiment, records) if with_tasks else seeds_markdown(experiment, records)
+    if any(deep_config(r.get("config_values")) for r in records):
+        md += "\n" + depth_seeds_markdown(records)
+        if ctrl := depth_control_seeds_markdown(records, root):
+            md += "\n" + ctrl
+    if write_docs:
+        replace_section((root or REPO_ROOT) / "docs/results.md", f"## Seeds: {experiment}", md)
+    return md

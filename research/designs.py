@@ -1,0 +1,53 @@
+"""The experiment designs: the arms of ``rao experiment`` and how each differs from the campaign config.
+
+An arm is one campaign run from the experiment's config with the overrides of :func:`arm_overrides`; it is
+evaluated in its own mode (:data:`ARM_MODES`), and :data:`ARM_PAIRS` are the comparisons made when both arms
+ran. Docs: docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+#: The evaluation mode of each arm of ``rao experiment`` (:func:`arm_overrides`).
+ARM_MODES = {"recursive": "recursive", "outcome": "recursive", "single": "single"}
+#: Arm comparisons made when both arms ran: (arm, against), H1: arm > against.
+ARM_PAIRS = (("recursive", "single"), ("recursive", "outcome"), ("outcome", "single"))
+
+
+def arm_overrides(arm: str, overrides: list[str], registered_model: str, shared_checkpoint: str | None,
+                  single_max_steps: int | None = None) -> list[str]:
+    """Config overrides (``KEY=VALUE``) of one arm, after the user's ``overrides``.
+
+    ``single``: delegation off, single-mode evaluation, its own registered model (the arm's campaign name
+    fills ``{campaign}``; a fixed name gets ``-single``), so its champion never moves the recursive agent's.
+    With ``single_max_steps`` the single arm's node may take that many steps (``runtime.max_steps_per_node``).
+    ``recursive``: recursive-mode evaluation (RAO as configured). ``outcome``: the ablation of RAO's credit
+    assignment: recursive, but every node's success is its root's (``judge.child_source:
+    root_proxy``), no delegation bonus (``algo.lam: 0``) and no depth weights, so every node of a tree gets the
+    root's outcome and one advantage; what peers ship (SkyRL's recursive-LM recipe) and what RAO must beat. With ``shared_checkpoint`` (the first arm's iteration-0
+    folder) the arm starts from it instead of building its own warm start. A ``name=...`` override is
+    dropped: it is the prefix of the arms' campaign names (``<name>-<arm>``), and kept it would give both
+    arms one campaign (the second would resume the first). Raises ValueError for another arm name.
+    """
+    extra = [o for o in overrides if o.partition("=")[0].strip() != "name"]
+    if arm == "single":
+        extra += ["runtime.delegation=false", "eval.modes=[single]"]
+        extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-single"]
+        extra += [f"runtime.max_steps_per_node={single_max_steps}"] if single_max_steps else []
+    elif arm == "recursive":
+        extra += ["eval.modes=[recursive]"]
+    elif arm == "outcome":
+        extra += ["eval.modes=[recursive]", "judge.child_source=root_proxy", "algo.lam=0", "algo.depth_weights=false"]
+        extra += [] if "{campaign}" in registered_model else [f"model.registered_model={registered_model}-outcome"]
+    else:
+        raise ValueError(f"unknown arm {arm!r} (expected 'recursive', 'outcome' or 'single')")
+    if shared_checkpoint:
+        extra += ["warm_start.mode=checkpoint", f"warm_start.checkpoint={shared_checkpoint}"]
+    return extra
+
+
+def git_output(*args: str) -> str | None:
+    """``git ARGS`` output, stripped; None when git fails (no repository, a file outside it)."""
+    p = subprocess.run(["git", *args], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else None
