@@ -20,7 +20,7 @@ group: vLLM's engine core would be left running); a guard process the actor star
 
 Departures and limits: the served folder (``<campaign>/served``) is read by the server from its path on the
 driver, so a replica on another node needs that path on shared storage (as the shards need the repository at
-its path, ``tasks/rollouts.py``); on CPU a replica binds the cores of its share (``infra.serving.cpu_share``)
+its path, ``infra/ray_rollouts.py``); on CPU a replica binds the cores of its share (``infra.serving.cpu_share``)
 that its node has, all of them when it has none of them.
 """
 

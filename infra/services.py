@@ -127,7 +127,7 @@ class RayHead:
     (:data:`RAY_LOOPBACK_ENV`: the node is registered as 127.0.0.1, so its replicas' vLLM servers listen there
     too; a cluster of several machines is started with ``ray start`` by hand, docs/pipeline.md). Token
     authentication is on (``RAY_AUTH_MODE=token``; the token in ``~/.ray/auth_token``, made when missing:
-    :func:`ensure_ray_token`), and ``tasks.rollouts.connect`` sends it.
+    :func:`ensure_ray_token`), and ``infra.ray_rollouts.connect`` sends it.
 
     Args:
         num_cpus: CPUs the head offers to shards (None: all of this machine's).

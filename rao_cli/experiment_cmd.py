@@ -1,7 +1,7 @@
-"""``rao experiment``: learning-curve experiments on CPU, one command each (textcraft-ablation, textcraft-nested,
-textcraft-tier1x, textcraft-tier1, textcraft-cpu: RAO vs an outcome-only ablation vs a single agent; recursion one
-level deeper than trained; recursive vs single agent), and the studies of an experiment's checkpoints
-(textcraft-generalisation: success and the cause of each miss vs the number of sub-goals K; textcraft-wallclock:
+"""``rao experiment``: learning-curve experiments on CPU, one command each (textcraft-ablation, textcraft-deeper,
+textcraft-nested, textcraft-tier1x, textcraft-tier1, textcraft-cpu: RAO vs an outcome-only ablation vs a single agent;
+recursion one level deeper than trained, on the stable default or the old setting; recursive vs single agent), and
+the studies of an experiment's checkpoints (textcraft-generalisation: success and the cause of each miss vs the number of sub-goals K; textcraft-wallclock:
 wall-clock one tree at a time, children gathered vs sequential vs the single agent; ``research/studies.py``)."""
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ def _run(experiment: str, config: str, iterations: int | None, arm: list[str], w
             for s in (seeds or [None])]
     for p in runs:
         CampaignParams(config=config, iterations=iterations, overrides=p.seed_overrides() + list(override)).resolve()
+        if single_checkpoint:  # the single arm's warm start, checked as its campaign will check it
+            CampaignParams(config=config, iterations=iterations,
+                           overrides=[*p.seed_overrides(), *override, "warm_start.mode=checkpoint",
+                                      f"warm_start.checkpoint={single_checkpoint}"]).resolve()
     records = []
     for p in runs:
         out = rao_experiment(p)

@@ -15,7 +15,7 @@ app = typer.Typer(help="Generate and inspect RL task files (JSON lines, one task
                   no_args_is_help=True)
 
 
-#: ``--difficulty`` help: each environment's ``difficulties`` (tests/test_cli_help.py keeps it in step).
+#: ``--difficulty`` help: each environment's ``difficulties``.
 DIFFICULTY_HELP = ("Environment-specific difficulty. TextCraft: tier1 (CPU-scale shape), tier1x<K> (K tier-1 sub-goals, K = 2..12; the delegation shape), nest1, nest2 (nested sub-goals, the recursion shape), easy, medium, hard, "
                    "extreme, or mixed (the four paper levels in turn; the default). Oolong: singledoc_rolls, "
                    "singledoc_spells, multidoc_rolls, multidoc_spells, or mixed (the default). DeepDive: easy, "

@@ -1,4 +1,4 @@
-"""Asynchronous RL's wall-clock (results go to docs/benchmarks.md "Asynchronous RL").
+"""Asynchronous RL's wall-clock (results go to docs/benchmarks/pipeline.md "Asynchronous RL").
 
 Runs the smoke campaign (``configs/cpu-smoke.yaml``) for ``--iterations`` (4) RL iterations through ``rao run``
 (the README's path), in three modes, in one run on one machine, repeated ``--repeats`` times in a rotating order:

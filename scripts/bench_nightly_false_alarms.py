@@ -1,4 +1,4 @@
-"""The nightly regression's false-alarm rate, measured (results in docs/pipeline.md "Nightly
+"""The nightly regression's false-alarm rate, measured (results in docs/pipeline/nightly.md "Nightly
 regression").
 
 Runs the nightly (``flows.evaluate.rao_evaluate``, the deployment's code path) ``--runs`` times on one checkpoint

@@ -1,4 +1,4 @@
-"""Ray's overhead on the generate stage (results go to docs/benchmarks.md "## Rollouts on Ray").
+"""Ray's overhead on the generate stage (results go to docs/benchmarks/pipeline.md "Rollouts on Ray").
 
 The same trees (``--tasks`` RL tasks x ``--G`` rollouts: 32 by default) are grown by the generate stage
 (``tasks.stages.generate_trees``, trees written to S3 as in a campaign) with ``execution.backend: local``, then

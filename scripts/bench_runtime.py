@@ -1,4 +1,4 @@
-"""Benchmarks of the recursive agent runtime (prints numbers; results go to docs/benchmarks.md "## Runtime").
+"""Benchmarks of the recursive agent runtime (prints numbers; results go to docs/benchmarks.md "Runtime").
 
 (a) sandbox overhead per cell on a warm REPL (median, target < 10 ms) and REPL start time;
 (b) with --base-url: tokens/s of N concurrent trees vs the same server at the same concurrency, in the

@@ -1,4 +1,4 @@
-"""Where a vLLM start's time goes on this machine, by phase (results in docs/benchmarks.md "Silences,
+"""Where a vLLM start's time goes on this machine, by phase (results in docs/notebook/benchmarks.md "Silences,
 CPU and disk of a fresh `make run`").
 
 Starts the CPU policy server (``make run``'s settings, ``infra.serving.server_from_config`` of

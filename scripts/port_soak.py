@@ -1,4 +1,4 @@
-"""Port soak of the embedded S3 store (docs/benchmarks.md "Embedded services: port soak").
+"""Port soak of the embedded S3 store (docs/benchmarks/soak.md "Embedded services: port soak").
 
 Starts and stops the embedded SeaweedFS (``infra.storage.SeaweedFSServer``: ``weed mini``, 11 ports) ``--n`` times
 in a row, each start writing and reading back one object, while threads beside it open and close loopback

@@ -1,4 +1,4 @@
-"""Soak of the runtime: many execution trees through the real sandbox, resources recorded (docs/benchmarks.md "## Soak").
+"""Soak of the runtime: many execution trees through the real sandbox, resources recorded (docs/benchmarks/soak.md).
 
 TextCraft-Synth tasks solved by the scripted TextCraft expert (no model server) through ``run_trees`` with
 the bubblewrap sandbox, in batches (one ``run_trees`` call per batch, as one generate stage per

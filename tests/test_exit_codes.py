@@ -71,6 +71,8 @@ CASES = [
     ("experiment textcraft-tier1x --single-max-steps 0", 2, "Invalid value for '--single-max-steps'"),
     ("experiment textcraft-ablation --single-warm-start mine", 2, "Invalid value for '--single-warm-start'"),
     ("experiment textcraft-nested --arm deeper", 2, "Invalid value for '--arm'"),
+    ("experiment textcraft-deeper --single-checkpoint {tmp}/nope", 2,
+     "warm_start.checkpoint = '{tmp}/nope': no checkpoint folder there"),
     ("experiment textcraft-cpu --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
     ("experiment seeds no-such-experiment", 2, "no record of no-such-experiment under "),
     ("experiment rerun {tmp}/none.json {garbage}", 2, "error: record not found: {tmp}/none.json"),

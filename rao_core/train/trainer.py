@@ -17,7 +17,7 @@ only on a step's last micro-batch, except under FSDP, which reduce-scatters afte
 chunked log-prob path is tested on one CPU process; under FSDP it relies on the LM head's (root)
 parameters staying gathered between forward and backward, which FSDP does for the root unit. On a GPU it has
 run under FSDP with one process only (an H200: torch then uses NO_SHARD, so nothing was sharded;
-docs/benchmarks.md "Trainer on one GPU"); under FSDP the (sharded) optimizer state is not saved yet.
+docs/benchmarks/trainer.md "Trainer on one GPU"); under FSDP the (sharded) optimizer state is not saved yet.
 
 Departures: no sequence packing (padding only); learning-rate schedule is constant after optional
 linear warm-up (one update per iteration is the common case); samples whose coefficient w_d * A_n is 0
