@@ -14,6 +14,7 @@ import pytest
 
 from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, LogOutput, ServedEndpoint,
                                  TrainOutput, ValidateOutput, WarmStartOutput)
+from tests.pipeline.campaign_fakes import MemoryStore, eval_output, eval_row
 
 MODEL = "rao-policy-guarded"
 PRIMARY = "eval/recursive/tier1/success"
@@ -22,36 +23,6 @@ SKILL = [1] * 18 + [0] * 2  # tier1x2: 18/20
 LOST = [0] * 20
 #: iteration -> tier1x2 outcomes of its evaluation (0: the starting checkpoint's base evaluation)
 TIER1X2 = {0: SKILL, 1: SKILL, 2: LOST, 3: SKILL}
-
-
-class MemoryStore:
-    """The calls of ``infra.storage.ArtifactStore`` the campaign makes here, on a dict."""
-
-    def __init__(self, prefix: str):
-        self.prefix, self.objects = prefix, {}
-
-    def uri(self, key: str) -> str:
-        return f"s3://rao/{self.prefix}/{key}"
-
-    def exists(self, key: str) -> bool:
-        return key in self.objects
-
-    def put_bytes(self, data: bytes, key: str) -> dict:
-        self.objects[key] = data
-        return {"uri": self.uri(key), "size": len(data)}
-
-    def get_bytes(self, key: str) -> bytes:
-        return self.objects[key]
-
-    def list(self, key_prefix: str = "") -> list[str]:
-        return sorted(k for k in self.objects if k.startswith(key_prefix))
-
-
-def _row(difficulty: str, outcomes: list[int]) -> dict:
-    s = sum(outcomes)
-    return {"mode": "recursive", "difficulty": difficulty, "n": len(outcomes), "successes": s,
-            "success": s / len(outcomes), "ci95": "[0.00, 1.00]",
-            "per_task": {f"{difficulty}-{i}": v for i, v in enumerate(outcomes)}}
 
 
 @pytest.fixture
@@ -112,9 +83,7 @@ def campaign(tmp_path, monkeypatch):
 
     @stage("evaluate", name="evaluate")
     def evaluate(ctx, iteration, served, tok) -> EvalOutput:
-        rows = [_row("tier1", STEADY), _row("tier1x2", TIER1X2[iteration])]
-        return EvalOutput(metrics={f"eval/recursive/{r['difficulty']}/success": r["success"] for r in rows},
-                          rows=rows)
+        return eval_output([eval_row("tier1", STEADY), eval_row("tier1x2", TIER1X2[iteration])])
 
     def log_iteration(ctx, k, run_id, gen, judged, val, tr, ev, times) -> LogOutput:
         return LogOutput(metrics={**ev.metrics, "success/root": 0.5}, times=times)

@@ -17,6 +17,7 @@ import pytest
 from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, LogOutput, ServedEndpoint,
                                  TrainOutput, ValidateOutput, WarmStartOutput)
 from rao_core.evaluation import EvalConfig
+from tests.pipeline.campaign_fakes import MemoryStore, eval_output, eval_row
 
 MODEL = "rao-policy-every"
 STEADY = [1, 0] * 10  # tier1 (the primary metric): 10/20 at every evaluation
@@ -61,39 +62,8 @@ def test_an_old_evaluate_marker_loads_as_evaluated():
 # --- the skipped stage, the guard's walk, registration ------------------------------------------------------
 
 
-class MemoryStore:
-    """The calls of ``infra.storage.ArtifactStore`` the campaign makes here, on a dict."""
-
-    def __init__(self, prefix: str):
-        self.prefix, self.objects = prefix, {}
-
-    def uri(self, key: str) -> str:
-        return f"s3://rao/{self.prefix}/{key}"
-
-    def exists(self, key: str) -> bool:
-        return key in self.objects
-
-    def put_bytes(self, data: bytes, key: str) -> dict:
-        self.objects[key] = data
-        return {"uri": self.uri(key), "size": len(data)}
-
-    def get_bytes(self, key: str) -> bytes:
-        return self.objects[key]
-
-    def list(self, key_prefix: str = "") -> list[str]:
-        return sorted(k for k in self.objects if k.startswith(key_prefix))
-
-
-def _row(difficulty: str, outcomes: list[int]) -> dict:
-    s = sum(outcomes)
-    return {"mode": "recursive", "difficulty": difficulty, "n": len(outcomes), "successes": s,
-            "success": s / len(outcomes), "ci95": "[0.00, 1.00]",
-            "per_task": {f"{difficulty}-{i}": v for i, v in enumerate(outcomes)}}
-
-
 def _eval(tier1x2: list[int]) -> EvalOutput:
-    rows = [_row("tier1", STEADY), _row("tier1x2", tier1x2)]
-    return EvalOutput(metrics={f"eval/recursive/{r['difficulty']}/success": r["success"] for r in rows}, rows=rows)
+    return eval_output([eval_row("tier1", STEADY), eval_row("tier1x2", tier1x2)])
 
 
 @pytest.fixture
