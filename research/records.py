@@ -450,9 +450,17 @@ def learning_curve_png(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> Path:
+    """Lay out matplotlib figure ``fig``, write it to ``path`` (its folder made) at ``dpi`` and close it; returns
+    ``path``. Every plot of the research harness ends here."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -623,11 +631,7 @@ def depth_png(rows: list[dict[str, Any]], path: Path) -> Path | None:
     axh.set_ylim(0, 1.02)
     axh.grid(alpha=0.3, axis="y")
     axh.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _section_title(experiment: str) -> str:

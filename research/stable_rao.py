@@ -37,7 +37,7 @@ from rao_core.task_sampling import task_identity
 from rao_core.train.checkpoint import MANIFEST_NAME, data_hash
 from rao_core.train.launch import run_training
 from rao_core.tree import read_trees
-from research.records import mcnemar_exact
+from research.records import mcnemar_exact, save_figure
 from infra.checkpoint_eval import EvalJob, serve_and_evaluate
 
 #: arm -> (algo settings, trainer overrides): module docstring.
@@ -258,10 +258,7 @@ def check_png(record: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel(f"share of {pts[0]['n'] if pts else 0} tasks")
     ax.set_title(f"one RL iteration from one warm start ({record.get('difficulty', '')})")
     ax.legend(loc="center right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,7 +76,7 @@ from rao_core.evaluation import MISS_CAUSES, EvalConfig, EvalReport, EvalRow
 from rao_core.runtime import RuntimeConfig
 from rao_core.task_sets import check_task_sets
 from research.designs import ARM_MODES, arm_overrides, git_output
-from research.records import depth_reach, replace_section, write_tree_sample
+from research.records import depth_reach, replace_section, save_figure, write_tree_sample
 
 GENERALISATION = "textcraft-generalisation"
 WALLCLOCK = "textcraft-wallclock"
@@ -369,11 +369,7 @@ def generalisation_png(points: Sequence[dict[str, Any]], path: Path) -> Path:
     ax1.set_ylabel("share of tasks missed, by cause")
     ax1.set_ylim(0, 1.05)
     ax1.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # -- planning: every input checked before any server starts --------------------------------------------------
