@@ -1,30 +1,15 @@
 """The ``rao-campaign`` flow: RL iterations of serve -> generate -> judge -> validate -> train -> evaluate ->
 register, each iteration a subflow whose tasks pass S3 URIs (not objects) to each other.
 
-Resume: a campaign re-run with the same name skips every stage whose completion marker exists on S3
-(``infra.stage_io.stage``), so it continues after the last completed iteration, and an interrupted
-iteration is redone from its first unfinished stage, starting a policy server only for a stage that still
-generates or evaluates. Each (metric, step) reaches MLflow once however often it is resumed (the ``log``
-stage's marker, and ``tasks.tracking.log_metrics``). A campaign already complete (``_done/campaign.json``)
-returns its stored summary at once (:func:`completed_summary`).
-
-Collapse guard (``guard``, ``rao_core.guard``): before an iteration's checkpoint is registered, its held-out
-evaluation is tested task by task against the evaluation of the checkpoint it trained from (under
-``eval.every``, the last evaluated one of its lineage: :func:`guard_reference`; an iteration not evaluated is not
-judged); a collapse is registered without moving ``champion`` (``tasks.bookkeeping.register_held``), reported on
-one line, logged under ``guard/``, and then, by ``guard.action``, the next iteration trains from the last good
-checkpoint (``rollback``), the campaign stops (``stop``) or goes on (``warn``). The verdict is computed from the stored
-evaluation records, so a resumed campaign takes the same decisions.
-
-Asynchronous RL (``algo.max_staleness >= 1``): the iterations run as the K + 1 steps of
-``rao_core.async_rl.overlap_schedule``, each a ``rao-overlap-step`` subflow (:func:`rao_overlap_step`) whose train
-side (judge, validate, train iteration k) and serving side (evaluate, register and log iteration k - 1, then
-generate iteration k + 1) run at once, each in its own thread under the step's flow run, every stage the same
-resumable Prefect task as in the synchronous loop. Resume replays the steps; each stage skips on its marker.
-
-Embedded defaults: when no S3 endpoint is configured, the flow uses the SeaweedFS server of
-``rao services up`` if one runs, else starts one for its own duration (data kept under
-``$RAO_HOME/services/seaweedfs``, so a later run resumes from it). MLflow defaults to SQLite.
+Resume: a re-run with the same name skips every stage whose completion marker exists on S3
+(``infra.stage_io.stage``); a complete campaign returns its stored summary (:func:`completed_summary`). Collapse
+guard (``rao_core.guard``): before an iteration's checkpoint is registered, its held-out evaluation is tested
+against its reference (:func:`guard_reference`); ``guard.action`` then rolls back, stops or warns. Asynchronous RL
+(``algo.max_staleness >= 1``): the K + 1 steps of ``rao_core.async_rl.overlap_schedule``, each a
+:func:`rao_overlap_step` whose train and serving sides run at once. Embedded defaults (:func:`storage`): without
+an S3 endpoint, the SeaweedFS of ``rao services up`` or one started for the flow's duration (data under
+``$RAO_HOME/services/seaweedfs``); MLflow on SQLite. Docs: docs/pipeline.md,
+docs/pipeline/resume-and-faults.md#resume, docs/pipeline/evaluation.md#collapse-guard, docs/algorithm/async-rl.md.
 """
 
 from __future__ import annotations

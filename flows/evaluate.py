@@ -1,23 +1,14 @@
 """The ``rao-evaluate`` flow: the nightly benchmark regression.
 
-Evaluates a registered model version or alias (default ``candidate``) on a benchmark suite (each listed
-environment at its difficulties and modes; by default the config's own evaluation at ``eval.regression_n_tasks``
-tasks per difficulty) and decides, per ``/success`` metric, whether it is worse than the ``champion`` alias by more
-than the tolerance: a one-sided paired test on the per-task outcomes of both (``rao_core.regression``: Tango's
-score test at level ``eval.regression_alpha``), so a candidate within the tolerance fails at most that share of
-nights. The champion's outcomes come from its stored evaluation of the same tasks (a model-version tag
-``rao.eval.<key>`` pointing at an earlier nightly run) or, without one, from evaluating it in the same run; both
-are stored in the run's ``evaluation.json``. A regression fails the flow run with one line per metric and
-Prefect artifacts (the comparison table: n, successes, Wilson intervals, the test, p, decision, and whether the
-two are the same checkpoint). Each checkpoint is evaluated by ``tasks.stages.evaluate_checkpoint`` (the code of
-the campaign's evaluation and of ``rao eval``); ``tasks.tracking.log_evaluation`` logs the results.
-
-Repeatability: the tasks are fixed by the evaluation seed (``eval.seed``); the sampling is the campaign's
-(``runtime.temperature``), and per-request seeds (each tree's from ``eval.seed``, its mode and its task:
-``rao_core.task_sampling.eval_tree_seed``) follow ``serving.request_seeds`` (auto: never to a vLLM the campaign
-started on CPU; ``false`` for an external vLLM on CPU), so
-on GPUs champion and candidate sample with the same seeds, and on CPU two evaluations of one checkpoint differ by
-sampling noise, which the test allows for.
+Evaluates a registered model version or alias (default ``candidate``) on a benchmark suite (by default the
+config's own evaluation at ``eval.regression_n_tasks`` tasks per difficulty: :func:`champion_suite`) and decides,
+per ``/success`` metric, whether it is worse than the ``champion`` alias by more than the tolerance, by a
+one-sided paired test on the per-task outcomes of both (``rao_core.regression``), so a candidate within the
+tolerance fails at most ``eval.regression_alpha`` of nights. The champion's outcomes come from its stored
+evaluation of the same tasks (:func:`evaluation_key`) or from evaluating it in the same run. A regression fails
+the flow run with one line per metric and Prefect artifacts. Each checkpoint is evaluated by
+``tasks.stages.evaluate_checkpoint``; tasks are fixed by ``eval.seed``, request seeds follow
+``serving.request_seeds``. Docs: docs/pipeline/nightly.md.
 """
 
 from __future__ import annotations

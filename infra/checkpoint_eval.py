@@ -1,9 +1,11 @@
-"""Evaluate one checkpoint: :func:`serve_and_evaluate` serves ONE checkpoint folder with vLLM as the campaign's
-serving stage does (``infra.serving.server_from_config`` with ``switching=False``: the config's serving settings
-and GPU placement, no LoRA slots, no sleep mode), or uses a running OpenAI-compatible server, or a given policy,
-and runs every :class:`EvalJob` against it through ``rao_core.evaluation.run_evaluation`` (the function behind
-every evaluation). The one path of ``rao eval``, the checkpoint studies and the stable-RAO check; a campaign's
-evaluation stage serves through its Prefect task (docs/pipeline/evaluation.md).
+"""Evaluate one checkpoint: serve it once and run evaluation jobs against it.
+
+:func:`serve_and_evaluate` serves ONE checkpoint folder with vLLM as the campaign's servers are built
+(``infra.serving.server_from_config`` with ``switching=False``: no LoRA slots, no sleep mode), or uses a running
+server or a given policy, and runs every :class:`EvalJob` through ``rao_core.evaluation.run_evaluation``. The one
+path of ``rao eval``, the checkpoint studies and the stable-RAO check; a campaign's evaluation stage and the
+nightly serve through the flow's pool (``tasks.serve``) and evaluate with ``tasks.stages.run_evaluation`` (Ray
+shards, the pool's replicas). Docs: docs/pipeline/evaluation.md.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
         else:
             from infra.serving import server_from_config
 
-            server = server_from_config(serving_config(cfg, jobs), model, switching=False)  # as tasks/serve.py
+            server = server_from_config(serving_config(cfg, jobs), model, switching=False)  # as the pool's
             where = f" on GPUs {','.join(map(str, server.gpus))}" if server.gpus else ""
             say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
             server.on_progress = say  # its phases from its log, and a line every 20 s

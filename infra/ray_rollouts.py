@@ -1,37 +1,16 @@
 """Rollouts beyond one process: the generate stage's groups as shards on a Ray cluster.
 
-With ``execution.backend: ray`` the generate stage (``tasks.stages.generate_trees``) cuts its groups (one RL
-task and its G rollouts) into :class:`Shard` records, at most ``execution.shards`` of them, in task order and
-never splitting a group (the leave-one-out baseline of Eq. 3 needs all G trees of a task). Each shard is one
-Ray task (:func:`run_shard`, through :func:`shard_attempt`) that grows its trees with
-``rao_core.runtime.run_trees`` in the worker's own process: its own REPL sandboxes, its own policy client. A
-shard whose worker is lost is submitted again by the stage, at most ``execution.max_retries`` times, each time
-with one line naming the shard, the lost worker and the retry (:func:`run_on_ray`).
-
-Seeds. The iteration's tasks are drawn once, by the stage, as in the local backend
-(``tasks.stages.iteration_tasks``), and every tree's sampling seed is
-``rao_core.task_sampling.rollout_seed(seed, iteration, task_id, g)``: it depends on nothing else, so a tree has
-the same task and seed whatever the backend, the shard count or the worker (the shard carries its seeds).
-
-Writes. A shard writes its trees to ONE S3 object, ``iter-K/trees/shards/shard-<i>-of-<n>.jsonl``, in one
-upload (S3 shows an object only once its upload completed: whole or absent), and returns its SHA-256. A shard
-that is retried (its worker was lost mid-shard) grows all its trees again and overwrites the same key; the
-stage reads exactly the objects the shards' final results name, each checked against the SHA-256 that result
-returned (an object written by another attempt is a ``ChecksumError``), and checks that they hold exactly the
-planned (task, rollout) pairs: no tree twice, none missing, no half shard. The merged trees then go on as in
-the local backend (``iter-K/trees/trees.jsonl``, the same ``GenerateOutput``), so judge, validate and train do
-not change.
-
-Policy servers. Every shard gets the whole pool of policy server replicas (``ServedEndpoint.base_urls``) and
-pins each of its trees to one of them (``rao_core.policies.pool.PolicyPool``: least trees in flight among the
-shard's own, ties from replica ``shard index mod N``); a replica lost mid-shard ends its trees ``policy_error``
-in every shard, the other replicas go on.
-
-Cluster. :func:`connect` joins the cluster at ``execution.ray_address`` (``auto``: the one ``rao services up
---ray`` started on this machine); a process that already called ``ray.init`` (a test's local cluster) keeps
-its own. Workers import the repository from its path on the driver (``PYTHONPATH`` of the job's runtime
-environment), so a worker node needs the repository at that path, as a Prefect worker does.
-Docs: docs/pipeline/ray.md.
+With ``execution.backend: ray`` the generate stage (``tasks.stages.generate_trees``) cuts its groups (one RL task
+and its G rollouts) into at most ``execution.shards`` :class:`Shard` records, in task order and never splitting a
+group (the leave-one-out baseline of Eq. 3 needs all G trees of a task). Each shard is one Ray task
+(:func:`run_shard`) that grows its trees with ``rao_core.runtime.run_trees`` in the worker's own process, with
+the seeds the stage drew (``rao_core.task_sampling.rollout_seed``: the same trees whatever the backend), pins
+each tree to one policy server replica (``rao_core.policies.pool.PolicyPool``) and writes its trees to ONE S3
+object in one upload, returning its SHA-256. The stage resubmits a shard whose worker was lost (at most
+``execution.max_retries`` times, :func:`run_on_ray`), reads exactly the objects the final results name, each
+against its checksum, and checks they hold exactly the planned (task, rollout) pairs; judge, validate and train
+do not change. :func:`connect` joins the cluster at ``execution.ray_address``.
+Docs: docs/pipeline/ray.md, docs/pipeline/resume-and-faults.md#bad-input-and-faults.
 """
 
 from __future__ import annotations

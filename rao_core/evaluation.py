@@ -1,56 +1,16 @@
 """Evaluation of a policy on held-out RL tasks: recursive agent vs single-agent baseline.
 
-:func:`evaluate_suite` is the one evaluation of the project: ``rao eval`` (any checkpoint on any task
-file), the campaign's and the experiment's evaluation after each iteration (``tasks/stages.py``) and the
-nightly regression (``flows/evaluate.py``) all call it with an :class:`EvalConfig` (the campaign's
-``eval`` section is that model plus pipeline fields) and the runtime limits of the RL rollouts. It runs
-:func:`evaluate_policy` once per mode with the same limits (``single`` = the same runtime and context
-window with ``delegation=False``, spec section 1; the tree's limit counts the tree's own time, not its wait on
-a server slowed by other load: :func:`mode_runtime`), which grows one execution tree per task and
-summarises the trees per (mode, difficulty). :func:`eval_tasks` draws the held-out tasks
-(``rao_core.task_sampling``, stream ``"eval"``). :func:`compare` flags success rates that dropped
-against a champion's metrics (the promotion gate of the pipeline).
+:func:`evaluate_suite` is the one evaluation of the project (``rao eval``, the campaign's and the experiment's
+evaluation after each iteration, the nightly regression): :func:`evaluate_policy` once per mode with the RL
+rollouts' runtime limits (``single`` = the same runtime with ``delegation=False``, spec section 1; the tree's
+limit counts its own time: :func:`mode_runtime`). :func:`eval_tasks` draws the held-out tasks, :func:`summarise`
+makes one audit-ready :class:`EvalRow` per (mode, difficulty), :func:`compare` flags success rates that dropped
+against a champion's (the promotion gate). Success of a tree = the root's verifier value (graded mean or exact
+solves).
 
-Success of a tree = the root node's exact verifier value ``root.verifier`` (stored by the runtime).
-Graded scoring (``graded=True``, the default): the success rate is the mean of the values, so Oolong's
-partial credit (0.75^|delta|) and ART-E's ladder are kept; for verifiers that return 0 or 1 (TextCraft,
-DeepDive, ART-E binary) it equals the fraction solved. ``graded=False``: the fraction of roots with value
-``>= 1.0`` (exact solves only). Trees whose root could not be verified (value None)
-are not scored: they are counted in ``unscored`` and left out of the rate.
-
-Confidence interval: Wilson score interval at 95% (Wilson 1927, "Probable inference, the law of
-succession, and statistical inference", JASA 22(158)):
-``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``, z = 1.959964. For graded scores the
-mean is plugged in as p (an approximation). Departures from the paper: the paper reports success rates
-without intervals; this project reports both.
-
-What a row keeps so a reader can audit it (``docs/results/*.json``): the outcome of every task
-(``per_task``, for paired tests), root end reasons, completion tokens per tree (mean and total; not tokens
-per solved task, which restates the success rate), wall-clock per tree (mean and median), the histograms
-of children per tree and of tree depth, per-depth node statistics, and a bounded sample of its trees made
-small by :func:`compact_tree` (:func:`tree_sample`: failures and successes alternately, in task order),
-and why each missed task missed (``misses``: :func:`miss_cause` over the scored roots with a value below 1).
-
-Miss attribution (a project addition, the paper does not attribute failures): each missed
-root gets ONE primary cause read from its execution tree, the first that holds in this order:
-
-1. ``child_two_targets``: the root gave a depth-1 child two or more targets (``goal_args["targets"]`` with
-   >= 2 items; in the ``tier1x<K>`` shape one child per target is what fits a window) and that child failed
-   by its own doing (as in 2.); a two-target child that succeeded is not a cause;
-2. ``child_failed``: a depth-1 child ended by its own doing (finished, max_steps or context_overflow) without
-   succeeding (verifier < 1, or no value and not finished). Children cut by the tree's limits, by an
-   infrastructure error or by cancellation are not counted here: their cause is the tree's (below). This
-   departs from the plain rule "a depth-1 node with verifier < 1" so that a timeout is not read as a
-   child's failure. Nor is a failed child that the root relaunched with success: a later depth-1 sibling
-   with the same targets (or, without targets, the same goal) that succeeded delivered its part (1. too);
-3. ``window``: the root ended by its context window (``context_overflow``);
-4. ``limit``: the root ended by a step or time limit (``max_steps``, ``tree_step_budget``,
-   ``tree_timeout``), or some node was cut by the tree's budget or wall-clock limit;
-5. ``error``: an infrastructure failure (the root ended ``policy_error``, ``sandbox_error``,
-   ``token_prefix_break`` or ``cancelled``, any node ended by one of the first three, or the rollout crashed:
-   ``tree.error``);
-6. ``finished_wrong``: the root called finish with every child fine and its targets not crafted;
-7. ``other``: anything else (a root still ``running``; not expected in a finished tree).
+Departures from the paper: it reports success rates without intervals, this project adds Wilson 95% intervals
+(:func:`wilson_interval`) and one cause per missed task (:func:`miss_cause`; the paper attributes no failure).
+Docs: docs/pipeline/evaluation.md#evaluation.
 """
 
 from __future__ import annotations
@@ -81,7 +41,7 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 STORED_TREES = 10  # evaluated trees kept per (mode, difficulty) row by default (EvalConfig.stored_trees)
 COMPACT_MAX_CHARS = 4000  # longest text, code, observation or goal a compact tree keeps (compact_tree)
 SAMPLE_MAX_CHARS = 400_000  # JSON characters of one row's compact trees at most (tree_sample; ~60 KB gzipped)
-#: Primary causes of a missed task, in order of precedence (module docstring; :func:`miss_cause`).
+#: Primary causes of a missed task, in order of precedence (:func:`miss_cause`).
 MISS_CAUSES = ("child_two_targets", "child_failed", "window", "limit", "error", "finished_wrong", "other")
 _CHILD_OWN_ENDS = frozenset({EndReason.FINISHED, EndReason.MAX_STEPS, EndReason.CONTEXT_OVERFLOW})
 _TREE_LIMIT_ENDS = frozenset({EndReason.TREE_STEP_BUDGET, EndReason.TREE_TIMEOUT})
@@ -190,9 +150,12 @@ def two_proportion_test(s1: float, n1: int, s2: float, n2: int) -> dict[str, flo
 
 
 def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a proportion (module docstring has the formula).
+    """Wilson score interval of a proportion at level ``z`` (Wilson 1927, "Probable inference, the law of
+    succession, and statistical inference", JASA 22(158)), with ``p = successes / n``::
 
-    ``successes`` may be fractional (graded scores summed). Returns (0.0, 1.0) for ``n == 0``.
+        (p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n),   z = 1.959964 (95%)
+
+    ``successes`` may be fractional (graded scores summed: the mean is plugged in as p, an approximation). (graded scores summed). Returns (0.0, 1.0) for ``n == 0``.
     Raises ValueError when ``successes`` is outside [0, n].
     """
     if n == 0:
@@ -233,7 +196,7 @@ class EvalRow(BaseModel):
     tokens_per_success: float | None = None  # generated tokens of all trees / successes (None: no success)
     wall_s: float = 0.0  # wall-clock of the evaluate_policy call that grew these trees
     end_reasons: dict[str, int] = Field(default_factory=dict)  # root end reasons
-    # what a record needs to recompute every sentence written about it (module docstring)
+    # what a record needs to recompute every sentence written about it (summarise)
     per_task: dict[str, float | None] = Field(default_factory=dict)  # task id -> root outcome: 1/0 (graded: the
     # verifier value), None when unscored; with graded=False the outcome is 1 for a value >= 1, else 0
     tokens_total: int = 0  # generated (assistant) tokens of all nodes of all trees
@@ -385,9 +348,28 @@ def _child_failed(node: Node) -> bool:
 
 
 def miss_cause(tree: ExecutionTree) -> str | None:
-    """The primary cause (one of :data:`MISS_CAUSES`) of ``tree``'s miss, by the precedence of the module
-    docstring; None when the root succeeded (value >= 1) or could not be verified (unscored: not a miss).
-    Reads only the tree (its root, its depth-1 children and every node's end reason)."""
+    """The primary cause (one of :data:`MISS_CAUSES`) of ``tree``'s miss; None when the root succeeded (value
+    >= 1) or could not be verified (unscored: not a miss). Reads only the tree (its root, its depth-1 children and
+    every node's end reason). A project addition (the paper does not attribute failures): the first that holds of
+
+    1. ``child_two_targets``: the root gave a depth-1 child two or more targets (``goal_args["targets"]`` with
+       >= 2 items; in the ``tier1x<K>`` shape one child per target is what fits a window) and that child failed
+       by its own doing (as in 2.); a two-target child that succeeded is not a cause;
+    2. ``child_failed``: a depth-1 child ended by its own doing (finished, max_steps or context_overflow) without
+       succeeding (verifier < 1, or no value and not finished). Children cut by the tree's limits, by an
+       infrastructure error or by cancellation are not counted here: their cause is the tree's (below). This
+       departs from the plain rule "a depth-1 node with verifier < 1" so that a timeout is not read as a
+       child's failure. Nor is a failed child that the root relaunched with success: a later depth-1 sibling
+       with the same targets (or, without targets, the same goal) that succeeded delivered its part (1. too);
+    3. ``window``: the root ended by its context window (``context_overflow``);
+    4. ``limit``: the root ended by a step or time limit (``max_steps``, ``tree_step_budget``,
+       ``tree_timeout``), or some node was cut by the tree's budget or wall-clock limit;
+    5. ``error``: an infrastructure failure (the root ended ``policy_error``, ``sandbox_error``,
+       ``token_prefix_break`` or ``cancelled``, any node ended by one of the first three, or the rollout crashed:
+       ``tree.error``);
+    6. ``finished_wrong``: the root called finish with every child fine and its targets not crafted;
+    7. ``other``: anything else (a root still ``running``; not expected in a finished tree).
+    """
     value = verifier_value(tree.root)
     if value is None or value >= 1.0:
         return None
@@ -429,8 +411,23 @@ def miss_counts(trees: Sequence[ExecutionTree]) -> dict[str, int]:
 
 def summarise(trees: Sequence[ExecutionTree], *, mode: str, difficulty: str, graded: bool = True,
               wall_s: float = 0.0, keep_trees: int = 0, max_sample_chars: int = SAMPLE_MAX_CHARS) -> EvalRow:
-    """One :class:`EvalRow` from ``trees`` (module docstring: success rule, Wilson interval, audit fields);
-    ``keep_trees``: trees of :func:`tree_sample` kept in ``sample`` (at most ``max_sample_chars`` of JSON)."""
+    """One :class:`EvalRow` from ``trees``; ``keep_trees``: trees of :func:`tree_sample` kept in ``sample`` (at
+    most ``max_sample_chars`` of JSON).
+
+    Success of a tree = the root node's exact verifier value ``root.verifier`` (stored by the runtime). Graded
+    scoring (``graded=True``, the default): the success rate is the mean of the values, so Oolong's partial credit
+    (0.75^|delta|) and ART-E's ladder are kept; for verifiers that return 0 or 1 (TextCraft, DeepDive, ART-E
+    binary) it equals the fraction solved. ``graded=False``: the fraction of roots with value ``>= 1.0`` (exact
+    solves only). Roots that could not be verified (value None) are counted in ``unscored`` and left out of the
+    rate and of its Wilson interval (:func:`wilson_interval`).
+
+    What a row keeps so a reader can audit it (``docs/results/*.json``): the outcome of every task (``per_task``,
+    for paired tests), root end reasons, completion tokens per tree (mean and total; not tokens per solved task,
+    which restates the success rate), wall-clock per tree (mean and median), the histograms of children per tree
+    and of tree depth, per-depth node statistics, a bounded sample of its trees made small by :func:`compact_tree`
+    (:func:`tree_sample`: failures and successes alternately, in task order), and why each missed task missed
+    (``misses``: :func:`miss_cause` over the scored roots with a value below 1).
+    """
     n = len(trees)
     vals = [verifier_value(t.root) for t in trees]
     scored = [v for v in vals if v is not None]

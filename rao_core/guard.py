@@ -1,33 +1,16 @@
 """The collapse guard: did one RL iteration erase a skill the held-out evaluation had measured?
 
-After RL iteration ``k`` is evaluated, its held-out evaluation is compared with the evaluation of the
-checkpoint it was trained from (the reference: iteration ``k - 1``'s, or after a rollback the last good
-checkpoint's; iteration 0 is the starting checkpoint's base evaluation; under ``eval.every``, the last evaluated
-iteration of that lineage). Both evaluations grow one tree per
-held-out task of the same evaluation seed, so the tasks pair.
+Iteration ``k``'s held-out evaluation is compared task by task with that of the checkpoint it trained from (the
+same evaluation seed, so the tasks pair). Per evaluation row (mode, difficulty), over the tasks scored in both
+(``rao_core.regression.paired_outcomes``), with ``L`` tasks lost, ``W`` gained and ``n`` paired::
 
-Rule, per evaluation row (mode, difficulty) that both evaluations have with per-task outcomes
-(``rao_core.evaluation.EvalRow.per_task``; tasks scored in both, ``rao_core.regression.paired_outcomes``)::
+    p = P(Bin(L + W, 1/2) >= L)        one-sided exact sign test (McNemar's exact for 0/1 outcomes)   (G1)
+    drop = (sum of reference outcomes - sum of new outcomes) / n                                       (G2)
+    collapse  <=>  some row has  p < alpha / m  and  drop >= min_drop,  m = rows tested (Bonferroni)  (G3)
 
-    n = paired tasks,  L = tasks whose outcome fell (lost),  W = tasks whose outcome rose (gained)
-    p = P(Bin(L + W, 1/2) >= L)                      one-sided exact sign test on the discordant tasks (G1)
-    drop = (sum of reference outcomes - sum of new outcomes) / n      in [-1, 1], success-rate units  (G2)
-    collapse  <=>  some row has  p < alpha / m  and  drop >= min_drop,  m = rows tested              (G3)
-
-(G1) is McNemar's exact test for 0/1 outcomes (a graded outcome, e.g. partial credit, counts as lost or
-gained by its sign); it is ``scipy.stats.binomtest``, the sign test of ``research.records``. The division by
-``m`` (Bonferroni) keeps the chance of a false alarm at most ``alpha`` per iteration however many modes and
-difficulties are evaluated; ``min_drop`` keeps a significant but small dip (a nightly regression's matter,
-``rao_core.regression``) from counting as a collapse. With ``n`` paired tasks the smallest possible p is
-``2^-n``: a row of fewer than 5 tasks can never be flagged at ``alpha`` 0.05.
-
-Per depth, the mean advantage ``A_n`` of the solved nodes of the iteration's training samples
-(``rao_core.samples.SampleStats.mean_advantage_solved_per_depth``) is reported beside the verdict: a depth
-where it is negative had its successful nodes' tokens pushed down by the update (the shared baseline of Eq.
-3-4 above a solved child's reward), the mechanism of the collapses seen in textcraft-nested. It does not
-decide: it is negative in healthy iterations too whenever the roots earn more than a solved child.
-
-Pure functions: no I/O, no Prefect, no MLflow.
+A project addition (the paper has no guard); the solved nodes' mean advantage per depth is reported beside the
+verdict and does not decide. Pure functions: no I/O, no Prefect, no MLflow.
+Docs: docs/pipeline/evaluation.md#collapse-guard.
 """
 
 from __future__ import annotations
@@ -88,7 +71,7 @@ class GuardRow(BaseModel):
 
 
 class GuardVerdict(BaseModel):
-    """The guard's verdict on one RL iteration (module docstring: G1-G3)."""
+    """The guard's verdict on one RL iteration (G1-G3 of the module docstring)."""
 
     iteration: int = Field(description="The RL iteration judged.")
     reference: int | None = Field(description="The iteration whose evaluation it was compared with (its "
@@ -179,6 +162,7 @@ def _outcomes(rows: Sequence[Mapping[str, Any]] | None, which: str) -> dict[tupl
 
 
 def _row(mode: str, difficulty: str, before: Outcomes, after: Outcomes) -> GuardRow:
+    """G1-G2 of one row; a graded outcome (e.g. partial credit) counts as lost or gained by its sign."""
     pairs = paired_outcomes(before, after)  # (reference, new) of the tasks scored in both
     lost = sum(1 for x, y in pairs if y < x)
     gained = sum(1 for x, y in pairs if y > x)

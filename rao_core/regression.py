@@ -1,38 +1,14 @@
 """The nightly regression decision: a paired test on per-task outcomes, with a known false-alarm rate.
 
-Champion and candidate are evaluated on the same held-out tasks (the evaluation seed draws them), so each task
-``i`` gives a pair ``(x_i, y_i)`` of root outcomes, champion first (``rao_core.evaluation.EvalRow.per_task``).
-For 0/1 outcomes the pairs reduce to a 2x2 table: ``b`` tasks only the champion solved (losses), ``c`` tasks
-only the candidate solved (wins), and the drop of the candidate is ``Delta = p_champion - p_candidate =
-pi10 - pi01`` (the probabilities of those two cells).
-
-Decision, one-sided, with the tolerance ``t`` as margin, at level ``alpha``::
-
-    H0: Delta <= t (no regression beyond the tolerance)   vs   H1: Delta > t (a regression)
-
-by Tango's score test for a difference of paired proportions (Tango 1998, "Equivalence test and confidence
-interval for the difference in proportions for the paired-sample design", Stat Med 17:891-908)::
-
-    Z(t) = (b - c - n t) / sqrt(n (2 q + t (1 - t)))                                              (R1)
-    q = (-B + sqrt(B^2 - 4 A C)) / (2 A),  A = 2n,  B = -(b + c) + t (2n - b + c),  C = -c t (1 - t)   (R2)
-
-``q`` is the maximum-likelihood ``pi01`` under ``Delta = t`` (the root of ``A q^2 + B q + C = 0`` in [0, 1]).
-``p = 1 - Phi(Z(t))``; the candidate regressed when ``p < alpha``, i.e. when the one-sided ``1 - alpha`` lower
-confidence bound of ``Delta`` (the ``d`` at which ``Z(d) = z_{1-alpha}``, :func:`drop_lower_bound`) exceeds
-``t``. With ``t = 0`` (R1) is McNemar's ``(b - c) / sqrt(b + c)``.
-
-False alarms: at most ``alpha`` (to the normal approximation) for every candidate whose true drop is at most
-the tolerance, so for an unchanged checkpoint (``Delta = 0``) fewer still; the rate measured by simulation is in
-``tests/evaluation/test_regression.py`` and, on the real CPU defaults, ``scripts/bench_nightly_false_alarms.py``.
-Graded outcomes (values other than 0 and 1, e.g. Oolong's partial credit) use the paired differences
-``d_i = x_i - y_i`` instead: ``Z = (mean(d) - t) / (sd(d) / sqrt(n))`` (a normal bound on the mean difference).
-
-Power (:func:`power`, :func:`detectable_drop`) is computed exactly, summing the multinomial probabilities of
-every ``(b, c)`` the test rejects, under a stated model: the two evaluations independent given the success
-rates (no pairing benefit) and a champion rate of 0.5 (the largest discordance). Real tasks differ in
-difficulty, which makes the two evaluations agree more often, so the real power is at least this.
-
-Pure functions: no I/O, no Prefect, no MLflow.
+Champion and candidate are evaluated on the same held-out tasks, so each task gives a pair of root outcomes
+(``rao_core.evaluation.EvalRow.per_task``). One-sided, with the tolerance ``t`` as margin, at level ``alpha``:
+``H0: Delta <= t`` vs ``H1: Delta > t``, ``Delta = p_champion - p_candidate``, by Tango's score test for paired
+proportions (Eqs. R1, R2 in :func:`tango_z`; McNemar's at ``t = 0``); graded outcomes use a normal bound on the
+mean paired difference. False alarms: at most ``alpha`` for every candidate whose true drop is at most ``t``
+(simulated in ``tests/evaluation/test_regression.py``, measured by ``scripts/bench_nightly_false_alarms.py``).
+Power (:func:`power`, :func:`detectable_drop`) is exact under a stated conservative model: the two evaluations
+independent given the rates, a champion rate of 0.5. Pure functions: no I/O, no Prefect, no MLflow.
+Docs: docs/pipeline/nightly.md.
 """
 
 from __future__ import annotations
@@ -76,6 +52,20 @@ def _z_quantile(p: float) -> float:
 def tango_z(n: int, b: int, c: int, margin: float) -> float:
     """Tango's score statistic (R1, R2) of ``H0: Delta = margin`` from ``n`` pairs, ``b`` losses and ``c`` wins.
 
+    For 0/1 outcomes the pairs reduce to a 2x2 table: ``b`` tasks only the champion solved (losses), ``c`` tasks
+    only the candidate solved (wins); the candidate's drop is ``Delta = pi10 - pi01`` (the probabilities of those
+    two cells). Tango 1998, "Equivalence test and confidence interval for the difference in proportions for the
+    paired-sample design", Stat Med 17:891-908::
+
+        Z(t) = (b - c - n t) / sqrt(n (2 q + t (1 - t)))                                  (R1)
+        q = (-B + sqrt(B^2 - 4 A C)) / (2 A),                                               (R2)
+            A = 2n,  B = -(b + c) + t (2n - b + c),  C = -c t (1 - t)
+
+    ``q`` is the maximum-likelihood ``pi01`` under ``Delta = t`` (the root of ``A q^2 + B q + C = 0`` in [0, 1]).
+    ``p = 1 - Phi(Z(t))``; the candidate regressed when ``p < alpha``, i.e. when the one-sided ``1 - alpha``
+    lower confidence bound of ``Delta`` (:func:`drop_lower_bound`) exceeds ``t``. With ``t = 0`` (R1) is
+    McNemar's ``(b - c) / sqrt(b + c)``.
+
     Large when the candidate lost more tasks than ``margin * n`` beyond those it won. ``nan`` when the variance
     is 0 (``margin`` 0 and no discordant pair: no evidence either way). Raises ValueError for counts that are
     not a table (``b + c > n``) or a margin outside (-1, 1)."""
@@ -92,7 +82,9 @@ def tango_z(n: int, b: int, c: int, margin: float) -> float:
 
 
 def _graded_z(diffs: Sequence[float], margin: float) -> float:
-    """``(mean(d) - margin) / (sd(d) / sqrt(n))`` (sample sd); +-inf when every difference is the same."""
+    """``(mean(d) - margin) / (sd(d) / sqrt(n))`` over the paired differences ``d_i = x_i - y_i`` of graded
+    outcomes (values other than 0 and 1, e.g. Oolong's partial credit), sample sd; +-inf when every difference is
+    the same."""
     n = len(diffs)
     mean = sum(diffs) / n
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
@@ -102,7 +94,7 @@ def _graded_z(diffs: Sequence[float], margin: float) -> float:
 
 
 class PairedTest(BaseModel):
-    """The paired test of one metric (module docstring): counts, observed drop, p and the lower bound."""
+    """The paired test of one metric (:func:`paired_test`): counts, observed drop, p and the lower bound."""
 
     test: str = Field(description="'tango-score' (0/1 outcomes; McNemar's test at tolerance 0) or "
                       "'paired-mean' (graded outcomes).")
@@ -160,7 +152,8 @@ def drop_lower_bound(pairs: Sequence[tuple[float, float]], alpha: float = DEFAUL
 
 
 def paired_test(pairs: Sequence[tuple[float, float]], tolerance: float, alpha: float = DEFAULT_ALPHA) -> PairedTest:
-    """The test of the module docstring on ``(champion, candidate)`` outcome pairs (:func:`paired_outcomes`).
+    """The one-sided test of the module (H0: drop <= ``tolerance``) on ``(champion, candidate)`` outcome pairs
+    (:func:`paired_outcomes`).
 
     Outcomes all 0 or 1: Tango's score test ('tango-score'); otherwise the paired-mean bound ('paired-mean').
     No pairs, no discordant pair at tolerance 0, or a tolerance of 1 or more: p = 1 (no regression can be

@@ -3,28 +3,15 @@ for its delegation bonus.
 
     R(X, tau_X) = s(X, tau_X) + lambda * (1/|C(X)|) * sum_{c in C(X)} s(c, tau_c)            (1)
 
-Pure functions, no I/O. The delegation bonus uses the direct children's base successes ``s`` (never their
-rewards ``R``, so bonuses do not compound up the tree). Two rules (``algo.bonus``, docs/algorithm.md
-"Delegation bonus"):
+Pure functions, no I/O. The bonus reads the direct children's base successes ``s``, never their ``R`` (bonuses
+do not compound). ``algo.bonus``: ``eq1``, Eq. (1) as written; ``useful`` (default), the authors' ``cap *
+succeeded / launched`` (platoon 0.4.0 ``platoon/rewards.py`` ``delegation_capped``). Departures [project choice]:
 
-- ``eq1``: the paper's Eq. (1) as written: ``lambda * mean(s_c)`` over the scored children.
-- ``useful`` (the default; a config pins ``eq1`` where its records used it): ``cap * sum(s_c of credited children) / |C(X)|``,
-  the authors' reference rule (platoon 0.4.0 ``platoon/rewards.py`` ``delegation_capped``: ``cap * succeeded /
-  launched``) plus an anti-farming rule: a child whose ``Node.no_bonus`` is set (the environment's verdict at
-  launch: it forwards its parent's goal, or asks for something that is not part of it) counts in the
-  denominator but earns nothing. So forwarding a goal verbatim, or padding a solved task with trivial
-  children, never earns more than solving it directly (tests/algo/test_rewards.py); under ``eq1`` it earns
-  ``lambda`` more.
+- ``useful`` adds anti-farming: a child with ``Node.no_bonus`` counts in ``|C(X)|`` and earns nothing;
+- an unscored child (None/NaN) is left out of the mean (no valid child: bonus 0); an unfinished child has s = 0;
+- a node whose own success is unscored gets ``R = NaN`` (dropped by :func:`rao_core.samples.build_samples`).
 
-Departures from / additions to the paper ([project choice], docs/algorithm.md):
-
-- the ``useful`` rule above (the paper's guard is the mean alone, which forwarding and padding defeat);
-- an unscored success (``None`` or NaN, a failed judgement) is left out of its parent's mean (both rules: out
-  of the numerator and the denominator); when no child has a valid success the bonus is 0, exactly as for a
-  node without children. A child that never finished is not unscored: the judging stage gives it s = 0
-  (rao_core.judge.stage, rule "unfinished"), so it counts as launched and failed;
-- a node whose own success is unscored gets ``R = NaN`` (it is dropped from the loss by
-  :func:`rao_core.samples.build_samples` and counted there).
+Docs: docs/algorithm.md#delegation-bonus.
 """
 
 from __future__ import annotations

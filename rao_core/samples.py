@@ -1,29 +1,13 @@
 """Training samples from scored execution trees: Eqs. (1), (3), (4), (5) applied to a batch.
 
-:func:`build_samples` turns a batch of scored execution trees (``node.success`` filled by judging,
-trees grouped by ``tree.group_id``) into one :class:`Sample` per scored node: the node's trajectory
-(token ids exactly as generated), its assistant mask, behaviour log-probs, its reward R (Eq. 1), its
-tree's baseline (Eq. 3's leave-one-out, or the estimator chosen in :class:`AlgoSettings`), advantage
-A = R - b (Eq. 4) and depth weight w_d (Eq. 5, computed over the samples KEPT in the batch). Equations
-as numbered in docs/algorithm.md (arXiv:2605.06639).
-
-What is dropped, and counted in :class:`SampleStats` ([project choice], docs/algorithm.md):
-
-- ``dropped_nan_nodes``: nodes whose success is None/NaN (failed judgement) in otherwise kept trees;
-- ``dropped_nan_root_trees``: trees whose root is unscored; all their nodes go, and their root is left
-  out of the others' baselines (``dropped_nodes_of_dropped_trees`` counts those nodes);
-- ``dropped_small_groups``: groups left with fewer than 2 scored roots (their trees' nodes are counted
-  in ``dropped_nodes_of_dropped_trees`` too);
-- ``dropped_empty_nodes``: scored nodes with zero assistant tokens (nothing to train on);
-- with the authors' filters (``AlgoSettings.filter_zero_variance_groups`` / ``filter_errors``, on by default):
-  ``dropped_uniform_groups``, ``dropped_nodes_of_uniform_groups``, ``masked_error_tokens``,
-  ``dropped_error_only_nodes``.
-
-A node whose ``token_ids``, ``assistant_mask`` and ``behaviour_logprobs`` differ in length is a broken
-record: :func:`build_samples` raises ValueError naming it, it never drops it silently.
-
-Serialisation: :func:`write_samples` / :func:`read_samples` (JSON lines ``.jsonl`` or ``.parquet``,
-written atomically: temporary file + rename).
+:func:`build_samples` turns a batch of scored execution trees (``node.success`` filled by judging, trees grouped by
+``tree.group_id``) into one :class:`Sample` per scored node: its trajectory (token ids exactly as generated),
+assistant mask, behaviour log-probs, reward R (Eq. 1), its tree's baseline (Eq. 3's leave-one-out, or the
+estimator of :class:`AlgoSettings`), advantage A = R - b (Eq. 4) and depth weight w_d (Eq. 5, over the samples
+KEPT in the batch). What is dropped [project choice: unscored nodes, trees with an unscored root, groups with < 2
+scored roots, empty nodes, and the authors' filters] is counted in :class:`SampleStats`; a broken record raises,
+never drops silently. :func:`write_samples` / :func:`read_samples`: JSON lines or Parquet, written atomically.
+Docs: docs/algorithm.md#credit-assignment, docs/algorithm/authors-code.md.
 """
 
 from __future__ import annotations
@@ -324,7 +308,7 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
 
     Returns:
         A :class:`SampleBatch`: samples in input tree order, nodes of a tree in depth-first pre-order;
-        ``weight`` per Eq. (5) over the kept samples; stats of what was dropped (module docstring).
+        ``weight`` per Eq. (5) over the kept samples; stats of what was dropped (:class:`SampleStats`).
 
     Raises:
         ValueError: a tree without ``group_id``; a tree id twice in one group; a node whose token

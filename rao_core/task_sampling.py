@@ -1,22 +1,15 @@
 """Seeded task sampling: the one rule that turns (seed, purpose, difficulty) into generated RL tasks.
 
-Every generated task set of the project comes from :func:`sample_tasks`: the campaign's RL training pool
-(stream ``"rl-pool"``), the warm start's demonstration tasks (``"demos"``) and the evaluation tasks of the
-campaign, the nightly regression and the library (``"eval"``). Difficulty ``d`` of stream ``s`` is
-generated with ``env.generate_tasks(seed=task_seed(seed, s, d), difficulty=d, split=...)``, where
+Every generated task set of the project comes from :func:`sample_tasks`: the RL training pool (stream
+``"rl-pool"``), the warm start's demonstrations (``"demos"``), the development set (``"dev"``) and the evaluation
+tasks (``"eval"``). Difficulty ``d`` of stream ``s`` is generated with seed
 
     task_seed(seed, stream, difficulty) = int(sha256(f"{stream}|{seed}|{difficulty}")[:8 hex digits]) mod 2^31
 
-so a difficulty's tasks do not depend on which other difficulties are listed or in what order, and two
-purposes that draw from the same split (the demonstrations and the RL pool both use ``train``) get
-different tasks from the same master seed. Project choice (the paper does not describe how its task
-sets are drawn); it replaced three arithmetic rules (``seed*1000+500+i``, ``seed+i``, ``seed+1000*i``).
-
-Three sets of tasks, never mixed: the training tasks (the RL pool and the demonstrations), the
-development set (``eval.dev``, stream ``"dev"``) and the evaluation set (stream ``"eval"``).
-``rao_core.task_sets.campaign_task_sets`` builds all of them from a campaign config and :func:`check_disjoint`
-refuses held-out sets that share a task with training or with each other, a task being identified by
-:func:`task_identity` (for TextCraft its target multiset, not its id).
+so a difficulty's tasks do not depend on the other difficulties listed, and two purposes that draw from one split
+get different tasks from one master seed. Project choice (the paper does not say how its task sets are drawn).
+:func:`check_disjoint` refuses held-out sets that share a task (:func:`task_identity`) with training or each other.
+Docs: docs/pipeline/evaluation.md#evaluation.
 """
 
 from __future__ import annotations
@@ -78,7 +71,7 @@ def sample_tasks(env: Environment, *, seed: int, stream: str, difficulties: Sequ
     Args:
         env: the environment whose ``generate_tasks`` is called.
         seed: master seed; difficulty ``d`` uses :func:`task_seed` ``(seed, stream, d)``.
-        stream: purpose of the set (``"rl-pool"``, ``"demos"``, ``"eval"``; module docstring).
+        stream: purpose of the set (``"rl-pool"``, ``"demos"``, ``"dev"``, ``"eval"``; module docstring).
         difficulties: environment difficulty names, generated in this order.
         n: tasks per difficulty, or one count per difficulty (a count of 0 generates nothing).
         split: task split (``train`` / ``validation`` / ``test``; environments keep their targets apart).

@@ -1,29 +1,14 @@
 """Warm start: supervised fine-tuning (SFT) of the policy on scripted-expert demonstrations.
 
-A small instruct model does not yet know the REPL protocol (one fenced ```python cell per reply,
-``finish(...)``, ``await launch_subagent(...)``), so RL from it finds no reward. The warm start runs the
-environment's scripted expert (``rao_core.policies``) through the REAL runtime (sandboxed REPLs, the
-same context window and limits as the RL rollouts), keeps the execution trees whose root the exact
-verifier accepted, and turns every node into one SFT sample: the node's trajectory with exactly its
-own assistant tokens as targets (``node.token_ids`` / ``node.assistant_mask``, observations and the
-prompt masked). The trainer then minimises the token-mean cross-entropy on those tokens
-(``TrainerConfig(loss_type="sft")``, ``rao_core.train.loss``).
-
-Departures from the paper / project choices:
-- The paper starts RL from an instruct model (Qwen3-4B-Instruct) without a warm start; a 135M model
-  needs one. The demonstration set is deliberately small (see ``docs/results.md``, "Warm start
-  sizing") so that the warm-started policy is far from perfect and RL has room to improve it.
-- Scripted generations are text; the runtime would tokenise them without an end-of-turn token, so the
-  model would never learn to stop after its cell. ``build_demonstrations`` wraps the expert so that each
-  generation's ids are ``tokenize(text) + [eos]`` (what a served model returns when it stops at EOS);
-  the EOS is an assistant token and is trained on. Log-probs of scripted tokens are 0.0 (ignored by SFT).
-- Variety: each tree gets its own expert instance with a seeded draw of settings (parallel vs
-  sequential launches, occasional valid-but-longer routes, wording, the crafting depth from which
-  ingredients are delegated), so the demonstrations are not one fixed script.
-- ``single_agent_fraction`` mixes in trees grown with delegation disabled, so that one warm start serves
-  both the recursive agent and the single-agent baseline of the experiment (``research/experiment.py``).
-- By default only nodes that the verifier accepted become samples (a successful root may hold a child
-  that failed and was repaired by its parent; imitating the failed child is not wanted).
+A small instruct model does not yet know the REPL protocol (one fenced ```python cell per reply, ``finish(...)``,
+``await launch_subagent(...)``), so RL from it finds no reward. :func:`build_demonstrations` runs the
+environment's scripted expert (``rao_core.policies``) through the REAL runtime, with the RL rollouts' window and
+limits; :func:`demo_samples` turns the verified nodes of the trees whose root the verifier accepted into SFT
+samples (each node's own assistant tokens as targets), trained with ``TrainerConfig(loss_type="sft")``.
+Departures from the paper / project choices: the paper starts RL without a warm start (a 135M model needs one);
+the demonstration set is deliberately small; each scripted turn ends with EOS (:class:`_EosTerminated`); expert
+settings are drawn per tree (:func:`expert_for_tree`); ``single_agent_fraction`` mixes in single-agent trees.
+Docs: docs/concepts.md#warm-start.
 """
 
 from __future__ import annotations
@@ -148,7 +133,10 @@ def demo_tasks(env: Environment, config: DemoConfig) -> list[Task]:
 
 
 class _EosTerminated(Policy):
-    """Wraps a text-only scripted policy: generations come back as ``ids(text) + [eos]`` (see module doc)."""
+    """Wraps a text-only scripted policy: generations come back as ``ids(text) + [eos]``, what a served model
+    returns when it stops at EOS. Without it the runtime would tokenise scripted text without an end-of-turn
+    token and the model would never learn to stop after its cell; the EOS is an assistant token and is trained
+    on. Log-probs of scripted tokens are 0.0 (ignored by SFT)."""
 
     def __init__(self, inner: Policy, tokenizer: Any):
         self.inner = inner

@@ -2,26 +2,12 @@
 ``docs/results.md`` section and their MLflow copies (the Prefect task :func:`write_results`, which
 ``research/experiment.py`` calls), and the comparisons and tables read from records.
 
-The claimed comparison is the recursive arm's last iteration vs its warm start (iteration 0) on the first
-evaluated difficulty, recursive mode: a one-sided pooled two-proportion z-test
-(``rao_core.evaluation.two_proportion_test``). Every point keeps the checkpoint folder it evaluated.
-
-What a record holds so a reader can recompute every sentence about it: per point, the
-evaluation row's audit fields (:data:`POINT_KEYS`: per-task outcomes, root end reasons, tokens and
-wall-clock per tree, children and depth histograms, per-depth statistics, the cause of each miss) and the
-file of its stored trees;
-per RL iteration, the rollout and training statistics the campaign logged to MLflow
-(:func:`iteration_stats`, key ``training``); and the run's arms, seeds (training and evaluation), commits
-and preregistered endpoint. The stored trees of a point (``rao_core.evaluation.tree_sample``: a few compact
-trees) go to ``docs/results/trees/<experiment>/<arm>-it<i>-<difficulty>-<mode>.jsonl.gz``
-(:func:`write_tree_sample`, :func:`read_tree_sample`).
-
-A run whose trees may grow deeper than one level (``runtime.max_depth`` >= 2: ``rao experiment
-textcraft-nested``; :func:`deep_config`) also gets, from the same per-point fields, the per-depth
-tables (:func:`depth_markdown`), the depth plot ``docs/img/<experiment>-depth.png`` (:func:`depth_png`: node
-success by depth and iteration, the depth histogram of the evaluated trees) and, over seeds, the share of trees
-reaching each depth with intervals (:func:`depth_seeds_markdown`).
-Docs: docs/experiments.md.
+The claimed comparison is the recursive arm's last iteration vs its warm start (a one-sided pooled
+two-proportion z-test, ``rao_core.evaluation.two_proportion_test``). A record keeps, per point, the evaluation
+row's audit fields (:data:`POINT_KEYS`) and its stored trees (:func:`write_tree_sample`), per RL iteration the
+logged training statistics (:func:`iteration_stats`), and the arms, seeds, commits and preregistered endpoint;
+runs deeper than one level (:func:`deep_config`) add per-depth tables and plots (:func:`depth_markdown`,
+:func:`depth_png`, :func:`depth_seeds_markdown`). Docs: docs/experiments.md.
 """
 
 from __future__ import annotations

@@ -2,60 +2,16 @@
 study runs all its jobs of a checkpoint against one server (``infra.checkpoint_eval.serve_and_evaluate``, the
 path ``rao eval`` takes too), so every checkpoint is served once.
 
-**The depth-limited control** (``rao experiment textcraft-nested-control``): the recursive
-arm's checkpoints of a ``textcraft-nested`` record (the warm start and the last iteration by default) on the
-record's own ``nest2`` tasks with ``runtime.max_depth: 1`` (the root may delegate, its children may not), every
-other runtime setting as trained, so that what depth buys is measured against the record's trees of the same
-tasks at full depth (paired by task; :func:`depth_control_table`). Records
-``docs/results/textcraft-nested-control[-seed<S>].json``, a section of ``docs/results.md``.
+- depth-limited control (:func:`plan_depth_control`): a ``textcraft-nested`` record's checkpoints on its own
+  ``nest2`` tasks at ``runtime.max_depth: 1``, paired by task with the record's full-depth trees;
+- generalisation (:func:`plan_generalisation`): an ablation's last checkpoints on ``tier1x<K>``, K = 2..5. Project
+  choice: trees at once and the tree limit scale with K (:func:`trees_at_once`, :func:`tree_limit`);
+- wall-clock (:func:`plan_wallclock`): ``gather`` / ``sequential`` / ``single`` per K. Departures from the paper
+  (GPUs, up to 2.5x faster from parallel children): the policy decides whether it gathers, one CPU server decodes
+  every sequence, requests are unseeded (a task's trees are not paired across settings).
 
-**Generalisation as a curve** (``rao experiment textcraft-generalisation``): the last
-checkpoint of each asked arm of an ablation record (``docs/results/textcraft-ablation[-seed<S>].json``, or
-``--model ARM=PATH``) evaluated on TextCraft-Synth ``tier1x<K>`` (K distinct tier-1 targets) for K = 2..5,
-n tasks per K drawn with the record's fresh evaluation seed (``eval.seed``, split ``validation``), each arm
-in its own mode (``research.designs.ARM_MODES``: recursive and outcome with delegation, single without) and
-with the runtime it was trained and evaluated with (the record's ``config_values`` with
-``research.designs.arm_overrides``: e.g. the single arm's node step limit). Every miss gets one cause from
-its execution tree (``rao_core.evaluation.miss_cause``: a child given two targets, children failed, the
-root's window, a limit, an error, the root finished wrong). K = 2 are the ablation's own evaluation tasks
-(same seed; the first n); K >= 3 were never trained on (the RL pool and the demonstrations are K = 2 only).
-Project choice: the trees grown at once shrink with K (:func:`trees_at_once`) so that about as many nodes run
-at once as in the ablation's K = 2 evaluations (the single agent's trees are one node each: they keep the
-ablation's number); otherwise the tree's wall-clock limit (``tree_timeout_s``)
-would measure the wait behind a loaded CPU server for wide trees, not the tree. For the same reason the
-recursive arms' tree limit grows with the tree's nodes (:func:`tree_limit`: 300 s at K = 2 is 600 s at K = 5):
-a policy that runs its children one after another (seed 1's checkpoints never gather) needs about K
-child-times, and a fixed limit would count that as a miss of generalisation.
-
-**Wall-clock, one tree at a time** (``rao experiment textcraft-wallclock``): one trained
-recursive checkpoint with ``runtime.max_concurrent_trees: 1`` and children launched as the policy writes
-them (``asyncio.gather`` where it gathers: setting ``gather``) vs forced one at a time (``sequential``:
-``runtime.sequential_children``, a runtime switch, not a prompt), and the single agent (delegation off) with
-a window that fits (``single``: ``runtime.context_window`` = ``--single-window``, 4096 by default; the
-server's ``max_model_len`` is raised to it) on ``tier1x<K>`` for K = 2, 3, 4, 6, n tasks each: median
-wall-clock per tree, completion tokens per tree, success with its Wilson interval, and per K the ratios of
-median wall sequential / gather and single / gather (:func:`wallclock_ratios`) and, task by task, each
-setting's wall over gather's with a Wilcoxon signed-rank test (:func:`wallclock_pairs`). Departures from the paper,
-which reports up to 2.5x less wall-clock from parallel children on GPUs: here the policy decides whether
-it gathers (``parallel_share`` reports how often children overlapped), one CPU server decodes every
-sequence, the tree's wall-clock limit is raised to :data:`WALLCLOCK_TREE_TIMEOUT_S` so that no setting is cut,
-the REPL pool holds a root and all its children pre-started (:func:`wallclock_repl_pool`), and requests are
-unseeded (a study's evaluation sends no seeds: ``rao_core.evaluation.evaluate_suite``), so the settings' trees
-of a task are not paired.
-
-Task sets: the study's evaluation tasks (every K) are checked against the record's training pool and
-demonstrations and its development set before any server starts (``rao_core.task_sets.check_task_sets``;
-for TextCraft a task is its target multiset, so a K >= 3 task can never be a K = 2 training task, and the
-validation split's targets are held out of training). Records: ``docs/results/<study>.json`` (per point n,
-successes, success, ci95, per_task, misses, end_reasons, tree wall median and mean, tokens per tree,
-children and depth histograms, the checkpoint; the command, commit, date, checkpoints, eval seed, task
-sets), a few stored trees per point under ``docs/results/trees/<study>/``; the markdown comes from the
-records by pure functions (:func:`generalisation_markdown`, :func:`wallclock_markdown`) and goes to
-``docs/results.md`` (with the plot ``docs/img/<study>.png``, :func:`generalisation_png`) and
-``docs/benchmarks.md`` through ``research.records.replace_section``. The record is written after each
-evaluation (``"complete": false``) and an interrupted study resumes from it (:func:`run_study`); a dead
-server (:func:`infra_failures`) stops the study instead of recording its zeros.
-Docs: docs/experiments/checkpoint-studies.md.
+Records ``docs/results/<study>.json`` are written after each evaluation; an interrupted study resumes from its
+record (:func:`run_study`). Docs: docs/experiments/checkpoint-studies.md, docs/experiments/textcraft-nested.md.
 """
 
 from __future__ import annotations
@@ -513,9 +469,9 @@ def _meta(study: str, name: str, record: dict[str, Any], source: str, command: s
 def plan_generalisation(*, record: str = DEFAULT_RECORD, arms: Sequence[str] = ("recursive", "single"),
                         n: int = 100, ks: Sequence[int] = GENERALISATION_KS, models: dict[str, str] | None = None,
                         overrides: Sequence[str] = (), command: str = "", root: Path | None = None) -> StudyPlan:
-    """The generalisation study (module docstring), every input checked: the record, the arms (known, and
-    with a checkpoint: the record's last iteration, or ``models[arm]``), each checkpoint folder, the Ks, the
-    configs and ``overrides``, and the evaluation tasks against the training sets. Raises ValueError,
+    """The generalisation study (docs/experiments/checkpoint-studies.md), every input checked: the record, the
+    arms (known, and with a checkpoint: the record's last iteration, or ``models[arm]``), each checkpoint folder,
+    the Ks, the configs and ``overrides``, and the evaluation tasks against the training sets. Raises ValueError,
     FileNotFoundError or ``rao_core.config.ConfigError`` with one line naming what is wrong."""
     from rao_core.paths import REPO_ROOT
 
@@ -573,9 +529,9 @@ def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, si
                    n: int = 30, ks: Sequence[int] = WALLCLOCK_KS, single_window: int = 4096,
                    settings: Sequence[str] = WALLCLOCK_SETTINGS, overrides: Sequence[str] = (), command: str = "",
                    root: Path | None = None) -> StudyPlan:
-    """The wall-clock study (module docstring), every input checked before any server starts: the record
-    (configs, eval seed and, unless ``model`` / ``single_model`` are given, the recursive and single arms'
-    last checkpoints), the checkpoint folders, the Ks, the settings, the single agent's window and the
+    """The wall-clock study (docs/experiments/checkpoint-studies.md), every input checked before any server
+    starts: the record (configs, eval seed and, unless ``model`` / ``single_model`` are given, the recursive and
+    single arms' last checkpoints), the checkpoint folders, the Ks, the settings, the single agent's window and the
     evaluation tasks against the training sets. Runs the recursive checkpoint's settings interleaved per K
     (gather then sequential), then the single agent's; a checkpoint used by several settings is served once.
     Raises ValueError, FileNotFoundError or ``rao_core.config.ConfigError`` with one line."""
@@ -630,7 +586,7 @@ def plan_wallclock(*, record: str = DEFAULT_RECORD, model: str | None = None, si
 def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Sequence[int] = (),
                        difficulty: str = "nest2", n: int | None = None, overrides: Sequence[str] = (),
                        command: str = "", root: Path | None = None) -> StudyPlan:
-    """The depth-limited control (module docstring): the recursive arm's checkpoints of a
+    """The depth-limited control (docs/experiments/textcraft-nested.md): the recursive arm's checkpoints of a
     ``textcraft-nested`` record at ``iterations`` (default: the warm start and the last), each evaluated on the
     record's own ``difficulty`` tasks (the same eval seed and the first ``n``, default the record's n, so every
     task pairs with the record's tree of it) with ``runtime.max_depth: 1``: delegation at the root only, the rest

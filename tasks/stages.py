@@ -3,6 +3,7 @@
 Order: serve_checkpoint (tasks/serve.py) -> generate_trees -> judge_trees -> validate_dataset ->
 train_policy -> evaluate -> register_checkpoint. Each is a resumable Prefect task (``infra.stage_io.stage``):
 its return value (an ``infra.stage_records`` record: URIs, small metrics) is stored on S3 once it completed.
+Docs: docs/pipeline.md, docs/pipeline/resume-and-faults.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from infra.stage_io import (ProgressArtifact, RunContext, artifact_key, fetch, i
                             stage)
 from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, RegisterOutput, ServedEndpoint,
                                  TrainOutput, ValidateOutput)
-from tasks.serve import checkpoint_local
+from tasks.serve import checkpoint_local, gpus_released, lost_server_line, server_diagnosis
 from infra.process import ServiceError
 
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": [5, 20]}
@@ -77,8 +78,6 @@ def check_infra_failures(ctx: RunContext, what: str, trees) -> dict[str, int]:
     Raises :class:`InfrastructureFailure`, one line: how many trees failed and why, the policy server's state
     (its exit status and log file: ``tasks.serve.server_diagnosis``), the last error a node recorded, and that
     a re-run redoes the stage."""
-    from tasks.serve import server_diagnosis
-
     trees = list(trees)
     counts = infra_counts(trees)
     n, limit = sum(counts.values()), ctx.config.runtime.max_infra_failure_share
@@ -167,7 +166,6 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     ui(0, total)
 
     from infra.vllm_metrics import pool_delta, scrape
-    from tasks.serve import lost_server_line
 
     served_before = [scrape(u) for u in served.urls]  # each replica's /metrics counters (None if unreadable)
     t0 = time.monotonic()
@@ -357,8 +355,6 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
     """One RAO update (token-level policy gradient, Eq. 4-5 weights) from ``parent``; saves a checkpoint."""
     from rao_core.samples import read_samples
     from rao_core.train.launch import run_training
-
-    from tasks.serve import gpus_released
 
     log = run_logger()
     samples_path = fetch(ctx, samples_uri, f"iter-{iteration}/samples.jsonl")

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 
+import rao_core.warmstart
 from rao_core.envs import get_env
 from rao_core.progress import every_tenth, fan_out
+from rao_core.task_sets import campaign_demo_config
 from tasks import tracking
 from infra.stage_io import ProgressArtifact, RunContext, artifact_key, run_logger, stage
 from infra.stage_records import Checkpoint, WarmStartOutput
@@ -28,9 +30,6 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
         return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, str(cfg.model.path)), mode="none")
     if ws.mode == "checkpoint":
         return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, ws.checkpoint or ""), mode="checkpoint")
-    from rao_core.task_sets import campaign_demo_config
-    from rao_core.warmstart import run_warm_start
-
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
     demo_cfg = campaign_demo_config(cfg)
     out_dir = ctx.local("checkpoints/iter-0")
@@ -56,12 +55,11 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
         log.info(f"warm start: {line}")
         sft_ui.note(f"SFT: {line}")
 
-    res = run_warm_start(env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer,
-                         runtime_config=cfg.runtime, tasks_path=ctx.local("iter-0/demo_tasks.jsonl"),
-                         trees_path=tpath, samples_path=spath, on_step=steps.append,
-                         on_demo_progress=fan_out(every_tenth(demo_line), demo_ui),
-                         on_train_progress=fan_out(every_tenth(sft_line), sft_ui),
-                         on_status=status)
+    res = rao_core.warmstart.run_warm_start(
+        env, cfg.model.path, out_dir, demo_config=demo_cfg, trainer_config=ws.trainer, runtime_config=cfg.runtime,
+        tasks_path=ctx.local("iter-0/demo_tasks.jsonl"), trees_path=tpath, samples_path=spath, on_step=steps.append,
+        on_demo_progress=fan_out(every_tenth(demo_line), demo_ui),
+        on_train_progress=fan_out(every_tenth(sft_line), sft_ui), on_status=status)
     demo_s, sft_s, stats = res.demo_wall_s, res.sft_wall_s, res.stats
     store = ctx.store()
     log.info(f"warm start: SFT done ({sft_s:.0f} s); uploading demonstrations and the checkpoint to {store.uri('iter-0')}")

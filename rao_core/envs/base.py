@@ -1,28 +1,14 @@
 """The environment interface: what the runtime needs from a benchmark.
 
-The runtime (``rao_core.runtime``) owns the REPL sandboxes, the policy and the limits. An environment
-owns the RL task data, the orchestrator-side state of one rollout (``Episode``: e.g. TextCraft's shared
-inventory) and its tools. Tool functions inside the REPL are stubs that send ``(name, args, kwargs)``
-back to the orchestrator, which calls ``Environment.call_tool``; model code can therefore never edit the
-environment state, the limits or its own reward (spec section 1).
-
-Contract for implementers:
-- A REPL tool is a method marked ``@tool``: its name, signature and docstring are what the system prompt
-  shows, and one binder (``bind_tool_args``) checks every call's arguments against that signature.
-  ``launch_subagent`` and ``finish`` are provided by the runtime; an environment only describes how
-  ``launch_subagent`` maps its arguments to a child (its ``launch_subagent`` method, returning a
-  ``ChildSpec``) and may declare extra finishing tools (``@tool(finishes=True)``, e.g. ART-E's
-  ``return_final_answer``): the value such a tool returns becomes the node's result.
-- Errors the agent should see (bad item name, malformed ingredients) are raised as ``ToolError``; the
-  stub re-raises them inside the REPL as a plain exception with that message. Any other exception is a
-  bug in the environment.
-- ``call_tool`` may be called concurrently for sibling nodes from one asyncio loop; it is synchronous
-  and must keep the episode state consistent (no awaits inside).
-- ``verify`` is the exact verifier: a success in [0, 1] for a node, or None when this environment cannot
-  check that node exactly (the judging stage then uses an LLM judge or the root proxy).
-- ``validate_task`` checks a task record before any rollout (``load_tasks(path, env)`` calls it for
-  every record): unknown items, wrong types and impossible goals raise ``TaskError`` naming the field
-  and what was expected. It must be cheap and must not open services.
+The runtime (``rao_core.runtime``) owns the REPL sandboxes, the policy and the limits; an environment owns the RL
+task data, the orchestrator-side state of one rollout (``Episode``: e.g. TextCraft's shared inventory) and its
+tools. REPL tools are stubs that send ``(name, args, kwargs)`` back to ``Environment.call_tool``, so model code
+never edits the environment state, the limits or its own reward (spec section 1). Contract: ``@tool`` methods
+(their signature and docstring are the system prompt's, ``bind_tool_args`` checks every call); ``ToolError`` for
+errors the agent should see (any other exception is an environment bug); ``call_tool`` synchronous, consistent
+under concurrent siblings; ``verify`` the exact verifier (None: not checkable, the judge decides);
+``validate_task`` cheap, raising ``TaskError`` naming the field, before any rollout.
+Docs: docs/environments.md#adding-an-environment-walk-through-example-box-sum.
 """
 
 from __future__ import annotations
@@ -44,7 +30,8 @@ from rao_core.tree import Node
 
 
 class ToolError(Exception):
-    """An error reported to the agent as a message (never kills the node)."""
+    """An error reported to the agent as a message (never kills the node): the REPL stub re-raises it inside the
+    REPL as a plain exception with that message. Any other exception from a tool is a bug in the environment."""
 
 
 class TaskError(ValueError):
@@ -317,7 +304,9 @@ class Environment(ABC):
         return fn(self, **given, **bind_tool_args(name, _tool_params(fn), args, kwargs))
 
     def call_tool(self, episode: Episode, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Run tool ``name`` for ``node``; return a JSON-serialisable value or raise ToolError."""
+        """Run tool ``name`` for ``node``; return a JSON-serialisable value or raise ToolError. May be called
+        concurrently for sibling nodes from one asyncio loop: synchronous, it keeps the episode state consistent
+        (no awaits inside)."""
         fn = self._tool_methods().get(name)
         if fn is None:
             raise ToolError(f"unknown tool {name!r}; available: {', '.join(self._tool_methods())}")

@@ -1,22 +1,11 @@
 """Lenient parsing of a judge's answer into a verdict.
 
-The prompts ask for ``{"verdict": "yes"|"no", "reason": "..."}``. Real models (small ones above all) wrap
-it in a fenced block, add prose around it, use other words for yes/no, or write a ``VERDICT: yes`` line.
-``parse_verdict`` accepts, in this order of preference:
-
-1. the whole answer as a JSON object with a ``verdict`` key (also ``answer``, ``correct``, ``success``);
-2. a fenced code block (```json ... ```) holding such an object;
-3. the first balanced ``{...}`` in the text holding such an object;
-4. the LAST line of the form ``VERDICT: yes`` (case-insensitive, markdown emphasis allowed);
-5. the first ``"verdict": "yes"`` field in JSON-like text that does not parse (a small model's object is
-   often cut off by the token limit or malformed further on); a field followed by more alternatives
-   (the template echoed back: ``"verdict": "yes" or "no"``) does not count;
-6. an answer that is only the word yes or no, or starts with it (``Yes, the agent ...``).
-
-Rules 5 and 6 were added after recording real answers of SmolLM2-135M-Instruct
-(``tests/judge/fixtures/smollm2_135m_responses.json``).
-
+The prompts ask for ``{"verdict": "yes"|"no", "reason": "..."}``. Real models (small ones above all) wrap it in
+a fenced block, add prose around it, use other words for yes/no, or write a ``VERDICT: yes`` line;
+:func:`parse_verdict` accepts six forms, in order of preference, two of them (a cut-off JSON field, a bare
+yes/no) read from recorded answers of SmolLM2-135M-Instruct (``tests/judge/fixtures/smollm2_135m_responses.json``).
 Anything else is unparseable (``None``): the caller retries, then scores the node NaN and keeps the raw text.
+Docs: docs/judging.md#the-judge.
 """
 
 from __future__ import annotations
@@ -114,9 +103,20 @@ def _loads(s: str) -> Any:
 
 
 def parse_verdict(text: str | None) -> ParsedVerdict | None:
-    """Parse a judge answer (rules in the module docstring); None when no verdict can be read.
+    """Parse a judge answer; None when no verdict can be read. Accepted, in this order of preference:
 
-    Never raises on odd input (None, empty text, broken JSON).
+    1. the whole answer as a JSON object with a ``verdict`` key (also ``answer``, ``correct``, ``success``);
+    2. a fenced code block (```json ... ```) holding such an object;
+    3. the first balanced ``{...}`` in the text holding such an object;
+    4. the LAST line of the form ``VERDICT: yes`` (case-insensitive, markdown emphasis allowed);
+    5. the first ``"verdict": "yes"`` field in JSON-like text that does not parse (a small model's object is
+       often cut off by the token limit or malformed further on); a field followed by more alternatives
+       (the template echoed back: ``"verdict": "yes" or "no"``) does not count;
+    6. an answer that is only the word yes or no, or starts with it (``Yes, the agent ...``).
+
+    Rules 5 and 6 come from recorded answers of SmolLM2-135M-Instruct
+    (``tests/judge/fixtures/smollm2_135m_responses.json``). Never raises on odd input (None, empty text, broken
+    JSON).
     """
     if not text or not text.strip():
         return None

@@ -1,26 +1,12 @@
 """Judge prompt files: loading, versioning and rendering.
 
-One file per environment, ``<prompt_dir>/<env>.md`` (an alias such as ``deepdive-synth`` uses its registry
-name's file; then the prompt shipped in the environment's package, ``EnvEntry.judge_prompt``; else
-``default.md``). Format::
-
-    ---
-    version: 1
-    env: oolong
-    description: ...
-    ---
-    === system ===
-    ...system message...
-    === user ===
-    ...user message with {{goal}}, {{result}} and optionally {{cells}}, {{parent_goal}}, {{subtasks}}...
-
-The prompt version recorded on nodes and used in the cache key is ``<name>/v<version>#<sha8>``, where
-``sha8`` is a hash of the file's text: editing a prompt without bumping ``version`` still changes the key,
-so a stale cached verdict is never reused for a different prompt.
-
-``parent_goal`` (the goal of the node's parent) and ``subtasks`` (the goals of the sub-agents the node
-launched) need the tree; they let a prompt fail a node that only forwarded its task. Prompts
-that do not use them render as before.
+One file per environment, ``<prompt_dir>/<env>.md`` (:func:`prompt_file`: an alias uses its registry name's
+file, then the prompt shipped in the environment's package, else ``default.md``), with a ``version`` in its front
+matter and ``=== system ===`` / ``=== user ===`` sections (:func:`load_prompt`). The version recorded on nodes and
+in the cache key is ``<name>/v<version>#<sha8>`` (``sha8`` a hash of the file's text), so editing a prompt
+without bumping ``version`` still changes the key and a stale cached verdict is never reused. ``parent_goal``
+and ``subtasks`` (the node's parent's goal, its sub-agents' goals) let a prompt fail a node that only forwarded
+its task. Docs: docs/judging.md#prompts.
 """
 
 from __future__ import annotations
@@ -46,7 +32,7 @@ class PromptError(ValueError):
 
 
 class JudgePrompt(BaseModel):
-    """A loaded prompt: ``system`` and ``user`` templates and the ``version`` string (see module doc)."""
+    """A loaded prompt: ``system`` and ``user`` templates and the ``version`` string (``<name>/v<version>#<sha8>``)."""
 
     name: str
     version: str
@@ -78,7 +64,18 @@ def prompt_file(env_name: str, prompt_dir: str | Path) -> Path:
 
 
 def load_prompt(env_name: str, prompt_dir: str | Path) -> JudgePrompt:
-    """Load and validate the prompt file of ``env_name``; raises PromptError naming the file."""
+    """Load and validate the prompt file of ``env_name``; raises PromptError naming the file. Format::
+
+        ---
+        version: 1
+        env: oolong
+        description: ...
+        ---
+        === system ===
+        ...system message...
+        === user ===
+        ...user message with {{goal}}, {{result}} and optionally {{cells}}, {{parent_goal}}, {{subtasks}}...
+    """
     path = prompt_file(env_name, prompt_dir)
     text = path.read_text(encoding="utf-8")
     m = re.match(r"^---\n(.*?)\n---\n(.*)$", text, re.DOTALL)

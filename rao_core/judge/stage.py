@@ -1,35 +1,16 @@
 """The judging stage: give every node of every execution tree its success signal s (Eq. 1).
 
-Source selection per node, in order (the table, with the reasons, is in docs/judging.md; arXiv:2605.06639,
-section 2):
+Source per node, the first that applies (arXiv:2605.06639, section 2): 0. rules [project choice]: a tree whose
+ROOT ended by :data:`INFRA_END_REASONS` is unscored (``infra_failures``), a sub-agent that did not finish gets
+s = 0 (``unfinished_is_failure``); 1. the exact ``verifier`` value, else s = 0 for a sub-agent that forwarded its
+own goal to its only child (rule ``forwarded``, :func:`forwards_its_goal`); 2. the LLM ``judge`` (NaN when its
+answer cannot be read); 3. the root ``proxy`` (the paper's fallback; for every sub-agent with ``child_source:
+root_proxy``, an ablation); 4. ``none``: NaN. :func:`judge_trees` never mutates its input: it returns deep copies
+with ``success``, ``success_source`` and ``judge`` filled on every node.
 
-0. Rules ([project choice], docs/algorithm.md "What counts as a failure"): a. ``infra_failures ==
-   "unscored"``: a tree whose ROOT ended by :data:`INFRA_END_REASONS` (not the policy's doing) is left
-   unscored, every node s = NaN, ``node.judge["rule"] = "infrastructure"``, counted per end reason
-   (``JudgeStats.infra_unscored``); b. ``unfinished_is_failure``: a sub-agent node that did not finish
-   gets s = 0 (source ``rule``, ``node.judge["rule"] = "unfinished"``), so a crashed child never earns
-   its parent the delegation bonus.
-1. a. ``verifier``: the exact value the runtime stored in ``node.verifier`` (None/NaN counts as absent);
-   b. rule ``forwarded`` ([project choice]): with ``forwarding_is_failure``, a sub-agent node
-   without a verifier value whose only child was given the node's own goal (whitespace and case
-   normalised, :func:`forwards_its_goal`) gets s = 0 (source ``rule``, ``node.judge["rule"] =
-   "forwarded"``) without a request: forwarding the whole task does no work, so it never earns its parent
-   the delegation bonus. Near-forwarding (a reworded goal, the parent's question returned as the answer) is
-   left to the judge, whose prompts fail it (they see ``parent_goal`` and ``subtasks``).
-2. ``judge``: the LLM judge, when ``config.enabled``, the environment is in ``config.judge_envs`` (None =
-   all) and the node is not a root (unless ``config.judge_roots``); an answer unparseable after
-   ``parse_retries`` retries, or a transport error after retries, gives s = NaN with the raw text kept.
-3. ``proxy``: the paper's fallback, a sub-agent node inherits its root's success (``use_proxy``; also for
-   nodes left un-judged by the budget when ``on_budget_exhausted == "proxy"``, and for EVERY sub-agent
-   node, before rule 0b, with ``child_source == "root_proxy"``, an ablation).
-4. ``none``: s = NaN (no source, or the root itself could not be scored).
-
-Departure from the paper: the paper uses gpt-5-mini as judge; here any OpenAI-compatible endpoint
-(default: the project's local vLLM service), a persistent cache, a per-iteration budget, and the
-unfinished and forwarded rules are project additions, all configurable.
-
-Input trees are never mutated: ``judge_trees`` returns deep copies with ``success``,
-``success_source`` and ``judge`` filled on every node (``judge`` is None for verifier/proxy/none nodes).
+Departure from the paper (gpt-5-mini as judge): any OpenAI-compatible endpoint (default the project's vLLM), a
+persistent cache, a per-iteration budget, and the unfinished and forwarded rules, all configurable.
+Docs: docs/judging.md#sources-per-node.
 """
 
 from __future__ import annotations

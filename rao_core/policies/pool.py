@@ -1,32 +1,14 @@
 """A pool of policy servers: every tree pinned to one replica, trees spread by load.
 
-:class:`PolicyPool` is the policy the pipeline's stages use (``tasks.stages._policy``), with one replica (one
-vLLM server, as before the pool existed) or several (``serving.replicas`` servers started by the serve stage,
-or the external servers of ``serving.base_urls``). Each replica is an ordinary policy, for an endpoint an
-``OpenAIPolicy`` (:meth:`PolicyPool.of_endpoints`).
-
-Pinning. The first request of a tree (``PolicyRequest.tree_id``) chooses its replica; every later request of
-that tree, its sub-agents' included, goes to the same one, so that vLLM's prefix cache holds the tree's
-growing prompts; the pin is dropped when the runtime reports the tree ended (``Policy.tree_done``).
-
-Spreading. A new tree goes to the live replica with the fewest trees in flight (pinned and not yet ended);
-ties go to the first replica in the order ``offset, offset + 1, ...`` (mod N), so that the choice is
-deterministic for a given order of tree starts. The count is this pool object's own: in the local backend
-that is every tree of the stage; on the Ray backend each shard has its own pool and counts its own trees,
-and shard ``i`` starts its ties at replica ``i mod N`` (``ServedEndpoint.replica_offset``), so shards do not
-all start on replica 0. This is where the pool departs from a global load balancer (SkyRL's or verl's
-router): it sees no other shard's load and no queue length, only its own trees.
-
-A replica lost. A request that fails with the replica unreachable (the connection refused or cut: an
-``openai.APIConnectionError`` other than a timeout, or an ``OSError`` for another policy, after the replica
-policy's own retries) takes the replica out of the pool for the rest of the pool's life: the requests of
-every tree pinned to it fail at once (``PolicyError``: the node ends ``policy_error``, the tree goes
-unscored, as with a dead single server), new trees go to the other replicas. The last live replica is never
-taken out (with one replica the pool behaves as one ``OpenAIPolicy``: each request tries the server again).
-The serve stage brings a lost replica back at the next checkpoint switch (``tasks.serve``).
-
-The paper (one policy server) has no pool; this is infrastructure only: the sampled tokens, their
-log-probs and seeds do not depend on the replica a tree runs on (same weights, per-request seeds).
+:class:`PolicyPool` is the policy the pipeline's stages use, with one replica or several (``serving.replicas``
+servers started by the serve stage, or the external servers of ``serving.base_urls``). The first request of a
+tree chooses its replica and every later request of that tree (its sub-agents' too) goes there, so vLLM's prefix
+cache holds its prompts; a new tree goes to the live replica with the fewest trees in flight, ties from
+``offset`` on. A replica found unreachable (:func:`replica_unreachable`) is taken out: its trees' requests fail
+(``policy_error``), new trees go to the others; the last live replica is never taken out. The paper (one server)
+has no pool, and the sampled tokens do not depend on the replica. Departure from a global load balancer (SkyRL's
+or verl's router): each pool counts only its own trees (one pool per Ray shard), no queue lengths.
+Docs: docs/pipeline/ray.md#a-pool-of-policy-servers-servingreplicas-servingbase_urls.
 """
 
 from __future__ import annotations
@@ -66,7 +48,16 @@ def replica_unreachable(error: BaseException) -> bool:
 
 
 class PolicyPool(Policy):
-    """Replicas of one policy, each tree pinned to one of them (module docstring).
+    """Replicas of one policy, each tree pinned to one of them, trees spread by load.
+
+    Pinning: the first request of a tree (``PolicyRequest.tree_id``) chooses its replica; the pin is dropped when
+    the runtime reports the tree ended (``Policy.tree_done``). Spreading: a new tree goes to the live replica with
+    the fewest trees in flight (pinned and not yet ended); ties go to the first replica in the order ``offset,
+    offset + 1, ...`` (mod N), so the choice is deterministic for a given order of tree starts (Ray shard ``i``
+    starts at ``i mod N``: ``ServedEndpoint.replica_offset``). A request that fails with the replica unreachable,
+    after the replica policy's own retries, takes it out for the pool's life: every tree pinned to it fails at
+    once (``PolicyError``); with one replica the pool behaves as one ``OpenAIPolicy`` (each request tries the
+    server again). The serve stage brings a lost replica back at the next checkpoint switch (``tasks.serve``).
 
     Args:
         replicas: one policy per replica (e.g. an ``OpenAIPolicy`` per server), at least one.

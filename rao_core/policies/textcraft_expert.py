@@ -1,47 +1,12 @@
 """A scripted expert (oracle) policy for TextCraft-Synth that behaves like a capable REPL agent.
 
-It is stateless: every turn it re-reads the node's goal (``node.goal_args["targets"]``) and the printed
-observations in ``node.messages``, and only knows what earlier cells printed (``INFO`` lines written by
-its own ``get_info`` cells). It never looks at the recipe graph. Per node:
-
-1. print ``get_info`` of the targets, then of their direct ingredients;
-2. delegate direct ingredients whose crafting depth is >= ``delegate_min_depth`` to sub-agents (when the
-   node is above ``max_depth``; at most ``max_children``, deepest first), concurrently with
-   ``asyncio.gather`` with probability ``parallel_prob``, else one after another;
-3. craft the rest itself: when the local sub-tree is shallow (<= ``explicit_max_depth``) and small
-   (<= ``max_explicit_crafts`` crafts) it explores it level by level and writes explicit ``craft`` calls
-   with names and counts read from the printed recipes; otherwise it writes a small program (explore with
-   ``get_info`` in a loop, aggregate needs, craft in depth order), as a capable agent would under a
-   8K-token context and a 10-step budget;
-4. checks the printed counts and calls ``finish``; on an error it runs one programmatic repair cell that
-   reuses intermediates already held (its own partial work).
-
-Split by sub-goal (``split_targets_min``, used by the ``tier1x<K>`` delegation shape): a node that may
-delegate and has at least that many targets reads nothing first; its one cell snapshots the targets'
-counts, launches one sub-agent per target (``asyncio.gather`` with probability ``parallel_prob``, else a
-loop awaiting each), prints the children's results (their finish messages, kept in the REPL variable
-``results``) and checks the counts; then it finishes (or, if a child failed, crafts what is missing itself
-once, as in step 4). Its context no longer grows with the number of targets beyond one line per child.
-
-Recursion (``recurse``, used by the ``nest<L>`` nested shape): a node that may delegate writes one cell, the
-same for every node but for its goal: for each target it reads the recipe with ``get_info``, works out the
-ingredients one craft batch needs (``need``), asks ``get_info`` which of them are craftable and how many it
-already holds, launches one sub-agent per craftable ingredient it does not hold enough of (for the shortfall;
-``asyncio.gather`` with probability ``parallel_prob``, else a loop awaiting each; no context: the child reads
-its own recipe), then crafts the target from what the children made and the base materials (the printed
-``Crafted N x item`` is its check: the batch covers the count). Then it finishes, or, if a target's craft did
-not print (a child failed, so the craft raised), crafts the missing targets from scratch once, reusing what it
-holds, and finishes. A target made from base materials only launches nobody. Children do the same one level
-down, so the execution tree has the shape of the task's crafting tree and each node crafts one level. Like the
-split route it reads nothing before acting, so its context holds one cell and its output (measured in
-docs/environments.md, "The nested shape"). A node at the depth limit, or with delegation off, crafts its whole
-sub-tree itself (steps 1-4). No sub-optimal variants on this route.
-
-Needs are aggregated over the node's whole local sub-tree before rounding up to recipe yields, and a
-node never relies on items it did not craft itself (siblings share the inventory), so its use of base
-materials stays within the task's starting inventory (see ``rao_core.envs.textcraft.tasks``).
-With ``suboptimal_prob`` it takes valid but longer routes (a batch split in two crafts, an extra
-inventory check). Defaults match ``RuntimeConfig`` defaults (max depth 2, 10 steps per node).
+Stateless: every turn it re-reads the node's goal and the printed observations, never the recipe graph. Three
+routes (:class:`TextCraftExpert`): the plain expert (read the recipes, delegate deep ingredients, craft the rest,
+check, finish), split by sub-goal (``split_targets_min``, the ``tier1x<K>`` delegation shape: one sub-agent per
+target) and recursion (``recurse``, the ``nest<L>`` shape: one sub-agent per craftable ingredient, so the
+execution tree has the shape of the task's crafting tree). Its base materials stay within the task's starting
+inventory (``rao_core.envs.textcraft.tasks``). Defaults match ``RuntimeConfig`` (max depth 2, 10 steps per node).
+Docs: docs/environments/textcraft.md#the-nested-shape-recursion-one-level-deeper.
 """
 
 from __future__ import annotations
@@ -107,7 +72,46 @@ def _parse_info(messages: list[dict[str, Any]]) -> tuple[dict[str, dict], dict[s
 
 
 class TextCraftExpert(Policy):
-    """Scripted TextCraft-Synth oracle (text-only generations). See the module docstring.
+    """Scripted TextCraft-Synth oracle (text-only generations).
+
+    It is stateless: every turn it re-reads the node's goal (``node.goal_args["targets"]``) and the printed
+    observations in ``node.messages``, and only knows what earlier cells printed (``INFO`` lines written by
+    its own ``get_info`` cells). It never looks at the recipe graph. Per node (the plain expert):
+
+    1. print ``get_info`` of the targets, then of their direct ingredients;
+    2. delegate direct ingredients whose crafting depth is >= ``delegate_min_depth`` to sub-agents (when the
+       node is above ``max_depth``; at most ``max_children``, deepest first), concurrently with
+       ``asyncio.gather`` with probability ``parallel_prob``, else one after another;
+    3. craft the rest itself: when the local sub-tree is shallow (<= ``explicit_max_depth``) and small
+       (<= ``max_explicit_crafts`` crafts) it explores it level by level and writes explicit ``craft`` calls
+       with names and counts read from the printed recipes; otherwise it writes a small program (explore with
+       ``get_info`` in a loop, aggregate needs, craft in depth order), as a capable agent would under a
+       8K-token context and a 10-step budget;
+    4. checks the printed counts and calls ``finish``; on an error it runs one programmatic repair cell that
+       reuses intermediates already held (its own partial work).
+
+    Split by sub-goal (``split_targets_min``, the ``tier1x<K>`` delegation shape): a node that may delegate and
+    has at least that many targets reads nothing first; its one cell snapshots the targets' counts, launches one
+    sub-agent per target (``asyncio.gather`` with probability ``parallel_prob``, else a loop awaiting each),
+    prints the children's results (their finish messages, kept in the REPL variable ``results``) and checks the
+    counts; then it finishes (or, if a child failed, crafts what is missing itself once, as in step 4). Its
+    context grows with the number of targets by one line per child.
+
+    Recursion (``recurse``, the ``nest<L>`` nested shape; docs/environments/textcraft.md, "The expert that
+    recurses"): a node that may delegate writes one cell, the same for every node but for its goal: per target
+    it reads the recipe, works out one craft batch's ingredients (``need``), launches one sub-agent per
+    craftable ingredient it does not hold enough of (for the shortfall; no context: the child reads its own
+    recipe), then crafts the target from what the children made and the base materials (the printed
+    ``Crafted N x item`` is its check). Then it finishes, or, if a target's craft did not print (a child
+    failed), crafts the missing targets from scratch once, reusing what it holds. A target made from base
+    materials only launches nobody. Children do the same one level down, so the execution tree has the shape of
+    the task's crafting tree and each node crafts one level. A node at the depth limit, or with delegation off,
+    crafts its whole sub-tree itself (steps 1-4). No sub-optimal variants on this route.
+
+    Needs are aggregated over the node's whole local sub-tree before rounding up to recipe yields, and a node
+    never relies on items it did not craft itself (siblings share the inventory), so its use of base materials
+    stays within the task's starting inventory (see ``rao_core.envs.textcraft.tasks``). With
+    ``suboptimal_prob`` it takes valid but longer routes (a batch split in two crafts, an extra inventory check).
 
     Args:
         seed: seed of the policy's own choices (wording, parallel vs sequential, sub-optimal routes).
@@ -121,9 +125,9 @@ class TextCraftExpert(Policy):
         child_steps: ``num_steps`` requested for each sub-agent.
         wording_variety: vary the reasoning text between equivalent phrasings.
         split_targets_min: a node that may delegate and has at least this many targets launches one
-            sub-agent per target (module docstring); 0 = never.
+            sub-agent per target (split by sub-goal, above); 0 = never.
         recurse: a node that may delegate launches one sub-agent per craftable ingredient of its targets that it
-            does not hold, then crafts its targets (module docstring, "Recursion"); ``delegate_min_depth`` is
+            does not hold, then crafts its targets ("Recursion", above); ``delegate_min_depth`` is
             then not used. Takes precedence over ``split_targets_min``.
     """
 
@@ -304,7 +308,7 @@ class TextCraftExpert(Policy):
 
     def _recurse_turn(self, targets: dict[str, int], assistant_turns: list[str], last_obs: str,
                       rng: random.Random) -> Generation:
-        """One turn of the recursing route (module docstring, "Recursion"): one cell that reads each target's
+        """One turn of the recursing route (:class:`TextCraftExpert`, "Recursion"): one cell that reads each target's
         recipe, launches a sub-agent per craftable ingredient not held and crafts the target; then finish, or
         repair once (craft from scratch the targets whose craft did not print)."""
         done = ", ".join(f"{c} x {i}" for i, c in targets.items())
@@ -345,7 +349,7 @@ class TextCraftExpert(Policy):
 
     def _split_turn(self, targets: dict[str, int], assistant_turns: list[str], last_obs: str,
                     rng: random.Random) -> Generation:
-        """One turn of the split-by-sub-goal route (module docstring): launch, then finish or repair once."""
+        """One turn of the split-by-sub-goal route (:class:`TextCraftExpert`): launch, then finish or repair once."""
         check = ("now = {r['item']: r['held'] for r in get_info(list(goal))}\n"
                  "print('ALL-TARGETS-OK' if all(now[t] - start[t] >= c for t, c in goal.items()) "
                  "else 'STILL-MISSING', now)")

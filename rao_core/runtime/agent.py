@@ -1,45 +1,15 @@
 """The recursive agent loop: grows one execution tree per rollout (spec section 1).
 
-Every node runs the same loop: system prompt + goal, then alternately a policy generation (token in,
-token out), the first ```python cell of it run in the node's own sandboxed REPL, and the cell's output
-(cut to ``observation_max_chars``) as the next user message. A node ends when its code calls
-``finish(result)`` or a finishing tool, or when a limit of ``RuntimeConfig`` hits; every end has an
-``EndReason``. ``await launch_subagent(...)`` in a cell comes back here: the orchestrator validates it
-(``Environment.child_spec``, depth, children count), runs the child node with a fresh context at
-``depth + 1`` concurrently with its siblings, and returns the child's ``finish`` value to the parent REPL.
-
-Departures from the paper / project choices:
-- A child that ends without calling finish makes ``launch_subagent`` raise inside the parent's REPL
-  (``ToolError: sub-agent ended without finishing (max_steps)``) instead of returning None.
-- The per-cell wall-clock limit does not count time spent waiting on sub-agents or tools.
-- When a node ends (any end reason, cancellation included) the runtime calls, synchronously and once,
-  ``env.on_node_end(episode, node)`` and then ``env.verify(episode, node)``, stored in
-  ``node.verifier`` (None when not checkable); both run before the parent's
-  ``launch_subagent`` returns and before the node's REPL is closed, so a cancellation during the REPL
-  teardown cannot skip them. ``timings.wall_s`` therefore excludes the REPL teardown. The runtime never
-  computes rewards.
-
-Tree limits (``tree_timeout_s`` on the clock ``RuntimeConfig.tree_clock`` names; docs/pipeline.md, "Tree limits on
-a busy machine"). What decides a tree's fate is its own work, each part bounded where it happens: turns per node
-(``max_steps_per_node``, ``tree_step_budget``), tokens per turn and per node (``max_new_tokens``,
-``context_window``), children and depth (``max_children_per_node``, ``max_depth``), seconds and CPU seconds per
-cell (``cell_timeout_s``, ``cell_cpu_s``), seconds per generation (``policy_timeout_s``). The tree's limit is the
-last-resort bound on top of them. The paper's authors set theirs far out of the way (rollout ``timeout`` 7200 s,
-docs/algorithm.md): their trees end by their step budget, and the timeout only catches a rollout that hangs. This
-project's 300-600 s wall-clock limit was also a pace-setter, and on a shared machine it measured the server rather
-than the tree: 32 evaluation trees behind a CPU server at load 4-15 each passed 300 s, and 98 of 100 nightly
-trees ended ``tree_timeout`` although none of them did anything wrong. The evaluation therefore counts the tree's
-OWN time (``tree_clock`` ``'own'``, :class:`_TreeClock`): the seconds during which at least one of its nodes is
-working (starting its REPL, running a cell, building its next prompt) and not those during which every working
-node waits on a policy generation (the request gate's queue and the server; a parent waiting on its children waits
-on their work, as ``cell_timeout_s`` does not count a cell's wait on them). Each generation is bounded by
-``policy_timeout_s`` and their number by the step limits, so the tree's wall-clock limit is ``tree_timeout_s`` plus
-the time it waited on the server: a bound that grows with the server's slowness, never below the wall-clock rule
-(the own time never exceeds the wall time: a tree the own clock cuts, the wall-clock would have cut). On an idle machine
-the same trees finish with the same turns; only a tree whose generations alone outlast the limit is no longer cut
-(``policy_timeout_s`` and its step limits end it). A tree cut by its limit is an infrastructure failure
-(``tree_timeout``, unscored), as before. The RL rollouts keep the wall-clock (``'auto'``): their generate stage is
-paced by it on CPU campaigns. ``tree.meta["own_s"]`` records the tree's own time under either clock.
+Every node runs the same loop: system prompt + goal, then alternately a policy generation (token in, token out),
+the first ```python cell of it run in the node's own sandboxed REPL, and the cell's output as the next user
+message, until its code calls ``finish(result)`` or a limit of ``RuntimeConfig`` ends it (an ``EndReason``).
+``await launch_subagent(...)`` runs a child node with a fresh context at ``depth + 1``, concurrently with its
+siblings, and returns the child's ``finish`` value to the parent REPL. A node's end calls ``env.on_node_end`` then
+``env.verify`` once, before the parent resumes (:func:`_end_node`); the runtime never computes rewards.
+Departures from the paper / project choices: a child that ends without calling finish makes ``launch_subagent``
+raise ``ToolError`` in the parent; the per-cell wall-clock limit does not count waits on sub-agents or tools; in
+evaluations the tree's limit counts the tree's own time (:class:`_TreeClock`, ``runtime.tree_clock``).
+Docs: docs/concepts.md#the-execution-tree, docs/pipeline/evaluation.md#tree-limits-on-a-busy-machine.
 """
 
 from __future__ import annotations
@@ -135,11 +105,11 @@ class _Shared:
 
 
 class _TreeClock:
-    """The tree's own time in seconds (module docstring, "Tree limits"): wall-clock seconds during which at least
-    one running node of the tree is working, i.e. has started (``start``), has not ended (``end``) and is not
-    inside ``waiting`` (a policy generation, a call from its REPL to the orchestrator: a sub-agent or a tool).
-    Never more than the tree's wall-clock. Robust to a ``waiting`` block that closes after its node ended (it
-    counts nothing then)."""
+    """The tree's own time in seconds (docs/pipeline/evaluation.md, "Tree limits on a busy machine"): wall-clock
+    seconds during which at least one running node of the tree is working, i.e. has started (``start``), has not
+    ended (``end``) and is not inside ``waiting`` (a policy generation, a call from its REPL to the orchestrator: a
+    sub-agent or a tool). Never more than the tree's wall-clock. Robust to a ``waiting`` block that closes after
+    its node ended (it counts nothing then)."""
 
     def __init__(self) -> None:
         self._waits: dict[str, int] = {}  # running node id -> ``waiting`` blocks open
@@ -353,7 +323,7 @@ class _NodeLoop:
         ctx, node, sent = self.ctx, self.node, self.prompt_ids
         ctx.steps += 1
         try:
-            with ctx.clock.waiting(node.node_id):  # the server's time, not the tree's (module docstring)
+            with ctx.clock.waiting(node.node_id):  # the server's time, not the tree's (_TreeClock)
                 gen, queue_s, gen_s = await _generate(ctx, node, sent)
         except asyncio.TimeoutError:
             raise _NodeEnd(EndReason.POLICY_ERROR, f"policy did not answer within {ctx.config.policy_timeout_s:g} s") \

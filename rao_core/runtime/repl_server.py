@@ -1,25 +1,12 @@
 """The REPL server that runs inside a node's sandbox (standard library only; run as a script).
 
-Protocol: JSON lines. The orchestrator writes to this process's stdin and reads its stdout; right at
-start the server moves those two pipes to private descriptors and points fds 0/1/2 at /dev/null and a
-capped log file, so whatever model code prints (``print``, ``os.write(1, ...)``, subprocesses) is
-captured as cell output and can never corrupt the protocol stream.
-
-Orchestrator -> REPL:
-  {"type": "init", "uid": int|null, "rlimits": {...}, "tools": [{"name", "finishes"}],
-   "delegation": bool, "variables": {...}, "output_cap": int, "echo": bool}
-  {"type": "exec", "code": str, "cpu_s": int}
-  {"type": "limits", "result_max_bytes": int, "result_max_depth": int}  (before init; see _check_json)
-  {"type": "reply", "call_id": int, "ok": bool, "value": any, "error": str}
-REPL -> orchestrator:
-  {"type": "started"} once imports are done; {"type": "ready"} after init (limits set, uid dropped)
-  {"type": "call", "call_id": int, "name": str, "args": [...], "kwargs": {...}}  (tool or launch_subagent)
-  {"type": "finish", "value": any, "via": str}  (finish() or a finishing tool's value)
-  {"type": "done", "status": "ok"|"error"|"memory", "output": str, "truncated_chars": int, "error": str}
-
-Sync tools block the calling thread on a ``threading.Event`` that the reader thread sets, so they work
-inside coroutines even while ``launch_subagent`` futures are pending; ``launch_subagent`` returns an
-awaitable resolved on the event loop via ``call_soon_threadsafe``.
+Protocol: JSON lines (the messages: :func:`main`). The orchestrator writes to this process's stdin and reads its
+stdout; right at start the server moves those two pipes to private descriptors and points fds 0/1/2 at
+/dev/null and a capped log file, so whatever model code prints (``print``, ``os.write(1, ...)``, subprocesses)
+is captured as cell output and can never corrupt the protocol stream. Sync tools block the calling thread on a
+``threading.Event`` that the reader thread sets, so they work inside coroutines even while ``launch_subagent``
+futures are pending; ``launch_subagent`` returns an awaitable resolved on the event loop via
+``call_soon_threadsafe``. Docs: docs/sandbox.md#how-a-repl-is-confined.
 """
 
 import ast
@@ -314,6 +301,23 @@ def _session_niceness() -> None:
 
 
 def main():
+    """Serve the protocol on this process's stdin/stdout until the orchestrator closes it.
+
+    Orchestrator -> REPL::
+
+        {"type": "init", "uid": int|null, "rlimits": {...}, "tools": [{"name", "finishes"}],
+         "delegation": bool, "variables": {...}, "output_cap": int, "echo": bool}
+        {"type": "exec", "code": str, "cpu_s": int}
+        {"type": "limits", "result_max_bytes": int, "result_max_depth": int}  (before init; see _check_json)
+        {"type": "reply", "call_id": int, "ok": bool, "value": any, "error": str}
+
+    REPL -> orchestrator::
+
+        {"type": "started"} once imports are done; {"type": "ready"} after init (limits set, uid dropped)
+        {"type": "call", "call_id": int, "name": str, "args": [...], "kwargs": {...}}  (tool or launch_subagent)
+        {"type": "finish", "value": any, "via": str}  (finish() or a finishing tool's value)
+        {"type": "done", "status": "ok"|"error"|"memory", "output": str, "truncated_chars": int, "error": str}
+    """
     _session_niceness()
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes raise OSError instead of killing
     devnull = os.open(os.devnull, os.O_RDWR)

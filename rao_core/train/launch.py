@@ -1,26 +1,12 @@
 """Run :func:`rao_core.train.train` in its own process, through ``accelerate launch``.
 
-``train_in_subprocess`` writes the trainer config to JSON and runs::
-
-    python -m accelerate.commands.launch [--config_file F | --num_processes 1 ...] --quiet \\
-        -m rao_cli.main train --samples S --model M --out O --config C --iteration I --metrics-out J
-
-the same command that runs FSDP on GPUs (``--config_file configs/accelerate/fsdp.yaml``). When the child
-exits, all its memory is returned to the OS, so the flow process does not keep the trainer's peak before
-vLLM serves the next checkpoint. The child writes one JSON line per optimizer step to ``J``
-(``{"step": {...}}``, read back while it runs and handed to ``on_step``), one ``{"progress": {"done": d,
-"total": t}}`` after each step (handed to ``on_progress`` and drawn as a rich bar here when stdout is a
-terminal: the child's own output goes to its log), ``{"phase": "..."}`` as each phase begins (samples read,
-model loaded, saving: handed to ``on_status`` with the seconds since launch, and when nothing came for
-``heartbeat_s`` seconds a line saying what it is still doing, so a log shows no silent minute) and a last line
-``{"end": {"peak_rss_mb": ...}}`` with its own peak resident memory (``ru_maxrss`` of the main training
-process; under multi-process launches, rank 0's). Its stdout/stderr go to a log file next to the output
-folder. A failure raises :class:`TrainingProcessError` whose one-line message carries the child's own
-``error: ...`` line (``rao``'s CLI prints exactly one) and the last lines of its stderr.
-
-Without ``accelerate_config``, ``--num_cpu_threads_per_process`` is set to the CPUs this process may use:
-``accelerate launch`` would otherwise set ``OMP_NUM_THREADS=1`` on most CPU machines, and the child would
-train on one core where the in-process trainer uses all of them.
+:func:`train_in_subprocess` writes the trainer config to JSON and runs ``accelerate launch ... -m rao_cli.main
+train`` (:func:`launch_command`), the same command that runs FSDP on GPUs (``--config_file
+configs/accelerate/fsdp.yaml``). When the child exits all its memory returns to the OS, so the flow process does
+not keep the trainer's peak before vLLM serves the next checkpoint. The child reports steps, progress, phases and
+its peak RSS as JSON lines read back while it runs; a failure raises :class:`TrainingProcessError` with the
+child's own ``error: ...`` line. :func:`run_training` chooses between this and training in-process.
+Docs: docs/pipeline.md#one-iteration.
 """
 
 from __future__ import annotations
@@ -83,8 +69,15 @@ def _cpu_threads() -> int:
 def launch_command(samples: Path, model_path: Path, out_dir: Path, config_path: Path, metrics_path: Path, *,
                    iteration: int, accelerate_config: str | os.PathLike[str] | None = None,
                    max_staleness: int = 0, cpus: Sequence[int] = ()) -> list[str]:
-    """The ``accelerate launch ... rao train ...`` argv (module docstring); with ``cpus`` (``trainer.cpus``)
-    behind ``taskset -c`` with one torch thread per core."""
+    """The ``accelerate launch ... rao train ...`` argv; with ``cpus`` (``trainer.cpus``) behind ``taskset -c``
+    with one torch thread per core::
+
+        python -m accelerate.commands.launch [--config_file F | --num_processes 1 ...] --quiet \\
+            -m rao_cli.main train --samples S --model M --out O --config C --iteration I --metrics-out J
+
+    Without ``accelerate_config``, ``--num_cpu_threads_per_process`` is set to the CPUs this process may use:
+    ``accelerate launch`` would otherwise set ``OMP_NUM_THREADS=1`` on most CPU machines, and the child would
+    train on one core where the in-process trainer uses all of them."""
     cmd = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     cmd += [sys.executable, "-m", "accelerate.commands.launch"]
     if accelerate_config is not None:
@@ -166,7 +159,16 @@ def train_in_subprocess(
     heartbeat_s: float = 20.0,
     max_staleness: int = 0,
 ) -> SubprocessTrainResult:
-    """Train in a child process (module docstring); same inputs and checkpoint as :func:`rao_core.train.train`.
+    """Train in a child process (:func:`launch_command`); same inputs and checkpoint as :func:`rao_core.train.train`.
+
+    The child writes to the metrics file ``J`` one JSON line per optimizer step (``{"step": {...}}``, read back
+    while it runs and handed to ``on_step``), one ``{"progress": {"done": d, "total": t}}`` after each step
+    (handed to ``on_progress`` and drawn as a rich bar here when stdout is a terminal: the child's own output goes
+    to its log), ``{"phase": "..."}`` as each phase begins (samples read, model loaded, saving: handed to
+    ``on_status`` with the seconds since launch, so a log shows no silent minute) and a last line ``{"end":
+    {"peak_rss_mb": ...}}`` with its own peak resident memory (``ru_maxrss`` of the main training process; under
+    multi-process launches, rank 0's). A failure's one-line message carries the child's own ``error: ...`` line
+    (``rao``'s CLI prints exactly one) and the last lines of its stderr.
 
     Args:
         samples: a samples file (``.jsonl``/``.parquet``) the child reads.

@@ -1,27 +1,13 @@
 """The RAO trainer: one policy update (or SFT warm start) from training samples to a new checkpoint.
 
-``train(samples, model_path, out_dir, config)`` loads an HF checkpoint (full weights, or a LoRA adapter
-to continue), checks every sample before any step, builds length-sorted padded micro-batches, applies
-the token-level loss of :mod:`rao_core.train.loss` (weighted by w_d * A_n, Eqs. 4-5) with gradient
-accumulation and clipping, and saves the result atomically as a folder vLLM loads as is
-(:mod:`rao_core.train.checkpoint`). Its named steps, the loss, the log-probs without full logits, the
-optimizer state carried across iterations and the per-step metrics are described in docs/algorithm.md.
-
-Everything device- and process-related goes through ``accelerate.Accelerator``: the same code runs on
-this CPU in one process and under ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` on
-GPUs. Each process takes every ``num_processes``-th micro-batch; a process short of one gets a filler
-micro-batch with an all-zero loss mask so that all processes run the same number of forwards. Gradient
-accumulation goes through accelerate's accumulation API (``accelerator.accumulate``): gradients are synchronised
-only on a step's last micro-batch, except under FSDP, which reduce-scatters after every micro-batch
-(``sync_each_batch``) instead of keeping a full unsharded gradient per process as its ``no_sync`` does. The
-chunked log-prob path is tested on one CPU process; under FSDP it relies on the LM head's (root)
-parameters staying gathered between forward and backward, which FSDP does for the root unit. On a GPU it has
-run under FSDP with one process only (an H200: torch then uses NO_SHARD, so nothing was sharded;
-docs/benchmarks/trainer.md "Trainer on one GPU"); under FSDP the (sharded) optimizer state is not saved yet.
-
-Departures: no sequence packing (padding only); learning-rate schedule is constant after optional
-linear warm-up (one update per iteration is the common case); samples whose coefficient w_d * A_n is 0
-are not run at all (``skip_zero_advantage``; same update).
+``train(samples, model_path, out_dir, config)`` loads an HF checkpoint (full weights, or a LoRA adapter to
+continue), checks every sample before any step, builds length-sorted padded micro-batches, applies the token-level
+loss of :mod:`rao_core.train.loss` (weighted by w_d * A_n, Eqs. 4-5) with gradient accumulation and clipping, and
+saves the result atomically as a folder vLLM loads as is (:mod:`rao_core.train.checkpoint`). Devices and
+processes go through ``accelerate.Accelerator``: the same code runs on one CPU process and under ``accelerate
+launch`` (FSDP) on GPUs; under FSDP the (sharded) optimizer state is not saved yet. Project choices: no sequence
+packing, a constant learning rate after an optional linear warm-up, samples with w_d * A_n = 0 not run
+(``skip_zero_advantage``; same update). Docs: docs/algorithm.md#the-trainers-steps, docs/benchmarks/trainer.md.
 """
 
 from __future__ import annotations

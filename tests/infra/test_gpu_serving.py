@@ -179,7 +179,7 @@ def test_vllm_sleeps_while_the_trainer_shares_its_gpus(tmp_path, monkeypatch):
     monkeypatch.setattr(VLLMServer, "alive", lambda self: True)
     with _LoraServer() as srv:
         server = VLLMServer(tmp_path, port=int(srv.base_url.split(":")[2].split("/")[0]))
-        monkeypatch.setitem(serve._STATE, "servers", [server])
+        monkeypatch.setattr(serve.POOL, "servers", [server])
         with serve.gpus_released(_ctx(_cfg(GPU1))):
             assert [p for p, _ in srv.posts] == ["/sleep?level=1"]
         assert [p for p, _ in srv.posts] == ["/sleep?level=1", "/wake_up", "/reset_prefix_cache"]

@@ -107,7 +107,7 @@ def _drive(address: str, ckpt_dir: str) -> None:
     ctx = _ctx(f"execution.ray_address={address}", "serving.replicas=1", "execution.cpus_per_replica=1")
     served = serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=ckpt_dir))  # joins (rollouts.connect)
     worker = ray.get(ray.remote(num_cpus=1)(lambda: os.getpid()).remote(), timeout=120)  # a task on a worker
-    replica = serve._STATE["servers"][0]
+    replica = serve.POOL.servers[0]
     print("LOOPBACK " + json.dumps({"driver": os.getpid(), "worker": worker, "replica_pid": replica.pid,
                                     "replica_port": replica.port, "urls": served.urls,
                                     "nodes": [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]}),

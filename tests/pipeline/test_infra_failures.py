@@ -75,7 +75,7 @@ def test_a_generate_stage_whose_server_died_fails_naming_it_and_writes_no_marker
     subprocess.run(["kill", "-9", str(proc.pid)], check=True)
     proc.proc.wait()
     dead = types.SimpleNamespace(process=proc, pid=proc.pid, alive=proc.alive, stop=proc.stop)
-    monkeypatch.setitem(serve._STATE, "servers", [dead])
+    monkeypatch.setattr(serve.POOL, "servers", [dead])
     ctx = _ctx(s3=s3_server.settings().__dict__, tasks={"pool_size": 2, "tasks_per_iteration": 2},
                algo={"G": 2}, runtime={"max_depth": 0, "max_steps_per_node": 2, "context_window": 1024,
                                         "max_new_tokens": 64})
@@ -111,23 +111,23 @@ def test_a_dead_server_below_the_share_is_named_once_the_stage_passes():
                     f"log /rao/logs/vllm-{self.pid}.log")
 
     ctx, what = _ctx(share=0.25), "iteration 2 generate"
-    saved = serve._STATE["servers"]
+    saved = serve.POOL.servers
     try:
-        serve._STATE["servers"] = [Server(False, 4242)]
+        serve.POOL.servers = [Server(False, 4242)]
         assert serve.lost_server_line(ctx, what, {"policy_error": 3, "sandbox_error": 1}) == (
             "iteration 2 generate: 3 trees ended policy_error (under runtime.max_infra_failure_share 25%: the stage "
             "goes on): the vLLM server (pid 4242) exited with status -9 (SIGKILL); log /rao/logs/vllm-4242.log; the "
             "next checkpoint switch (this iteration's evaluation or the next iteration) starts a new one")
         assert serve.lost_server_line(ctx, what, {"sandbox_error": 1}) is None  # not the server's doing
-        serve._STATE["servers"] = [Server(True, 1), Server(False, 2)]
+        serve.POOL.servers = [Server(True, 1), Server(False, 2)]
         line = serve.lost_server_line(ctx, what, {"policy_error": 1})
         assert "1 tree ended" in line and "replica 2/2: the vLLM server (pid 2)" in line and "pid 1" not in line
-        serve._STATE["servers"] = [Server(True, 1)]  # timeouts of a live server: nothing to name
+        serve.POOL.servers = [Server(True, 1)]  # timeouts of a live server: nothing to name
         assert serve.lost_server_line(ctx, what, {"policy_error": 1}) is None
         external = _ctx(serving={"base_url": "http://127.0.0.1:9/v1"})
         assert serve.lost_server_line(external, what, {"policy_error": 1}) is None
     finally:
-        serve._STATE["servers"] = saved
+        serve.POOL.servers = saved
 
 
 @pytest.mark.services
@@ -148,7 +148,7 @@ def test_a_generate_stage_that_passes_below_the_share_warns_with_the_dead_server
     subprocess.run(["kill", "-9", str(proc.pid)], check=True)
     proc.proc.wait()
     dead = types.SimpleNamespace(process=proc, pid=proc.pid, alive=proc.alive, stop=proc.stop)
-    monkeypatch.setitem(serve._STATE, "servers", [dead])
+    monkeypatch.setattr(serve.POOL, "servers", [dead])
     ctx = _ctx(share=1.0, s3=s3_server.settings().__dict__, tasks={"pool_size": 2, "tasks_per_iteration": 2},
                algo={"G": 2}, runtime={"max_depth": 0, "max_steps_per_node": 2, "context_window": 1024,
                                         "max_new_tokens": 64})

@@ -461,7 +461,7 @@ def test_the_switch_reaches_every_replica_before_the_stage_returns(fake_vllm, tm
     assert json.loads((ctx.local("served") / "config.json").read_text()) == {"name": "iter-1"}
     assert serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-1b")).how == "reload"
     def fake(i: int) -> FakeVLLM:  # the fake standing for replica i now (they start in threads: any order)
-        return serve._STATE["servers"][i].process.fake
+        return serve.POOL.servers[i].process.fake
 
     fake(1).kill()  # replica 2 died between iterations
     third = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-2"))
@@ -491,6 +491,46 @@ def test_a_lora_switch_reaches_every_replica_and_each_lists_the_adapter(fake_vll
     out = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-2", lora=True))
     assert out.model == "iter-2" and [(r.how, r.models) for r in out.replicas] == \
         [("lora", ["policy", "iter-1", "iter-2"])] * 2
+
+
+def test_the_pool_object_serves_in_one_call_and_tells_its_ledger_of_each_start_and_stop(fake_vllm, tmp_path):
+    """``infra.serving_pool.ServingPool.serve`` on its own (no Prefect task): the ledger's owners are asked once per
+    switch that starts a server, in the caller's thread; each start is noted from its own thread, each stop too."""
+    import threading
+
+    from infra.serving_pool import ProcessLedger, ServingPool
+
+    class Ledger(ProcessLedger):
+        def __init__(self):
+            self.calls: list[tuple] = []
+
+        def owners(self):
+            self.calls.append(("owners", threading.current_thread() is threading.main_thread()))
+            return ["run-1"]
+
+        def started(self, pid, base_url, owners):
+            self.calls.append(("started", base_url, owners, threading.current_thread().name.startswith("rao-switch")))
+
+        def stopped(self, pid):
+            self.calls.append(("stopped", pid))
+
+    ledger, cfg = Ledger(), _serve_ctx("serving.replicas=2").config
+    pool, work = ServingPool(ledger), tmp_path / "campaign"
+    lines: list[str] = []
+    first = pool.serve(cfg, "iter-0", Path(_ckpt(tmp_path, "iter-0").local), work_dir=work, say=lines.append)
+    assert first.how == "start" and (work / "served" / "config.json").exists()
+    assert ledger.calls[0] == ("owners", True)  # the replicas start in threads of their own, in any order
+    assert sorted(ledger.calls[1:]) == sorted(("started", u, ["run-1"], True) for u in first.urls)
+    ledger.calls.clear()
+    assert pool.serve(cfg, "iter-1", lambda: _ckpt(tmp_path, "iter-1").local, work_dir=work).how == "reload"
+    assert ledger.calls == []  # nothing started: no owners asked
+    pool.servers[1].process.fake.kill()
+    third = pool.serve(cfg, "iter-2", Path(_ckpt(tmp_path, "iter-2").local), work_dir=work)
+    assert third.how == "reload+start" and ledger.calls == [("stopped", None), ("owners", True),
+                                                            ("started", third.urls[1], ["run-1"], True)]
+    ledger.calls.clear()
+    pool.stop()
+    assert ledger.calls == [("stopped", None)] * 2 and pool.servers == [] and pool.served is None
 
 
 def test_an_external_pool_gets_each_adapter_on_every_replica(fakes, tmp_path, monkeypatch):
@@ -646,7 +686,7 @@ def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_swi
         iter0 = Checkpoint(name="iter-0", local=str(TINY))
         served = serve.serve_checkpoint.fn(ctx, iter0)
         assert [r.how for r in served.replicas] == ["start", "start"] and len(set(served.urls)) == 2
-        assert all(isinstance(s, RayReplica) and s.actor is not None for s in serve._STATE["servers"])
+        assert all(isinstance(s, RayReplica) and s.actor is not None for s in serve.POOL.servers)
         before = [scrape(u) for u in served.urls]
         out = generate_trees.fn(ctx, 1, served, str(TINY))
         after = [scrape(u) for u in served.urls]
@@ -669,7 +709,7 @@ def test_two_real_vllm_replicas_serve_a_ray_generate_stage_and_both_take_the_swi
         switched = serve.serve_checkpoint.fn(ctx, trained.checkpoint)
         assert [(r.checkpoint, r.how, r.base_url) for r in switched.replicas] == \
             [("iter-1", "reload", u) for u in served.urls]  # the switch reached both, same processes
-        os.killpg(serve._STATE["servers"][1].pid, signal.SIGKILL)  # replica 2 lost
+        os.killpg(serve.POOL.servers[1].pid, signal.SIGKILL)  # replica 2 lost
         out2 = generate_trees.fn(ctx, 2, switched, str(TINY))
         trees2 = read_trees(fetch(ctx, out2.trees_uri, "iter-2/fetched.jsonl"))
         lost = [t for t in trees2 if t.meta.get("replica") == 1]

@@ -103,7 +103,7 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
 
     ctx = _ctx("execution.cpus_per_replica=1")
     first = serve.serve_checkpoint.fn(ctx, _ckpt(tmp_path, "iter-0"))
-    servers = list(serve._STATE["servers"])
+    servers = list(serve.POOL.servers)
     assert [r.how for r in first.replicas] == ["start", "start"] and len(set(first.urls)) == 2
     assert all(isinstance(s, RayReplica) and s.actor is not None for s in servers)
     node_ip = ray.util.get_node_ip_address()
@@ -132,13 +132,13 @@ def test_replicas_are_ray_actors_that_take_the_switch_and_are_replaced_when_lost
         ray.get(old_actor.alive.remote(), timeout=30)
     assert "the vLLM server (pid" in serve.server_diagnosis(ctx) and "Ray node" in serve.server_diagnosis(ctx)
 
-    lost = serve._STATE["servers"][0]
+    lost = serve.POOL.servers[0]
     group = [lost.pid, _fake_record(ctx, lost.port)["child"]]  # the server and the child in its group
     assert all(_running(p) for p in group)
     ray.kill(lost.actor)  # an actor lost outright (its node's worker killed): its guard stops the server's group
     assert _wait(lambda: not any(_running(p) for p in group), 40)
     assert not lost.alive()
-    groups = [[s.pid, _fake_record(ctx, s.port)["child"]] for s in serve._STATE["servers"][1:]]
+    groups = [[s.pid, _fake_record(ctx, s.port)["child"]] for s in serve.POOL.servers[1:]]
     assert all(_running(p) for g in groups for p in g)  # each server and the child in its process group
     serve.shutdown_server()
     assert _wait(lambda: not any(_running(p) for g in groups for p in g))  # every group stopped by its actor

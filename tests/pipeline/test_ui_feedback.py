@@ -76,10 +76,10 @@ def test_cancellation_hook_stops_the_server_held_by_the_flow_process(tmp_path, m
     from tasks import serve
 
     fake = _FakeServer(pid=4242)
-    monkeypatch.setitem(serve._STATE, "servers", [fake])
-    monkeypatch.setitem(serve._STATE, "served", "iter-1")
+    monkeypatch.setattr(serve.POOL, "servers", [fake])
+    monkeypatch.setattr(serve.POOL, "served", "iter-1")
     assert serve.stop_flow_servers(*_hook_args("run-a")) == [4242]
-    assert fake.stopped == 1 and serve._STATE["servers"] == [] and serve._STATE["served"] is None
+    assert fake.stopped == 1 and serve.POOL.servers == [] and serve.POOL.served is None
     assert serve.stop_flow_servers(*_hook_args("run-a")) == []  # a second call finds nothing to stop
 
 
@@ -100,7 +100,7 @@ def test_hook_in_another_process_stops_the_recorded_server_only(tmp_path, monkey
     other = subprocess.Popen(["sleep", "120"], start_new_session=True)
     reused = subprocess.Popen(["sleep", "120"], start_new_session=True)
     try:
-        monkeypatch.setitem(serve._STATE, "servers", [])  # this process holds no server
+        monkeypatch.setattr(serve.POOL, "servers", [])  # this process holds no server
         assert serve.record_server(ours.pid, base_url="http://x/v1", flow_run_ids=["run-b", "root-1"])
         assert serve.record_server(other.pid, flow_run_ids=["run-c"])
         rec = serve.record_server(reused.pid, flow_run_ids=["run-b"])

@@ -1,22 +1,13 @@
 """Offline generator of Oolong-style D&D transcripts with logged roll and spell events.
 
-Each RL task is a synthetic session in the layout of Oolong-Real (benchmarks spec, section 2): an
-instruction not to guess and to answer in ``\\boxed{}``, a player-to-character mapping, then episodes
-between ``[START OF EPISODE k]`` / ``[END OF EPISODE k]`` markers, each a run of ``Name: utterance``
-lines spoken by the players (by player name, as in CRD3) and the game master. Some lines carry a dice
-roll (``Ada: 17 for perception.``, ``Ada: Natural 20 on the attack!``) or a spell
-(``Bram: I cast Fireball at 4th level.``); the generator logs each one as an event, and questions are
-answered from that log, never from the text. The length target is in approximate tokens
-(``approx_tokens``: words and punctuation marks), so an input can be made several times longer than an
-agent's context window.
-
-Question families: ``singledoc_rolls``, ``singledoc_spells`` (one episode) and ``multidoc_rolls``,
-``multidoc_spells`` (2..6 episodes), with aggregate templates over rolls (counts, per-character counts by
-character name, natural 20s and 1s, sums by roll type, most frequent roller and roll type, percentages)
-and spells (counts, first/last N, cantrips, by level, upcasts, spells of one character), plus
-per-episode variants for multi-episode windows.
-Departures from Oolong-Real: transcripts are synthetic (no CRD3 text); answers are ints, strings or
-comma-separated lists exactly like the real records, so ``score_answer`` applies unchanged.
+Each RL task is a synthetic session in the layout of Oolong-Real (benchmarks spec, section 2): an instruction not
+to guess and to answer in ``\\boxed{}``, a player-to-character mapping, then episodes of ``Name: utterance``
+lines, some carrying a dice roll or a spell that the generator logs as an event; questions (families
+``singledoc_rolls``, ``singledoc_spells``, ``multidoc_rolls``, ``multidoc_spells``) are answered from that log,
+never from the text. The length target is in approximate tokens (``approx_tokens``), so an input can be several
+times an agent's context window. Departures from Oolong-Real: transcripts are synthetic (no CRD3 text); answers
+are ints, strings or comma-separated lists exactly like the real records, so ``score_answer`` applies unchanged.
+Docs: docs/environments.md#oolong-oolong.
 """
 
 from __future__ import annotations

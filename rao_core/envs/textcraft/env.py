@@ -1,34 +1,14 @@
 """TextCraft-Synth environment: REPL tools over one shared inventory, exact verifier for every node.
 
-Tools (benchmarks spec, section 1): ``get_info(items)``, ``craft(ingredients, target)``,
-``view_inventory()``; ``finish(message)`` and ``launch_subagent(targets, num_steps, context="")`` are
-provided by the runtime, this module maps ``launch_subagent``'s arguments to a ``ChildSpec``.
-
-Shared inventory: the ``TextCraftEpisode`` holds ONE inventory for the whole execution tree; a sub-agent
-crafts into it. ``call_tool`` is synchronous and each craft checks and applies its change in one step,
-so sibling nodes interleaving crafts from one asyncio loop always see a consistent inventory.
-
-Verifier (exact, every node): success 1.0 iff the node ended by ``finish`` and, for every target,
-(1) ``count at node end - count at node start >= required`` in the shared inventory, and (2) the node's
-OWN TREE made that many: the net units of the item that the node's own ``craft`` calls and those of its
-descendants (its sub-agents, theirs, ...) added, units produced minus units consumed as ingredients, is
-at least the required count. Every ``craft`` is booked to the crafting node and each of its ancestors
-(``TextCraftEpisode.made``). Start counts are snapshotted by ``on_node_start``, end counts and the
-tree's made counts by ``on_node_end`` into ``node.env_info``; if the runtime never called
-``on_node_end``, ``verify`` falls back to the inventory and the ledger at verification time.
-
-Rule (2) is a departure from the authors' code: ApGa/platoon's ``TextCraftEnv.evaluate`` checks each agent's
-targets against the shared inventory alone (final minus initial counts, docs/algorithm.md), condition (1)
-alone, which has the loophole below. With one shared inventory, (1) alone credits a node with
-what ANY agent crafted during its life: a root that launches idle children and crafts its own targets
-while they run made every idle child "succeed", and so earned the full delegation bonus for nothing
-(``algo.bonus: useful``, rao_core.rewards). With (2) a sibling's, a parent's or another branch's crafts
-never count for a node. A node's descendants' crafts do count: they are work the node obtained by
-delegating, the same credit the root's rule gives the whole tree; a middle node that splits its goal
-among its own sub-agents has solved it, and scoring it 0 would penalise the recursion the method trains.
-For the root, (2) equals (1): every craft of the rollout is booked to the root, and only crafts change
-the inventory, so the root's success (the task solved by anyone in its tree) is unchanged. (1) is kept
-as it was for every node, so (2) only ever turns a former success into a failure.
+Tools (benchmarks spec, section 1): ``get_info(items)``, ``craft(ingredients, target)``, ``view_inventory()``;
+the runtime provides ``finish`` and ``launch_subagent(targets, num_steps, context="")``, whose arguments this
+module maps to a ``ChildSpec``. The :class:`TextCraftEpisode` holds ONE inventory for the whole execution tree;
+each craft checks and applies its change in one synchronous step, so interleaving siblings see a consistent
+inventory. Verifier (exact, every node, :meth:`TextCraftEnv.verify`): the node finished and, for every target,
+(1) its shared-inventory count rose by the required units over the node's life and (2) the node's own tree (its
+crafts and its descendants') made that many. Rule (2) departs from the authors' code (ApGa/platoon
+``TextCraftEnv.evaluate``: (1) alone), which credits idle children with what others crafted.
+Docs: docs/environments/textcraft.md.
 """
 
 from __future__ import annotations
@@ -50,7 +30,7 @@ class TextCraftEpisode(Episode):
     ``parent_of``: node id -> parent node id (None for the root), registered by ``on_node_start`` (and by a
     node's first craft). ``made``: node id -> {item: net units}, the units the crafts of that node and of
     its descendants produced minus those they consumed as ingredients (may be negative); the verifier's
-    rule (2) (module docstring).
+    rule (2) (:meth:`TextCraftEnv.verify`).
     """
 
     inventory: dict[str, int] = Field(default_factory=dict)
@@ -227,7 +207,7 @@ class TextCraftEnv(Environment):
         This verdict covers what a child is ASKED to do; what it DID is the verifier's: a credited child
         earns the bonus only when its own success is 1, and ``verify`` counts only what the child's own tree
         crafted, so children launched on parts of the goal that then idle while the parent crafts earn
-        nothing (module docstring, "Verifier").
+        nothing (:meth:`verify`).
         """
         assert isinstance(episode, TextCraftEpisode)
         own: dict[str, int] = parent.goal_args.get("targets") or {}
@@ -341,14 +321,16 @@ class TextCraftEnv(Environment):
 
     # -- verification and generation -------------------------------------------------------------------
     def verify(self, episode: Episode, node: Node) -> float | None:
-        """Exact success s of any node, 1.0 or 0.0 (module docstring, "Verifier").
+        """Exact success s of any node, 1.0 or 0.0 (docs/environments/textcraft.md, "Verifier").
 
         1.0 iff ``node`` ended by ``finish`` and for every target ``item: required`` (units): (1) its
         shared-inventory count rose by >= required over the node's life (``env_info`` start and end
         counts), and (2) the node's own tree, its crafts and its descendants' crafts, made >= required net
         units of it (``env_info["made_counts"]``); crafts by its parent, siblings or other branches never
-        count (a departure from the authors' final-minus-initial check). Without the end snapshots (the
-        runtime never called ``on_node_end``), today's inventory and ledger are read.
+        count (a departure from the authors' final-minus-initial check). Descendants' crafts do count: they are
+        work the node obtained by delegating, and scoring a middle node that split its goal among its own
+        sub-agents 0 would penalise the recursion the method trains. Without the end snapshots (the runtime never
+        called ``on_node_end``), today's inventory and ledger are read.
 
         Raises:
             ValueError: the node has no targets, or ``on_node_start`` never ran for it (no start counts).

@@ -1,22 +1,12 @@
 """The seeded, tiered synthetic recipe graph of TextCraft-Synth (benchmarks spec, section 1).
 
-Items live in 5 material domains (``m`` metal, ``c`` crystal, ``w`` wood, ``s`` stone, ``e`` essence) and
-tiers 0..12. Tier 0 items are base materials (only obtainable from the starting inventory); every other
-item has exactly one recipe. Cross-domain items (domain ``x``) exist at tiers 10..12 and draw their
-ingredients from every domain. Names are opaque ids (``m3_i5``: domain m, tier 3, item 5).
-
-Rules implemented (spec section 1):
-- ingredients come from the one or two tiers below (the tier just below is more likely), and with
-  probability ``far_prob`` one more from 3 to 4 tiers below;
-- number of near ingredients: 1 at tier 1, 2 at tiers 2..7, 3 at tiers 8..11, 4 at tier 12, plus one
-  extra with probability ``extra_prob``; at most 6 in all;
-- ingredient counts 1..2 at tiers 1..3, else 1;
-- one execution yields 2..4 items at tier 1, 2..3 at tier 2, 1..2 at tiers 3..5, 1 above.
-
-Project choice: every recipe holds at least one ingredient from the tier just below, so an item's
-crafting depth (longest chain of crafts down to base materials) equals its tier. Difficulty is then a
-property of the target's tier. The graph is a pure function of ``(seed, items_per_tier)``; it is built
-once per process and cached (``recipe_graph``).
+Items live in 5 material domains (``m`` metal, ``c`` crystal, ``w`` wood, ``s`` stone, ``e`` essence) and tiers
+0..12, plus cross-domain items (``x``) at tiers 10..12; names are opaque ids (``m3_i5``: domain m, tier 3, item
+5). Tier 0 items are base materials; every other item has exactly one recipe, drawn by the spec's rules
+(ingredients from the tiers below, their number and counts, the yields by tier). Project choice: every recipe
+holds at least one ingredient from the tier just below, so an item's crafting depth equals its tier and
+difficulty is a property of the target's tier. The graph is a pure function of ``(seed, items_per_tier)``,
+built once per process and cached (:func:`recipe_graph`). Docs: docs/environments/textcraft.md.
 """
 
 from __future__ import annotations

@@ -1,44 +1,16 @@
 """TextCraft-Synth RL task generation: targets, starting inventory, gold crafting plan, split.
 
-A task (``Task.data``) stores:
-- ``targets``: {item: count} to craft; ``depth``: the largest target tier; ``difficulty``;
-- ``inventory``: the starting inventory (base materials only);
-- ``gold_plan``: the gold crafting plan, a list of ``{"item", "executions", "total", "ingredients"}`` in
-  crafting order (one batched craft per distinct intermediate, lowest tier first); replaying it with
-  ``craft(ingredients, (item, total))`` solves the task;
-- ``graph``: ``{"seed", "items_per_tier", "version"}``, enough to rebuild the recipe graph.
-
-Starting inventory (project choice, following the reference generator): the base materials needed by
-the *fully expanded* crafting tree, where every unit of every intermediate is crafted by its own
-recipe execution (yields ignored), plus a 0..50% buffer per base item and 1..3 distractor base items.
-This is an upper bound on what any plan uses that never crafts more executions than the units it needs,
-so every sensible decomposition into sub-agents (each crafting its own intermediates, with their own
-rounding to recipe yields) is feasible from the shared inventory, not only the gold plan.
-
-Difficulties: the paper's four levels by target crafting depth (``easy`` 2-3, ``medium`` 4-6, ``hard``
-7-9, ``extreme`` 10-12), plus ``tier1``, a CPU-scale shape that is NOT in the paper (project addition,
-docs/environments.md): one or two targets of tier 1, each crafted straight from base materials by one
-recipe. It exists so that a 135M policy on a 2-core CPU succeeds some of the time after its warm start,
-which the paper's levels do not allow (docs/results.md); ids stay opaque and the verifier exact.
-``tier1x<K>`` (K = 2..12; e.g. ``tier1x3``, ``tier1x6``) is the CPU-scale *delegation* shape, also NOT in
-the paper (project addition, docs/environments.md): exactly K distinct tier-1 targets, each a
-``tier1``-sized sub-goal (one recipe from base materials, 1-3 units). The sub-goals are independent, so
-one sub-agent per target solves the root; with the experiment's small context window one node that
-crafts all K itself runs out of the window (measured in docs/environments.md, "The tier1xK shape").
-``nest<L>`` (``nest1``, ``nest2``) is the CPU-scale *nested* shape, also NOT in the paper (project addition,
-docs/environments.md "The nested shape"): one target of tier L+1 whose craftable ingredients are
-exactly ``NEST_BRANCHING`` (2) items, each a ``nest<L-1>`` sub-goal, where a ``nest0`` item is a tier-1 item
-(one recipe from base materials). So ``nest1`` is a tier-2 target made from two tier-1 items (and base
-materials): ``tier1x2`` with the parent's own craft on top; ``nest2`` is a tier-3 target made from two
-``nest1`` items. The craftable items of a target's sub-tree are all distinct (a tree, not a DAG: sibling
-sub-agents never need the same intermediate), so a tree that gives each craftable ingredient to its own
-sub-agent mirrors the task: depth L, 2^(L+1) - 1 nodes, every node crafting one item from what its children
-made. The default graph (seed 0, 25 items per tier) has 85 ``nest1`` items (71 train, 14 held out) and 36
-``nest2`` items (28 train, 8 held out); deeper levels have none (``nest_items``).
-``"mixed"`` cycles through the paper's four levels only.
-
-Split: per tier, a seeded 20% of the items (``VALIDATION_FRACTION``) are validation-only targets; train
-tasks never target them (they may still appear as intermediates).
+A task's ``Task.data``: ``targets`` {item: count}, ``depth``, ``difficulty``, ``inventory`` (base materials only),
+``gold_plan`` (one batched craft per distinct intermediate, lowest tier first; replaying it with
+``craft(ingredients, (item, total))`` solves the task) and ``graph`` (enough to rebuild the recipe graph).
+Difficulties: the paper's four levels by target crafting depth (``easy`` 2-3, ``medium`` 4-6, ``hard`` 7-9,
+``extreme`` 10-12; ``"mixed"`` cycles through them) and three CPU-scale shapes NOT in the paper (project
+additions): ``tier1`` (one or two tier-1 targets), ``tier1x<K>`` (K distinct tier-1 targets: a delegation shape)
+and ``nest<L>`` (a tier-(L+1) target made from ``NEST_BRANCHING`` ``nest<L-1>`` sub-goals: :func:`nest_items`).
+Project choice, following the reference generator: the starting inventory covers the *fully expanded* crafting
+tree (yields ignored) plus a buffer and distractors, so every sensible split into sub-agents is feasible. Split:
+per tier, a seeded ``VALIDATION_FRACTION`` of the items are validation-only targets.
+Docs: docs/environments/textcraft.md (tasks, "The tier1xK shape", "The nested shape").
 """
 
 from __future__ import annotations
@@ -53,8 +25,8 @@ from rao_core.envs.textcraft.graph import GRAPH_VERSION, MAX_TIER, RecipeGraph, 
 
 PAPER_DIFFICULTIES: dict[str, tuple[int, int]] = {"easy": (2, 3), "medium": (4, 6), "hard": (7, 9),
                                                   "extreme": (10, 12)}
-#: difficulty -> (lowest, highest) target tier; ``tier1`` is the CPU-scale shape (module docstring).
-#: ``tier1x<K>``: exactly K distinct tier-1 targets (module docstring), K in ``MULTI_TARGET_RANGE``.
+#: difficulty -> (lowest, highest) target tier; ``tier1`` is the CPU-scale shape (docs/environments/textcraft.md).
+#: ``tier1x<K>``: exactly K distinct tier-1 targets, K in ``MULTI_TARGET_RANGE``.
 MULTI_TARGET_RANGE = range(2, 13)
 MULTI_TARGET: dict[str, int] = {f"tier1x{k}": k for k in MULTI_TARGET_RANGE}
 #: ``nest<L>``: one target of tier L+1 whose craftable ingredients are ``NEST_BRANCHING`` ``nest<L-1>`` sub-goals.
@@ -164,7 +136,8 @@ _NEST: dict[tuple[int, int, int], list[str]] = {}
 
 
 def nest_items(graph: RecipeGraph, level: int) -> list[str]:
-    """Items that are ``nest<level>`` targets (module docstring), sorted; ``level`` 0 = every tier-1 item.
+    """Items that are ``nest<level>`` targets, sorted; ``level`` 0 = every tier-1 item (docs/environments/textcraft.md,
+    "The nested shape").
 
     A ``nest<L>`` item (L >= 1) has tier L+1, exactly ``NEST_BRANCHING`` craftable ingredients, each a
     ``nest<L-1>`` item, and no craftable item twice in its sub-tree.
@@ -212,7 +185,7 @@ def generate_textcraft_tasks(
         n: number of tasks (>= 1).
         seed: task sampling seed.
         difficulty: "easy" | "medium" | "hard" | "extreme", None / "mixed" to cycle through those four, or
-            "tier1", "tier1x<K>" or "nest1" / "nest2" (CPU-scale shapes, module docstring).
+            "tier1", "tier1x<K>" or "nest1" / "nest2" (CPU-scale shapes, docs/environments/textcraft.md).
         split: "train" or "validation" ("test" is treated as "validation": held-out targets).
         graph_seed: seed of the recipe graph (shared by train and validation tasks; keep it fixed).
         items_per_tier: items per domain and tier of the recipe graph, in

@@ -1,0 +1,427 @@
+"""The policy server pool as one object: serve a checkpoint under a campaign config, get its endpoints back.
+
+:meth:`ServingPool.serve` is the one call; :func:`plan_switch` is its decision (external servers, local processes
+or Ray replicas; a start, a LoRA load, a reload or a restart per replica; each replica's Ray resources).
+Docs: docs/pipeline/ray.md ("A pool of policy servers").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from infra.process import ServiceError
+from infra.ray_rollouts import connect
+from infra.ray_serving import RayReplica, check_placement
+from infra.serving import has_cuda_gpu, load_lora_adapter, process_state, served_models, server_from_config
+from infra.stage_records import ServedEndpoint, ServedReplica
+from rao_core.config import CampaignConfig, external_switch_problem
+from rao_core.train.checkpoint import is_lora_checkpoint
+
+#: Which servers serve the policy: ``external`` (``serving.base_url(s)``, nothing started), ``local`` (processes of
+#: the flow on its machine) or ``ray`` (Ray actors, ``infra/ray_serving.py``).
+ServerKind = Literal["external", "local", "ray"]
+#: The jobs of a replica that start its server.
+STARTS = ("start", "start+lora", "restart")
+
+
+def server_kind(cfg: CampaignConfig) -> ServerKind:
+    """Which servers serve ``cfg``'s policy: ``external`` when ``serving.base_url`` or ``serving.base_urls`` is set,
+    ``ray`` with ``execution.backend: ray`` and ``execution.ray_replicas``, else ``local``."""
+    if cfg.serving.external_urls:
+        return "external"
+    ex = cfg.execution
+    return "ray" if ex.backend == "ray" and ex.ray_replicas else "local"
+
+
+def needs_checkpoint_files(cfg: CampaignConfig) -> bool:
+    """Whether a switch under ``cfg`` reads the checkpoint's files: always for servers of the pool's own; for
+    external servers only with ``serving.switch: lora`` (an adapter goes through their API; full weights never)."""
+    return server_kind(cfg) != "external" or cfg.serving.switch == "lora"
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What :func:`plan_switch` needs of the pool: whether each replica's server still runs (empty: none started,
+    or every one died), the checkpoint it serves and the LoRA adapter loaded (None: the served folder's model)."""
+
+    alive: tuple[bool, ...] = ()
+    served: str | None = None
+    lora: str | None = None
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    """How the pool comes to serve a checkpoint (:func:`plan_switch`).
+
+    Attributes:
+        kind: the servers (:data:`ServerKind`).
+        jobs: per replica, what it does: ``start``, ``start+lora`` (then the adapter loaded), ``same`` (it serves
+            the checkpoint already), ``lora`` (adapter hot-loaded), ``reload`` (the served folder's weights reloaded
+            in place), ``restart`` (stopped, started again on the served folder), ``external``, ``external-lora``
+            (adapter loaded through the server's ``/v1/load_lora_adapter``).
+        adapter: the LoRA adapter the replicas serve afterwards (named as the checkpoint); None: the folder's model.
+        weights: the served folder first: ``""`` left alone; ``"fresh"`` emptied, then the checkpoint's weights (a
+            LoRA checkpoint: its base model's) copied in; ``"over"`` the checkpoint's files copied over it.
+        replace: replicas of a running pool found dead: each gets a new server (a new process, a new port).
+        num_cpus / num_gpus: the Ray resources each replica's actor asks for (kind ``ray``).
+    """
+
+    kind: ServerKind
+    jobs: tuple[str, ...]
+    adapter: str | None = None
+    weights: Literal["", "fresh", "over"] = ""
+    replace: tuple[int, ...] = ()
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+
+    @property
+    def starts(self) -> bool:
+        """Whether any replica's server starts (a new pool, a replaced replica, a restart)."""
+        return any(j in STARTS for j in self.jobs)
+
+
+def plan_switch(cfg: CampaignConfig, name: str, lora: bool, pool: PoolView = PoolView(), *,
+                cluster_gpus: bool = False) -> SwitchPlan:
+    """The switch of the pool to checkpoint ``name`` (``lora``: a LoRA adapter, else full weights) under ``cfg``.
+
+    External servers (``serving.base_url(s)``): with ``serving.switch: lora`` a LoRA checkpoint's adapter is
+    loaded on each (``external-lora``); otherwise they keep their weights (``external``), which they may only for
+    the checkpoint they already serve (``pool.served``, None: this one) unless ``serving.switch`` is ``none``.
+    Servers of the pool's own (``serving.replicas``; Ray actors with ``execution.backend: ray``, which ask for
+    ``execution.cpus_per_replica`` CPUs and, when ``cluster_gpus``, tensor x data parallel GPUs each): a pool
+    with no live replica starts on the checkpoint (a LoRA checkpoint: on its base model, then the adapter); a
+    running one keeps a checkpoint it serves (``same``), else switches by ``serving.switch``: ``lora`` loads a
+    LoRA checkpoint's adapter, ``reload`` copies the weights over the served folder and reloads them, anything
+    else (``restart``, or ``lora`` with full weights) restarts every replica on the copied folder. A dead
+    replica of a running pool is started again on the served folder (with the adapter served).
+
+    Raises ServiceError when external servers would need full weights (``rao_core.config.external_switch_problem``:
+    refused at config load, met here when the URL came from ``RAO_POLICY_BASE_URL``)."""
+    s, kind = cfg.serving, server_kind(cfg)
+    if kind == "external":
+        n = len(s.external_urls)
+        if s.switch == "lora" and lora:
+            return SwitchPlan(kind, ("external-lora",) * n, adapter=name)
+        if s.switch not in ("lora", "none") and name != (pool.served or name):
+            raise ServiceError(external_switch_problem(cfg.model_copy(update={"iterations": 1})))
+        return SwitchPlan(kind, ("external",) * n)
+    k = s.tensor_parallel_size * s.data_parallel_size
+    res = {"num_cpus": cfg.execution.cpus_per_replica, "num_gpus": k if cluster_gpus else 0} if kind == "ray" else {}
+    if not any(pool.alive):  # a new pool
+        return SwitchPlan(kind, ("start+lora" if lora else "start",) * s.replicas, adapter=name if lora else None,
+                          weights="fresh", **res)
+    weights: Literal["", "fresh", "over"] = ""
+    if pool.served == name:
+        how, adapter = "same", pool.lora
+    elif s.switch == "lora" and lora:
+        how, adapter = "lora", name
+    elif s.switch == "reload":
+        how, adapter, weights = "reload", None, "over"
+    else:
+        how, adapter, weights = "restart", None, "over"
+    jobs = tuple(how if up else ("start+lora" if adapter else "start") for up in pool.alive)
+    return SwitchPlan(kind, jobs, adapter=adapter, weights=weights,
+                      replace=tuple(i for i, up in enumerate(pool.alive) if not up), **res)
+
+
+class ProcessLedger:
+    """Where a :class:`ServingPool` notes the server processes it starts on this machine and stops the ordinary
+    way, so that another process can stop them (the Prefect task's records: ``tasks.serve``). Notes nothing."""
+
+    def owners(self) -> Any:
+        """Called once, in the caller's thread, before a switch starts a server; passed on to :meth:`started`."""
+        return None
+
+    def started(self, pid: int | None, base_url: str, owners: Any) -> None:
+        """Server ``pid`` (at ``base_url``) of this machine started; called in the start's own thread."""
+
+    def stopped(self, pid: int | None) -> None:
+        """Server ``pid`` was stopped (None: not a process of this machine)."""
+
+
+def lora_base(adapter: Path) -> Path:
+    """The base model folder of a LoRA checkpoint (``base_model_name_or_path`` of its adapter_config.json).
+    Raises FileNotFoundError when that folder has no config.json."""
+    base = Path(json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or "")
+    if not (base / "config.json").exists():
+        raise FileNotFoundError(f"LoRA checkpoint {adapter}: its base model {base} has no config.json")
+    return base
+
+
+def copy_weights(src: Path, dst: Path) -> None:
+    """Copy checkpoint files into the served folder, each file replaced atomically."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for p in src.iterdir():
+        if p.is_file():
+            tmp = dst / f".{p.name}.tmp"
+            shutil.copy2(p, tmp)
+            tmp.replace(dst / p.name)
+
+
+def _where(server: Any) -> str:
+    """A replica for a message: its URL once it has a port, else ``not started``."""
+    return server.base_url if getattr(server, "port", 0) else "not started"
+
+
+def _diagnose(server: Any) -> str:
+    """``the vLLM server (pid P) exited with status -9 (SIGKILL); log F`` or ``... still runs ...``; a replica
+    placed by Ray asks its actor (``infra.ray_serving.RayReplica.diagnosis``)."""
+    return server.diagnosis() if hasattr(server, "diagnosis") else process_state(server)
+
+
+class ServingPool:
+    """The policy servers of one flow's process: ``serving.replicas`` vLLM servers (1 by default) started and
+    re-pointed at each checkpoint, or the external servers of ``serving.base_url(s)``.
+
+    Every replica serves one folder, ``<work_dir>/served``. Switches (``serving.switch``): ``reload`` copies the
+    new weight files over it once and reloads them in every replica in place (dev-mode ``reload_weights``, no
+    restart); ``restart`` restarts every replica; ``lora`` hot-loads the adapter under a new name. The replicas
+    switch at the same time (a thread each); :meth:`serve` returns once each lists the new model or adapter on
+    ``GET /v1/models`` and fails naming those that did not. A replica that died (found at the next switch) is
+    started again; during a stage the rollouts' ``rao_core.policies.pool.PolicyPool`` takes an unreachable replica
+    out. The replicas are processes of the flow on its machine, or, with ``execution.backend: ray``
+    (``execution.ray_replicas``), Ray actors placed where the resources are (``infra/ray_serving.py``).
+
+    Args:
+        ledger: notes the processes started and stopped on this machine (default: nothing noted).
+
+    Attributes:
+        servers: the replicas' servers, in replica order (empty: none started).
+        served: the checkpoint the pool serves (external servers: the one they served first).
+        lora: the LoRA adapter loaded (None: the served folder's model).
+    """
+
+    def __init__(self, ledger: ProcessLedger | None = None) -> None:
+        self.ledger = ledger or ProcessLedger()
+        self.servers: list[Any] = []
+        self.served: str | None = None
+        self.lora: str | None = None
+        self._lock = threading.Lock()
+
+    def serve(self, config: CampaignConfig, name: str, folder: Path | Callable[[], Path], *, work_dir: Path,
+              say: Callable[[str], None] | None = None) -> ServedEndpoint:
+        """Serve checkpoint ``name`` under ``config``: start or re-point the pool (:func:`plan_switch`).
+
+        Args:
+            config: the campaign config (``serving``, ``execution``, ``gpus``, ``trainer.lora``).
+            name: the checkpoint's name (a LoRA adapter is served under it).
+            folder: the checkpoint's local folder, or a function returning it, called once and only when the switch
+                reads the files (:func:`needs_checkpoint_files`).
+            work_dir: the campaign's local folder: the served copy goes to ``served``, the server logs to ``logs``.
+            say: where a start's progress lines go (its phases and a heartbeat, ``replica i/N: `` first in a pool).
+
+        Returns:
+            The endpoints (:class:`infra.stage_records.ServedEndpoint`: every replica's URL and report).
+
+        Raises:
+            ServiceError: a replica could not be started or switched (one line naming each; the replicas that did
+                switch keep running), the Ray cluster cannot hold the replicas, or external servers would need
+                full weights.
+        """
+        if server_kind(config) == "external":
+            return self._serve_external(config, name, folder)
+        with self._lock:
+            return self._switch(config, name, folder, work_dir, say or (lambda line: None))
+
+    def _serve_external(self, config: CampaignConfig, name: str, folder: Path | Callable[[], Path]) -> ServedEndpoint:
+        """The external servers take the switch: each gets a LoRA adapter through its API before this returns."""
+        cfg = config.serving
+        urls = cfg.external_urls
+        t0 = time.monotonic()
+        with self._lock:
+            self.served = self.served or name  # the checkpoint the servers already serve
+            src = _local(folder) if needs_checkpoint_files(config) else None
+            plan = plan_switch(config, name, src is not None and is_lora_checkpoint(src), PoolView(served=self.served))
+            if plan.adapter:
+                failed = []
+                for i, url in enumerate(urls):
+                    try:
+                        load_lora_adapter(url, name, src.resolve())
+                    except ServiceError as e:
+                        failed.append(f"replica {i + 1}/{len(urls)}: {e}" if len(urls) > 1 else str(e))
+                if failed:
+                    raise ServiceError("; ".join(failed))
+        how, model = plan.jobs[0], plan.adapter or cfg.served_model_name
+        dt = round(time.monotonic() - t0, 3)
+        return ServedEndpoint(base_url=urls[0], base_urls=list(urls) if len(urls) > 1 else [], model=model,
+                              switch_s=dt, how=how, seeded=cfg.request_seeds is not False,
+                              replicas=[ServedReplica(index=i, base_url=u, checkpoint=name, how=how)
+                                        for i, u in enumerate(urls)] if len(urls) > 1 else [])
+
+    def _drop(self, server: Any) -> None:
+        """Stop what is left of a replica's server (its process group, a Ray actor) and forget its record."""
+        server.stop()
+        self.ledger.stopped(server.pid)
+
+    def _switch(self, config: CampaignConfig, name: str, folder: Path | Callable[[], Path], work_dir: Path,
+                say: Callable[[str], None]) -> ServedEndpoint:
+        """The switch of every replica of the pool's own to ``name`` (the caller holds the lock)."""
+        cfg, ex = config.serving, config.execution
+        t0 = time.monotonic()
+        src = _local(folder)
+        lora = is_lora_checkpoint(src)
+        served_dir, log_dir = work_dir / "served", work_dir / "logs"
+        served_dir.parent.mkdir(parents=True, exist_ok=True)
+        alive = tuple(s.alive() for s in self.servers)
+        if self.servers and not any(alive):  # all died (killed, crashed): a fresh pool
+            for s in self.servers:
+                self._drop(s)
+            self.servers, self.served, self.lora = [], None, None
+            alive = ()
+        kind = server_kind(config)
+        on_gpu = None  # None: the replicas start here, on GPUs if this host has one (infra.serving.has_cuda_gpu)
+        if kind == "ray":
+            on_gpu = connect(ex.ray_address).get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own
+        plan = plan_switch(config, name, lora, PoolView(alive, self.served, self.lora), cluster_gpus=bool(on_gpu))
+        if kind == "ray":
+            check_placement(cfg.replicas, plan.num_cpus, plan.num_gpus, ex.cpus_per_shard)
+
+        def new(i: int) -> Any:
+            if kind == "local":
+                return server_from_config(config, served_dir, log_dir=log_dir, replica=i)
+            server = server_from_config(config, served_dir, log_dir=log_dir, replica=i, on_gpu=on_gpu)
+            return RayReplica.of(server, index=i, num_cpus=plan.num_cpus, num_gpus=plan.num_gpus)
+
+        if plan.weights == "fresh":  # a new pool
+            if served_dir.exists():
+                shutil.rmtree(served_dir)
+            copy_weights(lora_base(src) if lora else src, served_dir)
+            self.servers = [new(i) for i in range(len(plan.jobs))]
+            self.lora = None  # before they start: stop() stops whatever did
+        else:
+            for i in plan.replace:  # a lost replica: a new process
+                self._drop(self.servers[i])
+                self.servers[i] = new(i)
+            for i, job in enumerate(plan.jobs):
+                if job == "restart":
+                    self._drop(self.servers[i])
+            if plan.weights == "over":
+                copy_weights(src, served_dir)
+        servers, adapter = self.servers, plan.adapter
+        owners = self.ledger.owners() if plan.starts else None  # here: the starts run in threads of their own
+
+        def run(i: int) -> ServedReplica:
+            server, job, t = servers[i], plan.jobs[i], time.monotonic()
+            if job in STARTS:
+                n = len(servers)
+                server.on_progress = say if n == 1 else (lambda line: say(f"replica {i + 1}/{n}: {line}"))
+                server.start()
+                if not getattr(server, "placed_by_ray", False):  # an actor's server: the actor's guard stops it
+                    self.ledger.started(server.pid, server.base_url, owners)
+            if job == "reload":
+                server.reload_weights()
+            if job in ("start+lora", "lora"):
+                server.load_lora(adapter, src)
+            models = served_models(server.base_url)
+            want = adapter or server.model
+            if want not in models:
+                raise ServiceError(f"serves {models}, not {want!r}")
+            return ServedReplica(index=i, base_url=server.base_url, checkpoint=name, how=job,
+                                 switch_s=round(time.monotonic() - t, 3), pid=server.pid, models=models)
+
+        reports, failed = [], []
+        with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="rao-switch") as pool:
+            futures = [pool.submit(run, i) for i in range(len(servers))]
+            for i, f in enumerate(futures):
+                try:
+                    reports.append(f.result())
+                except Exception as e:  # noqa: BLE001 - every replica's failure is named
+                    failed.append(f"replica {i + 1}/{len(servers)} ({_where(servers[i])}): {type(e).__name__}: "
+                                  + " ".join(str(e).split())[:300])
+        if failed:
+            self.served = None  # a retry switches every replica again
+            raise ServiceError(f"checkpoint {name} did not reach every policy server replica: " + "; ".join(failed))
+        self.served, self.lora = name, adapter
+        hows = sorted({r.how for r in reports})
+        started = [servers[r.index].start_phases for r in reports if r.how in STARTS]
+        seeded = cfg.request_seeds if cfg.request_seeds is not None else bool(has_cuda_gpu() if on_gpu is None
+                                                                              else on_gpu)
+        return ServedEndpoint(base_url=reports[0].base_url, base_urls=[r.base_url for r in reports],
+                              model=adapter or servers[0].model, switch_s=round(time.monotonic() - t0, 3),
+                              how="+".join(hows), replicas=reports, start_phases=dict(started[0]) if started else {},
+                              seeded=seeded)
+
+    def stop(self) -> None:
+        """Stop every replica's server, if any (and drop their records); the pool is then empty."""
+        with self._lock:
+            for server in self.servers:
+                pid = None if getattr(server, "placed_by_ray", False) else server.pid  # a record is of this machine
+                server.stop()
+                self.ledger.stopped(pid)
+            self.servers, self.served, self.lora = [], None, None
+
+    @contextlib.contextmanager
+    def gpus_released(self, config: CampaignConfig) -> Iterator[None]:
+        """While the body runs (the trainer), every live replica sleeps when ``gpus.sleep_while_training`` (level
+        1: weights to CPU memory, KV cache freed); they wake afterwards, also on failure."""
+        servers = [s for s in self.servers if s.alive()]
+        if not config.gpus.sleep_while_training or not servers:
+            yield
+            return
+        asleep = []
+        try:
+            for server in servers:
+                server.sleep(level=1)
+                asleep.append(server)
+            yield
+        finally:
+            for server in asleep:
+                server.wake_up()
+
+    def diagnosis(self, config: CampaignConfig) -> str:
+        """What is known of the policy server(s), for an error line: ``the vLLM server (pid P) exited with status
+        -9 (SIGKILL); log F``, ``the vLLM server (pid P) still runs; log F``, ``the external policy server URL``
+        (``serving.base_url``; ``base_urls``: every URL), or that none was started; for a pool of replicas, one
+        such part per replica (``replica 2/2: ...``). Never raises."""
+        try:
+            s = config.serving
+            if s.external_urls:
+                if s.base_urls:
+                    return f"the external policy servers {', '.join(s.base_urls)} (serving.base_urls)"
+                return f"the external policy server {s.base_url} (serving.base_url)"
+            servers = self.servers
+            if not servers or all(getattr(x, "process", None) is None and not getattr(x, "placed_by_ray", False)
+                                  for x in servers):
+                return "no vLLM server was started by this process"
+            if len(servers) == 1:
+                return _diagnose(servers[0])
+            return "; ".join(f"replica {i + 1}/{len(servers)}: {_diagnose(x)}" for i, x in enumerate(servers))
+        except Exception as e:  # noqa: BLE001 - a diagnosis never hides the failure it explains
+            return f"the policy server's state is unknown ({type(e).__name__}: {e})"
+
+    def lost_server_line(self, config: CampaignConfig, what: str, infra: dict[str, int]) -> str | None:
+        """The warning of stage ``what`` that passed although some of its trees ended ``policy_error`` (``infra``:
+        trees per infrastructure failure) because a replica of this pool died: ``what: N trees ended policy_error
+        (under runtime.max_infra_failure_share 25%: the stage goes on): <diagnosis>; the next checkpoint switch
+        (...) starts a new one``, a part per dead replica. None when no tree ended ``policy_error`` or every
+        server still runs (external servers: not ours to name). Never raises."""
+        try:
+            n = infra.get("policy_error", 0)
+            servers = [] if config.serving.external_urls else list(self.servers)
+            if not n or not servers:
+                return None
+            dead = [(i, x) for i, x in enumerate(servers) if not x.alive()]
+            if not dead:
+                return None
+            parts = [_diagnose(x) if len(servers) == 1 else f"replica {i + 1}/{len(servers)}: {_diagnose(x)}"
+                     for i, x in dead]
+            limit = config.runtime.max_infra_failure_share
+            return (f"{what}: {n} tree{'s' * (n != 1)} ended policy_error (under runtime.max_infra_failure_share "
+                    f"{limit:.0%}: the stage goes on): {'; '.join(parts)}; the next checkpoint switch (this "
+                    f"iteration's evaluation or the next iteration) starts a new one")
+        except Exception:  # noqa: BLE001 - a warning never fails the stage it describes
+            return None
+
+
+def _local(folder: Path | Callable[[], Path]) -> Path:
+    """The checkpoint's folder: ``folder``, or what it returns when it is a function."""
+    return Path(folder() if callable(folder) else folder)
