@@ -405,7 +405,7 @@ def build_plan(cfg: CampaignConfig, gpus: int, gpu_mem_gib: float, *, config_nam
             label = "vLLM server   " if s.replicas == 1 else f"vLLM replica {i + 1}"
             plan.placement.append(f"{label} GPUs {_ranges(gpus_i) or '-'}: tensor parallel "
                                   f"{s.tensor_parallel_size} x data parallel {s.data_parallel_size}")
-            # the campaign serves a copy of the checkpoint (tasks/serve.py: $RAO_HOME/campaigns/NAME/served)
+            # the campaign serves a copy of the checkpoint (infra/serving_pool.py: $RAO_HOME/campaigns/NAME/served)
             srv = server_from_config(cfg, rao_home() / "campaigns" / cfg.name / "served", on_gpu=True, replica=i)
             srv.port = 8000 + i  # a free port is picked at start
             if cfg.execution.backend == "ray" and cfg.execution.ray_replicas:

@@ -115,7 +115,7 @@ class ServingSettings(_Strict):
     base_urls: list[str] = Field(default_factory=list, description="A pool of external OpenAI-compatible servers "
                                  "serving the same weights (nothing is started), e.g. ['http://h1:8000/v1', "
                                  "'http://h2:8000/v1']: each tree is pinned to one of them for its whole life, "
-                                 "trees are spread by load (tasks/serve.py); LoRA adapters go to every one of them. "
+                                 "trees are spread by load (rao_core/policies/pool.py); LoRA adapters go to every one of them. "
                                  "Not with base_url (use one or the other) nor with replicas > 1.")
     replicas: int = Field(1, ge=1, description="vLLM servers the serve stage starts (a pool of replicas of the "
                           "same checkpoint), each on its own port with its share of gpus.serve "
@@ -610,7 +610,7 @@ def external_switch_problem(cfg: CampaignConfig) -> str | None:
     or None when it can: weights reach it only as LoRA adapters (``POST /v1/load_lora_adapter``) of the
     weights it serves, or never (switch 'none'). Checked by :func:`load_config`, not by the model validator:
     an evaluation-only use of a campaign config (``RAO_POLICY_BASE_URL`` for the nightly evaluation) is fine;
-    ``tasks.serve`` refuses the first full-weight switch to an external server at run time."""
+    :func:`infra.serving_pool.plan_switch` refuses the first full-weight switch to an external server at run time."""
     s = cfg.serving
     if not s.external_urls or cfg.iterations == 0:
         return None
