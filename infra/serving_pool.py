@@ -21,7 +21,7 @@ from typing import Any, Literal
 from infra.process import ServiceError
 from infra.ray_rollouts import connect
 from infra.ray_serving import RayReplica, check_placement
-from infra.serving import has_cuda_gpu, load_lora_adapter, process_state, served_models, server_from_config
+from infra import serving  # called as serving.X: tests patch infra.serving's functions (tests/pipeline/conftest.py)
 from infra.stage_records import ServedEndpoint, ServedReplica
 from rao_core.config import CampaignConfig, external_switch_problem
 from rao_core.train.checkpoint import is_lora_checkpoint
@@ -175,7 +175,7 @@ def _where(server: Any) -> str:
 def _diagnose(server: Any) -> str:
     """``the vLLM server (pid P) exited with status -9 (SIGKILL); log F`` or ``... still runs ...``; a replica
     placed by Ray asks its actor (``infra.ray_serving.RayReplica.diagnosis``)."""
-    return server.diagnosis() if hasattr(server, "diagnosis") else process_state(server)
+    return server.diagnosis() if hasattr(server, "diagnosis") else serving.process_state(server)
 
 
 class ServingPool:
@@ -245,7 +245,7 @@ class ServingPool:
                 failed = []
                 for i, url in enumerate(urls):
                     try:
-                        load_lora_adapter(url, name, src.resolve())
+                        serving.load_lora_adapter(url, name, src.resolve())
                     except ServiceError as e:
                         failed.append(f"replica {i + 1}/{len(urls)}: {e}" if len(urls) > 1 else str(e))
                 if failed:
@@ -287,8 +287,8 @@ class ServingPool:
 
         def new(i: int) -> Any:
             if kind == "local":
-                return server_from_config(config, served_dir, log_dir=log_dir, replica=i)
-            server = server_from_config(config, served_dir, log_dir=log_dir, replica=i, on_gpu=on_gpu)
+                return serving.server_from_config(config, served_dir, log_dir=log_dir, replica=i)
+            server = serving.server_from_config(config, served_dir, log_dir=log_dir, replica=i, on_gpu=on_gpu)
             return RayReplica.of(server, index=i, num_cpus=plan.num_cpus, num_gpus=plan.num_gpus)
 
         if plan.weights == "fresh":  # a new pool
@@ -321,7 +321,7 @@ class ServingPool:
                 server.reload_weights()
             if job in ("start+lora", "lora"):
                 server.load_lora(adapter, src)
-            models = served_models(server.base_url)
+            models = serving.served_models(server.base_url)
             want = adapter or server.model
             if want not in models:
                 raise ServiceError(f"serves {models}, not {want!r}")
@@ -343,7 +343,7 @@ class ServingPool:
         self.served, self.lora = name, adapter
         hows = sorted({r.how for r in reports})
         started = [servers[r.index].start_phases for r in reports if r.how in STARTS]
-        seeded = cfg.request_seeds if cfg.request_seeds is not None else bool(has_cuda_gpu() if on_gpu is None
+        seeded = cfg.request_seeds if cfg.request_seeds is not None else bool(serving.has_cuda_gpu() if on_gpu is None
                                                                               else on_gpu)
         return ServedEndpoint(base_url=reports[0].base_url, base_urls=[r.base_url for r in reports],
                               model=adapter or servers[0].model, switch_s=round(time.monotonic() - t0, 3),
