@@ -344,23 +344,25 @@ def textcraft_wallclock(
 
 @app.command("textcraft-nested-control")
 def textcraft_nested_control(
-    record: str = typer.Option("docs/results/textcraft-nested.json", help="textcraft-nested record whose recursive "
-                               "checkpoints, config, evaluation seed and trees at full depth are used."),
+    record: str = typer.Option("docs/results/textcraft-nested.json", help="Record of a nested-shape experiment "
+                               "(textcraft-nested, textcraft-deeper) whose recursive checkpoints, config, evaluation "
+                               "seed and trees at full depth are used."),
     iteration: list[int] = typer.Option([], "--iteration", help="Iterations whose checkpoint is evaluated "
                                         "(repeatable; default: the warm start and the last)."),
     difficulty: str = typer.Option("nest2", help="The record's evaluated split to repeat at max_depth 1."),
     n: int = typer.Option(None, min=1, help="Tasks (default: the record's n; at most that, the first n pair with "
                           "the record's trees)."),
-    write_docs: bool = typer.Option(True, help=STUDY_DOCS_HELP.format(name="textcraft-nested-control[-seed<S>]",
+    write_docs: bool = typer.Option(True, help=STUDY_DOCS_HELP.format(name="<experiment>-control[-seed<S>]",
                                                                       doc="docs/results.md")),
     dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
     override: list[str] = typer.Option([], "--set", callback=_key_values,
                                        help="KEY=VALUE override of the config (repeatable)."),
 ) -> None:
-    """The depth-limited control: the nested experiment's recursive checkpoints on its own
+    """The depth-limited control: a nested-shape experiment's recursive checkpoints on its own
     nest2 tasks with runtime.max_depth 1 (the root may delegate, its children may not), paired by task with the
     record's trees at full depth: what depth buys, measured. Each checkpoint is served once. Writes
-    docs/results/textcraft-nested-control[-seed<S>].json and a section in docs/results.md."""
+    docs/results/<experiment>-control[-seed<S>].json (e.g. textcraft-nested-control-seed1) and a section in
+    docs/results.md."""
     from research.studies import plan_depth_control
 
     command = (f"rao experiment textcraft-nested-control --record {record}"

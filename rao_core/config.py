@@ -352,6 +352,10 @@ class EvalSettings(EvalConfig):
                                "the evaluation set by construction). None: no development set.")
     endpoint: Endpoint | None = Field(None, description="The preregistered endpoint (Endpoint), copied into the "
                                       "experiment's record. None: none registered.")
+    co_primary: list[Endpoint] = Field(default_factory=list, description="Further preregistered primary "
+                                       "endpoints, judged with `endpoint` under Holm's correction over all of them "
+                                       "(research.records.primary_verdict): every one holds -> supported, some -> "
+                                       "mixed, none -> not supported. Empty: `endpoint` alone decides.")
 
     @model_validator(mode="after")
     def _check_sets(self) -> EvalSettings:
@@ -360,6 +364,13 @@ class EvalSettings(EvalConfig):
         if self.endpoint is not None and self.endpoint.difficulty not in self.difficulties:
             raise ValueError(f"eval.endpoint.difficulty = {self.endpoint.difficulty!r} is not one of "
                              f"eval.difficulties {self.difficulties}")
+        for i, e in enumerate(self.co_primary):
+            if self.endpoint is None:
+                raise ValueError("eval.co_primary is set without eval.endpoint: name the first primary endpoint "
+                                 "there")
+            if e.difficulty not in self.difficulties:
+                raise ValueError(f"eval.co_primary[{i}].difficulty = {e.difficulty!r} is not one of "
+                                 f"eval.difficulties {self.difficulties}")
         return self
 
 

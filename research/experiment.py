@@ -25,8 +25,9 @@ from rao_core.paths import REPO_ROOT
 from rao_core.task_sets import check_task_sets
 from research.designs import arm_overrides, git_output
 from research.records import (comparisons_markdown, deep_config, depth_seeds_markdown, iteration_stats,
-                              replace_section, seeds_markdown, write_results)
-from research.studies import depth_control_seeds_markdown
+                              preregistered_endpoints, primary_verdict, replace_section, seeds_markdown,
+                              verdict_markdown, write_results)
+from research.studies import depth_control_pooled, depth_control_seeds_markdown
 from tasks.serve import STOP_SERVER_HOOKS
 
 
@@ -201,13 +202,25 @@ def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_do
     """``comparisons_markdown`` of ``records`` (``seeds_markdown`` for records without per-task outcomes), and for
     deep trees the per-depth table and each seed's depth-limited control (:mod:`research.studies`), written as the
     ``## Seeds: <experiment>`` section of ``docs/results.md`` under ``root`` (the repository by default) when
-    ``write_docs``; returns the markdown."""
+    ``write_docs``; returns the markdown. With co-primary endpoints (``eval.co_primary``) also the preregistered
+    verdict (``research.records.primary_verdict``), and its record ``docs/results/<experiment>-verdict.json``
+    (with the depth-limited control pooled over seeds, ``research.studies.depth_control_pooled``)."""
     with_tasks = any(p.get("per_task") for r in records for p in r.get("points", []))
     md = comparisons_markdown(experiment, records) if with_tasks else seeds_markdown(experiment, records)
+    endpoints = preregistered_endpoints(records)
+    verdict = primary_verdict(records, endpoints) if with_tasks and len(endpoints) > 1 else None
+    if verdict:
+        md += "\n" + verdict_markdown(verdict)
     if any(deep_config(r.get("config_values")) for r in records):
         md += "\n" + depth_seeds_markdown(records)
         if ctrl := depth_control_seeds_markdown(records, root):
             md += "\n" + ctrl
     if write_docs:
-        replace_section((root or REPO_ROOT) / "docs/results.md", f"## Seeds: {experiment}", md)
+        root = root or REPO_ROOT
+        replace_section(root / "docs/results.md", f"## Seeds: {experiment}", md)
+        if verdict:
+            verdict |= {"experiment": experiment, "seeds": sorted(r.get("seed") for r in records),
+                        "records": [f"docs/results/{r['experiment']}.json" for r in records],
+                        "control": depth_control_pooled(records, root)}
+            (root / "docs/results" / f"{experiment}-verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
     return md

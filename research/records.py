@@ -200,6 +200,41 @@ def arm_tests(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def paired_sign_test(tables: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """The over-tasks test of :func:`seed_comparison`: ``tables`` holds one ``(arm's, against's)`` pair of
+    per-task outcome maps (task id -> outcome in [0, 1] or None) per seed. For each task present, with an
+    outcome, in every map, D_t = mean over seeds of (arm - against); a one-sided exact sign test (binomial,
+    p = 1/2; H1: arm > against) on the tasks with D_t != 0. Returns ``tasks_paired``, ``tasks_arm_better``,
+    ``tasks_against_better`` and ``p`` (1.0 when no task differs). Pooling seeds this way does not pretend to
+    add tasks: the same task in every seed is one pair."""
+    from scipy import stats
+
+    common = set.intersection(*(set(a) & set(b) for a, b in tables)) if tables else set()
+    diffs = {}
+    for t in sorted(common):
+        vals = [(a[t], b[t]) for a, b in tables]
+        if any(x is None or y is None for x, y in vals):
+            continue
+        diffs[t] = sum(x - y for x, y in vals) / len(vals)
+    pos, neg = sum(1 for d in diffs.values() if d > 0), sum(1 for d in diffs.values() if d < 0)
+    p = float(stats.binomtest(pos, pos + neg, 0.5, alternative="greater").pvalue) if pos + neg else 1.0
+    return {"tasks_paired": len(diffs), "tasks_arm_better": pos, "tasks_against_better": neg, "p": p}
+
+
+def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down correction (Holm 1979) of ``pvalues`` at family-wise level ``alpha``: sorted
+    ascending, the k-th smallest (k = 0, 1, ...) is rejected while p_(k) < alpha / (m - k); at the first that is
+    not, it and every larger one are kept. Returns, in the input's order, whether each is rejected.
+    With two tests: the smaller p < alpha / 2 and then the larger < alpha."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out = [False] * len(pvalues)
+    for k, i in enumerate(order):
+        if not pvalues[i] < alpha / (len(pvalues) - k):
+            break
+        out[i] = True
+    return out
+
+
 def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, difficulty: str,
                     alpha: float = 0.05, min_difference: float | None = None) -> dict[str, Any] | None:
     """A comparison over seeds that accounts for them (docs/results.md; /work spec experiments.md): ``arm``'s
@@ -240,15 +275,8 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
         tables.append((pa["per_task"], pb["per_task"]))
     if not per_seed:
         return None
-    common = set.intersection(*(set(a) & set(b) for a, b in tables))
-    diffs = {}
-    for t in sorted(common):
-        vals = [(a[t], b[t]) for a, b in tables]
-        if any(x is None or y is None for x, y in vals):
-            continue
-        diffs[t] = sum(x - y for x, y in vals) / len(vals)
-    pos, neg = sum(1 for d in diffs.values() if d > 0), sum(1 for d in diffs.values() if d < 0)
-    p_tasks = float(stats.binomtest(pos, pos + neg, 0.5, alternative="greater").pvalue) if pos + neg else 1.0
+    sign = paired_sign_test(tables)
+    paired, pos, neg, p_tasks = sign["tasks_paired"], sign["tasks_arm_better"], sign["tasks_against_better"], sign["p"]
     ds = [s["difference"] for s in per_seed]
     p_seeds = (float(stats.ttest_1samp(ds, 0.0, alternative="greater").pvalue)
                if len(ds) > 1 and len(set(ds)) > 1 else float("nan"))
@@ -259,7 +287,7 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
     return {"arm": arm, "against": against, "difficulty": difficulty, "seeds": [s["seed"] for s in per_seed],
             "per_seed": per_seed, "pooled": pooled, "pooled_ci95": ci,
             "mean_difference": sum(ds) / len(ds), "difference_range": [min(ds), max(ds)],
-            "tasks_paired": len(diffs), "tasks_arm_better": pos, "tasks_against_better": neg,
+            "tasks_paired": paired, "tasks_arm_better": pos, "tasks_against_better": neg,
             "p_tasks_sign_test": p_tasks, "p_seeds_t_test": p_seeds, "alpha": alpha,
             "pooled_difference": pooled_diff, "min_difference": min_difference,
             "supported": bool(p_tasks < alpha and all(d > 0 for d in ds) and big_enough),
@@ -385,6 +413,73 @@ def comparisons_markdown(experiment: str, records: list[dict[str, Any]], difficu
                          f"{frac(c['pooled']['against'], c['pooled_ci95']['against'])} | {c['tasks_arm_better']} / "
                          f"{c['tasks_against_better']} | {c['p_tasks_sign_test']:.4f} | {c['p_seeds_t_test']:.3f} | "
                          f"{'yes' if c['supported'] else 'no'}{need} |")
+    return "\n".join(lines) + "\n"
+
+
+def preregistered_endpoints(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The primary endpoints the records' config preregistered: ``eval.endpoint`` then each of
+    ``eval.co_primary`` (endpoint dicts: ``arm``, ``against``, ``difficulty``, ...), from the first record that
+    has an endpoint; empty when none has."""
+    for r in records:
+        if r.get("endpoint"):
+            co = ((r.get("config_values") or {}).get("eval") or {}).get("co_primary") or []
+            return [r["endpoint"], *co]
+    return []
+
+
+def primary_verdict(records: list[dict[str, Any]], endpoints: Sequence[dict[str, Any]],
+                    alpha: float = 0.05) -> dict[str, Any] | None:
+    """The preregistered verdict over seeds: each endpoint of ``endpoints`` (``arm`` vs ``against`` on
+    ``difficulty`` at the arms' last points) by :func:`seed_comparison`; its task-level p values corrected
+    together by :func:`holm` at ``alpha``. An endpoint **holds** when Holm rejects its null, every seed's
+    difference is > 0 and, when it sets ``min_difference``, the pooled difference reaches it. The claim is
+    ``supported`` when every endpoint holds, ``mixed`` when some do, ``not supported`` when none does, and
+    ``incomplete`` when some endpoint has no comparison yet (a seed or an arm not run). Returns None without
+    endpoints. Units: rates in [0, 1]; p values one-sided."""
+    if not endpoints:
+        return None
+    rows = []
+    for e in endpoints:
+        c = seed_comparison(records, e["arm"], e["against"], e["difficulty"], alpha=alpha,
+                            min_difference=e.get("min_difference"))
+        rows.append({"arm": e["arm"], "against": e["against"], "difficulty": e["difficulty"], "comparison": c})
+    if any(r["comparison"] is None for r in rows):
+        verdict = "incomplete"
+    else:
+        rejected = holm([r["comparison"]["p_tasks_sign_test"] for r in rows], alpha)
+        for r, rej in zip(rows, rejected):
+            c = r["comparison"]
+            big = c["min_difference"] is None or c["pooled_difference"] >= c["min_difference"] - 1e-12
+            r.update(holm_rejected=rej, all_seeds_positive=all(s["difference"] > 0 for s in c["per_seed"]))
+            r["holds"] = bool(rej and r["all_seeds_positive"] and big)
+        held = sum(r["holds"] for r in rows)
+        verdict = "supported" if held == len(rows) else "mixed" if held else "not supported"
+    return {"verdict": verdict, "alpha": alpha, "correction": "holm", "primaries": rows,
+            "rule": "each primary: one-sided exact sign test over problems on the seed-averaged per-problem "
+                    f"difference, Holm-corrected over the {len(rows)} primaries at alpha {alpha:g}, and every "
+                    "seed's difference > 0; all hold: supported; some: mixed; none: not supported"}
+
+
+def verdict_markdown(v: dict[str, Any]) -> str:
+    """The ``### Preregistered verdict`` part of a seeds section: one row per primary endpoint of
+    :func:`primary_verdict` (pooled successes, per-seed differences, p, Holm, holds) and the verdict."""
+    def yes_no(x: bool | None) -> str:  # None: not judged while another primary has no comparison
+        return "-" if x is None else "yes" if x else "no"
+
+    lines = ["### Preregistered verdict", "", f"Rule: {v['rule']}.", "",
+             "| primary | difficulty | pooled arm | pooled against | per-seed differences | p (sign test) | "
+             "Holm rejects | holds |", "|---|---|---|---|---|---|---|---|"]
+    for r in v["primaries"]:
+        c = r["comparison"]
+        if c is None:
+            lines.append(f"| {r['arm']} vs {r['against']} | {r['difficulty']} | not run | | | | | |")
+            continue
+        a, b = c["pooled"]["arm"], c["pooled"]["against"]
+        per = ", ".join(f"{s['difference']:+.2f}" for s in c["per_seed"])
+        lines.append(f"| {r['arm']} vs {r['against']} | {r['difficulty']} | {a[0]:g}/{a[1]} | {b[0]:g}/{b[1]} | "
+                     f"{per} | {c['p_tasks_sign_test']:.4f} | {yes_no(r.get('holm_rejected'))} | "
+                     f"{yes_no(r.get('holds'))} |")
+    lines += ["", f"**Verdict: {v['verdict']}.**"]
     return "\n".join(lines) + "\n"
 
 

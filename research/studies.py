@@ -32,7 +32,7 @@ from rao_core.evaluation import MISS_CAUSES, EvalConfig, EvalReport, EvalRow
 from rao_core.runtime import RuntimeConfig
 from rao_core.task_sets import check_task_sets
 from research.designs import ARM_MODES, arm_overrides, git_output
-from research.records import depth_reach, replace_section, save_figure, write_tree_sample
+from research.records import depth_reach, paired_sign_test, replace_section, save_figure, write_tree_sample
 
 GENERALISATION = "textcraft-generalisation"
 WALLCLOCK = "textcraft-wallclock"
@@ -77,6 +77,15 @@ def study_name(base: str, source: dict[str, Any]) -> str:
     exp = str(source.get("experiment") or "")
     tail = exp.rpartition("-seed")[2] if "-seed" in exp else ""
     return f"{base}-seed{tail}" if tail.isdigit() else base
+
+
+def control_name(source: dict[str, Any]) -> str:
+    """Name of the depth-limited control of an experiment record: ``<experiment>-control`` with the record's seed
+    suffix (``textcraft-nested-control`` for ``textcraft-nested``, ``textcraft-deeper-control-seed2`` for
+    ``textcraft-deeper-seed2``); :data:`DEPTH_CONTROL` when the record names no experiment."""
+    exp = str(source.get("experiment") or "")
+    base = exp.rpartition("-seed")[0] if exp.rpartition("-seed")[2].isdigit() else exp
+    return study_name(f"{base}-control" if base else DEPTH_CONTROL, source)
 
 
 def last_checkpoints(record: dict[str, Any]) -> dict[str, tuple[str, int]]:
@@ -587,7 +596,7 @@ def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Seque
                        difficulty: str = "nest2", n: int | None = None, overrides: Sequence[str] = (),
                        command: str = "", root: Path | None = None) -> StudyPlan:
     """The depth-limited control (docs/experiments/textcraft-nested.md): the recursive arm's checkpoints of a
-    ``textcraft-nested`` record at ``iterations`` (default: the warm start and the last), each evaluated on the
+    nested-shape record (``textcraft-nested``, ``textcraft-deeper``; named by :func:`control_name`) at ``iterations`` (default: the warm start and the last), each evaluated on the
     record's own ``difficulty`` tasks (the same eval seed and the first ``n``, default the record's n, so every
     task pairs with the record's tree of it) with ``runtime.max_depth: 1``: delegation at the root only, the rest
     of the runtime as trained. The record's points at full depth are copied into the plan's ``reference`` so the
@@ -638,7 +647,7 @@ def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Seque
                              labels=[{"arm": "recursive", "iteration": i, "max_depth": 1, "checkpoint": path}]))
     keep = ("n", "successes", "success", "ci95", "per_task", "depth_hist", "mean_depth", "delegation_rate")
     reference = {str(i): {k: mine[i].get(k) for k in keep} for i in its}
-    name = study_name(DEPTH_CONTROL, rec)
+    name = control_name(rec)
     meta = _meta(DEPTH_CONTROL, name, rec, source, command, n, [], ckpts, _check_tasks(cfg, [difficulty], ref_n), cfg,
                  difficulty=difficulty, iterations=its, max_depth_trained=arm_config(rec, "recursive").runtime.max_depth,
                  runtime=runtime_summary(cfg.runtime), reference=reference)
@@ -681,16 +690,16 @@ def depth_control_table(record: dict[str, Any]) -> str:
 
 def depth_control_seeds_markdown(records: Sequence[dict[str, Any]], root: Path | None = None) -> str:
     """The ``### Depth-limited control per seed`` part of a nested experiment's seeds section: for each
-    experiment record (one per seed), its control record ``docs/results/textcraft-nested-control[-seed<S>].json``
-    under ``root`` (the repository by default; :func:`study_name`), one row per controlled iteration
+    experiment record (one per seed), its control record ``docs/results/<experiment>-control[-seed<S>].json``
+    under ``root`` (the repository by default; :func:`control_name`), one row per controlled iteration
     (:func:`depth_control_rows`), or a row saying the seed has none (e.g. its checkpoints were lost before the
-    control ran). Empty when no seed has one."""
+    control ran), then the seeds pooled (:func:`depth_control_pooled`). Empty when no seed has one."""
     from rao_core.paths import REPO_ROOT
 
     folder = (root or REPO_ROOT) / "docs/results"
     rows, found = [], False
     for rec in sorted(records, key=lambda r: r.get("seed", 0)):
-        name = study_name(DEPTH_CONTROL, rec)
+        name = control_name(rec)
         try:
             ctrl = json.loads((folder / f"{name}.json").read_text())
         except (OSError, ValueError):
@@ -704,7 +713,52 @@ def depth_control_seeds_markdown(records: Sequence[dict[str, Any]], root: Path |
                       "The same checkpoint on the same nest2 tasks at `runtime.max_depth: 1` (the root may delegate, "
                       "its children may not): what depth buys, per seed (`rao experiment textcraft-nested-control`).",
                       "", f"| seed | iteration | {DEPTH_CONTROL_HEAD} |", "|---|---|---|---|---|---|---|---|",
-                      *rows]) + "\n"
+                      *rows, *_pooled_control_line(depth_control_pooled(records, root))]) + "\n"
+
+
+def _pooled_control_line(pooled: dict[str, Any] | None) -> list[str]:
+    """The sentence under the per-seed control table that pools its seeds (:func:`depth_control_pooled`)."""
+    if pooled is None or len(pooled["seeds"]) < 2:
+        return []
+    f, c = pooled["full"], pooled["control"]
+    return ["", f"Pooled over seeds {', '.join(map(str, pooled['seeds']))} (last controlled iteration): full depth "
+            f"{f[0]:g}/{f[1]}, max_depth 1 {c[0]:g}/{c[1]}; tasks full depth solved more / fewer "
+            f"{pooled['tasks_arm_better']} / {pooled['tasks_against_better']} of {pooled['tasks_paired']}, p = "
+            f"{pooled['p']:.4f} (one-sided sign test): depth {'is' if pooled['depth_shown'] else 'is not'} shown "
+            "to be what solved them."]
+
+
+def depth_control_pooled(records: Sequence[dict[str, Any]], root: Path | None = None) -> dict[str, Any] | None:
+    """The depth-limited control pooled over seeds: for each experiment record (one per seed) whose control
+    record exists (:func:`control_name`), that control's last controlled iteration, full depth (the
+    experiment's trees) vs ``max_depth`` 1 on the same tasks; the tasks paired across seeds and tested by
+    ``research.records.paired_sign_test`` (one-sided, H1: full depth solves more). Returns ``seeds``,
+    ``per_seed`` (iteration, full and control successes/n), ``full`` and ``control`` pooled successes/n, the
+    test's fields and ``depth_shown`` (p < 0.05), or None when no seed has a control record."""
+    from rao_core.paths import REPO_ROOT
+
+    folder = (root or REPO_ROOT) / "docs/results"
+    per_seed, tables = [], []
+    for rec in sorted(records, key=lambda r: r.get("seed", 0)):
+        try:
+            ctrl = json.loads((folder / f"{control_name(rec)}.json").read_text())
+        except (OSError, ValueError):
+            continue
+        p = max(ctrl.get("points") or [], key=lambda q: q["iteration"], default=None)
+        ref = ((ctrl.get("reference") or {}).get(str(p["iteration"])) or {}) if p else {}
+        if not p or not ref.get("per_task") or not p.get("per_task"):
+            continue
+        per_seed.append({"seed": rec.get("seed"), "iteration": p["iteration"], "full": [ref["successes"], ref["n"]],
+                         "control": [p["successes"], p["n"]]})
+        tables.append((ref["per_task"], p["per_task"]))
+    if not per_seed:
+        return None
+    test = paired_sign_test(tables)
+    pooled = {k: [sum(s[k][0] for s in per_seed), sum(s[k][1] for s in per_seed)] for k in ("full", "control")}
+    return {"seeds": [s["seed"] for s in per_seed], "per_seed": per_seed, **pooled, **test,
+            "depth_shown": test["p"] < 0.05,
+            "test": "one-sided exact sign test over tasks on the seed-averaged per-task difference (full depth > "
+                    "max_depth 1), alpha 0.05"}
 
 
 def depth_control_markdown(record: dict[str, Any]) -> str:
