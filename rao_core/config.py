@@ -498,7 +498,24 @@ class CampaignConfig(_Strict):
         self._serving_placement()
         self._one_sampling_temperature()
         self._difficulties_fit_env()
+        self._endpoints_evaluated()
         return self
+
+    def _endpoints_evaluated(self) -> None:
+        """A preregistered endpoint (``eval.endpoint``, ``eval.co_primary``) that names an iteration names one
+        the campaign evaluates (``eval.every``; at most ``iterations``): an endpoint without a point cannot be
+        judged, and a run would find out only at its end."""
+        if not self.eval.enabled:
+            return
+        named = [("eval.endpoint", self.eval.endpoint)] + [(f"eval.co_primary[{i}]", e)
+                                                           for i, e in enumerate(self.eval.co_primary)]
+        for key, e in named:
+            if e is None or not isinstance(e.iteration, int):
+                continue
+            if e.iteration > self.iterations or not self.eval.evaluates(e.iteration, self.iterations):
+                raise ValueError(f"{key}.iteration = {e.iteration} is not evaluated: a campaign of {self.iterations} "
+                                 f"iterations with eval.every {self.eval.every} evaluates after "
+                                 f"{self.eval.evaluated_iterations(self.iterations)}")
 
     def _difficulties_fit_env(self) -> None:
         """Every difficulty the campaign generates tasks for is one its environment's generator knows
