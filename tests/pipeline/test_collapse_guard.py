@@ -7,14 +7,10 @@ from 18/20 to 0/20 in iteration 2, so the champion rule alone (``tasks.tracking.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-
 import pytest
 
-from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, LogOutput, ServedEndpoint,
-                                 TrainOutput, ValidateOutput, WarmStartOutput)
-from tests.pipeline.campaign_fakes import MemoryStore, eval_output, eval_row
+from infra.stage_records import Checkpoint
+from tests.pipeline.campaign_fakes import eval_output, eval_row, fake_campaign
 
 MODEL = "rao-policy-guarded"
 PRIMARY = "eval/recursive/tier1/success"
@@ -27,97 +23,23 @@ TIER1X2 = {0: SKILL, 1: SKILL, 2: LOST, 3: SKILL}
 
 @pytest.fixture
 def campaign(tmp_path, monkeypatch):
-    """flows.campaign with fake stages; yields ``run(*overrides) -> (summary, record)``, record holding the guard
-    lines logged, each iteration's parent checkpoint, the champion when each training began, the retention calls
-    and the store."""
-    import mlflow
+    """flows.campaign with fake stages (tests.pipeline.campaign_fakes.fake_campaign), 3 iterations evaluated as
+    ``TIER1X2`` says; yields ``run(*overrides) -> (summary, record)``, record holding the guard lines logged, each
+    iteration's parent checkpoint, the champion when each training began, the retention calls and the store."""
+    rec: dict = {"parents": {}, "champion_at_train": {}, "pruned_after": []}
 
-    import flows.campaign as fc
-    import infra.disk
-    import infra.retention
-    from infra.storage import S3Settings
-    from tasks import stages, tracking
-    from tasks.bookkeeping import register_held
-    from infra.stage_io import RunContext, stage
+    def train(iteration: int, parent: Checkpoint) -> None:
+        from tasks import tracking
 
-    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    rec: dict = {"parents": {}, "champion_at_train": {}, "pruned_after": [], "lines": []}
-    store = MemoryStore("guarded")
-    rec["store"] = store
-
-    @contextlib.contextmanager
-    def fake_storage(cfg):
-        yield S3Settings("http://127.0.0.1:9", "rao", "k", "s")
-
-    class Lines(logging.Handler):
-        def emit(self, record):
-            rec["lines"].append(record.getMessage())
-
-    logger = logging.getLogger("rao.test.guard")
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler := Lines())
-
-    def checkpoint(k: int) -> Checkpoint:
-        return Checkpoint(name=f"guarded-iter-{k}-checkpoint", uri=store.uri(f"iter-{k}/checkpoint"))
-
-    @stage("generate", name="generate-trees")
-    def generate(ctx, iteration, served, tok, policy_version=None) -> GenerateOutput:
-        return GenerateOutput(trees_uri=store.uri(f"iter-{iteration}/trees.jsonl"), num_trees=24)
-
-    @stage("judge", name="judge-trees")
-    def judge(ctx, iteration, trees_uri) -> JudgeOutput:
-        return JudgeOutput(scored_uri=trees_uri.replace("trees", "scored"))
-
-    @stage("validate", name="validate-dataset")
-    def validate(ctx, iteration, scored_uri) -> ValidateOutput:
-        return ValidateOutput(samples_uri=store.uri(f"iter-{iteration}/samples.jsonl"), num_samples=40,
-                              sample_stats={"mean_advantage_solved_per_depth": {0: 0.2, 1: -0.25}})
-
-    @stage("train", name="train-policy")
-    def train(ctx, iteration, samples_uri, parent) -> TrainOutput:
         rec["parents"][iteration] = parent.name
         champ = tracking.alias_version(MODEL, "champion")
         rec["champion_at_train"][iteration] = str(champ.version) if champ else None
-        return TrainOutput(checkpoint=checkpoint(iteration), steps=1)
 
-    @stage("evaluate", name="evaluate")
-    def evaluate(ctx, iteration, served, tok) -> EvalOutput:
-        return eval_output([eval_row("tier1", STEADY), eval_row("tier1x2", TIER1X2[iteration])])
-
-    def log_iteration(ctx, k, run_id, gen, judged, val, tr, ev, times) -> LogOutput:
-        return LogOutput(metrics={**ev.metrics, "success/root": 0.5}, times=times)
-
-    monkeypatch.setattr(fc, "storage", fake_storage)
-    monkeypatch.setattr(fc, "ArtifactStore", lambda s3, name: store)
-    monkeypatch.setattr(RunContext, "store", lambda self: store)
-    monkeypatch.setattr(fc, "get_run_logger", lambda: logger)
-    monkeypatch.setattr(infra.disk, "keep_reserve", lambda *a, **k: True)
-    monkeypatch.setattr(infra.retention, "prune_campaign", lambda store_, policy, model, local, **kw:
-                        rec["pruned_after"].append(len(rec["parents"])) or [])
-    monkeypatch.setattr(fc, "warm_start", lambda ctx: WarmStartOutput(checkpoint=checkpoint(0), mode="demos"))
-    monkeypatch.setattr(fc, "serve_checkpoint", lambda ctx, ckpt: ServedEndpoint())
-    monkeypatch.setattr(fc, "_tokenizer_path", lambda ctx, ckpt: "")
-    for name, fake in (("generate_trees", generate), ("judge_trees", judge), ("validate_dataset", validate),
-                       ("train_policy", train), ("evaluate", evaluate)):
-        monkeypatch.setattr(fc, name, fake.fn)  # resumable stages (markers in the store), no task run
-    monkeypatch.setattr(fc, "register_checkpoint", stages.register_checkpoint.fn)  # the real stages, no task run
-    monkeypatch.setattr(fc, "register_held", register_held.fn)
-    monkeypatch.setattr(fc, "rao_iteration", fc.rao_iteration.fn)
-    monkeypatch.setattr(fc, "rao_overlap_step", fc.rao_overlap_step.fn)
-    monkeypatch.setattr(tracking, "log_iteration", log_iteration)
-
-    def run(*overrides: str):
-        params = fc.CampaignParams(config="configs/cpu-smoke.yaml", name="guarded", iterations=3,
-                                   overrides=[f"model.registered_model={MODEL}", "tracking.log_traces=false",
-                                              *overrides])
-        return fc.rao_campaign.fn(params), rec
-
-    try:
+    with fake_campaign(monkeypatch, tmp_path, rec, "guarded", MODEL,
+                       lambda k: eval_output([eval_row("tier1", STEADY), eval_row("tier1x2", TIER1X2[k])]),
+                       iterations=3, sample_stats={"mean_advantage_solved_per_depth": {0: 0.2, 1: -0.25}},
+                       on_train=train, on_prune=lambda: rec["pruned_after"].append(len(rec["parents"]))) as run:
         yield run
-    finally:
-        logger.removeHandler(handler)
-        mlflow.set_tracking_uri(None)
 
 
 def _champion() -> str:

@@ -8,16 +8,14 @@ iterations only."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 
 import pytest
 
-from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOutput, LogOutput, ServedEndpoint,
-                                 TrainOutput, ValidateOutput, WarmStartOutput)
+from infra.stage_records import Checkpoint, EvalOutput, ValidateOutput
 from rao_core.evaluation import EvalConfig
-from tests.pipeline.campaign_fakes import MemoryStore, eval_output, eval_row
+from tests.pipeline.campaign_fakes import MemoryStore, eval_output, eval_row, fake_campaign
 
 MODEL = "rao-policy-every"
 STEADY = [1, 0] * 10  # tier1 (the primary metric): 10/20 at every evaluation
@@ -174,110 +172,37 @@ def test_a_skipped_iteration_is_registered_but_never_champion(tmp_path, monkeypa
 
 @pytest.fixture
 def campaign(tmp_path, monkeypatch):
-    """flows.campaign with fake stages (the real skip_evaluation, register_checkpoint and register_held);
-    yields ``run(outcomes, *overrides) -> (summary, record)``: ``outcomes`` maps an evaluated iteration to its
-    tier1x2 outcomes; the record holds the lines logged, each iteration's parent checkpoint, the checkpoints
-    served in order, the iterations the fake evaluation ran for and the store."""
-    import mlflow
-
-    import flows.campaign as fc
-    import infra.disk
-    import infra.retention
-    from infra.stage_io import RunContext, stage
-    from infra.storage import S3Settings
-    from tasks import stages, tracking
-    from tasks.bookkeeping import register_held
-
-    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    rec: dict = {"parents": {}, "served": [], "evaluated": [], "lines": [], "logged": {}}
-    store = MemoryStore("every")
-    rec["store"] = store
+    """flows.campaign with fake stages (tests.pipeline.campaign_fakes.fake_campaign), the stages' lines recorded;
+    yields ``run(outcomes, *overrides, iterations=5) -> (summary, record)``: ``outcomes`` maps an evaluated
+    iteration to its tier1x2 outcomes; the record holds the lines logged, each iteration's parent checkpoint, the
+    checkpoints served in order, the iterations the fake evaluation ran for, the eval metrics logged to each
+    iteration's MLflow run and the store."""
+    rec: dict = {"parents": {}, "served": [], "evaluated": [], "logged": {}}
     outcomes: dict[int, list[int]] = {}
 
-    @contextlib.contextmanager
-    def fake_storage(cfg):
-        yield S3Settings("http://127.0.0.1:9", "rao", "k", "s")
-
-    class Lines(logging.Handler):
-        def emit(self, record):
-            rec["lines"].append(record.getMessage())
-
-    logger = logging.getLogger("rao.test.every")
-    logger.setLevel(logging.INFO)
-    handler = Lines()
-    for lg in (logger, logging.getLogger("rao")):  # the flow's lines; the stages' outside a Prefect run
-        lg.addHandler(handler)
-    rao_level = logging.getLogger("rao").level
-    logging.getLogger("rao").setLevel(logging.INFO)
-
-    def checkpoint(k: int) -> Checkpoint:
-        return Checkpoint(name=f"every-iter-{k}-checkpoint", uri=store.uri(f"iter-{k}/checkpoint"))
-
-    @stage("generate", name="generate-trees")
-    def generate(ctx, iteration, served, tok, policy_version=None) -> GenerateOutput:
-        return GenerateOutput(trees_uri=store.uri(f"iter-{iteration}/trees.jsonl"), num_trees=24)
-
-    @stage("judge", name="judge-trees")
-    def judge(ctx, iteration, trees_uri) -> JudgeOutput:
-        return JudgeOutput(scored_uri=trees_uri.replace("trees", "scored"))
-
-    @stage("validate", name="validate-dataset")
-    def validate(ctx, iteration, scored_uri) -> ValidateOutput:
-        return ValidateOutput(samples_uri=store.uri(f"iter-{iteration}/samples.jsonl"), num_samples=40)
-
-    @stage("train", name="train-policy")
-    def train(ctx, iteration, samples_uri, parent) -> TrainOutput:
-        rec["parents"][iteration] = int(parent.name.split("-")[2])
-        return TrainOutput(checkpoint=checkpoint(iteration), steps=1)
-
-    @stage("evaluate", name="evaluate")
-    def evaluate(ctx, iteration, served, tok) -> EvalOutput:
+    def evaluate(iteration: int) -> EvalOutput:
         rec["evaluated"].append(iteration)
         return _eval(outcomes[iteration])
 
-    def log_iteration(ctx, k, run_id, gen, judged, val, tr, ev, times) -> LogOutput:
+    def iteration_of(ckpt: Checkpoint) -> int:  # every-iter-<k>-checkpoint
+        return int(ckpt.name.split("-")[2])
+
+    def train(iteration: int, parent: Checkpoint) -> None:
+        rec["parents"][iteration] = iteration_of(parent)
+
+    def log(k: int, ev: EvalOutput) -> None:
         rec["logged"][k] = dict(ev.metrics)
-        return LogOutput(metrics={**ev.metrics, "success/root": 0.5}, times=times)
 
-    def serve(ctx, ckpt):
-        rec["served"].append(int(ckpt.name.split("-")[2]))
-        return ServedEndpoint()
+    with fake_campaign(monkeypatch, tmp_path, rec, "every", MODEL, evaluate, iterations=5, stage_lines=True,
+                       on_train=train, on_serve=lambda ckpt: rec["served"].append(iteration_of(ckpt)),
+                       on_log=log) as run:
 
-    monkeypatch.setattr(fc, "storage", fake_storage)
-    monkeypatch.setattr(fc, "ArtifactStore", lambda s3, name: store)
-    monkeypatch.setattr(RunContext, "store", lambda self: store)
-    monkeypatch.setattr(fc, "get_run_logger", lambda: logger)
-    monkeypatch.setattr(infra.disk, "keep_reserve", lambda *a, **k: True)
-    monkeypatch.setattr(infra.retention, "prune_campaign", lambda *a, **k: [])
-    monkeypatch.setattr(fc, "warm_start", lambda ctx: WarmStartOutput(checkpoint=checkpoint(0), mode="demos"))
-    monkeypatch.setattr(fc, "serve_checkpoint", serve)
-    monkeypatch.setattr(fc, "_tokenizer_path", lambda ctx, ckpt: "")
-    for name, fake in (("generate_trees", generate), ("judge_trees", judge), ("validate_dataset", validate),
-                       ("train_policy", train), ("evaluate", evaluate)):
-        monkeypatch.setattr(fc, name, fake.fn)  # resumable stages (markers in the store), no task run
-    monkeypatch.setattr(fc, "skip_evaluation", stages.skip_evaluation.fn)  # the real stages, no task run
-    monkeypatch.setattr(fc, "register_checkpoint", stages.register_checkpoint.fn)
-    monkeypatch.setattr(fc, "register_held", register_held.fn)
-    monkeypatch.setattr(fc, "rao_iteration", fc.rao_iteration.fn)
-    monkeypatch.setattr(fc, "rao_overlap_step", fc.rao_overlap_step.fn)
-    monkeypatch.setattr(tracking, "log_iteration", log_iteration)
+        def run_with(evals: dict[int, list[int]], *overrides: str, iterations: int = 5):
+            outcomes.clear()
+            outcomes.update(evals)
+            return run(*overrides, iterations=iterations)
 
-    def run(evals: dict[int, list[int]], *overrides: str, iterations: int = 5):
-        outcomes.clear()
-        outcomes.update(evals)
-        params = fc.CampaignParams(config="configs/cpu-smoke.yaml", name="every", iterations=iterations,
-                                   overrides=[f"model.registered_model={MODEL}", "tracking.log_traces=false",
-                                              *overrides])
-        return fc.rao_campaign.fn(params), rec
-
-    try:
-        yield run
-    finally:
-        for lg in (logger, logging.getLogger("rao")):
-            lg.removeHandler(handler)
-        logging.getLogger("rao").setLevel(rao_level)
-        mlflow.set_tracking_uri(None)
+        yield run_with
 
 
 def _champion() -> str:
