@@ -596,9 +596,10 @@ def plan_depth_control(*, record: str = DEFAULT_NESTED_RECORD, iterations: Seque
                        difficulty: str = "nest2", n: int | None = None, overrides: Sequence[str] = (),
                        command: str = "", root: Path | None = None) -> StudyPlan:
     """The depth-limited control (docs/experiments/textcraft-nested.md): the recursive arm's checkpoints of a
-    nested-shape record (``textcraft-nested``, ``textcraft-deeper``; named by :func:`control_name`) at ``iterations`` (default: the warm start and the last), each evaluated on the
-    record's own ``difficulty`` tasks (the same eval seed and the first ``n``, default the record's n, so every
-    task pairs with the record's tree of it) with ``runtime.max_depth: 1``: delegation at the root only, the rest
+    nested-shape record (``textcraft-nested``, ``textcraft-deeper``; the study is named by :func:`control_name`)
+    at ``iterations`` (default: the warm start and the last), each evaluated on the record's own ``difficulty``
+    tasks (the same eval seed and the first ``n``, default the record's n, so every task pairs with the record's
+    tree of it) with ``runtime.max_depth: 1``: delegation at the root only, the rest
     of the runtime as trained. The record's points at full depth are copied into the plan's ``reference`` so the
     control's record compares by itself (:func:`depth_control_table`). Raises ValueError, FileNotFoundError or
     ``rao_core.config.ConfigError`` with one line naming what is wrong."""
