@@ -722,10 +722,11 @@ def _pooled_control_line(pooled: dict[str, Any] | None) -> list[str]:
     if pooled is None or len(pooled["seeds"]) < 2:
         return []
     f, c = pooled["full"], pooled["control"]
+    p = "p < 0.0001" if pooled["p"] < 1e-4 else f"p = {pooled['p']:.4f}"
     return ["", f"Pooled over seeds {', '.join(map(str, pooled['seeds']))} (last controlled iteration): full depth "
             f"{f[0]:g}/{f[1]}, max_depth 1 {c[0]:g}/{c[1]}; tasks full depth solved more / fewer "
-            f"{pooled['tasks_arm_better']} / {pooled['tasks_against_better']} of {pooled['tasks_paired']}, p = "
-            f"{pooled['p']:.4f} (one-sided sign test): depth {'is' if pooled['depth_shown'] else 'is not'} shown "
+            f"{pooled['tasks_arm_better']} / {pooled['tasks_against_better']} of {pooled['tasks_paired']}, "
+            f"{p} (one-sided sign test): depth {'is' if pooled['depth_shown'] else 'is not'} shown "
             "to be what solved them."]
 
 

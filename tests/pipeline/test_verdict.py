@@ -12,7 +12,7 @@ from rao_core.config import ConfigError, load_config
 from research.designs import ARM_MODES
 from research.experiment import write_seeds_section
 from research.records import holm, paired_sign_test, primary_verdict, verdict_markdown
-from research.studies import control_name, depth_control_pooled
+from research.studies import control_name, depth_control_pooled, depth_control_seeds_markdown
 
 P1 = {"arm": "recursive", "against": "warm_start", "difficulty": "nest2"}
 P2 = {"arm": "recursive", "against": "single", "difficulty": "nest2"}
@@ -99,10 +99,11 @@ def test_control_named_after_its_experiment_and_seed():
 
 def _control(full: list[int], ctrl: list[int], iteration: int = 12) -> dict:
     ids = [f"t{k}" for k in range(len(full))]
-    return {"reference": {str(iteration): {"n": len(full), "successes": sum(full), "per_task": dict(zip(ids, full))}},
-            "points": [{"iteration": 0, "n": 1, "successes": 0, "per_task": {"t0": 0}},
-                       {"iteration": iteration, "n": len(ctrl), "successes": sum(ctrl),
-                        "per_task": dict(zip(ids, ctrl))}]}
+    return {"reference": {str(iteration): {"n": len(full), "successes": sum(full), "success": sum(full) / len(full),
+                                           "ci95": "[0, 1]", "per_task": dict(zip(ids, full))}},
+            "points": [{"iteration": 0, "n": 1, "successes": 0, "success": 0.0, "ci95": [0, 1], "per_task": {"t0": 0}},
+                       {"iteration": iteration, "n": len(ctrl), "successes": sum(ctrl), "success": sum(ctrl) / len(ctrl),
+                        "ci95": [0, 1], "per_task": dict(zip(ids, ctrl))}]}
 
 
 def test_the_control_pooled_over_seeds_by_hand(tmp_path):
@@ -120,6 +121,10 @@ def test_the_control_pooled_over_seeds_by_hand(tmp_path):
     assert (c["tasks_paired"], c["tasks_arm_better"], c["tasks_against_better"]) == (8, 4, 1)
     assert c["p"] == pytest.approx(6 / 32) and c["depth_shown"] is False  # P(X >= 4 | 5, 1/2)
     assert depth_control_pooled(recs[2:], root=tmp_path) is None
+    md = depth_control_seeds_markdown(recs, root=tmp_path).splitlines()
+    assert md[-1] == ("Pooled over seeds 0, 1 (last controlled iteration): full depth 9/16, max_depth 1 4/16; tasks "
+                      "full depth solved more / fewer 4 / 1 of 8, p = 0.1875 (one-sided sign test): depth is not "
+                      "shown to be what solved them.")
 
 
 def test_the_seeds_section_writes_the_verdict_record_only_with_co_primaries(tmp_path):
