@@ -102,8 +102,8 @@ def _control(full: list[int], ctrl: list[int], iteration: int = 12) -> dict:
     return {"reference": {str(iteration): {"n": len(full), "successes": sum(full), "success": sum(full) / len(full),
                                            "ci95": "[0, 1]", "per_task": dict(zip(ids, full))}},
             "points": [{"iteration": 0, "n": 1, "successes": 0, "success": 0.0, "ci95": [0, 1], "per_task": {"t0": 0}},
-                       {"iteration": iteration, "n": len(ctrl), "successes": sum(ctrl), "success": sum(ctrl) / len(ctrl),
-                        "ci95": [0, 1], "per_task": dict(zip(ids, ctrl))}]}
+                       {"iteration": iteration, "n": len(ctrl), "successes": sum(ctrl),
+                        "success": sum(ctrl) / len(ctrl), "ci95": [0, 1], "per_task": dict(zip(ids, ctrl))}]}
 
 
 def test_the_control_pooled_over_seeds_by_hand(tmp_path):
