@@ -7,8 +7,8 @@ message, until its code calls ``finish(result)`` or a limit of ``RuntimeConfig``
 siblings, and returns the child's ``finish`` value to the parent REPL. A node's end calls ``env.on_node_end`` then
 ``env.verify`` once, before the parent resumes (:func:`_end_node`); the runtime never computes rewards.
 Departures from the paper / project choices: a child that ends without calling finish makes ``launch_subagent``
-raise ``ToolError`` in the parent; the per-cell wall-clock limit does not count waits on sub-agents or tools; in
-evaluations the tree's limit counts the tree's own time (:class:`_TreeClock`, ``runtime.tree_clock``).
+raise ``ToolError`` in the parent; the per-cell wall-clock limit does not count waits on sub-agents or tools; the
+tree's limit counts the tree's own time (:class:`_TreeClock`, ``runtime.tree_clock``), not the policy server's.
 Docs: docs/concepts.md#the-execution-tree, docs/pipeline/evaluation.md#tree-limits-on-a-busy-machine.
 """
 
@@ -470,9 +470,9 @@ async def _launch_child(ctx: _TreeCtx, parent: Node, args: list[Any], kwargs: di
 
 def tree_clock(config: RuntimeConfig) -> str:
     """The clock ``config.tree_timeout_s`` (seconds) counts in ``run_tree``/``run_trees``, ``'wall'`` or ``'own'``:
-    ``config.tree_clock``, with ``'auto'`` read as ``'wall'`` (an evaluation resolves ``'auto'`` to ``'own'`` before
-    it runs its trees: ``rao_core.evaluation.mode_runtime``). Raises nothing."""
-    return "wall" if config.tree_clock == "auto" else config.tree_clock
+    ``config.tree_clock``, with ``'auto'`` read as ``'own'`` in the RL rollouts and the evaluations alike (an
+    evaluation resolves it before it runs its trees: ``rao_core.evaluation.mode_runtime``). Raises nothing."""
+    return "own" if config.tree_clock == "auto" else config.tree_clock
 
 
 def _timeout_note(config: RuntimeConfig) -> str:

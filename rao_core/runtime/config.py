@@ -61,8 +61,8 @@ class RuntimeConfig(BaseModel):
         "REPL, running a cell, between turns), not those during which every working node waits on a policy "
         "generation (queue and server; each bounded by policy_timeout_s, their number by max_steps_per_node), so "
         "a server slowed by other load does not end the tree, and the tree's wall-clock limit becomes "
-        "tree_timeout_s plus the time it waited on the server. 'auto': 'own' in evaluations "
-        "(rao_core.evaluation.mode_runtime), 'wall' in the RL rollouts, whose generate stage the limit paces. "
+        "tree_timeout_s plus the time it waited on the server. 'auto' (default): 'own', in the RL rollouts and "
+        "the evaluations alike. "
         "Reason and numbers: rao_core.runtime.agent, 'Tree limits' (docs/pipeline.md, 'Tree limits on a busy "
         "machine').")
     max_concurrent_requests: int = Field(64, ge=1, description="Policy requests in flight at once, over "

@@ -139,8 +139,10 @@ async def test_tree_step_budget(tok):
 
 
 async def test_tree_timeout_cancels_all_nodes(tok):
+    # the slow policy's waits reach the limit on the wall clock (the own clock leaves them out: test_busy_limits.py)
     pol = ReplayPolicy(by_depth={0: [cell("await launch_subagent('c')")], 1: [cell("print(1)")]}, delay_s=0.5)
-    tree = await run_tree(FakeEnv(), task(), pol, cfg(tree_timeout_s=2.0, max_steps_per_node=50), tokenizer=tok)
+    tree = await run_tree(FakeEnv(), task(), pol, cfg(tree_timeout_s=2.0, max_steps_per_node=50, tree_clock="wall"),
+                          tokenizer=tok)
     assert {n.end_reason for n in tree.nodes} == {EndReason.TREE_TIMEOUT}
     assert len(tree.nodes) == 2 and 1.9 < tree.wall_s < 10
 

@@ -1,7 +1,7 @@
 """Tree limits on a busy machine (``runtime.tree_clock``; rao_core/runtime/agent.py, "Tree limits").
 
-An evaluation tree's limit counts the tree's own time, not its wait on a policy server slowed by load: trees
-behind a slow server are scored, where the wall-clock rule (the old one, ``tree_clock: wall``) cut every one of
+A tree's limit (an evaluation's, an RL rollout's) counts the tree's own time, not its wait on a policy server
+slowed by load: trees behind a slow server are scored, where the wall-clock rule (the old one, ``tree_clock: wall``) cut every one of
 them. The server's slowness is simulated without load on this machine: each request waits ``per_request_s``
 times the requests in flight when it arrives (asyncio.sleep, as a CPU server shares its cores among requests).
 """
@@ -77,6 +77,17 @@ async def test_trees_behind_a_busy_server_are_scored_not_timed_out(tok):
         assert waited > LIMIT_S  # the root's two requests and its child's two, one after another
 
 
+async def test_rl_rollouts_behind_a_busy_server_finish_too(tok):
+    """The RL rollouts (``run_trees``, the generate stage) under the default clock, behind the same busy server:
+    every tree finishes (none ``tree_timeout``, which drops it from its group and counts against the stage's
+    infrastructure-failure share), although each spent more than its limit of wall-clock waiting."""
+    pol = busy_server()
+    trees = await agent.run_trees(FakeEnv(), [(t, 1) for t in busy_tasks()], pol,
+                                  runtime_config(tree_timeout_s=LIMIT_S), tokenizer=tok)
+    assert [t.root.end_reason for t in trees] == [EndReason.FINISHED] * TREES, [t.root.error for t in trees]
+    assert all(t.root.result == "done" and t.meta["own_s"] < LIMIT_S < t.wall_s for t in trees)
+
+
 async def test_the_wall_clock_rule_cuts_the_same_trees_as_infrastructure_failures(tok):
     """The old rule, asked for explicitly (``tree_clock: wall``), on the same busy server: every tree ends
     ``tree_timeout`` at its limit, an infrastructure failure (unscored)."""
@@ -105,9 +116,10 @@ async def test_a_tree_working_past_its_limit_is_still_cut(tok):
     assert len(tree.root.turns) <= 3  # cut within its third second of work, long before its 20 steps
 
 
-def test_evaluations_count_own_time_rollouts_wall_clock():
+def test_evaluations_and_rollouts_count_own_time():
     rc = runtime_config()
-    assert rc.tree_clock == "auto" and tree_clock(rc) == "wall"  # run_trees (the RL rollouts): the old rule
+    assert rc.tree_clock == "auto" and tree_clock(rc) == "own"  # run_trees (the RL rollouts) too
+    assert tree_clock(runtime_config(tree_clock="wall")) == "wall"  # the old rule, asked for
     assert mode_runtime(rc, "recursive").tree_clock == "own" == mode_runtime(rc, "single").tree_clock
     for explicit in ("wall", "own"):
         assert mode_runtime(runtime_config(tree_clock=explicit), "single").tree_clock == explicit
