@@ -122,7 +122,8 @@ def mode_runtime(runtime: RuntimeConfig, mode: Mode) -> RuntimeConfig:
     """``runtime`` with ``delegation`` on (``mode='recursive'``) or off (``'single'``) and ``tree_clock``
     ``'auto'`` resolved to ``'own'`` (an evaluation tree's limit counts its own time, not its wait on a server
     slowed by other load: ``rao_core.runtime.agent``, "Tree limits"; an explicit ``'wall'`` or ``'own'`` is
-    kept), everything else kept (context window included); re-validated. Raises ValueError for another mode."""
+    kept; ``agent.tree_clock`` reads ``'auto'`` the same way, and writing it here keeps the clock in the runtime
+    that keys the nightly's stored outcomes), everything else kept (context window included); re-validated. Raises ValueError for another mode."""
     if mode not in ("recursive", "single"):
         raise ValueError(f"mode must be 'recursive' or 'single', got {mode!r}")
     clock = "own" if runtime.tree_clock == "auto" else runtime.tree_clock
