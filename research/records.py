@@ -251,7 +251,7 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
 
     ``supported`` (the preregistered rule): the task-level p < ``alpha`` and every d_s > 0, and, with
     ``min_difference`` (``eval.endpoint.min_difference``), the pooled difference (successes summed over seeds,
-    ``pooled_difference``) at least that.
+    ``pooled_difference``) at least that (``all_seeds_positive`` and ``min_difference_met`` say the last two).
 
     Returns None when no record has both points with per-task outcomes. Units: rates in [0, 1].
     """
@@ -290,6 +290,7 @@ def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, diffi
             "tasks_paired": paired, "tasks_arm_better": pos, "tasks_against_better": neg,
             "p_tasks_sign_test": p_tasks, "p_seeds_t_test": p_seeds, "alpha": alpha,
             "pooled_difference": pooled_diff, "min_difference": min_difference,
+            "all_seeds_positive": all(d > 0 for d in ds), "min_difference_met": big_enough,
             "supported": bool(p_tasks < alpha and all(d > 0 for d in ds) and big_enough),
             "test": "one-sided exact sign test over tasks on the seed-averaged per-task difference (preregistered); "
                     "one-sided t-test over the per-seed differences (reported)"}
@@ -447,11 +448,10 @@ def primary_verdict(records: list[dict[str, Any]], endpoints: Sequence[dict[str,
         verdict = "incomplete"
     else:
         rejected = holm([r["comparison"]["p_tasks_sign_test"] for r in rows], alpha)
-        for r, rej in zip(rows, rejected):
+        for r, rej in zip(rows, rejected):  # seed_comparison's rule with Holm's threshold in place of alpha
             c = r["comparison"]
-            big = c["min_difference"] is None or c["pooled_difference"] >= c["min_difference"] - 1e-12
-            r.update(holm_rejected=rej, all_seeds_positive=all(s["difference"] > 0 for s in c["per_seed"]))
-            r["holds"] = bool(rej and r["all_seeds_positive"] and big)
+            r.update(holm_rejected=rej, all_seeds_positive=c["all_seeds_positive"],
+                     holds=bool(rej and c["all_seeds_positive"] and c["min_difference_met"]))
         held = sum(r["holds"] for r in rows)
         verdict = "supported" if held == len(rows) else "mixed" if held else "not supported"
     return {"verdict": verdict, "alpha": alpha, "correction": "holm", "primaries": rows,
