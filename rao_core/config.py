@@ -361,17 +361,19 @@ class EvalSettings(EvalConfig):
     def _check_sets(self) -> EvalSettings:
         if self.dev is not None and self.dev.seed == self.seed:
             raise ValueError(f"eval.dev.seed = {self.dev.seed} is eval.seed: the development set needs its own seed")
-        if self.endpoint is not None and self.endpoint.difficulty not in self.difficulties:
-            raise ValueError(f"eval.endpoint.difficulty = {self.endpoint.difficulty!r} is not one of "
-                             f"eval.difficulties {self.difficulties}")
-        for i, e in enumerate(self.co_primary):
-            if self.endpoint is None:
-                raise ValueError("eval.co_primary is set without eval.endpoint: name the first primary endpoint "
-                                 "there")
+        if self.co_primary and self.endpoint is None:
+            raise ValueError("eval.co_primary is set without eval.endpoint: name the first primary endpoint there")
+        for key, e in self.primary_endpoints():
             if e.difficulty not in self.difficulties:
-                raise ValueError(f"eval.co_primary[{i}].difficulty = {e.difficulty!r} is not one of "
-                                 f"eval.difficulties {self.difficulties}")
+                raise ValueError(f"{key}.difficulty = {e.difficulty!r} is not one of eval.difficulties "
+                                 f"{self.difficulties}")
         return self
+
+    def primary_endpoints(self) -> list[tuple[str, Endpoint]]:
+        """The preregistered primary endpoints with their config keys: ``eval.endpoint`` (when set), then
+        ``eval.co_primary[i]``."""
+        first = [("eval.endpoint", self.endpoint)] if self.endpoint is not None else []
+        return first + [(f"eval.co_primary[{i}]", e) for i, e in enumerate(self.co_primary)]
 
 
 class ExecutionSettings(_Strict):
@@ -507,10 +509,8 @@ class CampaignConfig(_Strict):
         judged, and a run would find out only at its end."""
         if not self.eval.enabled:
             return
-        named = [("eval.endpoint", self.eval.endpoint)] + [(f"eval.co_primary[{i}]", e)
-                                                           for i, e in enumerate(self.eval.co_primary)]
-        for key, e in named:
-            if e is None or not isinstance(e.iteration, int):
+        for key, e in self.eval.primary_endpoints():
+            if not isinstance(e.iteration, int):
                 continue
             if e.iteration > self.iterations or not self.eval.evaluates(e.iteration, self.iterations):
                 raise ValueError(f"{key}.iteration = {e.iteration} is not evaluated: a campaign of {self.iterations} "
