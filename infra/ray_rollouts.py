@@ -272,24 +272,25 @@ def read_shards(ctx: Any, what: str, shards: Sequence[Shard], results: Sequence[
     return trees
 
 
-def worker_runtime_env() -> dict[str, Any]:
+def worker_runtime_env(key_env: str | None = None) -> dict[str, Any]:
     """The Ray job's runtime environment: the repository (this checkout's path) on every worker's
     ``PYTHONPATH``, ``RAO_POLICY_API_KEY`` (the key of the pipeline's vLLM servers, which the shards' clients
-    send: :func:`infra.serving.policy_api_key`), and ``RAO_HOME`` and ``RAO_VLLM_PYTHON`` (the vLLM environment a
-    replica's actor starts its server with, ``infra/ray_serving.py``) when set."""
+    send to them only: :func:`infra.serving.policy_api_key`), and when set here ``RAO_POLICY_BASE_URL``, the
+    variable ``key_env`` names (``serving.api_key_env``: the key of external policy servers), ``RAO_HOME`` and
+    ``RAO_VLLM_PYTHON`` (the vLLM environment a replica's actor starts its server with, ``infra/ray_serving.py``)."""
     from infra.serving import policy_api_key
 
     path = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path)), "RAO_POLICY_API_KEY": policy_api_key()}
-    for name in ("RAO_HOME", "RAO_VLLM_PYTHON"):
-        if os.environ.get(name):
+    for name in ("RAO_POLICY_BASE_URL", key_env, "RAO_HOME", "RAO_VLLM_PYTHON"):
+        if name and os.environ.get(name):
             env[name] = os.environ[name]
     return {"env_vars": env}
 
 
-def connect(address: str) -> dict[str, float]:
+def connect(address: str, key_env: str | None = None) -> dict[str, float]:
     """Join the Ray cluster at ``address`` (``execution.ray_address``) unless this process is connected already
-    (then its cluster is used as it is); returns the cluster's resources (``{"CPU": 4.0, ...}``). When a Ray
+    (then its cluster is used as it is), its workers in :func:`worker_runtime_env` of ``key_env``; returns the cluster's resources (``{"CPU": 4.0, ...}``). When a Ray
     token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, where ``rao services
     up --ray`` leaves it) and ``RAY_AUTH_MODE`` is unset, token authentication is used. A cluster on 127.0.0.1
     (``rao services up --ray``'s) is joined on loopback (``infra.services.ray_loopback``: Ray would otherwise
@@ -313,7 +314,7 @@ def connect(address: str) -> dict[str, float]:
 
     if not ray.is_initialized():
         try:
-            ray.init(address=address, runtime_env=worker_runtime_env(), log_to_driver=False,
+            ray.init(address=address, runtime_env=worker_runtime_env(key_env), log_to_driver=False,
                      logging_level="WARNING")
         except ConnectionError as e:
             raise ShardError(f"execution.backend 'ray': no Ray cluster at execution.ray_address = {address!r} "
@@ -372,7 +373,7 @@ def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], s
 
     ex = ctx.config.execution
     what = what or f"iteration {iteration} generate"
-    connect(ex.ray_address)
+    connect(ex.ray_address, key_env=ctx.config.serving.api_key_env)
     task = ray.remote(shard_attempt)
     log = run_logger()
 

@@ -30,6 +30,7 @@ import httpx
 
 from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_a_fresh_port
 from rao_core.paths import rao_home, vllm_cache_dir, vllm_python
+from rao_core.policies.openai_policy import policy_client_key
 from rao_core.train.config import cpu_has_bf16
 
 #: The folder put on the vLLM server's ``PYTHONPATH`` and the middleware it loads from there (``--middleware``).
@@ -46,10 +47,12 @@ def policy_api_key() -> str:
     return os.environ.get("RAO_POLICY_API_KEY") or service_secret("vllm")
 
 
-def client_api_key() -> str:
-    """The key this process sends to a policy server: ``RAO_POLICY_API_KEY``, else ``OPENAI_API_KEY``, else
-    ``EMPTY`` (what vLLM without a key ignores)."""
-    return os.environ.get("RAO_POLICY_API_KEY") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+def client_api_key(base_url: str, *, own: bool | None = None, key_env: str = "OPENAI_API_KEY") -> str:
+    """The key this process sends to the policy server at ``base_url``
+    (:func:`rao_core.policies.openai_policy.policy_client_key`): ``RAO_POLICY_API_KEY`` to a server of this
+    installation (``own``; None: ``RAO_POLICY_BASE_URL`` or a loopback host), else the variable named
+    ``key_env`` (``serving.api_key_env``); ``EMPTY`` when unset."""
+    return policy_client_key(base_url, own=own, key_env=key_env)
 
 
 # vLLM's LoRAConfig.max_lora_rank accepts only these values (vllm/config/lora.py, MaxLoRARanks).
@@ -439,11 +442,11 @@ def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: flo
     """``POST {base_url}/load_lora_adapter`` (``base_url`` ends in ``/v1``): load or replace adapter ``name``
     from ``path``, a folder the server can read. Requests then name the adapter as their model. The server
     must run with ``--enable-lora`` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. ``api_key``: the key sent
-    (default :func:`client_api_key`). Raises ServiceError."""
+    (default :func:`client_api_key` of ``base_url``). Raises ServiceError."""
     try:
         r = httpx.post(f"{base_url.rstrip('/')}/load_lora_adapter", timeout=timeout_s,
                        json={"lora_name": name, "lora_path": str(path), "load_inplace": True},
-                       headers={"Authorization": f"Bearer {api_key or client_api_key()}"})
+                       headers={"Authorization": f"Bearer {api_key or client_api_key(base_url)}"})
     except httpx.HTTPError as e:
         raise ServiceError(f"load_lora_adapter({name}) at {base_url} failed: {e}") from e
     if r.status_code != 200:
@@ -514,7 +517,7 @@ def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{base_url.rstrip('/')}/models", timeout=5,
-                         headers={"Authorization": f"Bearer {client_api_key()}"}
+                         headers={"Authorization": f"Bearer {client_api_key(base_url)}"}
                          ).status_code == 200:
                 return
         except httpx.HTTPError as e:
@@ -529,7 +532,7 @@ def served_models(base_url: str, timeout_s: float = 30.0) -> list[str]:
     ServiceError when it does not answer 200 with a model list."""
     try:
         r = httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s,
-                      headers={"Authorization": f"Bearer {client_api_key()}"})
+                      headers={"Authorization": f"Bearer {client_api_key(base_url)}"})
         r.raise_for_status()
         return [str(m["id"]) for m in r.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:

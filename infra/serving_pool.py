@@ -245,7 +245,8 @@ class ServingPool:
                 failed = []
                 for i, url in enumerate(urls):
                     try:
-                        serving.load_lora_adapter(url, name, src.resolve())
+                        serving.load_lora_adapter(url, name, src.resolve(),
+                                                  api_key=serving.client_api_key(url, key_env=cfg.api_key_env))
                     except ServiceError as e:
                         failed.append(f"replica {i + 1}/{len(urls)}: {e}" if len(urls) > 1 else str(e))
                 if failed:
@@ -253,7 +254,7 @@ class ServingPool:
         how, model = plan.jobs[0], plan.adapter or cfg.served_model_name
         dt = round(time.monotonic() - t0, 3)
         return ServedEndpoint(base_url=urls[0], base_urls=list(urls) if len(urls) > 1 else [], model=model,
-                              switch_s=dt, how=how, seeded=cfg.request_seeds is not False,
+                              switch_s=dt, how=how, seeded=cfg.request_seeds is not False, own=None,
                               replicas=[ServedReplica(index=i, base_url=u, checkpoint=name, how=how)
                                         for i, u in enumerate(urls)] if len(urls) > 1 else [])
 
@@ -280,7 +281,8 @@ class ServingPool:
         kind = server_kind(config)
         on_gpu = None  # None: the replicas start here, on GPUs if this host has one (infra.serving.has_cuda_gpu)
         if kind == "ray":
-            on_gpu = connect(ex.ray_address).get("GPU", 0) > 0  # a cluster with GPUs: each replica asks for its own
+            # a cluster with GPUs: each replica asks for its own
+            on_gpu = connect(ex.ray_address, key_env=cfg.api_key_env).get("GPU", 0) > 0
         plan = plan_switch(config, name, lora, PoolView(alive, self.served, self.lora), cluster_gpus=bool(on_gpu))
         if kind == "ray":
             check_placement(cfg.replicas, plan.num_cpus, plan.num_gpus, ex.cpus_per_shard)

@@ -117,6 +117,11 @@ class ServingSettings(_Strict):
                                  "'http://h2:8000/v1']: each tree is pinned to one of them for its whole life, "
                                  "trees are spread by load (rao_core/policies/pool.py); LoRA adapters go to every one of them. "
                                  "Not with base_url (use one or the other) nor with replicas > 1.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="The environment variable holding the API key sent to "
+                             "the external servers of base_url / base_urls (and Ray workers get it too). The "
+                             "servers the pipeline starts, and RAO_POLICY_BASE_URL's, get this installation's "
+                             "key (RAO_POLICY_API_KEY) instead, which is never sent to any other server "
+                             "(rao_core.policies.openai_policy.policy_client_key).")
     replicas: int = Field(1, ge=1, description="vLLM servers the serve stage starts (a pool of replicas of the "
                           "same checkpoint), each on its own port with its share of gpus.serve "
                           "(tensor_parallel_size x data_parallel_size GPUs each) or, on CPU, of this machine's "

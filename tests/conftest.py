@@ -119,7 +119,7 @@ def vllm_tiny(tmp_path_factory, tiny_model_path):
         from infra.serving import client_api_key
 
         yield ServedModel(url, os.environ.get("RAO_TEST_VLLM_MODEL", "policy"),
-                          Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)), api_key=client_api_key())
+                          Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)), api_key=client_api_key(url))
         return
     from infra.serving import VLLMServer
 

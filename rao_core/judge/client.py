@@ -10,7 +10,6 @@ every node NaN. Other errors after retries make that node's judgement fail (NaN)
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any, Literal
 
 import openai
@@ -53,13 +52,14 @@ class JudgeOutcome(BaseModel):
 
 
 def make_client(config: JudgeConfig) -> openai.AsyncOpenAI:
-    """An AsyncOpenAI client for ``config``. Its key: ``RAO_POLICY_API_KEY`` (the key of the project's own vLLM
-    servers) for the project's vLLM service (``RAO_POLICY_BASE_URL``); else the variable named by
-    ``config.api_key_env``, else ``RAO_POLICY_API_KEY``, else 'EMPTY'."""
-    own = config.base_url.rstrip("/") == os.environ.get("RAO_POLICY_BASE_URL", "").rstrip("/")
-    key = ((os.environ.get("RAO_POLICY_API_KEY") if own else None) or os.environ.get(config.api_key_env)
-           or os.environ.get("RAO_POLICY_API_KEY") or "EMPTY")
-    return openai.AsyncOpenAI(base_url=config.base_url, api_key=key,
+    """An AsyncOpenAI client for ``config``. Its key (``rao_core.policies.openai_policy.policy_client_key``):
+    ``RAO_POLICY_API_KEY`` (the key of the project's own vLLM servers) for the project's vLLM service
+    (``RAO_POLICY_BASE_URL``) or a loopback server, else the variable named by ``config.api_key_env``; any other
+    endpoint gets only that variable (never the project's own key); 'EMPTY' when unset."""
+    from rao_core.policies.openai_policy import policy_client_key
+
+    return openai.AsyncOpenAI(base_url=config.base_url, api_key=policy_client_key(config.base_url,
+                                                                                   key_env=config.api_key_env),
                               max_retries=config.max_retries, timeout=config.timeout_s)
 
 

@@ -9,16 +9,37 @@ output with ``include_stop_str_in_output`` so that the recorded ids are exactly 
 Retries: transient errors (connection refused/reset, timeouts, 5xx, 429) are retried with exponential
 backoff (tenacity) up to ``max_retries`` times; then ``PolicyError``. Each HTTP request has its own
 ``request_timeout_s``, so a dead or hung server fails the node instead of hanging.
+
+Keys: :func:`policy_client_key` sends this installation's vLLM key only to its own servers; any other server
+gets the key of the variable the configuration names (``serving.api_key_env``, ``judge.api_key_env``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
 
 DEFAULT_STOP = ("\n```\n",)
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def policy_client_key(base_url: str, *, own: bool | None = None, key_env: str = "OPENAI_API_KEY") -> str:
+    """The API key a client sends to the OpenAI-compatible server at ``base_url``.
+
+    A server of this installation (``own``; None: ``base_url`` is ``RAO_POLICY_BASE_URL``, which ``rao services
+    up`` exports, or on a loopback host) gets ``RAO_POLICY_API_KEY``, the key the pipeline starts its vLLM
+    servers with (``infra.serving.policy_api_key``), else the variable named ``key_env``. Any other server gets
+    only the variable named ``key_env``: the installation's key never leaves for a server it did not start.
+    ``EMPTY`` (what a server without a key ignores) when the variable is unset or empty."""
+    if own is None:
+        own = (base_url.rstrip("/") == os.environ.get("RAO_POLICY_BASE_URL", "").rstrip("/")
+               or (urlsplit(base_url).hostname or "") in LOOPBACK_HOSTS)
+    key = (os.environ.get("RAO_POLICY_API_KEY") if own else None) or (os.environ.get(key_env) if key_env else None)
+    return key or "EMPTY"
 
 
 class OpenAIPolicy(Policy):
@@ -27,6 +48,7 @@ class OpenAIPolicy(Policy):
     Args:
         base_url: e.g. ``http://127.0.0.1:8000/v1``.
         model: served model name.
+        api_key: the key sent; None = :func:`policy_client_key` of ``base_url``.
         temperature, top_p: sampling parameters.
         stop: stop strings (default: end of a code fence).
         request_timeout_s: per HTTP request, seconds.
@@ -54,10 +76,7 @@ class OpenAIPolicy(Policy):
         self.max_retries = max_retries
         self.extra_body = dict(extra_body or {})
         self.send_seeds = send_seeds
-        import os
-
-        # the pipeline's vLLM servers require RAO_POLICY_API_KEY (infra.serving.policy_api_key)
-        api_key = api_key or os.environ.get("RAO_POLICY_API_KEY") or "EMPTY"
+        api_key = api_key or policy_client_key(base_url)
         self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=request_timeout_s, max_retries=0)
 
     async def _create(self, request: PolicyRequest) -> Any:

@@ -14,7 +14,7 @@ Docs: docs/pipeline/ray.md#a-pool-of-policy-servers-servingreplicas-servingbase_
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
@@ -83,11 +83,14 @@ class PolicyPool(Policy):
         self._load = [0] * len(self.replicas)  # trees in flight per replica
 
     @classmethod
-    def of_endpoints(cls, base_urls: Sequence[str], model: str, *, offset: int = 0, **kwargs: Any) -> PolicyPool:
-        """A pool of ``OpenAIPolicy(url, model, **kwargs)``, one per base URL (``.../v1``)."""
+    def of_endpoints(cls, base_urls: Sequence[str], model: str, *, offset: int = 0,
+                     key: Callable[[str], str] | None = None, **kwargs: Any) -> PolicyPool:
+        """A pool of ``OpenAIPolicy(url, model, **kwargs)``, one per base URL (``.../v1``); ``key(url)`` is the
+        key each sends (None: ``OpenAIPolicy``'s default, ``policy_client_key(url)``)."""
         from rao_core.policies.openai_policy import OpenAIPolicy
 
-        return cls([OpenAIPolicy(u, model, **kwargs) for u in base_urls], urls=list(base_urls), offset=offset)
+        return cls([OpenAIPolicy(u, model, api_key=key(u) if key else None, **kwargs) for u in base_urls],
+                   urls=list(base_urls), offset=offset)
 
     def __len__(self) -> int:
         return len(self.replicas)

@@ -117,6 +117,52 @@ def test_vllm_is_started_with_the_key_in_its_environment_not_on_its_command_line
     assert srv._env()["PYTHONPATH"].split(os.pathsep)[0] == str(Path("infra/vllm_plugins").resolve())
 
 
+def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
+    """The installation's vLLM key (``RAO_POLICY_API_KEY``) reaches the pipeline's own servers (started by the
+    pool: ``own``; ``RAO_POLICY_BASE_URL``; loopback) and never an external server, which gets the variable
+    ``serving.api_key_env`` / ``judge.api_key_env`` names; the request headers are checked, not only the
+    function."""
+    import asyncio
+
+    import httpx as _httpx
+
+    from infra.serving import client_api_key
+    from rao_core.judge.client import make_client
+    from rao_core.judge.config import JudgeConfig
+    from rao_core.policies.openai_policy import OpenAIPolicy
+    from rao_core.policies.pool import PolicyPool
+
+    monkeypatch.setenv("RAO_POLICY_API_KEY", "installation-key")
+    monkeypatch.setenv("RAO_POLICY_BASE_URL", "http://10.0.0.5:8000/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "provider-key")
+    monkeypatch.delenv("MY_KEY", raising=False)
+    ext = "https://api.example.com/v1"
+    assert client_api_key(ext) == "provider-key"
+    assert client_api_key(ext, key_env="MY_KEY") == "EMPTY"  # unset: nothing of ours instead
+    assert client_api_key("http://127.0.0.1:8123/v1") == "installation-key"
+    assert client_api_key("http://10.0.0.5:8000/v1/") == "installation-key"  # `rao services up`'s server
+    assert client_api_key("http://10.0.0.7:8000/v1", own=True) == "installation-key"  # a Ray replica elsewhere
+    assert client_api_key("http://127.0.0.1:8123/v1", own=False) == "provider-key"
+
+    sent: list[tuple[str, str]] = []
+
+    def handler(request: _httpx.Request) -> _httpx.Response:
+        sent.append((request.url.host, request.headers.get("authorization", "")))
+        return _httpx.Response(401, json={"error": "no"})
+
+    async def ask(client) -> None:
+        with pytest.raises(Exception):
+            await client.models.list()
+
+    for client in (OpenAIPolicy(ext, "m").client, make_client(JudgeConfig(base_url=ext, model="m"))):
+        asyncio.run(ask(client.with_options(http_client=_httpx.AsyncClient(transport=_httpx.MockTransport(handler)),
+                                            max_retries=0)))
+    pool = PolicyPool.of_endpoints([ext, "http://127.0.0.1:9/v1"], "m",
+                                   key=lambda u: client_api_key(u, key_env="OPENAI_API_KEY"))
+    assert [p.client.api_key for p in pool.replicas] == ["provider-key", "installation-key"]
+    assert sent == [("api.example.com", "Bearer provider-key")] * 2
+
+
 def test_the_vllm_middleware_guards_every_route_but_the_probes(monkeypatch):
     """vLLM's ``--api-key`` guards ``/v1`` only; the middleware the servers load guards ``/collective_rpc``,
     ``/sleep``, ``/invocations`` and the rest too."""

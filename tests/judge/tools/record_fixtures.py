@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="TextCraft nodes to use")
     a = ap.parse_args()
     cfg = JudgeConfig(base_url=a.base_url, model=a.model, max_summary_chars=1200)
-    client = openai.OpenAI(base_url=a.base_url, api_key=client_api_key())  # RAO_POLICY_API_KEY for our vLLM
+    client = openai.OpenAI(base_url=a.base_url, api_key=client_api_key(a.base_url))  # RAO_POLICY_API_KEY for our vLLM
     items: list[tuple[str, Node]] = []
     nodes = [n for t in read_trees(a.trees) for n in t.nodes if n.verifier is not None]
     fin = [n for n in nodes if n.end_reason == EndReason.FINISHED][: a.n // 2]
