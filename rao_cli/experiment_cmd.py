@@ -342,8 +342,9 @@ def textcraft_wallclock(
     _run_study(plan_wallclock, write_docs, dry_run, record=record, model=model, single_model=single_model, n=n, ks=list(k),
                single_window=single_window, settings=list(setting), overrides=list(override), command=command)
 
-@app.command("textcraft-nested-control")
-def textcraft_nested_control(
+@app.command("depth-control")
+@app.command("textcraft-nested-control", hidden=True)  # the name the nested experiment's records print
+def depth_control(
     record: str = typer.Option("docs/results/textcraft-nested.json", help="Record of a nested-shape experiment "
                                "(textcraft-nested, textcraft-deeper) whose recursive checkpoints, config, evaluation "
                                "seed and trees at full depth are used."),
@@ -365,7 +366,7 @@ def textcraft_nested_control(
     docs/results.md."""
     from research.studies import plan_depth_control
 
-    command = (f"rao experiment textcraft-nested-control --record {record}"
+    command = (f"rao experiment depth-control --record {record}"
                + "".join(f" --iteration {i}" for i in iteration) + f" --difficulty {difficulty}"
                + (f" --n {n}" if n else "") + "".join(f" --set {o}" for o in override))
     _run_study(plan_depth_control, write_docs, dry_run, record=record, iterations=list(iteration),

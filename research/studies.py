@@ -712,7 +712,7 @@ def depth_control_seeds_markdown(records: Sequence[dict[str, Any]], root: Path |
         return ""
     return "\n".join(["### Depth-limited control per seed", "",
                       "The same checkpoint on the same nest2 tasks at `runtime.max_depth: 1` (the root may delegate, "
-                      "its children may not): what depth buys, per seed (`rao experiment textcraft-nested-control`).",
+                      "its children may not): what depth buys, per seed (`rao experiment depth-control`).",
                       "", f"| seed | iteration | {DEPTH_CONTROL_HEAD} |", "|---|---|---|---|---|---|---|---|",
                       *rows, *_pooled_control_line(depth_control_pooled(records, root))]) + "\n"
 

@@ -79,7 +79,7 @@ CASES = [
     ("experiment rerun {garbage} {garbage}", 2, "error: {garbage}: not a JSON record"),
     ("experiment textcraft-generalisation --arm both", 2, "error: unknown arm 'both' (expected one of "),
     ("experiment textcraft-wallclock --setting fast", 2, "error: unknown setting 'fast' (expected one of "),
-    ("experiment textcraft-nested-control --record {tmp}/none.json --dry-run", 2,
+    ("experiment depth-control --record {tmp}/none.json --dry-run", 2,
      "error: record not found: {tmp}/none.json; run `rao experiment textcraft-nested` first"),
     ("solve --env nosuchenv --task-file {garbage}", 2, "Invalid value for '--env': unknown environment 'nosuchenv'"),
     ("solve --env textcraft-synth --task-file {garbage}", 2, "error: {garbage}:1: not a valid task record"),
@@ -121,7 +121,8 @@ def _command_paths() -> set[str]:
             yield " ".join(path)
             return
         for name, sub in subs.items():
-            yield from walk(sub, [*path, name])
+            if not sub.hidden:  # a hidden alias runs the same function as the command it names
+                yield from walk(sub, [*path, name])
 
     return set(walk(typer.main.get_command(app), []))
 
