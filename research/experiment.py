@@ -27,7 +27,7 @@ from research.designs import arm_overrides, git_output
 from research.records import (comparisons_markdown, deep_config, depth_seeds_markdown, iteration_stats,
                               preregistered_endpoints, primary_verdict, replace_section, seeds_markdown,
                               verdict_markdown, write_results)
-from research.studies import depth_control_pooled, depth_control_seeds_markdown
+from research.studies import control_records, depth_control_pooled, depth_control_seeds_markdown
 from tasks.serve import STOP_SERVER_HOOKS
 
 
@@ -211,9 +211,10 @@ def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_do
     verdict = primary_verdict(records, endpoints) if with_tasks and len(endpoints) > 1 else None
     if verdict:
         md += "\n" + verdict_markdown(verdict)
+    controls = control_records(records, root)  # read once for the table and the verdict's record
     if any(deep_config(r.get("config_values")) for r in records):
         md += "\n" + depth_seeds_markdown(records)
-        if ctrl := depth_control_seeds_markdown(records, root):
+        if ctrl := depth_control_seeds_markdown(records, controls=controls):
             md += "\n" + ctrl
     if write_docs:
         root = root or REPO_ROOT
@@ -221,6 +222,6 @@ def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_do
         if verdict:
             verdict |= {"experiment": experiment, "seeds": sorted(r.get("seed") for r in records),
                         "records": [f"docs/results/{r['experiment']}.json" for r in records],
-                        "control": depth_control_pooled(records, root)}
+                        "control": depth_control_pooled(records, controls=controls)}
             (root / "docs/results" / f"{experiment}-verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
     return md

@@ -689,32 +689,46 @@ def depth_control_table(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def depth_control_seeds_markdown(records: Sequence[dict[str, Any]], root: Path | None = None) -> str:
+def control_records(records: Sequence[dict[str, Any]], root: Path | None = None
+                    ) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each experiment record (one per seed, in seed order) with its depth-limited control record
+    ``docs/results/<experiment>-control[-seed<S>].json`` under ``root`` (the repository by default;
+    :func:`control_name`), or None where that file is missing or unreadable."""
+    from rao_core.paths import REPO_ROOT
+
+    folder = (root or REPO_ROOT) / "docs/results"
+    out = []
+    for rec in sorted(records, key=lambda r: r.get("seed", 0)):
+        try:
+            out.append((rec, json.loads((folder / f"{control_name(rec)}.json").read_text())))
+        except (OSError, ValueError):
+            out.append((rec, None))
+    return out
+
+
+def depth_control_seeds_markdown(records: Sequence[dict[str, Any]], root: Path | None = None, *,
+                                 controls: list[tuple[dict[str, Any], dict[str, Any] | None]] | None = None) -> str:
     """The ``### Depth-limited control per seed`` part of a nested experiment's seeds section: for each
     experiment record (one per seed), its control record ``docs/results/<experiment>-control[-seed<S>].json``
     under ``root`` (the repository by default; :func:`control_name`), one row per controlled iteration
     (:func:`depth_control_rows`), or a row saying the seed has none (e.g. its checkpoints were lost before the
-    control ran), then the seeds pooled (:func:`depth_control_pooled`). Empty when no seed has one."""
-    from rao_core.paths import REPO_ROOT
-
-    folder = (root or REPO_ROOT) / "docs/results"
-    rows, found = [], False
-    for rec in sorted(records, key=lambda r: r.get("seed", 0)):
-        name = control_name(rec)
-        try:
-            ctrl = json.loads((folder / f"{name}.json").read_text())
-        except (OSError, ValueError):
-            rows.append(f"| {rec.get('seed')} | - | no control record (`docs/results/{name}.json`) | | | | | |")
-            continue
-        found = True
-        rows += [f"| {rec.get('seed')} {row}" for row in depth_control_rows(ctrl)]
-    if not found:
+    control ran), then the seeds pooled (:func:`depth_control_pooled`). Empty when no seed has one.
+    ``controls``: :func:`control_records` of ``records`` already read (None: read here)."""
+    controls = control_records(records, root) if controls is None else controls
+    rows = []
+    for rec, ctrl in controls:
+        if ctrl is None:
+            rows.append(f"| {rec.get('seed')} | - | no control record (`docs/results/{control_name(rec)}.json`) "
+                        "| | | | | |")
+        else:
+            rows += [f"| {rec.get('seed')} {row}" for row in depth_control_rows(ctrl)]
+    if all(ctrl is None for _, ctrl in controls):
         return ""
     return "\n".join(["### Depth-limited control per seed", "",
                       "The same checkpoint on the same nest2 tasks at `runtime.max_depth: 1` (the root may delegate, "
                       "its children may not): what depth buys, per seed (`rao experiment depth-control`).",
                       "", f"| seed | iteration | {DEPTH_CONTROL_HEAD} |", "|---|---|---|---|---|---|---|---|",
-                      *rows, *_pooled_control_line(depth_control_pooled(records, root))]) + "\n"
+                      *rows, *_pooled_control_line(depth_control_pooled(records, controls=controls))]) + "\n"
 
 
 def _pooled_control_line(pooled: dict[str, Any] | None) -> list[str]:
@@ -730,21 +744,19 @@ def _pooled_control_line(pooled: dict[str, Any] | None) -> list[str]:
             "to be what solved them."]
 
 
-def depth_control_pooled(records: Sequence[dict[str, Any]], root: Path | None = None) -> dict[str, Any] | None:
+def depth_control_pooled(records: Sequence[dict[str, Any]], root: Path | None = None, *,
+                         controls: list[tuple[dict[str, Any], dict[str, Any] | None]] | None = None
+                         ) -> dict[str, Any] | None:
     """The depth-limited control pooled over seeds: for each experiment record (one per seed) whose control
     record exists (:func:`control_name`), that control's last controlled iteration, full depth (the
     experiment's trees) vs ``max_depth`` 1 on the same tasks; the tasks paired across seeds and tested by
     ``research.records.paired_sign_test`` (one-sided, H1: full depth solves more). Returns ``seeds``,
     ``per_seed`` (iteration, full and control successes/n), ``full`` and ``control`` pooled successes/n, the
-    test's fields and ``depth_shown`` (p < 0.05), or None when no seed has a control record."""
-    from rao_core.paths import REPO_ROOT
-
-    folder = (root or REPO_ROOT) / "docs/results"
+    test's fields and ``depth_shown`` (p < 0.05), or None when no seed has a control record. ``controls``:
+    :func:`control_records` of ``records`` already read (None: read here)."""
     per_seed, tables = [], []
-    for rec in sorted(records, key=lambda r: r.get("seed", 0)):
-        try:
-            ctrl = json.loads((folder / f"{control_name(rec)}.json").read_text())
-        except (OSError, ValueError):
+    for rec, ctrl in control_records(records, root) if controls is None else controls:
+        if ctrl is None:
             continue
         p = max(ctrl.get("points") or [], key=lambda q: q["iteration"], default=None)
         ref = ((ctrl.get("reference") or {}).get(str(p["iteration"])) or {}) if p else {}
