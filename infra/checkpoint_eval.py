@@ -90,13 +90,15 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
     options = cfg.tasks.generator_options  # a job without tasks gets the campaign's held-out set, generated alike
     server = None
     reports: list[EvalReport] = []
+    key = None  # the policy's default: policy_client_key of the URL
     try:
         if policy is not None:
             url, name = None, "policy"
         elif base_url:
-            from infra.serving import wait_for_server
+            from infra.serving import client_api_key, wait_for_server
 
-            wait_for_server(base_url)
+            key = client_api_key(base_url, key_env=cfg.serving.api_key_env)
+            wait_for_server(base_url, api_key=key)
             url, name = base_url, served_name or cfg.serving.served_model_name
         else:
             from infra.serving import server_from_config
@@ -106,12 +108,13 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
             say(f"starting vLLM on {model}{where} (2-3 minutes on CPU)...")
             server.on_progress = say  # its phases from its log, and a line every 20 s
             server.start()
-            url, name = server.base_url, server.model
+            url, name, key = server.base_url, server.model, server.api_key
         for job in jobs:
             say(f"evaluating {job.label}")
             tasks = job.tasks if job.tasks is not None else evaluation.eval_tasks(env, job.config, **options)
             report = evaluation.run_evaluation(job.config, env=env, tasks=tasks, runtime=job.runtime,
-                                               tokenizer=tokenizer, base_url=url, model=name, policy=policy,
+                                               tokenizer=tokenizer, base_url=url, model=name, api_key=key,
+                                               policy=policy,
                                                close_policy=False, progress=_tenths_said(job.label, say))
             reports.append(report)
             for r in report.rows:

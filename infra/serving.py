@@ -510,14 +510,15 @@ def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = No
         start_timeout_s=s.start_timeout_s, log_dir=log_dir)
 
 
-def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:
-    """Block until an OpenAI-compatible server answers ``GET {base_url}/models``; raises ServiceError."""
+def wait_for_server(base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> None:
+    """Block until an OpenAI-compatible server answers ``GET {base_url}/models`` (``api_key``: the key sent,
+    default :func:`client_api_key` of ``base_url``); raises ServiceError."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{base_url.rstrip('/')}/models", timeout=5,
-                         headers={"Authorization": f"Bearer {client_api_key(base_url)}"}
+                         headers={"Authorization": f"Bearer {api_key or client_api_key(base_url)}"}
                          ).status_code == 200:
                 return
         except httpx.HTTPError as e:
@@ -526,13 +527,14 @@ def wait_for_server(base_url: str, timeout_s: float = 30.0) -> None:
     raise ServiceError(f"no OpenAI-compatible server at {base_url} after {timeout_s:.0f} s ({last})")
 
 
-def served_models(base_url: str, timeout_s: float = 30.0) -> list[str]:
+def served_models(base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> list[str]:
     """The model names an OpenAI-compatible server serves (``GET {base_url}/models``: the served model name and
-    every LoRA adapter loaded), how a replica reports what it serves after a checkpoint switch. Raises
+    every LoRA adapter loaded), how a replica reports what it serves after a checkpoint switch. ``api_key``: the
+    key sent (default :func:`client_api_key` of ``base_url``). Raises
     ServiceError when it does not answer 200 with a model list."""
     try:
         r = httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s,
-                      headers={"Authorization": f"Bearer {client_api_key(base_url)}"})
+                      headers={"Authorization": f"Bearer {api_key or client_api_key(base_url)}"})
         r.raise_for_status()
         return [str(m["id"]) for m in r.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:

@@ -323,7 +323,8 @@ class ServingPool:
                 server.reload_weights()
             if job in ("start+lora", "lora"):
                 server.load_lora(adapter, src)
-            models = serving.served_models(server.base_url)
+            # its own key: a Ray replica listens on its node's address, not on loopback
+            models = serving.served_models(server.base_url, api_key=getattr(server, "api_key", None))
             want = adapter or server.model
             if want not in models:
                 raise ServiceError(f"serves {models}, not {want!r}")
@@ -350,7 +351,7 @@ class ServingPool:
         return ServedEndpoint(base_url=reports[0].base_url, base_urls=[r.base_url for r in reports],
                               model=adapter or servers[0].model, switch_s=round(time.monotonic() - t0, 3),
                               how="+".join(hows), replicas=reports, start_phases=dict(started[0]) if started else {},
-                              seeded=seeded)
+                              seeded=seeded, own=True)
 
     def stop(self) -> None:
         """Stop every replica's server, if any (and drop their records); the pool is then empty."""

@@ -49,9 +49,9 @@ class ServedEndpoint(BaseModel):
     replicas: list[ServedReplica] = Field(default_factory=list)
     replica_offset: int = 0  # the replica a pool's ties start from (a Ray shard's index: infra.ray_rollouts)
     seeded: bool = True  # the requests carry their sampling seeds (serving.request_seeds; off for vLLM on CPU)
-    # True: servers this pool started, which get this installation's key; None: external servers, which get it
-    # only when they are RAO_POLICY_BASE_URL's or on loopback (rao_core.policies.openai_policy.policy_client_key)
-    own: bool | None = True
+    # True: servers this pool started, which get this installation's key; None (external servers, or not said):
+    # it only when they are RAO_POLICY_BASE_URL's or on loopback (rao_core.policies.openai_policy.policy_client_key)
+    own: bool | None = None
 
     @property
     def urls(self) -> list[str]:

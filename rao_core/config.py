@@ -118,10 +118,10 @@ class ServingSettings(_Strict):
                                  "trees are spread by load (rao_core/policies/pool.py); LoRA adapters go to every one of them. "
                                  "Not with base_url (use one or the other) nor with replicas > 1.")
     api_key_env: str = Field("OPENAI_API_KEY", description="The environment variable holding the API key sent to "
-                             "the external servers of base_url / base_urls (and Ray workers get it too). The "
-                             "servers the pipeline starts, and RAO_POLICY_BASE_URL's, get this installation's "
-                             "key (RAO_POLICY_API_KEY) instead, which is never sent to any other server "
-                             "(rao_core.policies.openai_policy.policy_client_key).")
+                             "the external servers of base_url / base_urls (Ray workers get it too); 'EMPTY' when "
+                             "it is unset. The servers the pipeline starts, RAO_POLICY_BASE_URL's and loopback "
+                             "ones get this installation's key (RAO_POLICY_API_KEY) instead, which no other server "
+                             "gets (rao_core.policies.openai_policy.policy_client_key).")
     replicas: int = Field(1, ge=1, description="vLLM servers the serve stage starts (a pool of replicas of the "
                           "same checkpoint), each on its own port with its share of gpus.serve "
                           "(tensor_parallel_size x data_parallel_size GPUs each) or, on CPU, of this machine's "
@@ -165,6 +165,13 @@ class ServingSettings(_Strict):
         "endpoints, never to a vLLM started on CPU: vLLM 0.32's CPU engine dies on a seeded request whose "
         "prompt is prefilled in chunks (it rewinds the request's CPU generator, which has no offset: "
         "'CPU Generator does not use offset'). The trees' seeds are recorded either way.")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, v: str) -> str:
+        from rao_core.policies.openai_policy import check_key_env
+
+        return check_key_env(v)
 
     @field_validator("base_urls")
     @classmethod

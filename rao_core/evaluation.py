@@ -629,8 +629,8 @@ def dev_tasks(env: Environment, config: EvalConfig, dev: DevSet, **generator_opt
 
 async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime: RuntimeConfig, tokenizer: Any,
                          tasks: Sequence[Task] | None = None, policy: Policy | None = None,
-                         base_url: str | None = None, model: str = "policy", close_policy: bool = False,
-                         progress: Any = None, seeded: bool = False) -> EvalReport:
+                         base_url: str | None = None, model: str = "policy", api_key: str | None = None,
+                         close_policy: bool = False, progress: Any = None, seeded: bool = False) -> EvalReport:
     """Evaluate a policy on held-out tasks in every mode of ``config`` (modes in turn, all tasks at once).
 
     Args:
@@ -642,6 +642,7 @@ async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime:
         policy: the policy; None = an ``OpenAIPolicy(base_url, model)`` with the runtime's temperature,
             top_p and ``policy_timeout_s`` (closed at the end), which sends no seeds (this function does not
             know whether the server honours them: vLLM's CPU engine dies on some seeded requests).
+        api_key: the key that policy sends (None: ``policy_client_key`` of ``base_url``).
         close_policy: also close a given ``policy`` at the end (callers that run this in ``asyncio.run``).
         progress: passed to ``run_trees`` (callback or True for a progress bar).
         seeded: seed each tree from ``config.seed`` (:func:`evaluate_policy`'s ``seed``); whether the seeds
@@ -664,8 +665,8 @@ async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime:
             raise ValueError("evaluate_suite needs a policy or the base_url of a served model")
         from rao_core.policies.openai_policy import OpenAIPolicy
 
-        policy = OpenAIPolicy(base_url, model, temperature=runtime.temperature, top_p=runtime.top_p,
-                              request_timeout_s=runtime.policy_timeout_s, send_seeds=False)
+        policy = OpenAIPolicy(base_url, model, api_key=api_key, temperature=runtime.temperature,
+                              top_p=runtime.top_p, request_timeout_s=runtime.policy_timeout_s, send_seeds=False)
     report = EvalReport(graded=config.graded)
     try:
         for mode in config.modes:

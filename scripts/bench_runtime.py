@@ -25,6 +25,13 @@ import collections
 import statistics
 import time
 
+from rao_core.policies.openai_policy import policy_client_key
+
+
+def _auth(base_url: str) -> dict[str, str]:
+    """The header the policy server at ``base_url`` requires (the pipeline's servers guard every route)."""
+    return {"Authorization": f"Bearer {policy_client_key(base_url)}"}
+
 
 async def bench_sandbox(mode: str, n_cells: int = 200, n_starts: int = 10) -> None:
     from rao_core.envs.base import ToolError
@@ -103,7 +110,7 @@ async def bench_throughput(base_url: str, model: str, tokenizer: str, n: int, ma
     from rao_core.runtime import RuntimeConfig, load_tokenizer, run_trees
 
     tok = load_tokenizer(tokenizer)
-    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=600)
+    client = AsyncOpenAI(base_url=base_url, api_key=policy_client_key(base_url), max_retries=0, timeout=600)
     reset_url = base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache"
 
     async def complete(ids: list[int]) -> int:
@@ -112,7 +119,7 @@ async def bench_throughput(base_url: str, model: str, tokenizer: str, n: int, ma
         return r.usage.completion_tokens
 
     async def timed(coro) -> tuple[object, float]:
-        httpx.post(reset_url, timeout=30)  # every load starts from an empty prefix cache
+        httpx.post(reset_url, timeout=30, headers=_auth(base_url))  # every load starts from an empty prefix cache
         t0 = time.perf_counter()
         out = await coro
         return out, time.perf_counter() - t0
@@ -199,7 +206,7 @@ async def bench_replay(base_url: str, model: str, trees_path: str) -> None:
     streams = [[(t["prompt_token_ids"], len(t["completion_token_ids"])) for t in node["turns"]
                 if t.get("prompt_token_ids") and t.get("completion_token_ids")]
                for tree in trees for node in tree["nodes"]]
-    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=900)
+    client = AsyncOpenAI(base_url=base_url, api_key=policy_client_key(base_url), max_retries=0, timeout=900)
 
     async def stream(turns) -> int:
         n = 0
@@ -209,7 +216,8 @@ async def bench_replay(base_url: str, model: str, trees_path: str) -> None:
             n += r.usage.completion_tokens
         return n
 
-    httpx.post(base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", timeout=30)
+    httpx.post(base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", timeout=30,
+               headers=_auth(base_url))
     t0 = time.perf_counter()
     total = sum(await asyncio.gather(*(stream(s) for s in streams)))
     wall = time.perf_counter() - t0
@@ -229,7 +237,7 @@ async def bench_sweep(base_url: str, model: str, loads: list[tuple[int, int]], m
     import httpx
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=900)
+    client = AsyncOpenAI(base_url=base_url, api_key=policy_client_key(base_url), max_retries=0, timeout=900)
 
     async def wave(prompts, k) -> tuple[int, float]:
         t0 = time.perf_counter()
@@ -238,7 +246,8 @@ async def bench_sweep(base_url: str, model: str, loads: list[tuple[int, int]], m
         return sum(r.usage.completion_tokens for r in rs), time.perf_counter() - t0
 
     for n, length in loads:
-        httpx.post(base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", timeout=30)
+        httpx.post(base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", timeout=30,
+               headers=_auth(base_url))
         prompts = [[(i * 7919 + j * 104729) % 40000 + 100 for j in range(length)] for i in range(n)]
         _, prefill_s = await wave(prompts, 1)
         tokens, decode_s = await wave(prompts, max_tokens)
@@ -258,11 +267,11 @@ async def bench_busy_cell(base_url: str, model: str, n: int, max_tokens: int, re
     from rao_core.envs.base import ToolError
     from rao_core.runtime.sandbox import Repl, SandboxLimits
 
-    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=600)
+    client = AsyncOpenAI(base_url=base_url, api_key=policy_client_key(base_url), max_retries=0, timeout=600)
     reset_url = base_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache"
 
     async def load() -> float:
-        httpx.post(reset_url, timeout=30)
+        httpx.post(reset_url, timeout=30, headers=_auth(base_url))
         t0 = time.perf_counter()
         rs = await asyncio.gather(*(client.completions.create(
             model=model, prompt="Write Python code that prints numbers.", max_tokens=max_tokens,

@@ -62,8 +62,9 @@ class JudgeConfig(BaseModel):
     )
     api_key_env: str = Field(
         "OPENAI_API_KEY",
-        description="Name of the environment variable holding the API key; when unset the key 'EMPTY' is sent "
-        "(enough for a local vLLM server).",
+        description="Name of the environment variable holding the API key of a hosted judge; when it is unset "
+        "the key 'EMPTY' is sent. The project's own vLLM service (RAO_POLICY_BASE_URL) and loopback servers get "
+        "RAO_POLICY_API_KEY first, which no other endpoint gets (rao_core.policies.openai_policy.policy_client_key).",
     )
     judge_envs: list[str] | None = Field(
         None, description="Environments whose un-verified nodes are sent to the judge; None = all environments."
@@ -138,6 +139,13 @@ class JudgeConfig(BaseModel):
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"judge base_url must start with http:// or https://, got {v!r}")
         return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, v: str) -> str:
+        from rao_core.policies.openai_policy import check_key_env
+
+        return check_key_env(v)
 
     @field_validator("model")
     @classmethod

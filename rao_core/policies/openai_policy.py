@@ -42,6 +42,23 @@ def policy_client_key(base_url: str, *, own: bool | None = None, key_env: str = 
     return key or "EMPTY"
 
 
+#: Variables an ``api_key_env`` may not name: the installation's own key (it would then reach any server) and
+#: what the Ray workers' environment sets itself (``infra.ray_rollouts.worker_runtime_env``).
+RESERVED_KEY_ENVS = frozenset({"RAO_POLICY_API_KEY", "RAO_POLICY_BASE_URL", "PYTHONPATH", "RAO_HOME",
+                               "RAO_VLLM_PYTHON"})
+
+
+def check_key_env(name: str) -> str:
+    """Validate an ``api_key_env`` (``serving.api_key_env``, ``judge.api_key_env``): an environment variable's
+    name, not one of :data:`RESERVED_KEY_ENVS`. Returns it; raises ValueError naming the rule broken."""
+    if not name.isidentifier():
+        raise ValueError(f"api_key_env must name an environment variable, got {name!r}")
+    if name in RESERVED_KEY_ENVS:
+        raise ValueError(f"api_key_env {name!r} is reserved (the installation's own key and the Ray workers' "
+                         "variables); name the variable holding the external server's key, e.g. OPENAI_API_KEY")
+    return name
+
+
 class OpenAIPolicy(Policy):
     """Client of one served model. Safe to call concurrently (one shared ``AsyncOpenAI`` client).
 

@@ -41,7 +41,7 @@ def scripted(monkeypatch):
         return policy
 
     monkeypatch.setattr(op, "OpenAIPolicy", fake)
-    monkeypatch.setattr(infra.serving, "wait_for_server", lambda url, timeout_s=30.0: None)
+    monkeypatch.setattr(infra.serving, "wait_for_server", lambda url, timeout_s=30.0, api_key=None: None)
     calls = []
     real = evaluation.evaluate_suite
     monkeypatch.setattr(evaluation, "evaluate_suite", lambda *a, **k: calls.append(k["model"]) or real(*a, **k))

@@ -163,6 +163,61 @@ def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
     assert sent == [("api.example.com", "Bearer provider-key")] * 2
 
 
+def test_the_stages_send_each_server_its_own_key(monkeypatch):
+    """Through the serve stage's records: external servers (``serving.base_urls``) get ``serving.api_key_env``'s
+    variable, the pool's own replicas the installation's key even on another node's address, and the checkpoint
+    switch's model listing of such a replica sends its key too; the Ray workers get the external variable."""
+    import infra.serving
+    from infra.ray_rollouts import worker_runtime_env
+    from infra.serving_pool import ServingPool
+    from infra.stage_io import RunContext
+    from infra.stage_records import ServedEndpoint
+    from rao_core.config import load_config
+    from tasks.stages import _policy
+
+    monkeypatch.setenv("RAO_POLICY_API_KEY", "installation-key")
+    monkeypatch.delenv("RAO_POLICY_BASE_URL", raising=False)
+    monkeypatch.setenv("EXT_KEY", "provider-key")
+    urls = ["https://h1.example.com/v1", "https://h2.example.com/v1"]
+    cfg = load_config(None, ["name=keys", f"serving.base_urls={urls}", "serving.switch=none",
+                             "serving.api_key_env=EXT_KEY"])
+    ctx = RunContext(config=cfg, s3={}, mlflow_uri="")
+    served = ServingPool()._serve_external(cfg, "iter-0", lambda: None)
+    assert served.own is None
+    assert [p.client.api_key for p in _policy(ctx, served).replicas] == ["provider-key", "provider-key"]
+    own = ServedEndpoint(base_url="http://10.0.0.7:8000/v1", model="policy", own=True)  # a Ray replica elsewhere
+    assert [p.client.api_key for p in _policy(ctx, own).replicas] == ["installation-key"]
+    assert worker_runtime_env("EXT_KEY")["env_vars"]["EXT_KEY"] == "provider-key"
+
+    seen = []
+
+    class Answer:
+        def raise_for_status(self) -> None:
+            pass
+
+        def json(self) -> dict:
+            return {"data": [{"id": "policy"}]}
+
+    def get(url, timeout, headers):
+        seen.append(headers["Authorization"])
+        return Answer()
+
+    monkeypatch.setattr(infra.serving.httpx, "get", get)
+    assert infra.serving.served_models("http://10.0.0.7:8000/v1", api_key="replica-key") == ["policy"]
+    assert infra.serving.served_models("http://10.0.0.7:8000/v1") == ["policy"]
+    assert seen == ["Bearer replica-key", "Bearer EMPTY"]  # not ours, and no key variable set: nothing of ours
+
+
+@pytest.mark.parametrize("name", ["RAO_POLICY_API_KEY", "PYTHONPATH", "my-key"])
+def test_an_api_key_env_that_would_leak_or_clobber_is_refused_at_load(name):
+    from rao_core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="api_key_env"):
+        load_config(None, [f"serving.api_key_env={name}"])
+    with pytest.raises(ConfigError, match="api_key_env"):
+        load_config(None, [f"judge.api_key_env={name}"])
+
+
 def test_the_vllm_middleware_guards_every_route_but_the_probes(monkeypatch):
     """vLLM's ``--api-key`` guards ``/v1`` only; the middleware the servers load guards ``/collective_rpc``,
     ``/sleep``, ``/invocations`` and the rest too."""
