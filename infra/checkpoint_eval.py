@@ -95,9 +95,10 @@ def serve_and_evaluate(cfg: Any, model: Path, jobs: Sequence[EvalJob], *, env: E
         if policy is not None:
             url, name = None, "policy"
         elif base_url:
-            from infra.serving import client_api_key, wait_for_server
+            from infra.serving import wait_for_server
+            from rao_core.policies.openai_policy import policy_client_key
 
-            key = client_api_key(base_url, key_env=cfg.serving.api_key_env)
+            key = policy_client_key(base_url, key_env=cfg.serving.api_key_env)
             wait_for_server(base_url, api_key=key)
             url, name = base_url, served_name or cfg.serving.served_model_name
         else:

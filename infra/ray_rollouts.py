@@ -290,10 +290,11 @@ def worker_runtime_env(key_env: str | None = None) -> dict[str, Any]:
 
 def connect(address: str, key_env: str | None = None) -> dict[str, float]:
     """Join the Ray cluster at ``address`` (``execution.ray_address``) unless this process is connected already
-    (then its cluster is used as it is), its workers in :func:`worker_runtime_env` of ``key_env``; returns the cluster's resources (``{"CPU": 4.0, ...}``). When a Ray
-    token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, where ``rao services
-    up --ray`` leaves it) and ``RAY_AUTH_MODE`` is unset, token authentication is used. A cluster on 127.0.0.1
-    (``rao services up --ray``'s) is joined on loopback (``infra.services.ray_loopback``: Ray would otherwise
+    (then its cluster is used as it is), its workers in :func:`worker_runtime_env` of ``key_env``; returns the
+    cluster's resources (``{"CPU": 4.0, ...}``). When a Ray token is at hand (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, where ``rao services up --ray`` leaves it) and
+    ``RAY_AUTH_MODE`` is unset, token authentication is used. A cluster on 127.0.0.1 (``rao services up --ray``'s)
+    is joined on loopback (``infra.services.ray_loopback``: Ray would otherwise
     replace 127.0.0.1 by the host's network address, where that head does not listen). When stdout is not a
     terminal, Ray prints its own lines without colour codes (``RAY_COLOR_PREFIX=0``).
 

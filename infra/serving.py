@@ -47,14 +47,6 @@ def policy_api_key() -> str:
     return os.environ.get("RAO_POLICY_API_KEY") or service_secret("vllm")
 
 
-def client_api_key(base_url: str, *, own: bool | None = None, key_env: str = "OPENAI_API_KEY") -> str:
-    """The key this process sends to the policy server at ``base_url``
-    (:func:`rao_core.policies.openai_policy.policy_client_key`): ``RAO_POLICY_API_KEY`` to a server of this
-    installation (``own``; None: ``RAO_POLICY_BASE_URL`` or a loopback host), else the variable named
-    ``key_env`` (``serving.api_key_env``); ``EMPTY`` when unset."""
-    return policy_client_key(base_url, own=own, key_env=key_env)
-
-
 # vLLM's LoRAConfig.max_lora_rank accepts only these values (vllm/config/lora.py, MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -442,11 +434,11 @@ def load_lora_adapter(base_url: str, name: str, path: str | Path, timeout_s: flo
     """``POST {base_url}/load_lora_adapter`` (``base_url`` ends in ``/v1``): load or replace adapter ``name``
     from ``path``, a folder the server can read. Requests then name the adapter as their model. The server
     must run with ``--enable-lora`` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. ``api_key``: the key sent
-    (default :func:`client_api_key` of ``base_url``). Raises ServiceError."""
+    (default :func:`~rao_core.policies.openai_policy.policy_client_key` of ``base_url``). Raises ServiceError."""
     try:
         r = httpx.post(f"{base_url.rstrip('/')}/load_lora_adapter", timeout=timeout_s,
                        json={"lora_name": name, "lora_path": str(path), "load_inplace": True},
-                       headers={"Authorization": f"Bearer {api_key or client_api_key(base_url)}"})
+                       headers={"Authorization": f"Bearer {api_key or policy_client_key(base_url)}"})
     except httpx.HTTPError as e:
         raise ServiceError(f"load_lora_adapter({name}) at {base_url} failed: {e}") from e
     if r.status_code != 200:
@@ -512,13 +504,13 @@ def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = No
 
 def wait_for_server(base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> None:
     """Block until an OpenAI-compatible server answers ``GET {base_url}/models`` (``api_key``: the key sent,
-    default :func:`client_api_key` of ``base_url``); raises ServiceError."""
+    default :func:`~rao_core.policies.openai_policy.policy_client_key` of ``base_url``); raises ServiceError."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{base_url.rstrip('/')}/models", timeout=5,
-                         headers={"Authorization": f"Bearer {api_key or client_api_key(base_url)}"}
+                         headers={"Authorization": f"Bearer {api_key or policy_client_key(base_url)}"}
                          ).status_code == 200:
                 return
         except httpx.HTTPError as e:
@@ -530,11 +522,11 @@ def wait_for_server(base_url: str, timeout_s: float = 30.0, api_key: str | None 
 def served_models(base_url: str, timeout_s: float = 30.0, api_key: str | None = None) -> list[str]:
     """The model names an OpenAI-compatible server serves (``GET {base_url}/models``: the served model name and
     every LoRA adapter loaded), how a replica reports what it serves after a checkpoint switch. ``api_key``: the
-    key sent (default :func:`client_api_key` of ``base_url``). Raises
+    key sent (default :func:`~rao_core.policies.openai_policy.policy_client_key` of ``base_url``). Raises
     ServiceError when it does not answer 200 with a model list."""
     try:
         r = httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s,
-                      headers={"Authorization": f"Bearer {api_key or client_api_key(base_url)}"})
+                      headers={"Authorization": f"Bearer {api_key or policy_client_key(base_url)}"})
         r.raise_for_status()
         return [str(m["id"]) for m in r.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:

@@ -24,6 +24,7 @@ from infra.ray_serving import RayReplica, check_placement
 from infra import serving  # called as serving.X: tests patch infra.serving's functions (tests/pipeline/conftest.py)
 from infra.stage_records import ServedEndpoint, ServedReplica
 from rao_core.config import CampaignConfig, external_switch_problem
+from rao_core.policies.openai_policy import policy_client_key
 from rao_core.train.checkpoint import is_lora_checkpoint
 
 #: Which servers serve the policy: ``external`` (``serving.base_url(s)``, nothing started), ``local`` (processes of
@@ -246,7 +247,7 @@ class ServingPool:
                 for i, url in enumerate(urls):
                     try:
                         serving.load_lora_adapter(url, name, src.resolve(),
-                                                  api_key=serving.client_api_key(url, key_env=cfg.api_key_env))
+                                                  api_key=policy_client_key(url, key_env=cfg.api_key_env))
                     except ServiceError as e:
                         failed.append(f"replica {i + 1}/{len(urls)}: {e}" if len(urls) > 1 else str(e))
                 if failed:

@@ -121,10 +121,12 @@ def calibrate_cmd(
     if not tree_list:
         raise InputError(f"{trees}: holds no execution tree (nothing to calibrate)")
     from infra.process import ServiceError
-    from infra.serving import client_api_key, wait_for_server
+    from infra.serving import wait_for_server
+    from rao_core.policies.openai_policy import policy_client_key
 
     try:  # a server that does not answer is a failure while working (exit 1), as in `rao eval` and `rao solve`
-        wait_for_server(cfg.base_url, timeout_s=5, api_key=client_api_key(cfg.base_url, key_env=cfg.api_key_env))
+        wait_for_server(cfg.base_url, timeout_s=5,
+                        api_key=policy_client_key(cfg.base_url, key_env=cfg.api_key_env))
     except ServiceError:
         typer.echo(f"error: no judge server answers at {cfg.base_url} (start one, or pass --base-url / set "
                    "RAO_JUDGE_BASE_URL)", err=True)

@@ -29,7 +29,7 @@ from infra.stage_records import (Checkpoint, EvalOutput, GenerateOutput, JudgeOu
                                  TrainOutput, ValidateOutput)
 from tasks.serve import checkpoint_local, gpus_released, lost_server_line, server_diagnosis
 from infra.process import ServiceError
-from infra.serving import client_api_key
+from rao_core.policies.openai_policy import policy_client_key
 
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": [5, 20]}
 
@@ -137,7 +137,7 @@ def _policy(ctx: RunContext, served: ServedEndpoint):
     """The rollouts' policy: a ``rao_core.policies.pool.PolicyPool`` of the served replicas (one
     ``OpenAIPolicy`` each; one replica for a single server), each tree pinned to one replica, ties starting at
     ``served.replica_offset``; the requests carry their sampling seeds only if ``served.seeded``, and each
-    replica's key is ``infra.serving.client_api_key`` (this installation's only for its own servers)."""
+    replica's key is ``policy_client_key``'s (this installation's only for its own servers)."""
     from rao_core.policies.pool import PolicyPool
 
     rt = ctx.config.runtime
@@ -145,7 +145,7 @@ def _policy(ctx: RunContext, served: ServedEndpoint):
     return PolicyPool.of_endpoints(served.urls, served.model, offset=served.replica_offset,
                                    temperature=rt.temperature, top_p=rt.top_p, request_timeout_s=rt.policy_timeout_s,
                                    send_seeds=served.seeded,
-                                   key=lambda url: client_api_key(url, own=served.own, key_env=key_env))
+                                   key=lambda url: policy_client_key(url, own=served.own, key_env=key_env))
 
 
 @stage("generate", name="generate-trees")

@@ -89,7 +89,7 @@ class ServedModel:
     model_path: Path
     server: object | None = None
     #: The key the server requires (``Authorization: Bearer``): the started server's own, else the one this
-    #: process sends to a policy server (``infra.serving.client_api_key``: ``RAO_POLICY_API_KEY``, ...).
+    #: process sends to a policy server (``rao_core.policies.openai_policy.policy_client_key``).
     api_key: str = "EMPTY"
 
 
@@ -116,10 +116,11 @@ def tiny() -> Path:
 def vllm_tiny(tmp_path_factory, tiny_model_path):
     url = os.environ.get("RAO_TEST_VLLM_URL")
     if url:
-        from infra.serving import client_api_key
+        from rao_core.policies.openai_policy import policy_client_key
 
         yield ServedModel(url, os.environ.get("RAO_TEST_VLLM_MODEL", "policy"),
-                          Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)), api_key=client_api_key(url))
+                          Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)),
+                          api_key=policy_client_key(url))
         return
     from infra.serving import VLLMServer
 

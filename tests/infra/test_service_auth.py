@@ -126,7 +126,7 @@ def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
 
     import httpx as _httpx
 
-    from infra.serving import client_api_key
+    from rao_core.policies.openai_policy import policy_client_key
     from rao_core.judge.client import make_client
     from rao_core.judge.config import JudgeConfig
     from rao_core.policies.openai_policy import OpenAIPolicy
@@ -137,12 +137,12 @@ def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "provider-key")
     monkeypatch.delenv("MY_KEY", raising=False)
     ext = "https://api.example.com/v1"
-    assert client_api_key(ext) == "provider-key"
-    assert client_api_key(ext, key_env="MY_KEY") == "EMPTY"  # unset: nothing of ours instead
-    assert client_api_key("http://127.0.0.1:8123/v1") == "installation-key"
-    assert client_api_key("http://10.0.0.5:8000/v1/") == "installation-key"  # `rao services up`'s server
-    assert client_api_key("http://10.0.0.7:8000/v1", own=True) == "installation-key"  # a Ray replica elsewhere
-    assert client_api_key("http://127.0.0.1:8123/v1", own=False) == "provider-key"
+    assert policy_client_key(ext) == "provider-key"
+    assert policy_client_key(ext, key_env="MY_KEY") == "EMPTY"  # unset: nothing of ours instead
+    assert policy_client_key("http://127.0.0.1:8123/v1") == "installation-key"
+    assert policy_client_key("http://10.0.0.5:8000/v1/") == "installation-key"  # `rao services up`'s server
+    assert policy_client_key("http://10.0.0.7:8000/v1", own=True) == "installation-key"  # a Ray replica elsewhere
+    assert policy_client_key("http://127.0.0.1:8123/v1", own=False) == "provider-key"
 
     sent: list[tuple[str, str]] = []
 
@@ -158,7 +158,7 @@ def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
         asyncio.run(ask(client.with_options(http_client=_httpx.AsyncClient(transport=_httpx.MockTransport(handler)),
                                             max_retries=0)))
     pool = PolicyPool.of_endpoints([ext, "http://127.0.0.1:9/v1"], "m",
-                                   key=lambda u: client_api_key(u, key_env="OPENAI_API_KEY"))
+                                   key=lambda u: policy_client_key(u, key_env="OPENAI_API_KEY"))
     assert [p.client.api_key for p in pool.replicas] == ["provider-key", "installation-key"]
     assert sent == [("api.example.com", "Bearer provider-key")] * 2
 

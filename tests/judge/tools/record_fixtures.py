@@ -16,7 +16,7 @@ from pathlib import Path
 
 import openai
 
-from infra.serving import client_api_key
+from rao_core.policies.openai_policy import policy_client_key
 from rao_core.judge import JudgeConfig, load_prompt, parse_verdict
 from rao_core.judge.stage import judge_inputs
 from rao_core.tree import EndReason, Node, read_trees
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="TextCraft nodes to use")
     a = ap.parse_args()
     cfg = JudgeConfig(base_url=a.base_url, model=a.model, max_summary_chars=1200)
-    client = openai.OpenAI(base_url=a.base_url, api_key=client_api_key(a.base_url))  # RAO_POLICY_API_KEY for our vLLM
+    client = openai.OpenAI(base_url=a.base_url, api_key=policy_client_key(a.base_url))  # ours: RAO_POLICY_API_KEY
     items: list[tuple[str, Node]] = []
     nodes = [n for t in read_trees(a.trees) for n in t.nodes if n.verifier is not None]
     fin = [n for n in nodes if n.end_reason == EndReason.FINISHED][: a.n // 2]
