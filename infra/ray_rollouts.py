@@ -324,6 +324,18 @@ def connect(address: str, key_env: str | None = None) -> dict[str, float]:
     return {k: float(v) for k, v in ray.cluster_resources().items()}
 
 
+def shard_options(ctx: Any, shard: Shard) -> dict[str, Any]:
+    """The Ray task options of ``shard``'s attempt: ``execution.cpus_per_shard`` CPUs, a streaming result, no
+    retry of Ray's own (:func:`run_on_ray` retries), a name ``<campaign>-<shard key>``, and the campaign's own
+    :func:`worker_runtime_env` (``serving.api_key_env`` of ``ctx.config``). The last is per task because Ray keeps
+    the runtime environment of a process's first ``ray.init`` (:func:`connect` joins once per process): a
+    second campaign of the same process whose ``serving.api_key_env`` names another variable still hands it
+    to its shards (Ray merges a task's ``env_vars`` over the job's)."""
+    return {"num_cpus": ctx.config.execution.cpus_per_shard, "num_returns": "streaming", "max_retries": 0,
+            "name": f"{ctx.name}-{shard.key.replace('/', '-')}",
+            "runtime_env": worker_runtime_env(ctx.config.serving.api_key_env)}
+
+
 def _shard_served(served: Any, shard: Shard) -> Any:
     """The served endpoint as shard ``shard`` sees it: the same pool of replicas, its ties starting at replica
     ``shard.index`` (``ServedEndpoint.replica_offset``, ``rao_core.policies.pool``), so that the shards' first
@@ -379,8 +391,7 @@ def run_on_ray(ctx: Any, iteration: int | str | None, shards: Sequence[Shard], s
     log = run_logger()
 
     def submit(s: Shard) -> Any:
-        return task.options(num_cpus=ex.cpus_per_shard, num_returns="streaming", max_retries=0,
-                            name=f"{ctx.name}-{s.key.replace('/', '-')}").remote(
+        return task.options(**shard_options(ctx, s)).remote(
             ctx, iteration, s, _shard_served(served, s), tokenizer_path, make_policy)
 
     attempts = {submit(s): s for s in shards}

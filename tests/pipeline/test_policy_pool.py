@@ -639,6 +639,40 @@ def test_ray_shards_pin_their_trees_over_the_pool(fakes, s3_server, tmp_path, mo
     assert len(a.completions) + len(b.completions) == 16
 
 
+@pytest.mark.services
+@pytest.mark.timeout(300)
+def test_a_second_campaign_in_the_process_hands_its_own_key_variable_to_its_shards(monkeypatch):
+    """Ray keeps the runtime environment of the process's first ``ray.init``: the cluster here is joined with
+    the first campaign's (no ``serving.api_key_env`` variable of its own), then a second campaign names
+    ``RAO_TEST_EXT_KEY``. A shard submitted with :func:`infra.ray_rollouts.shard_options` sees that variable;
+    a task with the job's environment alone does not (the case the per-task environment is for)."""
+    from types import SimpleNamespace
+
+    ray = pytest.importorskip("ray")
+    from infra.ray_rollouts import Shard, shard_options, worker_runtime_env
+
+    monkeypatch.delenv("RAO_TEST_EXT_KEY", raising=False)
+    _start_ray(ray, worker_runtime_env())  # the first campaign's job (its workers inherit this environment)
+    try:
+        monkeypatch.setenv("RAO_TEST_EXT_KEY", "ext-secret")  # set after the cluster started: not inherited
+        second = SimpleNamespace(config=load_config(None, {"serving.api_key_env": "RAO_TEST_EXT_KEY"}),
+                                 name="second")
+        shard = Shard(index=0, count=1, groups=[], key="iter-1/trees/shards/shard-1-of-1.jsonl")
+
+        def seen():
+            import os
+
+            yield os.environ.get("RAO_TEST_EXT_KEY")
+
+        opts = shard_options(second, shard)
+        assert opts["name"] == "second-iter-1-trees-shards-shard-1-of-1.jsonl"
+        assert ray.get(next(ray.remote(seen).options(**opts).remote())) == "ext-secret"
+        job_only = {k: v for k, v in opts.items() if k != "runtime_env"}
+        assert ray.get(next(ray.remote(seen).options(**job_only).remote())) is None
+    finally:
+        ray.shutdown()
+
+
 # -- real vLLM: 2 replicas, backend ray, one iteration's serve + generate + switch -------------------------------------
 @needs_tok
 @pytest.mark.vllm
