@@ -14,7 +14,7 @@ prints. It follows what the code does today: the trainer keeps fp32 master weigh
 loads a LoRA base in bf16 on one GPU or DDP, in fp32 under FSDP (``rao_core.train.trainer.policy_load_dtype``,
 for a bf16-capable GPU); log-probs are computed in
 chunks of ``trainer.logprob_chunk_tokens`` when the model's LM head is plain. None of the figures has been
-measured on a GPU (docs/pipeline.md, "The paper's setting on GPUs").
+measured on a GPU (docs/pipeline/gpu.md, "The paper's setting on GPUs").
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def model_shape(path: Path) -> ModelShape:
 @dataclass(frozen=True)
 class Assumptions:
     """Constants of the estimate (printed with every plan). Not measured on a GPU, except that the trainer's
-    estimate was checked once against one H200 (docs/benchmarks.md, "Trainer on one GPU"): 12-15% above the
+    estimate was checked once against one H200 (docs/benchmarks/trainer.md, "Trainer on one GPU"): 12-15% above the
     measured peak (full weights: mostly the 10% allocator slack, which came to 1%; LoRA: the activations and
     logits, ~12.6 GiB measured against 17.0 assumed)."""
 

@@ -125,7 +125,7 @@ class RayHead:
     """A local Ray head node (``ray start --head --block``) in its own process group, so that stopping the group
     stops every Ray process it started (GCS, raylet, workers). Everything it starts listens on 127.0.0.1 only
     (:data:`RAY_LOOPBACK_ENV`: the node is registered as 127.0.0.1, so its replicas' vLLM servers listen there
-    too; a cluster of several machines is started with ``ray start`` by hand, docs/pipeline.md). Token
+    too; a cluster of several machines is started with ``ray start`` by hand, docs/pipeline/ray.md). Token
     authentication is on (``RAY_AUTH_MODE=token``; the token in ``~/.ray/auth_token``, made when missing:
     :func:`ensure_ray_token`), and ``infra.ray_rollouts.connect`` sends it.
 

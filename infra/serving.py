@@ -62,7 +62,7 @@ def vllm_max_lora_rank(r: int) -> int:
 
 def resolve_dtype(dtype: str, on_gpu: bool | None = None) -> str:
     """The ``--dtype`` vLLM is started with: ``auto`` means the checkpoint's dtype on a GPU, bfloat16 on a
-    CPU with native bf16 (measured 2x faster than fp32 there, see docs/benchmarks.md), else float32.
+    CPU with native bf16 (measured 2x faster than fp32 there, see docs/benchmarks/generation.md), else float32.
     ``on_gpu``: None = whether an NVIDIA GPU is visible here."""
     if dtype != "auto":
         return dtype
@@ -317,7 +317,7 @@ class VLLMServer(ServiceMixin):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         elif not (has_cuda_gpu() if self.on_gpu is None else self.on_gpu):
             # vLLM's CPU engine by default reserves one core for the API process and binds the model to the
-            # rest: on 2 cores that halves generation (measured 185 vs 298 tok/s fp32, docs/benchmarks.md).
+            # rest: on 2 cores that halves generation (measured 185 vs 298 tok/s fp32, docs/benchmarks/generation.md).
             # Bind every core unless the caller's environment says otherwise.
             n = os.cpu_count() or 1
             if self.cpus:  # a replica of a pool: its own cores

@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         max_staleness: int = typer.Option(
             0, "--max-staleness", min=0, help="Asynchronous RL: samples may come from checkpoints up to this many "
             "versions older than MODEL (version = --iteration - 1; a sample's policy_version); those are trained "
-            "with the decoupled off-policy loss. Older samples are refused (docs/algorithm.md, 'Asynchronous RL')."),
+            "with the decoupled off-policy loss. Older samples are refused (docs/algorithm/async-rl.md)."),
         metrics_out: Path | None = typer.Option(
             None, "--metrics-out", help="Also append each step's metrics to this file as JSON lines "
             '{"step": {...}}, {"progress": {"done": D, "total": T}} and {"phase": "..."} (the phases before and '

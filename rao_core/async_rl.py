@@ -61,7 +61,7 @@ def iteration_ratio_stats(steps: list[dict[str, float]]) -> dict[str, float]:
     """Per-token means over ALL optimizer steps of one iteration of the trainer's per-step ratio statistics
     (each step's ``train/*`` value is a mean over that step's assistant tokens, ``train/tokens``): returns
     ``train/iter_ratio_mean`` and ``train/iter_clip_frac`` (weights: the steps' tokens), and where the
-    off-policy correction ran (docs/algorithm.md "Asynchronous RL") ``train/iter_stale_token_frac`` and, over
+    off-policy correction ran (docs/algorithm/async-rl.md) ``train/iter_stale_token_frac`` and, over
     the stale tokens (weights: tokens x stale_token_frac), ``train/iter_behaviour_weight_mean`` and
     ``train/iter_behaviour_weight_capped_frac``. The last step alone (what a campaign logs as ``train/*``)
     describes one micro-batch group after the earlier updates. Empty for no steps or no tokens."""

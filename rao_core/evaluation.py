@@ -2,7 +2,7 @@
 
 :func:`evaluate_suite` is the one evaluation of the project (``rao eval``, the campaign's and the experiment's
 evaluation after each iteration, the nightly regression): :func:`evaluate_policy` once per mode with the RL
-rollouts' runtime limits (``single`` = the same runtime with ``delegation=False``, spec section 1; the tree's
+rollouts' runtime limits (``single`` = the same runtime with ``delegation=False``, docs/concepts.md; the tree's
 limit counts its own time: :func:`mode_runtime`). :func:`eval_tasks` draws the held-out tasks, :func:`summarise`
 makes one audit-ready :class:`EvalRow` per (mode, difficulty), :func:`compare` flags success rates that dropped
 against a champion's (the promotion gate). Success of a tree = the root's verifier value (graded mean or exact

@@ -1,6 +1,6 @@
 """Namespaced metrics of a batch of execution trees (pure; the pipeline logs them to MLflow).
 
-Names (also listed in ``docs/pipeline.md``):
+Names (also listed in ``docs/pipeline/artifacts.md``):
 - ``success/root``, ``success/depth_<d>``: mean node success s (scored nodes) overall roots / per depth.
 - ``reward/root``, ``reward/depth_<d>``: mean local reward R of Eq. (1) per depth.
 - ``tree/depth_mean``, ``tree/depth_max``, ``tree/nodes_mean``, ``tree/delegation_rate`` (fraction of trees

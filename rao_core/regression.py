@@ -25,7 +25,7 @@ __all__ = ["CPU_BUDGET_S", "CPU_SECONDS_PER_TREE", "DEFAULT_ALPHA", "DEFAULT_N_T
 
 DEFAULT_ALPHA = 0.05  # false-alarm rate allowed for a candidate within the tolerance (eval.regression_alpha)
 # The CPU budget of one nightly (cpu-smoke on a 2-core machine): the evaluation of 8 tier1 tasks took 36-37 s
-# (docs/benchmarks.md, fresh-clone make run), ~4.5 s per tree with the trees growing at once; a night may
+# (docs/benchmarks/pipeline.md, fresh-clone make run), ~4.5 s per tree with the trees growing at once; a night may
 # evaluate both checkpoints (the champion when it has no stored evaluation of these tasks), within 15 minutes.
 CPU_SECONDS_PER_TREE = 4.5
 CPU_BUDGET_S = 900.0

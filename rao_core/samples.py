@@ -87,7 +87,7 @@ class SampleStats(BaseModel):
     mean_advantage_per_depth: dict[int, float] = Field(default_factory=dict)  # mean signed A_n by depth
     # mean A_n of the depth's solved nodes (s = 1), depths with one: below 0 when the tree's shared baseline
     # (Eq. 3-4: the roots' rewards, a delegation bonus included) exceeds a solved child's R, so its tokens
-    # are pushed down although it succeeded (docs/experiments.md, textcraft-nested seed 1)
+    # are pushed down although it succeeded (docs/experiments/textcraft-nested.md, seed 1)
     mean_advantage_solved_per_depth: dict[int, float] = Field(default_factory=dict)
     assistant_tokens_per_depth: dict[int, int] = Field(default_factory=dict)  # num_assistant_tokens by depth
     mean_abs_advantage: float = 0.0  # mean |A_n| over the samples

@@ -1,5 +1,5 @@
 """The stable-RAO check: one warm start, one shared batch of RL trees, trained several ways, evaluated on the same
-held-out tasks (docs/experiments.md "Stable RAO").
+held-out tasks (docs/experiments/stable-rao.md).
 
 Sharing the trees removes rollout sampling from the comparison: every arm rebuilds its training samples from the
 same scored execution trees with its own credit assignment (Eq. 1 bonus and cap, the authors' filters), trains

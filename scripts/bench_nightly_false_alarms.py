@@ -10,7 +10,7 @@ false alarms / runs with their Wilson 95% interval, the smallest drop the settin
 (``rao_core.regression.detectable_drop``) and the min / median / max wall time of a run. ``--out`` writes it all
 as JSON, the runs so far and their summary after each run: a re-run with the same settings and ``--out`` resumes
 after them, so the measurement can be spread over several sittings, and ``--report`` prints the summary of the
-runs in ``--out`` without running anything (what docs/pipeline.md is written from after a partial sitting). Each
+runs in ``--out`` without running anything (what docs/pipeline/nightly.md is written from after a partial sitting). Each
 run records its commit, its date and its host: the checkpoint is the campaign's alias on that machine
 (``same_checkpoint`` names its version), so sittings on different machines check different ``make run``
 checkpoints, each against itself, which is what a false-alarm rate of unchanged models asks. The documented
@@ -114,8 +114,8 @@ def main() -> None:
 
 
 def summarise(runs: list[dict], entry, tol: float, alpha: float, label: dict) -> dict:
-    """The record's ``summary`` of ``runs`` so far (also of a partial sitting, so that docs/pipeline.md is written
-    from it): false alarms with their Wilson 95% interval (``rao_core.evaluation.wilson_interval``), the drop
+    """The record's ``summary`` of ``runs`` so far (also of a partial sitting, so that docs/pipeline/nightly.md is
+    written from it): false alarms with their Wilson 95% interval (``rao_core.evaluation.wilson_interval``), the drop
     caught with 80% power at ``entry.n_tasks`` tasks (``rao_core.regression.detectable_drop``), the wall seconds of
     a run (min / median / max), each evaluation's successes and each comparison's drop (min / max over every run),
     the smallest p and whether every comparison was ``ok``. Beside the measured rate: the test's own false-alarm

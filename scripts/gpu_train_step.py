@@ -21,7 +21,7 @@ random token ids are drawn below the tiny tokenizer's vocabulary. ``--trainer-co
 section of a campaign config (``process`` inline, one process: no FSDP); ``full`` then drops its ``lora``.
 ``--no-save`` stops after the last optimizer step (a full 4B checkpoint and its AdamW state would be ~40 GB of
 disk); the peak memory is that of the step. Compare with ``rao run --config ... --plan --gpus 1 --gpu-mem-gib
-141`` (docs/pipeline.md, "The paper's setting on GPUs").
+141`` (docs/pipeline/gpu.md, "The paper's setting on GPUs").
 
 The tiny model is ``var/models/tiny-llama`` (``make setup`` builds it; pass ``--model`` for another folder).
 """

@@ -1,4 +1,4 @@
-"""Sampler/trainer log-prob agreement on real generations (prints numbers; docs/benchmarks.md).
+"""Sampler/trainer log-prob agreement on real generations (prints numbers; docs/benchmarks/generation.md).
 
 Serves ``--model`` with vLLM (``--dtype``, processed log-probs), samples ``--n`` completions of
 ``--max-tokens`` tokens at ``--temperature`` from TextCraft-Synth root prompts (the rollouts' real

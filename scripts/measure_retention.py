@@ -2,7 +2,7 @@
 
 The campaign's train stage on the tiny model with a real SeaweedFS, retention after each iteration as the
 campaign runs it (no vLLM: samples are fixed). ``.venv/bin/python scripts/measure_retention.py`` (~3 min on
-2 cores); prints local, S3 and on-disk bytes for each policy (docs/pipeline.md, retention).
+2 cores); prints local, S3 and on-disk bytes for each policy (docs/pipeline/gpu.md, retention).
 """
 import os
 import subprocess

@@ -1,6 +1,6 @@
 """Measure TextCraft-Synth task statistics per difficulty (gold crafts, starting inventory) and print them.
 
-Usage: python scripts/textcraft_stats.py [N_PER_DIFFICULTY] [SEED]. Numbers go to docs/environments.md.
+Usage: python scripts/textcraft_stats.py [N_PER_DIFFICULTY] [SEED]. Numbers go to docs/environments/textcraft.md.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 from rao_core.envs.textcraft import generate_textcraft_tasks
 
-REFERENCE = {"easy": 3, "medium": 19, "hard": 87, "extreme": 170}  # median gold crafts, benchmarks spec
+REFERENCE = {"easy": 3, "medium": 19, "hard": 87, "extreme": 170}  # median gold crafts, the paper's TextCraft-Synth
 
 
 def main(n: int = 500, seed: int = 0) -> None:

@@ -155,7 +155,7 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
 
     Each tree records ``policy_version``, the version of the served checkpoint (None: ``iteration - 1``, the
     synchronous loop's parent; checkpoint ``iter-K`` is version K), which the trainer's staleness check reads
-    (``algo.max_staleness``, docs/algorithm.md "Asynchronous RL").
+    (``algo.max_staleness``, docs/algorithm/async-rl.md).
 
     Each tree's sampling seed is ``rollout_seed(seed, iteration, task_id, g)`` (``ExecutionTree.seed``).
     ``execution.backend`` says where the trees grow: 'local', in this process (one ``run_trees``); 'ray', as

@@ -3,7 +3,7 @@
 The runtime (``rao_core.runtime``) owns the REPL sandboxes, the policy and the limits; an environment owns the RL
 task data, the orchestrator-side state of one rollout (``Episode``: e.g. TextCraft's shared inventory) and its
 tools. REPL tools are stubs that send ``(name, args, kwargs)`` back to ``Environment.call_tool``, so model code
-never edits the environment state, the limits or its own reward (spec section 1). Contract: ``@tool`` methods
+never edits the environment state, the limits or its own reward (docs/concepts.md). Contract: ``@tool`` methods
 (their signature and docstring are the system prompt's, ``bind_tool_args`` checks every call); ``ToolError`` for
 errors the agent should see (any other exception is an environment bug); ``call_tool`` synchronous, consistent
 under concurrent siblings; ``verify`` the exact verifier (None: not checkable, the judge decides);
@@ -247,7 +247,7 @@ class Environment(ABC):
     #: True when every node (not only roots) has an exact verifier (TextCraft-Synth).
     exact_subtask_verifier: ClassVar[bool] = False
     #: Default cap of the delegation bonus (``algo.bonus: useful`` with ``algo.lam`` unset; rao_core.rewards).
-    #: Each environment sets its own, with its source (docs/algorithm.md, "Ours vs the authors' code").
+    #: Each environment sets its own, with its source (docs/algorithm/authors-code.md).
     delegation_cap: ClassVar[float] = 0.4
     #: Expert policy ``"module:Class"`` (built with no arguments) of an environment named by import path;
     #: registered environments name theirs in ``rao_core.envs.REGISTRY``.

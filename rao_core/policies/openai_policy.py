@@ -1,7 +1,7 @@
 """Endpoint policy: token-in/token-out generations from an OpenAI-compatible vLLM server.
 
 Requests use the legacy completions route with a list of token ids as the prompt, so the server sees
-exactly the ids the runtime built (spec section 6), and vLLM's ``return_token_ids`` extension echoes the
+exactly the ids the runtime built (docs/algorithm.md, "Loss"), and vLLM's ``return_token_ids`` extension echoes the
 prompt ids and returns the generated ids; ``logprobs=0`` returns each sampled token's log-prob.
 Generation stops at EOS or at the end of the first code fence (stop string ``"\\n```\\n"``, kept in the
 output with ``include_stop_str_in_output`` so that the recorded ids are exactly what was generated).

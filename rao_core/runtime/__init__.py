@@ -1,4 +1,4 @@
-"""The recursive agent runtime: agent loop, sandboxed REPLs, limits (spec section 1).
+"""The recursive agent runtime: agent loop, sandboxed REPLs, limits (docs/concepts.md; docs/sandbox.md).
 
 Public API: ``RuntimeConfig``, ``run_tree``, ``run_trees``, ``load_tokenizer``, ``oracle_policy`` (from the
 environment registry, ``rao_core.envs``).

@@ -1,4 +1,4 @@
-"""The recursive agent loop: grows one execution tree per rollout (spec section 1).
+"""The recursive agent loop: grows one execution tree per rollout (docs/concepts.md, "The execution tree").
 
 Every node runs the same loop: system prompt + goal, then alternately a policy generation (token in, token out),
 the first ```python cell of it run in the node's own sandboxed REPL, and the cell's output as the next user

@@ -1,4 +1,4 @@
-"""Prompt text and token bookkeeping of a node's conversation (token in, token out; spec section 6).
+"""Prompt text and token bookkeeping of a node's conversation (token in, token out; docs/algorithm.md, "Loss").
 
 The first prompt is the chat template applied to [system, goal] with a generation header. Every later
 prompt is built by appending ids, never by re-tokenising earlier text:

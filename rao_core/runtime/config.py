@@ -1,7 +1,7 @@
 """Limits and knobs of the recursive agent runtime (one pydantic config for the rollout stage).
 
-Every limit here is enforced by the orchestrator process, outside the node's REPL (spec section 1):
-model code can neither read nor change them. Each limit that stops a node has its own
+Every limit here is enforced by the orchestrator process, outside the node's REPL (docs/concepts.md, "The execution
+tree"): model code can neither read nor change them. Each limit that stops a node has its own
 ``rao_core.tree.EndReason``.
 """
 
@@ -63,8 +63,8 @@ class RuntimeConfig(BaseModel):
         "a server slowed by other load does not end the tree, and the tree's wall-clock limit becomes "
         "tree_timeout_s plus the time it waited on the server. 'auto' (default): 'own', in the RL rollouts and "
         "the evaluations alike. "
-        "Reason and numbers: rao_core.runtime.agent, 'Tree limits' (docs/pipeline.md, 'Tree limits on a busy "
-        "machine').")
+        "Reason and numbers: rao_core.runtime.agent, 'Tree limits' (docs/pipeline/evaluation.md, "
+        "'Tree limits on a busy machine').")
     max_concurrent_requests: int = Field(64, ge=1, description="Policy requests in flight at once, over "
                                          "all trees of one run_trees call.")
     max_concurrent_trees: int | None = Field(None, ge=1, description="Trees grown at once by one run_trees "

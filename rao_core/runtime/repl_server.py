@@ -220,7 +220,7 @@ class _Server:
         tree = ast.parse(code, "<cell>", "exec")
         # Notebook-style display of a bare last expression, only when the orchestrator asked for it
         # (RuntimeConfig.echo_last_expression): by default a child's result stays in its variable and
-        # reaches the parent's context only through an explicit print (spec section 1).
+        # reaches the parent's context only through an explicit print (docs/concepts.md).
         if getattr(self, "echo", False) and tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body[-1]
             call = ast.Expr(ast.Call(ast.Name("__rao_show__", ast.Load()), [last.value], []))

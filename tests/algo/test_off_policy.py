@@ -1,5 +1,5 @@
 """Asynchronous RL: the decoupled off-policy loss (AReaL, arXiv:2505.24298 Eq. 5), the
-staleness bound on training samples and the trainer's proximal log-probs (docs/algorithm.md, "Asynchronous RL")."""
+staleness bound on training samples and the trainer's proximal log-probs (docs/algorithm/async-rl.md)."""
 
 import json
 import math

@@ -12,7 +12,7 @@ it is monkeypatched to 0.4 (the cap of ApGa/platoon's older reward processors) a
 
 Their baselines live in modules that import tinker and torch, so they are restated here as pure functions,
 each citing its file (marked "restatement"), and compared with ``rao_core.advantages.group_baselines``.
-The table these tests pin: docs/algorithm.md, "Ours vs the authors' code vs the paper".
+The table these tests pin: docs/algorithm/authors-code.md, "Ours vs the authors' code vs the paper".
 """
 
 from __future__ import annotations

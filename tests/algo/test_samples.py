@@ -300,8 +300,8 @@ def test_filter_zero_variance_groups_drops_uniform_groups_before_the_depth_weigh
 def test_a_solved_child_is_pushed_down_when_every_root_earned_the_bonus():
     """Eq. 4 as the paper writes it: every node of tree g shares the root baseline b_g. When the roots of a
     group all succeed and earn the delegation bonus (R = 1 + lam), a solved child (R = 1) has A = -lam: its
-    tokens are trained down although it succeeded. Seed 1 of textcraft-nested (docs/experiments.md) met this at
-    a warm start near the ceiling; ``mean_advantage_solved_per_depth`` shows it."""
+    tokens are trained down although it succeeded. Seed 1 of textcraft-nested (docs/experiments/textcraft-nested.md)
+    met this at a warm start near the ceiling; ``mean_advantage_solved_per_depth`` shows it."""
     trees = [tree(t, "g", [node("r", None, 0, 1.0), node("c", "r", 1, 1.0)]) for t in ("A", "B", "C")]
     batch = build_samples(trees, lam=0.4)
     assert {round(x.advantage, 9) for x in batch.samples if x.depth == 0} == {0.0}

@@ -170,8 +170,8 @@ async def test_with_delegation_off_the_recursing_expert_does_everything_itself()
 
 
 def test_the_window_fits_the_recursing_tree_but_not_one_node():
-    """docs/environments.md, "The nested shape": at 1344 tokens (256 for the reply), SmolLM2's tokenizer and the
-    real runtime, one node crafting a nest1 or nest2 target alone runs out of the window; the recursing tree
+    """docs/environments/textcraft.md, "The nested shape": at 1344 tokens (256 for the reply), SmolLM2's tokenizer
+    and the real runtime, one node crafting a nest1 or nest2 target alone runs out of the window; the recursing tree
     (max depth 4, never binding) solves both with every node verified, at depths 1 and 2."""
     from rao_core.warmstart import DemoConfig
     from scripts.shape_fit import arm_row

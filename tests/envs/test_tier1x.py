@@ -77,7 +77,7 @@ async def test_expert_repairs_when_a_subagent_fails():
 def test_the_window_fits_the_delegating_expert_but_not_one_node():
     """configs/experiment-textcraft-tier1x.yaml's window (1408 tokens, 256 for the reply), SmolLM2's tokenizer,
     the real runtime: at K = 2 (the trained and claimed K) the expert with delegation off runs out of the
-    window, the one that delegates solves every task (docs/environments.md, "The tier1xK shape")."""
+    window, the one that delegates solves every task (docs/environments/textcraft.md, "The tier1xK shape")."""
     from rao_core.config import load_config
     from rao_core.paths import default_model_path
     from rao_core.runtime import RuntimeConfig, load_tokenizer

@@ -1,6 +1,6 @@
 """scripts/bench_nightly_false_alarms.py resumes an interrupted measurement from its --out file (20
 runs take about 2.5 hours, more than one sitting), refuses a file of other settings with one error line, and
-summarises a partial record (what docs/pipeline.md is written from after a sitting)."""
+summarises a partial record (what docs/pipeline/nightly.md is written from after a sitting)."""
 
 from __future__ import annotations
 

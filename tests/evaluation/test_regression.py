@@ -140,7 +140,7 @@ def test_default_n_is_chosen_by_the_cpu_budget_and_its_power_is_stated():
     from rao_core.config import EvalSettings
 
     assert EvalSettings().regression_n_tasks == DEFAULT_N_TASKS and EvalSettings().regression_alpha == 0.05
-    # what the config's description and docs/pipeline.md state: 0.266 at tolerance 0.1, alpha 0.05
+    # what the config's description and docs/pipeline/nightly.md state: 0.266 at tolerance 0.1, alpha 0.05
     assert detectable_drop(100, tolerance=0.1) == pytest.approx(0.266, abs=0.002)
     assert detectable_drop(8, tolerance=0.1) is None  # the old nightly's 8 tasks cannot show a drop beyond 0.1
 

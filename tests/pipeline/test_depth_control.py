@@ -156,7 +156,7 @@ def test_control_end_to_end_with_the_recursing_expert(tmp_path):
     assert set(p["per_task"]) == set(_nest2_ids(2))  # the record's tasks, so every task pairs
     assert p["depth_hist"] == {"1": 2}  # the root delegated; no child could
     # a depth-1 child left with a nest1 sub-goal crafts it alone and runs out of the 1344-token window (the
-    # shape's design: docs/environments.md), so the expert that solves nest2 at full depth solves none here
+    # shape's design: docs/environments/textcraft.md), so the expert that solves nest2 at full depth solves none here
     assert p["successes"] == 0 and p["misses"] == {"child_failed": 2} and p["end_reasons"] == {"context_overflow": 2}
     assert (tmp_path / p["trees_file"]).name == "recursive-it3-nest2-recursive.jsonl.gz"
     md = (tmp_path / "docs/results.md").read_text()

@@ -8,7 +8,7 @@
 - A samples batch with out-of-range values: the validate stage raises ``ValidationFailed`` naming the
   failed expectation and column; no samples reach S3 and the stage is not marked done.
 
-docs/pipeline.md, "Bad input and faults", lists them.
+docs/pipeline/resume-and-faults.md, "Bad input and faults", lists them.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ async def test_depth3_tree_parallel_children_and_result_types(tok, tmp_path):
 
 async def test_child_result_stays_in_its_variable_unless_printed(tok):
     """A bare `await launch_subagent(...)` on a cell's last line must not leak the child's result into the
-    parent's observation (spec section 1); with `echo_last_expression` on it would."""
+    parent's observation (docs/concepts.md); with `echo_last_expression` on it would."""
     pol = ReplayPolicy(by_goal={"secret": [cell("finish('SECRET-VALUE-123')")]},
                        default=[cell("r = 1\nawait launch_subagent('secret')"), cell("finish('ok')")])
     tree = await run_tree(FakeEnv(), task(), pol, cfg(), tokenizer=tok)

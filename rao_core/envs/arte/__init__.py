@@ -1,4 +1,4 @@
-"""ART-E: question answering over one email inbox (spec ``benchmarks.md`` section 4).
+"""ART-E: question answering over one email inbox (docs/environments.md, "ART-E").
 
 Files: ``db.py`` SQLite schema, FTS5 triggers, search and read; ``synth.py`` offline inbox generator;
 ``loader.py`` real Enron email and question records; ``reward.py`` the ladder and 0/1 rewards;

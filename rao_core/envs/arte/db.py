@@ -1,4 +1,4 @@
-"""ART-E's email store: SQLite with an FTS5 index kept in sync by triggers (spec ``benchmarks.md`` s. 4).
+"""ART-E's email store: SQLite with an FTS5 index kept in sync by triggers (docs/environments.md, "ART-E").
 
 Schema (as in the reference): ``emails(id INTEGER PRIMARY KEY, message_id UNIQUE, subject, from_address,
 date, body, file_name)``, ``recipients(email_id -> emails.id, recipient_address, recipient_type in

@@ -90,10 +90,10 @@ def _split_answer(result: Any) -> tuple[str | None, list[str]]:
 
 
 class ArteEnv(Environment):
-    """ART-E (spec ``benchmarks.md`` section 4). ``ArteEnv(**ArteConfig fields)``."""
+    """ART-E (docs/environments.md, "ART-E"). ``ArteEnv(**ArteConfig fields)``."""
 
     name = "arte"
-    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
+    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm/authors-code.md):
     #: the authors' ART-E reward processor (ApGa/platoon 01fcd20 plugins/email-search/platoon/email_search/train_scripts/areal/train_areal.py).
     delegation_cap = 0.4
     difficulties = DIFFICULTIES

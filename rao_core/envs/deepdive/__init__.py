@@ -1,4 +1,4 @@
-"""DeepDive: multi-hop deep research over a searchable corpus (spec ``benchmarks.md`` section 3).
+"""DeepDive: multi-hop deep research over a searchable corpus (docs/environments.md, "DeepDive").
 
 Files: ``kg.py`` knowledge graph, pages and k-hop questions (offline generator); ``backends.py`` the
 ``SearchBackend`` protocol, the SQLite FTS5 engine and an HTTP skeleton; ``scoring.py`` answer

@@ -85,14 +85,14 @@ def hops_for(difficulty: str | None, rng: random.Random) -> int:
 
 
 class DeepDiveEnv(Environment):
-    """DeepDive (spec ``benchmarks.md`` section 3). ``DeepDiveEnv(**DeepDiveConfig fields, search_backend=...)``.
+    """DeepDive (docs/environments.md, "DeepDive"). ``DeepDiveEnv(**DeepDiveConfig fields, search_backend=...)``.
 
     ``search_backend`` (optional) is any object implementing ``SearchBackend``; it overrides the
     configured backend for every task (e.g. a custom engine).
     """
 
     name = "deepdive"
-    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
+    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm/authors-code.md):
     #: the authors' DeepDive reward processor gives no bonus (ApGa/platoon 01fcd20 plugins/deepdive train_areal.py).
     delegation_cap = 0.0
     difficulties = (*DIFFICULTY_HOPS, "k<N>")

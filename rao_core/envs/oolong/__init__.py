@@ -1,4 +1,4 @@
-"""Oolong: long-context aggregation over D&D transcripts (benchmarks spec, section 2).
+"""Oolong: long-context aggregation over D&D transcripts (docs/environments.md, "Oolong").
 
 Modules: ``scoring`` (official answer scoring), ``loaders`` (Oolong-Real JSON, Oolong-synth parquet),
 ``synth`` (offline transcript generator), ``env`` (the environment).

@@ -24,7 +24,7 @@ class OolongEnv(Environment):
     """Oolong (``oolong``): long-context aggregation questions over D&D transcripts."""
 
     name = "oolong"
-    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm.md, "Ours vs the authors' code"):
+    #: Cap of the ``useful`` delegation bonus (rao_core.rewards; docs/algorithm/authors-code.md):
     #: the authors' Oolong reward processor (ApGa/platoon 01fcd20 plugins/oolong train_areal.py).
     delegation_cap = 0.4
     difficulties = (*QUESTION_TYPES, "mixed")

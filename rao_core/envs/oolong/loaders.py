@@ -1,4 +1,4 @@
-"""Loaders of the real Oolong data files into ``Task`` records (benchmarks spec, section 2).
+"""Loaders of the real Oolong data files into ``Task`` records (docs/environments.md, "Oolong").
 
 - Oolong-Real (``oolongbench/oolong-real``, configs ``dnd`` / ``toy_dnd``): JSON (a list of records, or
   one record per line). Fields: ``id``, ``context_window_id``, ``context_window_text``, ``question``,

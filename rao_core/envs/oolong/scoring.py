@@ -1,4 +1,4 @@
-"""Oolong answer scoring (benchmarks spec, section 2): ``\\boxed{}`` extraction, typed comparison.
+"""Oolong answer scoring (docs/environments.md, "Oolong"): ``\\boxed{}`` extraction, typed comparison.
 
 Oolong-Real (``score_answer``), per answer in [0, 1]:
 - take the text inside the LAST ``\\boxed{...}`` of the response (braces may nest);

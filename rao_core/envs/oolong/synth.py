@@ -1,6 +1,6 @@
 """Offline generator of Oolong-style D&D transcripts with logged roll and spell events.
 
-Each RL task is a synthetic session in the layout of Oolong-Real (benchmarks spec, section 2): an instruction not
+Each RL task is a synthetic session in the layout of Oolong-Real (docs/environments.md, "Oolong"): an instruction not
 to guess and to answer in ``\\boxed{}``, a player-to-character mapping, then episodes of ``Name: utterance``
 lines, some carrying a dice roll or a spell that the generator logs as an event; questions (families
 ``singledoc_rolls``, ``singledoc_spells``, ``multidoc_rolls``, ``multidoc_spells``) are answered from that log,

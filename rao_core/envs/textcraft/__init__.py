@@ -1,7 +1,7 @@
 """TextCraft-Synth: a seeded tiered recipe graph, task generator and exactly verifiable environment.
 
 Modules: ``graph`` (the recipe graph), ``tasks`` (task generation, gold plans, split), ``env`` (the
-environment and its tools). See ``docs/environments.md`` for measured task statistics.
+environment and its tools). See ``docs/environments/textcraft.md`` for measured task statistics.
 """
 
 from rao_core.envs.textcraft.env import TextCraftEnv, TextCraftEpisode, format_targets

@@ -1,6 +1,6 @@
 """TextCraft-Synth environment: REPL tools over one shared inventory, exact verifier for every node.
 
-Tools (benchmarks spec, section 1): ``get_info(items)``, ``craft(ingredients, target)``, ``view_inventory()``;
+Tools (docs/environments/textcraft.md): ``get_info(items)``, ``craft(ingredients, target)``, ``view_inventory()``;
 the runtime provides ``finish`` and ``launch_subagent(targets, num_steps, context="")``, whose arguments this
 module maps to a ``ChildSpec``. The :class:`TextCraftEpisode` holds ONE inventory for the whole execution tree;
 each craft checks and applies its change in one synchronous step, so interleaving siblings see a consistent
@@ -84,7 +84,7 @@ class TextCraftEnv(Environment):
     #: ``platoon/rewards.py`` ``DELEGATION_REWARD_CAP``; ApGa/platoon 01fcd20 ``train_areal_synth.py``
     #: ``_TEXTCRAFT_SYNTH_DELEGATION_REWARD_CAP``): TextCraft trains on success alone. A bonus that only roots can
     #: earn, inside a baseline shared by every depth (Eq. 4), gives solved children negative advantages;
-    #: ``algo.lam: 0.4`` (97e7601's ceiling) is the option, measured in docs/experiments.md "Stable RAO".
+    #: ``algo.lam: 0.4`` (97e7601's ceiling) is the option, measured in docs/experiments/stable-rao.md.
     delegation_cap = 0.0
     def extra_system_prompt(self) -> str:
         """Rules of the crafting world shown to every node."""

@@ -1,8 +1,8 @@
-"""The seeded, tiered synthetic recipe graph of TextCraft-Synth (benchmarks spec, section 1).
+"""The seeded, tiered synthetic recipe graph of TextCraft-Synth (docs/environments/textcraft.md).
 
 Items live in 5 material domains (``m`` metal, ``c`` crystal, ``w`` wood, ``s`` stone, ``e`` essence) and tiers
 0..12, plus cross-domain items (``x``) at tiers 10..12; names are opaque ids (``m3_i5``: domain m, tier 3, item
-5). Tier 0 items are base materials; every other item has exactly one recipe, drawn by the spec's rules
+5). Tier 0 items are base materials; every other item has exactly one recipe, drawn by the paper's rules
 (ingredients from the tiers below, their number and counts, the yields by tier). Project choice: every recipe
 holds at least one ingredient from the tier just below, so an item's crafting depth equals its tier and
 difficulty is a property of the target's tier. The graph is a pure function of ``(seed, items_per_tier)``,
