@@ -13,7 +13,7 @@ run: setup
 	@RAO_MAKE_STARTED_AT=$(MAKE_STARTED_AT) .venv/bin/rao run
 
 test: setup
-	@.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=1800 tests
+	@.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=1800 --durations=25 tests
 
 test-fast: setup
 	@.venv/bin/python -m pytest -q -p no:cacheprovider -m "not vllm and not slow" tests
