@@ -10,7 +10,7 @@ import sys
 
 from rao_core.envs.textcraft import generate_textcraft_tasks
 
-REFERENCE = {"easy": 3, "medium": 19, "hard": 87, "extreme": 170}  # median gold crafts, the paper's TextCraft-Synth
+REFERENCE = {"easy": 3, "medium": 19, "hard": 87, "extreme": 170}  # median gold crafts of the reference generator
 
 
 def main(n: int = 500, seed: int = 0) -> None:

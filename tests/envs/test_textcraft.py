@@ -132,7 +132,7 @@ def test_every_task_is_solvable_by_replaying_its_gold_plan(level):
         ENV.on_node_end(ep, node)
         assert ENV.verify(ep, node) == 1.0, t.task_id
         crafts.append(len(t.data["gold_plan"]))
-    # reference medians (the paper's TextCraft-Synth): easy 3, medium 19, hard 87, extreme 170; ours are in the same ballpark
+    # the reference generator's medians: easy 3, medium 19, hard 87, extreme 170; ours are in the same ballpark
     ref = {"tier1": 1, "easy": 3, "medium": 19, "hard": 87, "extreme": 170, **MULTI_TARGET, "nest1": 3, "nest2": 7}[level]  # tier1xK: K
     assert ref / 2 <= statistics.median(crafts) <= ref * 2
 
