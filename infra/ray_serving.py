@@ -258,6 +258,18 @@ class RayReplica(VLLMServer):
                   if k not in ("process", "on_progress", "start_phases")}
         return VLLMServer(**fields)
 
+    def actor_options(self) -> dict[str, Any]:
+        """The Ray options of this replica's actor: its ``num_cpus`` and ``num_gpus``, its :func:`placement`, and
+        this process's :func:`infra.ray_rollouts.worker_runtime_env` as the actor's own runtime environment
+        (``RAO_HOME``: where its compile cache and log go; ``RAO_VLLM_PYTHON``: the vLLM environment its server
+        starts with). Per actor because Ray keeps the environment of a process's first ``ray.init``: a later
+        campaign of the same process with another ``RAO_HOME`` still starts its servers under its own."""
+        from infra.ray_rollouts import worker_runtime_env
+
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus,
+                "scheduling_strategy": placement(self.index, self.num_cpus, self.num_gpus),
+                "runtime_env": worker_runtime_env()}
+
     def start(self) -> "RayReplica":
         """Place the actor (waiting at most ``start_timeout_s`` for a node with the resources: :func:`placement`),
         then start the server there (at most ``start_timeout_s`` + 90 s, the server's own limits plus its
@@ -270,9 +282,8 @@ class RayReplica(VLLMServer):
         os.environ.setdefault("RAO_POLICY_API_KEY", self.api_key)  # this process's clients and its children
         say(f"vLLM: placing its Ray actor ({self.num_cpus:g} CPU, {self.num_gpus:g} GPU) and starting the server "
             f"there (its progress follows, relayed from that node)")
-        actor = _actor_class().options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
-                                       scheduling_strategy=placement(self.index, self.num_cpus, self.num_gpus)).remote(
-            self._spec(), ray.get_runtime_context().get_node_id())
+        actor = _actor_class().options(**self.actor_options()).remote(self._spec(),
+                                                                     ray.get_runtime_context().get_node_id())
         self.actor = actor
         step, limit = "placed", self.start_timeout_s
         try:

@@ -206,3 +206,24 @@ def test_a_replica_listens_on_the_address_its_node_was_registered_with(monkeypat
     monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": "a" * 56, "NodeManagerAddress": "10.1.2.3", "Alive": True}])
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.9")
     assert (node_address("a" * 56), node_address("b" * 56)) == ("10.1.2.3", "192.0.2.9")
+
+
+def test_a_replicas_actor_carries_this_processs_worker_environment_over_the_jobs(tmp_path, monkeypatch):
+    """The actor's options: its resources, its placement, and the worker environment of the moment it starts
+    (``RAO_HOME``, ``RAO_VLLM_PYTHON`` set after the process joined Ray reach the actor, whose server reads
+    them), since Ray keeps the environment of the process's first ``ray.init``."""
+    pytest.importorskip("ray")
+    from infra.ray_serving import RayReplica
+    from infra.serving import server_from_config
+
+    cfg = load_config(None, ["name=x", "serving.replicas=2"])
+    replica = RayReplica.of(server_from_config(cfg, tmp_path, replica=1, on_gpu=False), index=1, num_cpus=2,
+                            num_gpus=0)
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "second-home"))
+    monkeypatch.setenv("RAO_VLLM_PYTHON", str(tmp_path / "second-python"))
+    opts = replica.actor_options()
+    assert (opts["num_cpus"], opts["num_gpus"], opts["scheduling_strategy"]) == (2, 0, "SPREAD")
+    env = opts["runtime_env"]["env_vars"]
+    assert env["RAO_HOME"] == str(tmp_path / "second-home")
+    assert env["RAO_VLLM_PYTHON"] == str(tmp_path / "second-python")
+    assert str(REPO) in env["PYTHONPATH"].split(os.pathsep)
