@@ -273,12 +273,13 @@ def read_shards(ctx: Any, what: str, shards: Sequence[Shard], results: Sequence[
 
 
 def worker_runtime_env(key_env: str | None = None) -> dict[str, Any]:
-    """The runtime environment of the Ray job (:func:`connect`) and of each shard's task (:func:`shard_options`):
-    the repository (this checkout's path) on every worker's ``PYTHONPATH``, ``RAO_POLICY_API_KEY`` (the key of the
-    pipeline's vLLM servers, which the shards' clients send to them only: :func:`infra.serving.policy_api_key`),
-    and when set here ``RAO_POLICY_BASE_URL``, the variable ``key_env`` names (``serving.api_key_env``: the key of
-    external policy servers), ``RAO_HOME`` and ``RAO_VLLM_PYTHON`` (the vLLM environment a replica's actor starts
-    its server with, ``infra/ray_serving.py``)."""
+    """The runtime environment of the Ray job (:func:`connect`), of each shard's task (:func:`shard_options`) and
+    of each policy server replica's actor (``infra.ray_serving.RayReplica.actor_options``): the repository (this
+    checkout's path) on every worker's ``PYTHONPATH``, ``RAO_POLICY_API_KEY`` (the key of the pipeline's vLLM
+    servers, which the shards' clients send to them only: :func:`infra.serving.policy_api_key`), and when set here
+    ``RAO_POLICY_BASE_URL``, the variable ``key_env`` names (``serving.api_key_env``: the key of external policy
+    servers), ``RAO_HOME`` and ``RAO_VLLM_PYTHON`` (the vLLM environment a replica's actor starts its server with,
+    ``infra/ray_serving.py``)."""
     from infra.serving import policy_api_key
 
     path = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
