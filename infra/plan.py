@@ -332,7 +332,8 @@ def rollout_placement(cfg: CampaignConfig) -> list[str]:
     if n_rep == 1:
         where = (f"external at {s.base_url}" if s.base_url else
                  actors.replace("Ray actors", "a Ray actor").replace(" each", "") if actors else "vLLM")
-        return out + [f"policy server  1 replica ({where}): every shard's requests go to it"]
+        every = "every shard's requests" if ex.backend == "ray" else "every request"
+        return out + [f"policy server  1 replica ({where}): {every} goes to it"]
     if s.base_urls:
         where = f"external at {', '.join(s.base_urls)}"
     elif actors:
@@ -489,7 +490,8 @@ def format_plan(plan: Plan) -> str:
     out += ["", f"assumptions: CUDA context {a.cuda_context_gib} GiB/process, vLLM overhead {a.vllm_overhead_gib} "
                 f"GiB, asleep vLLM {a.vllm_asleep_gib} GiB, allocator slack {a.fragmentation:.0%}, disk "
                 f"{a.disk_gb_s} GB/s, S3 {a.s3_gb_s} GB/s, vLLM start {a.vllm_start_s:.0f} s; not measured on a "
-                "GPU (the trainer's peak: checked once on an H200, this estimate 12-15% above it; docs/benchmarks.md)"]
+                "GPU (the trainer's peak: checked once on an H200, this estimate 12-15% above it; "
+                "docs/benchmarks/trainer.md)"]
     if plan.problems:
         out += ["", "does not fit / cannot run:"] + [f"  - {p}" for p in plan.problems]
     return "\n".join(out)

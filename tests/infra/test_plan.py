@@ -71,7 +71,7 @@ def test_the_plan_shows_the_rollout_shards_workers_and_replicas():
     local = format_plan(build_plan(_cfg(GPU8, "tasks.tasks_per_iteration=5", "algo.G=4"), 8, 80, config_name=GPU8))
     assert "  rollouts       this process (execution.backend local, no Ray): 5 groups x G 4 = 20 trees per " \
            "iteration, one run_trees\n" in local
-    assert "  policy server  1 replica (vLLM): every shard's requests go to it" in local
+    assert "  policy server  1 replica (vLLM): every request goes to it" in local
     ray = build_plan(_cfg(GPU8, "tasks.tasks_per_iteration=5", "algo.G=4", "execution.backend=ray",
                           "execution.shards=2", "execution.ray_address=10.0.0.5:6379"), 8, 80, config_name=GPU8)
     text = format_plan(ray)
@@ -183,3 +183,28 @@ def test_the_plan_prints_the_asynchronous_layout():
             "no GPU is shared") in text
     assert text.count("--max-staleness 1") == 1  # the trainer's command
     assert "asynchronous" not in format_plan(build_plan(_cfg(), 8, 80, config_name=GPU8))
+
+
+def test_the_plan_blocks_in_the_docs_are_what_the_plan_prints(monkeypatch):
+    """Every ``rao run --plan`` block of docs/pipeline/gpu.md and ray.md is what the code prints for its
+    command (``scripts/doc_plans.py --write`` rewrites a stale one)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("doc_plans", root / "scripts" / "doc_plans.py")
+    doc_plans = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc_plans)
+    monkeypatch.delenv("RAO_HOME", raising=False)
+    monkeypatch.delenv("RAO_VLLM_PYTHON", raising=False)
+    blocks = {rel: doc_plans.BLOCK.findall((root / rel).read_text()) for rel in doc_plans.PAGES}
+    assert [len(b) for b in blocks.values()] == [2, 1]  # the 8-GPU and 1-GPU plans; the Ray replicas' sections
+    for rel in doc_plans.PAGES:
+        text, stale = doc_plans.stale_blocks(root / rel)
+        assert stale == [], f"{rel}: stale plan blocks {stale} (run python scripts/doc_plans.py --write)"
+    # a block of sections holds exactly the sections it names, in the plan's order
+    cmd, shown = blocks["docs/pipeline/ray.md"][0]
+    assert [line for line in shown.splitlines() if line and not line.startswith(" ")] == \
+        ["placement", "commands", "checkpoint switch (expected)"]
+    assert "  rollouts       Ray at auto: 16 groups x G 8 = 128 trees per iteration in 4 shards of 4, 4, 4, 4 groups" \
+        in doc_plans.block_text(cmd, shown)
