@@ -157,13 +157,16 @@ def check_api(api_url: str | None, timeout_s: float = 5.0) -> str:
 
 
 def deploy(pool: str = "rao-pool", repo: Path | None = None) -> int:
-    """Create work pool ``pool`` and the deployments of ``prefect.yaml`` on the server at
+    """Create work pool ``pool`` and the deployments of ``prefect.yaml`` on it, on the server at
     ``PREFECT_API_URL``; returns ``prefect deploy``'s exit status.
 
     ``prefect deploy`` runs in the repository root, whose absolute path (or ``repo``, given to the build
-    step as ``RAO_REPO``) becomes the deployments' working directory on the worker.
+    step as ``RAO_REPO``) becomes the deployments' working directory on the worker. The deployments of
+    ``prefect.yaml`` name no work pool: ``pool`` reaches them as Prefect's default pool
+    (``PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME``), since ``prefect deploy --all`` ignores ``--pool``.
     """
-    env = {**os.environ, **({"RAO_REPO": str(Path(repo).resolve())} if repo else {})}
+    env = {**os.environ, "PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME": pool,
+           **({"RAO_REPO": str(Path(repo).resolve())} if repo else {})}
     subprocess.run([prefect_bin(), "work-pool", "create", pool, "--type", "process", "--overwrite"], check=False,
                    cwd=REPO_ROOT, env=env)
     return subprocess.run([prefect_bin(), "--no-prompt", "deploy", "--all"], check=False, cwd=REPO_ROOT,

@@ -55,6 +55,7 @@ def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up
     for d in deps.values():  # the absolute path, filled in at deploy time: no template left for the worker
         assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
     assert deps["nightly-evaluation"]["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    assert {d["work_pool_name"] for d in deps.values()} == {"rao-pool"}
 
     # The printed worker, started in another folder, runs the campaign deployment from the repository:
     # a missing config file makes the flow itself fail (FAILED with its message), where a worker that
@@ -71,3 +72,17 @@ def test_deploy_records_the_repository_path_and_a_worker_runs_from_it(prefect_up
     assert run["state"]["type"] == "FAILED", log
     assert "no-such-config.yaml" in run["state"]["message"], run["state"]["message"]
     assert run["name"] == "campaign"  # the form's config could not be read: the fallback name
+
+
+def test_deploy_puts_every_deployment_on_the_pool_it_names(prefect_up, prefect_api, tmp_path):
+    """``rao deploy --pool P`` creates P and puts both deployments on it (``prefect deploy --all`` ignores its
+    own ``--pool``), and prints the worker command for P."""
+    env, _, port = prefect_up
+    r = subprocess.run(RAO + ["deploy", "--pool", "gpu-pool"], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"start a worker: .* worker start --pool gpu-pool$", r.stdout, re.M), r.stdout[-500:]
+    deps = {d["name"]: d for d in prefect_api.post("deployments/filter", json={}).json()}
+    assert {d["work_pool_name"] for d in deps.values()} == {"gpu-pool"}, deps
+    pools = {w["name"]: w for w in prefect_api.post("work_pools/filter", json={}).json()}
+    assert pools["gpu-pool"]["type"] == "process"
