@@ -28,6 +28,7 @@ from flows.forms import FormParams, OptionalFloat, OptionalInt, empty_means, no_
 from infra.storage import ArtifactStore
 from rao_core.async_rl import OverlapStep, overlap_schedule
 from rao_core.config import NAME_PATTERN, CampaignConfig, load_config
+from rao_core.envs.textcraft.env import TextCraftEnv
 from rao_core.guard import GuardVerdict, judge_iteration
 from rao_core.progress import Timeline
 from tasks import tracking
@@ -81,7 +82,8 @@ class CampaignParams(FormParams):
                            f"of Eq. 3). {empty_means('algo.G')}")
     lam: OptionalFloat = Field(None, ge=0, json_schema_extra=no_default, description="Weight of the delegation bonus: "
                                "its cap (algo.bonus useful) or lambda of Eq. (1) (eq1). Empty: the config file's "
-                               "(unset there, as in cpu-smoke: the environment's cap, textcraft-synth 0.4).")
+                               "(unset there, as in cpu-smoke: the environment's cap, textcraft-synth "
+                               f"{TextCraftEnv.delegation_cap}).")
     max_depth: OptionalInt = Field(None, ge=0, json_schema_extra=no_default,
                                    description=f"Maximum recursion depth. {empty_means('runtime.max_depth')}")
     context_window: OptionalInt = Field(None, ge=256, json_schema_extra=no_default,

@@ -688,7 +688,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def evaluate(
-        model: str = typer.Option("candidate", help="Alias, version, or models:/ URI of the registered model."),
+        model: str = typer.Option("candidate", help="Alias, version, or models:/ URI of the registered "
+                                  "model, or an s3:// checkpoint folder."),
         config: str = typer.Option("configs/cpu-smoke.yaml", help="Config (serving, runtime, storage, eval)."),
         env: list[str] = typer.Option([], help="Environments of the suite (repeatable); default: the config's "
                                       "tasks.env."),

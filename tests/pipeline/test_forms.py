@@ -11,7 +11,7 @@ import pytest
 from prefect.utilities.callables import parameter_schema
 
 NUMBERS = {"iterations": ("integer", "cpu-smoke: 2"), "tasks_per_iteration": ("integer", "cpu-smoke: 6"),
-           "G": ("integer", "cpu-smoke: 4"), "lam": ("number", "textcraft-synth 0.4"),
+           "G": ("integer", "cpu-smoke: 4"), "lam": ("number", "textcraft-synth 0.0"),  # TextCraftEnv.delegation_cap
            "max_depth": ("integer", "cpu-smoke: 1"), "context_window": ("integer", "cpu-smoke: 3072"),
            "seed": ("integer", "cpu-smoke: 0")}
 
