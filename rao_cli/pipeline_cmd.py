@@ -254,11 +254,12 @@ def _key_values(values: list[str]) -> list[str]:
 _OPTION_OF_FIELD = {"overrides": "--set", "arms": "--arm"}
 
 
-def params_from_options(model, **options):
+def params_from_options(model, option_names: dict[str, str] | None = None, **options):
     """``model(**options)``: the parameters model of a flow (``flows.campaign.CampaignParams``,
     ``research.experiment.ExperimentParams``) built from a command's options. Raises typer.BadParameter (one
     ``error:`` line, exit 2) naming the option the user wrote (``--iterations``; ``--set`` for ``overrides``,
-    ``--arm`` for ``arms``) for a value the model refuses, where pydantic's error named the model's class."""
+    ``--arm`` for ``arms``; ``option_names`` maps a field to the command's own option, e.g. ``name`` to
+    ``--campaign``) for a value the model refuses, where pydantic's error named the model's class."""
     from pydantic import ValidationError
 
     from rao_core.jsonl import short_repr
@@ -268,7 +269,7 @@ def params_from_options(model, **options):
     except ValidationError as e:
         first, *rest = e.errors()
         field = str(first["loc"][0]) if first["loc"] else ""
-        option = _OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+        option = {**_OPTION_OF_FIELD, **(option_names or {})}.get(field, "--" + field.replace("_", "-"))
         more = f"; and {len(rest)} more" if rest else ""
         raise typer.BadParameter(f"{first['msg']} (got {short_repr(first.get('input'))}){more}",
                                  param_hint=f"'{option}'") from None
@@ -700,6 +701,9 @@ def register(app: typer.Typer) -> None:
                                     "config's eval.regression_n_tasks."),
         tolerance: float = typer.Option(None, min=0, help="Allowed drop vs champion: a regression is a drop beyond "
                                         "it at the config's eval.regression_alpha; default: eval.tolerance."),
+        campaign: str = typer.Option(None, help="Campaign whose registered model is evaluated (its "
+                                     "model.registered_model, e.g. rao-policy-CAMPAIGN), as `rao run --name` "
+                                     "named it; default: the config's name."),
     ) -> None:
         """Evaluate a registered checkpoint and test it against the champion (the nightly regression).
 
@@ -715,12 +719,12 @@ def register(app: typer.Typer) -> None:
         from flows.campaign import CampaignParams
         from flows.evaluate import EvaluateParams, NothingCompared, RegressionError, rao_evaluate
 
-        base = CampaignParams(config=config).resolve()
+        base = params_from_options(CampaignParams, {"name": "--campaign"}, config=config, name=campaign or "").resolve()
         suite = _suite(base, env, difficulty, n_tasks)
         ref = _registered_model(base, model)
         from infra.process import run_interruptible
 
-        params = EvaluateParams(config=config, model=ref, suite=suite, tolerance=tolerance)
+        params = EvaluateParams(config=config, model=ref, suite=suite, tolerance=tolerance, campaign=campaign or "")
         try:  # Ctrl-C / SIGTERM: MLflow run KILLED, flow run CANCELLED, children stopped, one line, 130 / 143
             with _checked_s3_checkpoint(base, ref, model), _prefect_failures_quiet():
                 out = run_interruptible(lambda: rao_evaluate(params),

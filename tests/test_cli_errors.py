@@ -238,6 +238,22 @@ def test_evaluate_unregistered_model_is_one_line(tmp_path):
                            f"registry at sqlite:///{db} (")
 
 
+def test_evaluate_campaign_names_the_registered_model_and_its_rule(tmp_path):
+    """``--campaign`` picks the campaign's registered model (``rao-policy-{campaign}``), as ``rao run --name``
+    named it; a name the rule refuses is one line naming ``--campaign``, before any service."""
+    db = tmp_path / "mlflow.db"
+    env = dict(PREFECT_API_URL="http://127.0.0.1:9/api", RAO_S3_ENDPOINT="http://127.0.0.1:9",
+               MLFLOW_TRACKING_URI=f"sqlite:///{db}")
+    r = _rao(tmp_path, "evaluate", "--campaign", "exp2", **env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert one_error_line(r.stderr).startswith("error: --model candidate: models:/rao-policy-exp2@candidate is not "
+                                               f"in the MLflow registry at sqlite:///{db} (")
+    r = _rao(tmp_path, "evaluate", "--campaign", "Exp 2", **env)
+    assert r.returncode == 2 and r.stdout == ""
+    line = one_error_line(r.stderr)
+    assert "Invalid value for '--campaign': " in line and "lowercase letters, digits and dashes" in line, line
+
+
 def test_non_utf8_sandbox_file_names_the_file(capsys, tmp_path):
     f = tmp_path / "c.py"
     f.write_bytes(b"print('caf\xe9')\n")
