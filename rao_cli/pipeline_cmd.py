@@ -719,7 +719,8 @@ def register(app: typer.Typer) -> None:
         from flows.campaign import CampaignParams
         from flows.evaluate import EvaluateParams, NothingCompared, RegressionError, rao_evaluate
 
-        base = params_from_options(CampaignParams, {"name": "--campaign"}, config=config, name=campaign or "").resolve()
+        base = params_from_options(CampaignParams, {"name": "--campaign"}, config=config,
+                                   name=campaign or "").resolve()
         suite = _suite(base, env, difficulty, n_tasks)
         ref = _registered_model(base, model)
         from infra.process import run_interruptible

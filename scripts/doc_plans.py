@@ -26,38 +26,21 @@ BLOCK = re.compile(r"`(rao run [^`]*?--plan[^`]*)`[^`]*?\n```\n(.*?)\n```", re.S
 
 
 def plan_text(command: str) -> str:
-    """What ``command`` (``rao run --plan --config F --gpus N --gpu-mem-gib M [--set K=V ...]``, as written
-    in a page, line breaks allowed) prints, with the repository's path removed. Raises ValueError for an
-    option this parser does not know or a plan that cannot run."""
+    """What ``command`` (a ``rao run ... --plan ...`` line as written in a page, line breaks allowed) prints,
+    run through the CLI itself in this process, with the repository's path removed. Raises ValueError naming
+    the command when it exits non-zero (a usage error, or a plan that cannot run)."""
     os.environ.pop("RAO_HOME", None)
     os.environ.pop("RAO_VLLM_PYTHON", None)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from infra.plan import build_plan, format_plan, plan_config
+    from typer.testing import CliRunner
 
-    args = shlex.split(command)[2:]
-    config, gpus, mem, overrides = None, None, None, []
-    while args:
-        flag = args.pop(0)
-        if flag == "--plan":
-            continue
-        if flag not in ("--config", "--gpus", "--gpu-mem-gib", "--set") or not args:
-            raise ValueError(f"{command!r}: cannot read {flag!r}")
-        value = args.pop(0)
-        if flag == "--config":
-            config = value
-        elif flag == "--gpus":
-            gpus = int(value)
-        elif flag == "--gpu-mem-gib":
-            mem = float(value)
-        else:
-            overrides.append(value)
-    if config is None or gpus is None or mem is None:
-        raise ValueError(f"{command!r}: a doc plan names --config, --gpus and --gpu-mem-gib")
-    plan = build_plan(plan_config(config, overrides), gpus, mem, config_name=config)
-    if plan.problems:
-        raise ValueError(f"{command!r} cannot run: {plan.problems[0]}")
-    return format_plan(plan).replace(f"{ROOT}/", "")
+    from rao_cli.main import app
+
+    r = CliRunner().invoke(app, shlex.split(command)[1:])
+    if r.exit_code:
+        raise ValueError(f"{' '.join(command.split())!r} exited {r.exit_code}: {r.output.strip()[-500:]}")
+    return r.stdout.rstrip("\n").replace(f"{ROOT}/", "")
 
 
 def block_text(command: str, shown: str) -> str:
