@@ -281,7 +281,8 @@ class WarmStartSettings(_Strict):
         "none", description="'none': start from model.path; 'demos': SFT on expert demonstrations built through "
         "the runtime; 'checkpoint': start from a registered model version (`checkpoint`).")
     checkpoint: str | None = Field(None, description="For mode 'checkpoint': 'models:/NAME@ALIAS', "
-                                   "'models:/NAME/VERSION', an s3:// URI or a local folder.")
+                                   "'models:/NAME/VERSION', an s3:// URI or a local folder (copied to the "
+                                   "campaign's iter-0/checkpoint on S3, so it resumes on another machine).")
     n_tasks: int = Field(16, ge=1, description="Demonstration tasks (mode 'demos'), split over difficulties.")
     difficulties: list[str] = Field(default_factory=lambda: ["easy", "medium"], min_length=1,
                                     description="Difficulties of the demonstration tasks (mode 'demos').")

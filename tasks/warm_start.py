@@ -1,7 +1,8 @@
 """Prefect task ``warm_start``: the campaign's iteration-0 checkpoint.
 
 Modes (``warm_start.mode``): ``none`` uses ``model.path``; ``checkpoint`` resolves a registered model
-version (``models:/NAME@ALIAS``), an S3 URI or a folder; ``demos`` runs the one warm start of the
+version (``models:/NAME@ALIAS``), an S3 URI or a folder (a local folder is copied to the campaign's
+``iter-0/checkpoint`` on S3, so the campaign resumes on another machine from S3 alone); ``demos`` runs the one warm start of the
 project, ``rao_core.warmstart.run_warm_start`` (also behind ``rao sft``: expert demonstrations through the
 real runtime, SFT with the same trainer), stores demonstrations, samples and checkpoint on S3, and the
 flow registers the result as iteration 0.
@@ -29,7 +30,13 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
     if ws.mode == "none":
         return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, str(cfg.model.path)), mode="none")
     if ws.mode == "checkpoint":
-        return WarmStartOutput(checkpoint=checkpoint_from_uri(ctx, ws.checkpoint or ""), mode="checkpoint")
+        ckpt = checkpoint_from_uri(ctx, ws.checkpoint or "")
+        if ckpt.uri is None:  # a folder of this machine: kept with the campaign, like a demos warm start
+            store = ctx.store()
+            run_logger().info(f"warm start: uploading {ckpt.local} to {store.uri('iter-0/checkpoint')}")
+            store.write_manifest("iter-0/checkpoint.manifest.json", store.put_dir(ckpt.local, "iter-0/checkpoint"))
+            ckpt = Checkpoint(name="iter-0", uri=store.uri("iter-0/checkpoint"), local=ckpt.local)
+        return WarmStartOutput(checkpoint=ckpt, mode="checkpoint")
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
     demo_cfg = campaign_demo_config(cfg)
     out_dir = ctx.local("checkpoints/iter-0")

@@ -174,3 +174,50 @@ def test_a_nightly_that_compares_no_metric_fails_instead_of_reporting_ok(campaig
         rao_evaluate(params)
     runs = mlflow.MlflowClient().search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
     assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_a_campaign_resumes_on_a_new_machine_from_its_s3_store_alone(campaign_env, tiny_model_path, vllm_tiny,
+                                                                     monkeypatch):
+    """A machine lost between sittings: the campaign's S3 store outlives it, its local state does not. The warm
+    start, a folder of the old machine, was copied to the campaign's ``iter-0`` on S3. With a new ``RAO_HOME`` (no
+    local cache of the campaign), a new MLflow database and the warm start named by its S3 copy, the same campaign
+    asked for one more iteration takes iteration 1 from its S3 markers (nothing of it re-run or re-logged) and
+    trains iteration 2 from iteration 1's checkpoint fetched back from S3."""
+    import shutil
+
+    import mlflow
+
+    import tasks.serve
+    from flows import campaign
+
+    from infra.storage import ArtifactStore, S3Settings
+
+    warm = campaign_env / "old-machine" / "warm-start"
+    shutil.copytree(tiny_model_path, warm)
+    extra = {"serving.base_url": vllm_tiny.base_url, "serving.switch": "none", "trainer.loss_type": "reinforce",
+             "warm_start.mode": "checkpoint", "warm_start.checkpoint": str(warm)}
+    params = _params("moved", tiny_model_path, **extra)
+    first = campaign.rao_campaign(params)
+    assert [it["iteration"] for it in first["iterations"]] == [1]
+    store = ArtifactStore(S3Settings(os.environ["RAO_S3_ENDPOINT"], "rao", os.environ["AWS_ACCESS_KEY_ID"],
+                                     os.environ["AWS_SECRET_ACCESS_KEY"]), "moved")
+    assert store.exists("iter-0/checkpoint.manifest.json") and store.verify_manifest("iter-0/checkpoint.manifest.json") == []
+    # the new machine: the same S3 store, nothing else (the old RAO_HOME and the warm-start folder are gone)
+    shutil.rmtree(campaign_env / "home")
+    shutil.rmtree(campaign_env / "old-machine")
+    params = _params("moved", tiny_model_path, **{**extra, "warm_start.checkpoint": store.uri("iter-0/checkpoint")})
+    monkeypatch.setenv("RAO_HOME", str(campaign_env / "home-new"))
+    fetched = []
+    real_fetch = tasks.serve.fetch_dir
+    monkeypatch.setattr(tasks.serve, "fetch_dir", lambda ctx, uri, rel: fetched.append(uri) or real_fetch(ctx, uri, rel))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{campaign_env / 'mlflow-new.db'}")
+    summary = campaign.rao_campaign(params.model_copy(update={"iterations": 2}))
+    assert [it["iteration"] for it in summary["iterations"]] == [1, 2]
+    one, two = summary["iterations"]
+    assert one["times"] == first["iterations"][0]["times"]  # its stored stage times: not run again
+    assert any(u.rstrip("/").endswith("moved/iter-1/checkpoint") for u in fetched), fetched  # iteration 2's parent
+    assert two["register"]["version"] == "1"  # the new registry's first version (the old one stays in the old database)
+    assert summary["mlflow_uri"].endswith("mlflow-new.db") and summary["mlflow_run_id"] != first["mlflow_run_id"]
+    # the new database holds iteration 2's points only: iteration 1's stay where they were logged
+    steps = sorted(m.step for m in mlflow.MlflowClient().get_metric_history(summary["mlflow_run_id"], "success/root"))
+    assert steps == [2]
