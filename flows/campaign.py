@@ -479,6 +479,7 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
         ckpt = ws.checkpoint
         summary["warm_start"] = ws.model_dump(by_alias=True, exclude={"checkpoint"})
         summary["warm_start"]["checkpoint_local"] = ckpt.local
+        summary["warm_start"]["checkpoint_uri"] = ckpt.uri  # its S3 copy (None: a registered or base model)
         timeline.lap("warm start", "done by an earlier run (resumed)" if ws.resumed else
                      f"demonstrations {ws.demo_s or 0:.0f} s, SFT {ws.sft_s or 0:.0f} s ({ws.sft_steps} steps), "
                      "upload and logging the rest" if ws.mode == "demos" else f"mode {ws.mode}")

@@ -23,6 +23,7 @@ from flows.campaign import CampaignParams, rao_campaign
 from rao_core.config import NAME_PATTERN
 from rao_core.paths import REPO_ROOT
 from rao_core.task_sets import check_task_sets
+from rao_core.train.checkpoint import is_checkpoint
 from research.designs import arm_overrides, git_output
 from research.records import (comparisons_markdown, deep_config, depth_seeds_markdown, iteration_stats,
                               preregistered_endpoints, primary_verdict, replace_section, seeds_markdown,
@@ -117,6 +118,14 @@ def _training(arm: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
             for it in summary["iterations"]]
 
 
+def shared_warm_start(warm_start: dict[str, Any]) -> str | None:
+    """The next arm's warm start from the first arm's campaign summary ``warm_start`` section: its iteration-0
+    folder while that folder is a checkpoint on this machine, else its S3 copy (``checkpoint_uri``: the
+    campaign was run on another machine, which kept the folder), else the folder's path as recorded."""
+    local, uri = warm_start.get("checkpoint_local"), warm_start.get("checkpoint_uri")
+    return local if local and is_checkpoint(local) else uri or local
+
+
 def experiment_run_name() -> str:
     """Prefect flow-run name of an experiment: ``<name prefix or experiment>``, e.g. ``textcraft-tier1`` (the
     arms' campaign runs are ``<prefix>-recursive`` and ``<prefix>-single``); was a random name."""
@@ -170,7 +179,7 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
         for it in summaries[arm]["iterations"]:
             checkpoints[(arm, it["iteration"])] = it.get("checkpoint_local")
         if not own:
-            shared_ckpt = shared_ckpt or summaries[arm].get("warm_start", {}).get("checkpoint_local")
+            shared_ckpt = shared_ckpt or shared_warm_start(summaries[arm].get("warm_start") or {})
     wall = time.monotonic() - t0
     sets = "".join(f" --set {o}" for o in params.overrides)
     iters = f" --iterations {params.iterations}" if params.iterations is not None else ""

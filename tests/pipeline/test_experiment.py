@@ -611,3 +611,19 @@ def test_seed_comparison_pairs_tasks_across_seeds_by_hand():
     md = comparisons_markdown("abl", recs)
     assert "| recursive vs outcome (preregistered) | 3 |" in md and "| recursive vs warm_start | 3 |" in md
     assert seed_comparison([_record(0, {("single", 1): [1]})], "recursive", "outcome", "tier1x2") is None
+
+
+def test_the_next_arm_shares_the_warm_start_s_s3_copy_when_its_folder_is_on_another_machine(tmp_path):
+    """The outcome arm starts from the recursive arm's iteration-0 checkpoint: its folder while it is a
+    checkpoint here, its S3 copy when the recursive campaign ran on a machine that kept the folder."""
+    from research.experiment import shared_warm_start
+
+    here = tmp_path / "iter-0"
+    here.mkdir()
+    (here / "config.json").write_text("{}")
+    uri = "s3://rao/textcraft-deeper-recursive/iter-0/checkpoint"
+    assert shared_warm_start({"checkpoint_local": str(here), "checkpoint_uri": uri}) == str(here)
+    assert shared_warm_start({"checkpoint_local": str(tmp_path / "gone"), "checkpoint_uri": uri}) == uri
+    assert shared_warm_start({"checkpoint_local": None, "checkpoint_uri": uri}) == uri
+    assert shared_warm_start({"checkpoint_local": "/ck/x"}) == "/ck/x"  # no S3 copy recorded: the path as it was
+    assert shared_warm_start({}) is None
