@@ -100,8 +100,9 @@ def textcraft_deeper(
     arm: list[str] = THREE_ARMS,
     name: str = NAME,
     seed: list[int] = SEED,
-    single_checkpoint: str = typer.Option("", help="The single agent's warm-start checkpoint, shared by every seed "
-                                          "(default: its own from single-agent demonstrations)."),
+    single_checkpoint: str = typer.Option("", help="The single agent's warm-start checkpoint (a folder, an s3:// "
+                                          "checkpoint folder or a models:/ URI), shared by every seed (default: its "
+                                          "own from single-agent demonstrations)."),
     write_docs: bool = typer.Option(True, help="Write docs/results/textcraft-deeper[-seed<S>].json and its plots."),
     override: list[str] = typer.Option([], "--set", callback=_key_values,
                                        help="KEY=VALUE override for every arm (repeatable), e.g. "

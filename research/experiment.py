@@ -62,9 +62,9 @@ class ExperimentParams(BaseModel):
                              "None = the config's. Another seed than the config's runs as campaigns "
                              "`<prefix>-seed<S>-<arm>` with the record `docs/results/<experiment>-seed<S>.json`; "
                              "the held-out evaluation tasks (`eval.seed`) stay the same for every seed.")
-    single_checkpoint: str = Field("", description="The single arm's warm-start checkpoint (a folder or a "
-                                   "registered model URI), e.g. one chosen on a training-split probe and shared by "
-                                   "every seed; empty: single_warm_start decides.")
+    single_checkpoint: str = Field("", description="The single arm's warm-start checkpoint (a folder, an "
+                                   "s3:// checkpoint folder or a registered model URI), e.g. one chosen on a "
+                                   "training-split probe and shared by every seed; empty: single_warm_start decides.")
     single_max_steps: int | None = Field(None, ge=1, description="Steps of the single-agent arm's node; None = "
                                          "runtime.max_steps_per_node x (1 + runtime.max_children_per_node), "
                                          "no fewer than a whole recursive tree may take.")
