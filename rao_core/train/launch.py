@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -107,6 +108,24 @@ def resolve_accelerate_config(path: str | os.PathLike[str] | None) -> Path | Non
         if cand.is_file():
             return cand.resolve()
     raise FileNotFoundError(f"accelerate config not found: {path} (looked in {Path.cwd()} and {REPO_ROOT})")
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Stop every process of the group ``proc`` leads (started with ``start_new_session``): SIGTERM to the
+    group, then SIGKILL when any member is left after ``timeout_s`` seconds; returns when the group is empty
+    (or 5 s after the SIGKILL). A child whose parent already exited is stopped too."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        deadline = time.monotonic() + wait_s
+        try:
+            os.killpg(proc.pid, sig)
+            while time.monotonic() < deadline:
+                proc.poll()  # reap the leader: a zombie still counts as a member
+                os.killpg(proc.pid, 0)  # ProcessLookupError once no member is left
+                time.sleep(0.05)
+        except ProcessLookupError:
+            return
+        except PermissionError:  # the group's id was taken by another user's process: nothing of ours is left
+            return
 
 
 def _read_new(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
@@ -236,7 +255,9 @@ def train_in_subprocess(
                 end.update(r["end"])
 
     with log.open("w") as logf, bar:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        # its own process group: `accelerate launch` exits on SIGTERM without passing it on, which would leave
+        # its trainer child running with no parent; the group holds both
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         say(f"started (pid {proc.pid}), log {log}")
         try:
             while proc.poll() is None:
@@ -245,11 +266,7 @@ def train_in_subprocess(
                     say(f"still working: {status['phase']}")
                 time.sleep(poll_s)
         except BaseException:  # interrupted (Ctrl-C, task cancelled): do not leave the child training
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_group(proc)
             raise
         drain()
     wall = time.monotonic() - t0

@@ -324,6 +324,42 @@ def test_a_training_child_reports_progress_to_this_process(tmp_path, monkeypatch
     assert "training steps" in out and "2/2" in out
 
 
+def test_an_interrupted_training_stops_the_launcher_s_child_too(tmp_path, monkeypatch):
+    """Interrupted (Ctrl-C, SIGTERM, a cancelled task), the training leaves no process behind: the stand-in
+    launcher, like ``accelerate launch``, exits on SIGTERM without passing it on, and its child (the trainer)
+    must not go on training with no parent."""
+    import os
+    import sys
+    import time
+
+    from rao_core.train import launch
+
+    pid_file = tmp_path / "trainer.pid"
+    trainer = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)"
+    launcher = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {trainer!r}]); time.sleep(120)"
+    monkeypatch.setattr(launch, "launch_command", lambda *a, **kw: [sys.executable, "-c", launcher])
+
+    def interrupt_once_training(line: str) -> None:
+        if pid_file.exists() and pid_file.read_text():
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch.train_in_subprocess(tmp_path / "s.jsonl", tmp_path, tmp_path / "ck", TrainerConfig(), poll_s=0.05,
+                                   on_status=interrupt_once_training, heartbeat_s=0.05, show_progress=False)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie no one has reaped yet (its parent exited)
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        pytest.fail(f"the trainer child (pid {pid}) was still running 5 s after the interrupted training returned")
+
+
 def test_an_interrupted_training_resumes_after_its_last_saved_step_with_the_same_result(tiny, tmp_path):
     # a warm start killed mid-way (the OOM killer) continues from its resume point, not from step 0
     from safetensors.torch import load_file
