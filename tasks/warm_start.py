@@ -1,11 +1,11 @@
 """Prefect task ``warm_start``: the campaign's iteration-0 checkpoint.
 
 Modes (``warm_start.mode``): ``none`` uses ``model.path``; ``checkpoint`` resolves a registered model
-version (``models:/NAME@ALIAS``), an S3 URI or a folder (a local folder is copied to the campaign's
-``iter-0/checkpoint`` on S3, so the campaign resumes on another machine from S3 alone); ``demos`` runs the one warm start of the
-project, ``rao_core.warmstart.run_warm_start`` (also behind ``rao sft``: expert demonstrations through the
-real runtime, SFT with the same trainer), stores demonstrations, samples and checkpoint on S3, and the
-flow registers the result as iteration 0.
+version (``models:/NAME@ALIAS``), an S3 URI or a folder (a folder of this machine is copied to the
+campaign's ``iter-0/checkpoint`` on S3, so the campaign resumes on another machine from S3 alone);
+``demos`` runs the one warm start of the project, ``rao_core.warmstart.run_warm_start`` (also behind
+``rao sft``: expert demonstrations through the real runtime, SFT with the same trainer), stores
+demonstrations, samples and checkpoint on S3, and the flow registers the result as iteration 0.
 """
 
 from __future__ import annotations
