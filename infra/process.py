@@ -33,6 +33,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from rao_core.process_group import group_members, kill_group, pid_alive  # noqa: F401 (re-exported)
+
 T = TypeVar("T")
 
 
@@ -301,50 +303,6 @@ def tail(path: Path, n: int = 30) -> str:
         return ""
 
 
-def pid_alive(pid: int) -> bool:
-    """True if a process with ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
-def kill_group(pid: int, timeout_s: float = 15.0) -> None:
-    """SIGTERM the process group led by ``pid``, then SIGKILL after ``timeout_s`` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5.0)
-        while time.monotonic() < deadline:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                return
-            if not pid_alive(pid) and not _group_members(pid):
-                return
-            time.sleep(0.1)
-
-
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().split(")")[-1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    out.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
-
-
 @dataclass
 class ManagedProcess:
     """One service process. Use as a context manager or call ``start()``/``stop()``.
@@ -538,7 +496,7 @@ def stop_descendants(timeout_s: float = 10.0) -> list[int]:
             deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5.0)
             while time.monotonic() < deadline:
                 _reap()
-                if not any(pid_alive(p) for p in pids) and not any(_group_members(g) for g in groups):
+                if not any(pid_alive(p) for p in pids) and not any(group_members(g) for g in groups):
                     break
                 time.sleep(0.05)
             else:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rao_core.paths import REPO_ROOT
+from rao_core.process_group import kill_group
 from rao_core.progress import StepProgress
 from rao_core.samples import SampleBatch
 from rao_core.train.checkpoint import is_checkpoint
@@ -108,24 +108,6 @@ def resolve_accelerate_config(path: str | os.PathLike[str] | None) -> Path | Non
         if cand.is_file():
             return cand.resolve()
     raise FileNotFoundError(f"accelerate config not found: {path} (looked in {Path.cwd()} and {REPO_ROOT})")
-
-
-def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """Stop every process of the group ``proc`` leads (started with ``start_new_session``): SIGTERM to the
-    group, then SIGKILL when any member is left after ``timeout_s`` seconds; returns when the group is empty
-    (or 5 s after the SIGKILL). A child whose parent already exited is stopped too."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        deadline = time.monotonic() + wait_s
-        try:
-            os.killpg(proc.pid, sig)
-            while time.monotonic() < deadline:
-                proc.poll()  # reap the leader: a zombie still counts as a member
-                os.killpg(proc.pid, 0)  # ProcessLookupError once no member is left
-                time.sleep(0.05)
-        except ProcessLookupError:
-            return
-        except PermissionError:  # the group's id was taken by another user's process: nothing of ours is left
-            return
 
 
 def _read_new(path: Path, pos: int) -> tuple[list[dict[str, Any]], int]:
@@ -266,7 +248,7 @@ def train_in_subprocess(
                     say(f"still working: {status['phase']}")
                 time.sleep(poll_s)
         except BaseException:  # interrupted (Ctrl-C, task cancelled): do not leave the child training
-            stop_group(proc)
+            kill_group(proc.pid, timeout_s=30)
             raise
         drain()
     wall = time.monotonic() - t0

@@ -126,7 +126,7 @@ def test_the_local_ray_head_its_workers_and_its_replicas_listen_on_loopback_only
     import json
 
     pytest.importorskip("ray")
-    from infra.process import _group_members
+    from infra.process import group_members
     from infra.services import RAY_LOOPBACK_ENV, RayHead
 
     fake_python = tmp_path / "fake-python"
@@ -161,7 +161,7 @@ def test_the_local_ray_head_its_workers_and_its_replicas_listen_on_loopback_only
 
         assert info["nodes"] == ["127.0.0.1"]
         assert info["urls"] == [f"http://127.0.0.1:{info['replica_port']}/v1"]
-        session = _tree(_group_members(head.pid)) | {info["driver"]}  # the head's group, its children, the flow
+        session = _tree(group_members(head.pid)) | {info["driver"]}  # the head's group, its children, the flow
         assert {info["worker"], info["replica_pid"]} <= session
         listening = _listening(session)
         ports = {port for _, port in listening}

@@ -113,7 +113,7 @@ def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(
     import tempfile
     from pathlib import Path
 
-    from infra.process import _group_members
+    from infra.process import group_members
 
     env = {**os.environ, "RAO_HOME": str(tmp_path)}
     env.pop("RAY_ADDRESS", None)
@@ -128,7 +128,7 @@ def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(
         pid = info["pid"]
         assert info["env"]["RAY_ADDRESS"] == info["url"] and info["url"].startswith("127.0.0.1:")
         assert (info["cpus"], info["object_store_gib"]) == (1, 1.0)
-        assert len(_group_members(pid)) >= 3  # ray start --block, the GCS and the raylet
+        assert len(group_members(pid)) >= 3  # ray start --block, the GCS and the raylet
         code = ("import json; from infra.services import apply_service_env; apply_service_env(); "
                 "from infra.ray_rollouts import connect; print(json.dumps(connect('auto')))")
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
@@ -138,7 +138,7 @@ def test_services_up_ray_starts_a_head_that_backend_ray_finds_and_down_stops_it(
     finally:
         r = subprocess.run(rao + ["services", "down"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ray" in r.stdout, r.stdout + r.stderr
-    assert pid is not None and not pid_alive(pid) and _group_members(pid) == []
+    assert pid is not None and not pid_alive(pid) and group_members(pid) == []
     note = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"  # 'auto' no longer finds the stopped head
     assert not note.exists() or not note.read_text().strip().endswith(info["url"].rsplit(":", 1)[-1])
 

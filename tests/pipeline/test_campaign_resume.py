@@ -189,7 +189,6 @@ def test_a_campaign_resumes_on_a_new_machine_from_its_s3_store_alone(campaign_en
 
     import tasks.serve
     from flows import campaign
-
     from infra.storage import ArtifactStore, S3Settings
 
     warm = campaign_env / "old-machine" / "warm-start"
