@@ -134,8 +134,8 @@ def test_a_corrupted_s3_object_is_a_checksum_error_naming_it(s3_server, tmp_path
     uri, weights = _checkpoint_on_s3(store, tmp_path, 1)
     key = "drill-s3/iter-1/checkpoint/model.safetensors"
     sha = hashlib.sha256(weights).hexdigest()
-    # 1. the bytes change, the checksum metadata stays (a bad disk, a faulty copy)
-    store.client.put_object(Bucket=bucket, Key=key, Body=weights[:-1] + b"\0", Metadata={"sha256": sha})
+    # 1. the bytes change (the last byte flipped, so never equal by chance), the checksum metadata stays
+    store.client.put_object(Bucket=bucket, Key=key, Body=weights[:-1] + bytes([weights[-1] ^ 0xFF]), Metadata={"sha256": sha})
     assert store.verify_manifest("iter-1/checkpoint.manifest.json") == []  # metadata alone cannot see it
     with pytest.raises(ChecksumError, match=re.escape(f"checksum mismatch for s3://{bucket}/{key}")):
         fetch_dir(ctx, uri, "checkpoints/c1")
