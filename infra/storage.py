@@ -3,7 +3,7 @@
 Layout (one for everything): ``s3://BUCKET/CAMPAIGN/iter-K/<stage>/...``. Writes are atomic from a
 reader's point of view: S3 makes an object visible only once its upload (single or multipart) completed,
 so an object is complete or absent; every object's SHA-256 is stored as object metadata, and a folder
-(checkpoint) also gets a manifest written after its last object (``write_manifest``). ``get_file`` checks
+(checkpoint) also gets a manifest written after its last object (``put_checkpoint``). ``get_file`` checks
 each download against the recorded SHA-256 (``ChecksumError`` naming the object); ``get_dir(...,
 manifest=...)`` fetches exactly the objects of a manifest; ``verify_manifest`` checks the metadata.
 
@@ -369,6 +369,14 @@ class ArtifactStore:
         local = Path(local)
         return [self.put_file(p, f"{key.rstrip('/')}/{p.relative_to(local).as_posix()}")
                 for p in sorted(local.rglob("*")) if p.is_file()]
+
+    def put_checkpoint(self, local: str | Path, key: str) -> str:
+        """Upload a checkpoint folder under ``key/``, then its manifest at ``KEY.manifest.json`` (written after
+        the last object, so a reader that requires the manifest, ``fetch_dir``, never reads a cut-short
+        upload). Returns the folder's ``s3://BUCKET/PREFIX/KEY`` URI."""
+        key = key.rstrip("/")
+        self.write_manifest(f"{key}.manifest.json", self.put_dir(local, key))
+        return self.uri(key)
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError

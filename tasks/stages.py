@@ -405,8 +405,7 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
         train_s = time.monotonic() - t0
         log.info(f"trained {len(steps)} steps in {train_s:.1f} s ({tcfg.process}"
                  + (f", peak RSS {peak_rss_mb:.0f} MB)" if peak_rss_mb is not None else ")"))
-    entries = ctx.store().put_dir(out_dir, iter_key(iteration, "checkpoint"))
-    ctx.store().write_manifest(iter_key(iteration, "checkpoint.manifest.json"), entries)
+    uri = ctx.store().put_checkpoint(out_dir, iter_key(iteration, "checkpoint"))
     (out_dir / ".complete").write_text("ok")
     from collections import Counter
 
@@ -418,8 +417,7 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
     # the staleness histogram of the iteration's samples (asynchronous RL: lag behind the trained checkpoint)
     for lag, n in sorted(Counter(sample_staleness(batch.samples, iteration - 1)).items()):
         last[f"staleness/lag_{lag}_samples"] = float(n)
-    return TrainOutput(checkpoint=Checkpoint(name=name, uri=ctx.store().uri(iter_key(iteration, "checkpoint")),
-                                             local=str(out_dir)),
+    return TrainOutput(checkpoint=Checkpoint(name=name, uri=uri, local=str(out_dir)),
                        steps=len(steps), train_s=round(train_s, 3), last_step=last, metrics=steps,
                        peak_rss_mb=round(peak_rss_mb, 1) if peak_rss_mb is not None else None)
 

@@ -34,8 +34,7 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
         if ckpt.uri is None:  # a folder of this machine: kept with the campaign, like a demos warm start
             store = ctx.store()
             run_logger().info(f"warm start: uploading {ckpt.local} to {store.uri('iter-0/checkpoint')}")
-            store.write_manifest("iter-0/checkpoint.manifest.json", store.put_dir(ckpt.local, "iter-0/checkpoint"))
-            ckpt = Checkpoint(name="iter-0", uri=store.uri("iter-0/checkpoint"), local=ckpt.local)
+            ckpt = Checkpoint(name="iter-0", uri=store.put_checkpoint(ckpt.local, "iter-0/checkpoint"), local=ckpt.local)
         return WarmStartOutput(checkpoint=ckpt, mode="checkpoint")
     env = get_env(cfg.tasks.env, **cfg.tasks.env_options)
     demo_cfg = campaign_demo_config(cfg)
@@ -72,8 +71,7 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
     log.info(f"warm start: SFT done ({sft_s:.0f} s); uploading demonstrations and the checkpoint to {store.uri('iter-0')}")
     demos = store.put_file(tpath, "iter-0/demos/trees.jsonl")
     store.put_file(spath, "iter-0/demos/samples.jsonl")
-    entries = store.put_dir(out_dir, "iter-0/checkpoint")
-    store.write_manifest("iter-0/checkpoint.manifest.json", entries)
+    uri = store.put_checkpoint(out_dir, "iter-0/checkpoint")
     (out_dir / ".complete").write_text("ok")
     if ctx.campaign_run_id:
         flat = {f"warm_start/{k}": float(v) for k, v in stats.items() if isinstance(v, (int, float))}
@@ -82,6 +80,6 @@ def warm_start(ctx: RunContext, iteration: str = "iter-0") -> WarmStartOutput:
                      if res.train_metrics else float("nan")})
         tracking.log_metrics(ctx.campaign_run_id, flat, step=0)
         tracking.log_json(ctx.campaign_run_id, stats, "warm_start/demo_stats.json")
-    return WarmStartOutput(checkpoint=Checkpoint(name="iter-0", uri=store.uri("iter-0/checkpoint"), local=str(out_dir)),
+    return WarmStartOutput(checkpoint=Checkpoint(name="iter-0", uri=uri, local=str(out_dir)),
                            mode="demos", demos_uri=demos["uri"], stats=json.loads(json.dumps(stats, default=str)),
                            demo_s=round(demo_s, 2), sft_s=round(sft_s, 2), sft_steps=len(res.train_metrics))

@@ -34,7 +34,7 @@ def _make(s3_server, tmp_path, name: str, iterations=(1, 2)) -> None:
         src.mkdir()
         (src / "config.json").write_text("{}")
         (src / "model.safetensors").write_bytes(b"w" * 1000)
-        store.write_manifest(f"iter-{k}/checkpoint.manifest.json", store.put_dir(src, f"iter-{k}/checkpoint"))
+        store.put_checkpoint(src, f"iter-{k}/checkpoint")
         store.put_bytes(b"{}", f"iter-{k}/_done/train.json")
     local = rao_home() / "campaigns" / name / "iter-1"
     local.mkdir(parents=True)
@@ -172,7 +172,7 @@ def test_fetch_brings_checkpoints_back_where_the_records_name_them(env, s3_serve
     (src / "config.json").write_text("{}")
     (src / "model.safetensors").write_bytes(b"m" * 100)
     (src / "optimizer" / "state.pt").write_bytes(b"o" * 200)
-    store.write_manifest("iter-5/checkpoint.manifest.json", store.put_dir(src, "iter-5/checkpoint"))
+    store.put_checkpoint(src, "iter-5/checkpoint")
     code, out, err = run_cli(capsys, "campaigns", "fetch", name, "--iteration", "5", "--weights-only")
     assert code == 0 and "iter-5: fetched 0.0 MB" in out and not (folder / "iter-5" / "optimizer").exists(), (out, err)
     assert (folder / "iter-5" / "model.safetensors").read_bytes() == b"m" * 100

@@ -22,7 +22,7 @@ def _campaign(s3_server, tmp_path, iterations=range(6)):
         folder.mkdir(parents=True)
         (folder / "adapter_model.safetensors").write_bytes(b"w" * 64)
         (folder / "adapter_config.json").write_text("{}")
-        store.write_manifest(f"iter-{k}/checkpoint.manifest.json", store.put_dir(folder, f"iter-{k}/checkpoint"))
+        store.put_checkpoint(folder, f"iter-{k}/checkpoint")
         store.put_bytes(b"{}", f"iter-{k}/trees/trees.jsonl")
         store.put_bytes(b"{}", f"iter-{k}/_done/train.json")
     return store, local

@@ -29,7 +29,7 @@ def _campaign(s3_server, tmp_path, iterations=range(4)):
         (folder / "config.json").write_text("{}")
         (folder / "model.safetensors").write_bytes(b"w" * 1000)
         (folder / "optimizer" / "state.pt").write_bytes(b"o" * 2000)
-        store.write_manifest(f"iter-{k}/checkpoint.manifest.json", store.put_dir(folder, f"iter-{k}/checkpoint"))
+        store.put_checkpoint(folder, f"iter-{k}/checkpoint")
         (folder / ".complete").write_text("ok")
         store.put_bytes(b"{}", f"iter-{k}/_done/train.json")
     return store, local

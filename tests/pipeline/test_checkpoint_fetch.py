@@ -23,8 +23,7 @@ def _upload_checkpoint(s3_server, tmp_path, campaign: str, iteration: int, weigh
     (src / "config.json").write_text('{"campaign": "%s"}' % campaign)
     (src / "sub" / "w.bin").write_bytes(weights)
     store = ArtifactStore(s3_server.settings(), campaign)
-    store.write_manifest(f"iter-{iteration}/checkpoint.manifest.json",
-                         store.put_dir(src, f"iter-{iteration}/checkpoint"))
+    store.put_checkpoint(src, f"iter-{iteration}/checkpoint")
     return f"s3://{s3_server.bucket}/{campaign}/iter-{iteration}/checkpoint"
 
 

@@ -118,8 +118,7 @@ def _checkpoint_on_s3(store, tmp_path: Path, iteration: int) -> tuple[str, bytes
     weights = os.urandom(5000)
     (src / "config.json").write_text("{}")
     (src / "model.safetensors").write_bytes(weights)
-    store.write_manifest(f"iter-{iteration}/checkpoint.manifest.json",
-                         store.put_dir(src, f"iter-{iteration}/checkpoint"))
+    store.put_checkpoint(src, f"iter-{iteration}/checkpoint")
     return store.uri(f"iter-{iteration}/checkpoint"), weights
 
 

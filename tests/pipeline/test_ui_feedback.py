@@ -380,11 +380,8 @@ def test_warm_start_logs_progress_every_tenth(tmp_path, monkeypatch, progress_re
 
         put_file = put_bytes
 
-        def put_dir(self, path, key):
-            return []
-
-        def write_manifest(self, key, entries):
-            return None
+        def put_checkpoint(self, path, key):
+            return f"s3://mem/{key}"
 
         def uri(self, key):
             return f"s3://mem/{key}"
