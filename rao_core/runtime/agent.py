@@ -222,7 +222,8 @@ async def _generate(ctx: _TreeCtx, node: Node, prompt_ids: list[int]) -> tuple[G
                             max_tokens=cfg.max_new_tokens, seed=request_seed(ctx.tree.seed, node.node_id,
                                                                              len(node.turns)),
                             tree_id=ctx.tree.tree_id)
-        gen = await asyncio.wait_for(ctx.shared.policy.generate(req), timeout=cfg.policy_timeout_s)
+        async with asyncio.timeout(cfg.policy_timeout_s):  # not wait_for: in 3.11 it can swallow a cancellation
+            gen = await ctx.shared.policy.generate(req)
     return gen, t1 - t0, time.perf_counter() - t1
 
 

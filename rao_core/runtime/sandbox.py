@@ -190,7 +190,8 @@ class Repl:
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
                 limit=_STREAM_LIMIT), on_result=lambda p: setattr(self, "proc", p))
-            msg = await asyncio.wait_for(self._read(), timeout=60)
+            async with asyncio.timeout(60):  # not wait_for: in 3.11 it can swallow a cancellation (_read done)
+                msg = await self._read()
         except (OSError, asyncio.TimeoutError) as e:
             raise SandboxError(f"REPL failed to start: {e!r}") from e
         if msg is None or msg.get("type") != "started":
@@ -211,8 +212,9 @@ class Repl:
                           "tools": tools, "delegation": delegation, "variables": variables,
                           "output_cap": lim.output_cap, "echo": lim.echo})
         try:
-            msg = await asyncio.wait_for(self._read(), timeout=60)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(60):
+                msg = await self._read()
+        except TimeoutError:
             msg = None
         if msg is None or msg.get("type") != "ready":
             await self.close()
@@ -392,18 +394,22 @@ class Repl:
         """Kill the sandbox: the outer bwrap's process group and, through --die-with-parent and the pid
         namespace, everything under it. bwrap arms --die-with-parent only after it forked, so a kill in
         the first milliseconds can orphan its inner process: every process whose command line holds
-        this REPL's work folder (the ``--bind`` argument) is killed too, and waited for (at most 2 s)."""
+        this REPL's work folder (the ``--bind`` argument) is killed too, and waited for (at most 2 s), before
+        the outer process is waited for: asyncio's ``Process.wait`` returns only once the process's pipes are
+        closed, and such an orphan holds them (waiting first cost the 10 s bound)."""
         if self.proc is not None and self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout=10)
-            except asyncio.TimeoutError:
-                pass
         if self.proc is not None and self.workdir is not None and self.limits.mode == "bwrap":
             await _kill_marked(f"\0{self.workdir}\0".encode())
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                async with asyncio.timeout(10):
+                    await self.proc.wait()
+            except TimeoutError:
+                pass
 
     async def close(self) -> None:
         """Kill the process and remove its work folder (idempotent; see ``close_fully`` to finish it

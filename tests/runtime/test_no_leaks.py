@@ -16,7 +16,7 @@ import pytest
 
 from rao_core.policies.scripted import ReplayPolicy, cell
 from rao_core.runtime import RuntimeConfig, run_tree, run_trees
-from rao_core.runtime.sandbox import ReplPool, SandboxLimits
+from rao_core.runtime.sandbox import Repl, ReplPool, SandboxLimits
 from tests.runtime.fakes import FakeEnv, task
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
@@ -131,6 +131,30 @@ async def test_run_trees_cancelled_from_outside_leaves_nothing(tok, tmpdir_for_r
         with pytest.raises(asyncio.CancelledError):
             await job
         assert await _settled_leftovers(tmpdir_for_repls) == ([], []), delay
+
+
+async def test_a_cancel_that_meets_the_repl_s_started_line_is_not_lost(tmpdir_for_repls):
+    """A REPL's start cancelled in the same loop turn as its 'started' line arrives ends cancelled and closed.
+
+    The case (about one cancelled ``run_trees`` in ten): 3.11's ``asyncio.wait_for`` returned the line and
+    dropped the cancellation, so a cancelled child node went on to run its cells to their time limits.
+    """
+    repl = Repl(SandboxLimits(mode=SANDBOX))
+    line: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def read():
+        return await line
+
+    repl._read = read
+    start = asyncio.ensure_future(repl.start())
+    while repl.proc is None or not line._callbacks:  # the process runs and its start waits for the line
+        await asyncio.sleep(0.01)
+    line.set_result({"type": "started"})
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert repl.proc.returncode is not None and repl.workdir is None
+    assert await _settled_leftovers(tmpdir_for_repls) == ([], [])
 
 
 async def test_pool_closed_while_starting_leaves_nothing(tmpdir_for_repls):
