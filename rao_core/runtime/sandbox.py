@@ -190,7 +190,7 @@ class Repl:
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
                 limit=_STREAM_LIMIT), on_result=lambda p: setattr(self, "proc", p))
-            async with asyncio.timeout(60):  # not wait_for: in 3.11 it can swallow a cancellation (_read done)
+            async with asyncio.timeout(60):  # not wait_for: in 3.11 it drops a cancel that meets the line
                 msg = await self._read()
         except (OSError, asyncio.TimeoutError) as e:
             raise SandboxError(f"REPL failed to start: {e!r}") from e
@@ -396,7 +396,7 @@ class Repl:
         the first milliseconds can orphan its inner process: every process whose command line holds
         this REPL's work folder (the ``--bind`` argument) is killed too, and waited for (at most 2 s), before
         the outer process is waited for: asyncio's ``Process.wait`` returns only once the process's pipes are
-        closed, and such an orphan holds them (waiting first cost the 10 s bound)."""
+        closed, and such an orphan holds them (the wait would run to its 10 s bound)."""
         if self.proc is not None and self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
