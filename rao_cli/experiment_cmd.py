@@ -52,6 +52,36 @@ def _run(experiment: str, config: str, iterations: int | None, arm: list[str], w
         console.print(write_seeds_section(name or experiment, records, write_docs))
 
 
+def _units(experiment: str, config: str, status: bool, unit: str, override: list[str],
+           arms: list[str] | None = None, seeds: list[int] | None = None) -> bool:
+    """``--status`` / ``--unit``: the experiment as units (``research.units``). ``--status`` prints which units are
+    done, which remain, the next command and each unit's time; ``--unit UNIT`` runs that unit from its start and
+    writes its record. A bad unit name or config is one ``error:`` line (exit 2) before anything starts. Returns
+    False when neither option was given (the command runs the whole experiment). The printed commands name
+    ``--config`` only where it is not the command's default."""
+    if not status and not unit:
+        return False
+    if status and unit:
+        raise typer.BadParameter("give --status or --unit, not both", param_hint="'--status'")
+    from rao_cli import input_errors
+    from research.designs import unit_design
+    from research.units import plan_units, run_unit, status_text
+
+    with input_errors():
+        plan = plan_units(experiment, config, list(override), unit_design(experiment, arms, seeds),
+                          default_config=f"configs/experiment-{experiment}.yaml")
+        if unit:
+            plan.unit(unit)
+    if status:
+        print(status_text(plan))
+        return True
+    from rao_cli.pipeline_cmd import _prefect_env
+
+    _prefect_env()
+    run_unit(plan, unit, say=lambda m: print(m, flush=True))
+    return True
+
+
 NAME_HELP = ("Name of a variant run (e.g. textcraft-tier1-async with --set algo.max_staleness=1): its record "
              "docs/results/<name>[-seed<S>].json, docs sections and plot, and campaigns <name>[-seed<S>]-<arm>; "
              "default: the experiment's record and the config's campaign name.")
@@ -67,6 +97,12 @@ THREE_ARMS = typer.Option(["recursive", "outcome", "single"], help="Arms to run 
                           "outcome (outcome-only credit), single (single agent).")
 TWO_ARMS = typer.Option(["recursive", "single"], help="Arms to run (repeatable): recursive (RAO), outcome "
                         "(outcome-only credit), single (single agent).")
+STATUS = typer.Option(False, "--status", help="Print the experiment's units (a warm start and its evaluation; each "
+                      "arm x seed): which are done (their records in docs/results/units/<experiment>/), which remain, "
+                      "the next command and each unit's measured or estimated minutes; run nothing.")
+UNIT = typer.Option("", "--unit", help="Run this unit (see --status) from its start, from nothing but a clone (it "
+                    "rebuilds its warm start), and write its record docs/results/units/<experiment>/<unit>.json at "
+                    "its end.")
 SINGLE_MAX_STEPS = typer.Option(None, help="Steps of the single agent's node (default: max_steps_per_node x "
                                 "(1 + max_children_per_node), a whole recursive tree's).")
 
@@ -84,11 +120,15 @@ def textcraft_ablation(
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-ablation[-seed<S>].json "
                                     "and docs/img/textcraft-ablation.png."),
     override: list[str] = SETS,
+    status: bool = STATUS,
+    unit: str = UNIT,
 ) -> None:
     """RAO's method tested as the paper tests it: on tier1x2 at a 1536-token window, where the single
     agent can solve the task too, RAO vs an outcome-only recursive ablation vs a single agent with its own warm
     start, the same RL task stream and rollout budget, evaluated on a fresh held-out set (n = 100) with the
     endpoint preregistered in the config; one run per seed."""
+    if _units("textcraft-ablation", config, status, unit, override, arm, seed):
+        return
     _run("textcraft-ablation", config, iterations, arm, write_docs, override, seed, single_max_steps,
          single_warm_start, name)
 
@@ -108,10 +148,14 @@ def textcraft_deeper(
                                        help="KEY=VALUE override for every arm (repeatable), e.g. "
                                        "warm_start.mode=checkpoint and warm_start.checkpoint=DIR: the recursive "
                                        "warm start shared by every seed."),
+    status: bool = STATUS,
+    unit: str = UNIT,
 ) -> None:
     """Train one level deep, solve the next, on the stable default (preregistered in the config and
     docs/experiments/textcraft-deeper.md): nest1 training, nest1 and nest2 evaluation on 100 distinct problems
     per level, RAO vs outcome-only credit vs a single agent, one optimizer step per iteration each."""
+    if _units("textcraft-deeper", config, status, unit, override, arm, seed):
+        return
     _run("textcraft-deeper", config, iterations, arm, write_docs, override, seed, None, "own", name,
          single_checkpoint)
 
@@ -127,6 +171,8 @@ def textcraft_nested(
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-nested[-seed<S>].json, "
                                     "docs/img/textcraft-nested.png and docs/img/textcraft-nested-depth.png."),
     override: list[str] = SETS,
+    status: bool = STATUS,
+    unit: str = UNIT,
 ) -> None:
     """Recursion one level deeper than trained: warm-start SmolLM2-135M on demonstrations of the
     expert that recurses on TextCraft-Synth nest1 tasks (a tier-2 target made of two tier-1 sub-goals: trees of
@@ -134,6 +180,8 @@ def textcraft_nested(
     after each on fresh held-out nest1 and nest2 tasks (nest2: depth 2, never seen in training), n = 100 per
     point, endpoint preregistered in the config; per depth: nodes, success, delegation, children, end reasons,
     and the depth histogram of the evaluated trees; one run per seed."""
+    if _units("textcraft-nested", config, status, unit, override, arm, seed):
+        return
     _run("textcraft-nested", config, iterations, arm, write_docs, override, seed, name=name)
 
 
@@ -148,11 +196,15 @@ def textcraft_tier1x(
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1x.json and "
                                     "docs/img/textcraft-tier1x.png."),
     override: list[str] = SETS,
+    status: bool = STATUS,
+    unit: str = UNIT,
 ) -> None:
     """The delegation experiment: warm-start SmolLM2-135M on TextCraft-Synth tier1x<K> tasks (K tier-1
     sub-goals that do not fit one node's window), run RAO iterations, evaluate 50 held-out tasks per split
     after each (K = 2, trained; K = 3, harder than anything trained on), recursive arm then the single-agent
     arm (`--name X`: campaigns X-recursive and X-single, record docs/results/X.json)."""
+    if _units("textcraft-tier1x", config, status, unit, override, arm, seed):
+        return
     _run("textcraft-tier1x", config, iterations, arm, write_docs, override, seed, single_max_steps, name=name)
 
 
@@ -166,9 +218,13 @@ def textcraft_tier1(
     write_docs: bool = typer.Option(True, help="Write docs/results.md, docs/results/textcraft-tier1.json and "
                                     "docs/img/textcraft-tier1.png."),
     override: list[str] = SETS,
+    status: bool = STATUS,
+    unit: str = UNIT,
 ) -> None:
     """The CPU-scale learning curve: warm-start SmolLM2-135M on TextCraft-Synth tier1 tasks, run RAO
     iterations, evaluate 50 held-out tasks after each (recursive arm, then the single-agent arm)."""
+    if _units("textcraft-tier1", config, status, unit, override, arm, seed):
+        return
     _run("textcraft-tier1", config, iterations, arm, write_docs, override, seed, name=name)
 
 
@@ -179,9 +235,13 @@ def textcraft_cpu(
     arm: list[str] = TWO_ARMS,
     write_docs: bool = typer.Option(True, help="Write docs/results.md and docs/img/learning_curve.png."),
     override: list[str] = SETS,
+    status: bool = STATUS,
+    unit: str = UNIT,
 ) -> None:
     """Warm-start SmolLM2-135M, run RAO iterations, evaluate after each; same for a single agent (the paper's
     easy/medium/hard levels, which the 135M model does not learn on CPU: docs/results.md)."""
+    if _units("textcraft-cpu", config, status, unit, override, arm, None):
+        return
     _run("textcraft-cpu", config, iterations, arm, write_docs, override)
 
 

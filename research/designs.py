@@ -2,12 +2,13 @@
 
 An arm is one campaign run from the experiment's config with the overrides of :func:`arm_overrides`; it is
 evaluated in its own mode (:data:`ARM_MODES`), and :data:`ARM_PAIRS` are the comparisons made when both arms
-ran. Docs: docs/experiments.md.
+ran. An experiment run as units (``research.units``) has a :class:`UnitDesign`. Docs: docs/experiments.md.
 """
 
 from __future__ import annotations
 
 import subprocess
+from dataclasses import dataclass, field
 
 #: The evaluation mode of each arm of ``rao experiment`` (:func:`arm_overrides`).
 ARM_MODES = {"recursive": "recursive", "outcome": "recursive", "single": "single"}
@@ -51,3 +52,46 @@ def git_output(*args: str) -> str | None:
     """``git ARGS`` output, stripped; None when git fails (no repository, a file outside it)."""
     p = subprocess.run(["git", *args], capture_output=True, text=True)
     return p.stdout.strip() if p.returncode == 0 else None
+
+
+@dataclass(frozen=True)
+class UnitDesign:
+    """An experiment as units (``research.units``): its arms, seeds and warm starts.
+
+    ``arms`` in order (each an :func:`arm_overrides` arm); ``seeds`` (empty: the config's seed); ``single_warm_start``
+    ``own``: the single arm starts from its own warm start (single-agent demonstrations), ``shared``: from the
+    recursive one; ``warm_overrides``: per warm-start kind (``recursive``, ``single``), ``KEY=VALUE`` overrides of
+    its recipe (e.g. its SFT epochs); ``depth_control``: the arms whose unit also evaluates its last checkpoint on
+    ``control_difficulty`` with ``runtime.max_depth`` 1 (the depth-limited control: the checkpoint does not outlive
+    the unit's machine). The RL iterations of an arm unit are the config's ``iterations``."""
+
+    arms: tuple[str, ...] = ("recursive", "single")
+    seeds: tuple[int, ...] = ()
+    single_warm_start: str = "shared"
+    warm_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    depth_control: tuple[str, ...] = ()
+    control_difficulty: str = "nest2"
+
+
+#: The unit designs of the experiments that have one; another experiment gets ``UnitDesign()`` with the arms and
+#: seeds its command names (:func:`unit_design`).
+UNIT_DESIGNS: dict[str, UnitDesign] = {
+    # docs/experiments/textcraft-deeper.md "Units": 3 arms x 3 seeds from two warm starts; the single agent's
+    # own recipe is 20 single-agent demonstrations x 4 SFT epochs (chosen on the training-split probe)
+    "textcraft-deeper": UnitDesign(arms=("recursive", "outcome", "single"), seeds=(0, 1, 2), single_warm_start="own",
+                                   warm_overrides={"single": ("warm_start.trainer.epochs=4",)},
+                                   depth_control=("recursive",)),
+}
+
+
+def unit_design(experiment: str, arms: list[str] | None = None, seeds: list[int] | None = None) -> UnitDesign:
+    """The unit design of ``experiment``: its entry of :data:`UNIT_DESIGNS` (fixed: the units a status counts
+    never change with a command's options), else a design of ``arms`` (default recursive and single) and ``seeds``
+    (default: the config's) sharing one warm start. Raises ValueError for an unknown arm."""
+    if experiment in UNIT_DESIGNS:
+        return UNIT_DESIGNS[experiment]
+    arms = list(arms or ("recursive", "single"))
+    for a in arms:
+        if a not in ARM_MODES:
+            raise ValueError(f"unknown arm {a!r} (expected 'recursive', 'outcome' or 'single')")
+    return UnitDesign(arms=tuple(dict.fromkeys(arms)), seeds=tuple(dict.fromkeys(seeds or ())))
