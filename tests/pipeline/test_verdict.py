@@ -155,14 +155,14 @@ def test_co_primary_needs_an_endpoint_and_an_evaluated_difficulty():
 
 
 def test_an_endpoint_names_an_evaluated_iteration():
-    """eval.every 6 of 12 evaluates after 0, 6 and 12: an endpoint at 5 or 13 would have no point to judge."""
+    """eval.every 3 of 3 evaluates after 0 and 3: an endpoint at 2 or 4 would have no point to judge."""
     base = "configs/experiment-textcraft-deeper.yaml"
-    assert load_config(base, ["eval.endpoint.iteration=6"]).eval.endpoint.iteration == 6
-    for it in (5, 13):
-        with pytest.raises(ConfigError, match=rf"eval.endpoint.iteration = {it} is not evaluated: a campaign of 12 "
-                                              r"iterations with eval.every 6 evaluates after \[0, 6, 12\]"):
+    assert load_config(base, ["eval.endpoint.iteration=3"]).eval.endpoint.iteration == 3
+    for it in (2, 4):
+        with pytest.raises(ConfigError, match=rf"eval.endpoint.iteration = {it} is not evaluated: a campaign of 3 "
+                                              r"iterations with eval.every 3 evaluates after \[0, 3\]"):
             load_config(base, [f"eval.endpoint.iteration={it}"])
     with pytest.raises(ConfigError, match=r"co_primary\[0\].iteration = 7 is not evaluated"):
         load_config(base, ["eval.co_primary=[{arm: recursive, difficulty: nest2, mode: recursive, against: single, "
                            "iteration: 7, test: sign, n: 100}]"])
-    assert load_config(base, ["eval.endpoint.iteration=5", "eval.every=1"]).eval.endpoint.iteration == 5
+    assert load_config(base, ["eval.endpoint.iteration=2", "eval.every=1"]).eval.endpoint.iteration == 2
