@@ -1,0 +1,206 @@
+"""An experiment as units (research/units.py): the plan, the status, the record written only at a unit's end, and a
+tiny unit run from an empty RAO_HOME (real vLLM, marked as the campaign tests are)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.cli import one_error_line, run_cli
+
+DEEPER = "configs/experiment-textcraft-deeper.yaml"
+
+
+def test_status_lists_the_units_of_textcraft_deeper_with_their_times(capsys):
+    """`rao experiment textcraft-deeper --status`: the two warm-start units first (the next command is the recursive
+    one's), the nine arm x seed units, each with its estimate in minutes (from the config and research.units.Pace:
+    warm-recursive = 20 demonstrations x 1 epoch x 16 s + 120 s + a vLLM start 160 s + 200 trees x 7.5 s = 35 min),
+    none over 100 min; the 12 iterations first preregistered are flagged."""
+    code, out, err = run_cli(capsys, "experiment", "textcraft-deeper", "--status")
+    assert code == 0, err
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.split() and ln.split()[0].endswith(
+        ("-recursive", "-single", "-seed0", "-seed1", "-seed2"))}
+    assert list(rows) == ["warm-recursive", "warm-single"] + [f"{a}-seed{s}" for a in ("recursive", "outcome", "single")
+                                                              for s in (0, 1, 2)]
+    assert rows["warm-recursive"].split()[1:5] == ["to", "do", "35", "est."]
+    # single: 20 x 4 epochs x 16 s + 120 + 160 + 200 trees x 7.5 x 1.5 = 64 min
+    assert rows["warm-single"].split()[3] == "64"
+    # outcome: 320 s SFT + 120 + campaign (160 + 3 x (48 x 4.0 + 283 + 82)) + an evaluation point (160 + 1500) = 66 min
+    assert rows["outcome-seed0"].split()[3] == "66" and rows["outcome-seed0"].split()[5] == "93"
+    assert "next: rao experiment textcraft-deeper --unit warm-recursive" in out
+    assert "every unit's time is within 100 min" in out and "OVER" not in out
+    assert "done: 0 of 11" in out and "research.units.Pace" in out
+    # the design first preregistered: 12 iterations per arm and seed do not fit a unit
+    code, out, err = run_cli(capsys, "experiment", "textcraft-deeper", "--status", "--set", "iterations=12",
+                             "--set", "eval.every=6")
+    assert code == 0, err
+    over = [ln.split()[0] for ln in out.splitlines() if "OVER 100 min" in ln]
+    assert over == [f"{a}-seed{s}" for a in ("recursive", "outcome", "single") for s in (0, 1, 2)]
+    assert "units over 100 min: recursive-seed0," in out
+    assert "next: rao experiment textcraft-deeper --unit warm-recursive --set iterations=12 --set eval.every=6" in out
+
+
+def test_a_bad_unit_is_one_error_line_before_anything_runs(capsys, no_server):
+    code, _, err = run_cli(capsys, "experiment", "textcraft-deeper", "--unit", "recursive-seed7")
+    assert code == 2
+    assert one_error_line(err).startswith("error: --unit 'recursive-seed7': no such unit of textcraft-deeper (units: "
+                                          "warm-recursive, warm-single, recursive-seed0")
+
+
+def _tiny_plan(model: Path, extra: list[str] = ()):
+    from research.designs import UnitDesign
+    from research.units import plan_units
+
+    ov = {"serving.max_model_len": 2048, "runtime.context_window": 2048, "runtime.max_new_tokens": 256,
+          "runtime.max_steps_per_node": 5, "runtime.max_depth": 1, "runtime.tree_timeout_s": 120,
+          "tasks.pool_size": 4, "tasks.tasks_per_iteration": 2, "tasks.difficulties": ["easy"], "algo.G": 2,
+          "iterations": 1, "model.path": str(model), "warm_start.mode": "demos", "warm_start.n_tasks": 2,
+          "warm_start.difficulties": ["easy"], "warm_start.trainer.micro_batch_tokens": 4096,
+          "eval.n_tasks": 2, "eval.difficulties": ["easy"], "trainer.loss_type": "ppo", "trainer.lr": 1e-3,
+          "trainer.micro_batch_tokens": 4096, "tracking.max_traces_per_iteration": 8}
+    return plan_units("tiny-units", "configs/cpu-smoke.yaml", [f"{k}={json.dumps(v)}" for k, v in ov.items()]
+                      + list(extra), UnitDesign(arms=("recursive",), seeds=(0,)))
+
+
+def _row(status: str, unit: str) -> list[str]:
+    """The words of ``unit``'s row of a status text."""
+    (row,) = [ln.split() for ln in status.splitlines() if ln.split()[:1] == [unit]]
+    return row
+
+
+def _checkpoint(folder: Path, weights: bytes) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(weights)
+
+
+def test_a_killed_unit_leaves_no_record_and_runs_again_from_its_start(tmp_path, monkeypatch):
+    """A unit killed in its campaign writes no record (status: to do); the next run removes the killed attempt's
+    campaign (its local folder and its S3 objects) and starts a new one from a rebuilt warm start; the record,
+    written at the end, holds the rebuilt and the recorded warm start's sha256 (they differ: false, and the unit
+    evaluated its own warm start, iteration 0, as well as its last checkpoint); a write killed before its
+    os.replace leaves the old state."""
+    import hashlib
+
+    import flows.campaign
+    import infra.storage
+    import research.units as ru
+
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    _checkpoint(tmp_path / "model", b"base")
+    plan = _tiny_plan(tmp_path / "model")
+    built, campaigns, deleted, evaluated = [], [], [], []
+    monkeypatch.setattr(ru, "build_warm_start", lambda cfg, out, say: (
+        built.append(out), _checkpoint(out, b"rebuilt"), {"sft_steps": 1, "demo_s": 1.0, "sft_s": 2.0})[2])
+
+    def killed(params):
+        campaigns.append(params.name)
+        (ru.rao_home() / "campaigns" / params.name / "checkpoints").mkdir(parents=True)
+        raise KeyboardInterrupt  # the machine went away mid-campaign
+
+    class Store:
+        def __init__(self, s3, name):
+            self.name = name
+
+        def list(self):
+            return [f"iter-0/{self.name}"]
+
+        def delete(self, key):
+            deleted.append(key)
+
+    monkeypatch.setattr(flows.campaign, "rao_campaign", killed)
+    @contextlib.contextmanager
+    def storage(cfg):
+        yield None
+
+    monkeypatch.setattr(flows.campaign, "storage", storage)
+    monkeypatch.setattr(infra.storage, "ArtifactStore", Store)
+    root = tmp_path / "repo"
+    ref = ru.record_path("tiny-units", "warm-recursive", root)
+    ru.write_record(ref, {"complete": True, "wall_s": 60.0, "warm_start": {"sha256": "0" * 64}})
+    with pytest.raises(KeyboardInterrupt):
+        ru.run_unit(plan, "recursive-seed0", root=root, say=lambda m: None)
+    assert not ru.record_path("tiny-units", "recursive-seed0", root).exists()
+    assert _row(ru.status_text(plan, root), "recursive-seed0")[:3] == ["recursive-seed0", "to", "do"]
+    first = campaigns[0]
+
+    def campaign(params):
+        campaigns.append(params.name)
+        assert "warm_start.mode=checkpoint" in params.overrides and "eval.enabled=false" in params.overrides
+        assert f"warm_start.checkpoint={built[-1]}" in params.overrides and "seed=0" in params.overrides
+        last = tmp_path / "iter-1"
+        _checkpoint(last, b"trained")
+        return {"iterations": [{"iteration": 1, "checkpoint_local": str(last), "metrics": {"success/root": 0.5}}],
+                "timeline": {"rows": []}, "guard": {"stopped_at": None}}
+
+    monkeypatch.setattr(flows.campaign, "rao_campaign", campaign)
+    monkeypatch.setattr(ru, "evaluate_checkpoints", lambda cfg, todo, say, control=None: (
+        evaluated.append([i for i, _ in todo]),
+        [{"iteration": i, "difficulty": "easy", "per_task": {"t0": 1.0}} for i, _ in todo], {"evaluate_s": 1.0})[1:])
+    rec = ru.run_unit(plan, "recursive-seed0", root=root, say=lambda m: None)
+    assert deleted == [f"iter-0/{first}"] and not (ru.rao_home() / "campaigns" / first).exists()
+    assert len(campaigns) == 2 and campaigns[1] != first and len(built) == 2
+    on_disk = json.loads(ru.record_path("tiny-units", "recursive-seed0", root).read_text())
+    assert on_disk == json.loads(json.dumps(rec, default=str)) and rec["complete"] is True
+    rebuilt = hashlib.sha256(b"rebuilt").hexdigest()
+    assert (rec["warm_start"]["sha256"], rec["started_from_sha256"]) == (rebuilt, rebuilt)
+    assert rec["warm_start_reference_sha256"] == "0" * 64 and rec["warm_start_sha256_matches"] is False
+    assert rec["warm_start"]["base_model_sha256"] == hashlib.sha256(b"base").hexdigest()
+    assert rec["last_checkpoint_sha256"] == hashlib.sha256(b"trained").hexdigest()
+    assert evaluated == [[0, 1]] and [p["iteration"] for p in rec["points"]] == [0, 1]
+    assert rec["command"] == plan.command("recursive-seed0") and rec["config_values"]["seed"] == 0
+    assert set(rec["stages"]) >= {"warm_start_s", "campaign_s", "total_s"} and rec["commit"] != "unknown"
+    assert _row(ru.status_text(plan, root), "recursive-seed0")[:5] == ["recursive-seed0", "done,", "warm", "start",
+                                                                      "differs"]
+    # the rebuilt warm start matches the record: no iteration-0 evaluation in the unit
+    ru.write_record(ref, {"complete": True, "wall_s": 60.0, "warm_start": {"sha256": rebuilt}})
+    rec = ru.run_unit(plan, "recursive-seed0", root=root, say=lambda m: None)
+    assert rec["warm_start_sha256_matches"] is True and evaluated[-1] == [1]
+    # a write killed before its os.replace: the record on disk is the one before
+    before = ru.record_path("tiny-units", "recursive-seed0", root).read_text()
+    monkeypatch.setattr(ru.os, "replace", lambda a, b: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        ru.write_record(ru.record_path("tiny-units", "recursive-seed0", root), {"complete": False})
+    assert ru.record_path("tiny-units", "recursive-seed0", root).read_text() == before
+
+
+@pytest.mark.vllm
+@pytest.mark.services
+@pytest.mark.slow
+def test_a_tiny_unit_runs_from_an_empty_rao_home_and_writes_its_record(tmp_path, tiny_model_path, s3_server,
+                                                                       prefect_harness, monkeypatch):
+    """The tiny experiment's arm unit with RAO_HOME an empty folder (no var/): it builds its warm start (real
+    demonstrations and SFT), runs its campaign (real vLLM, one RL iteration), evaluates its warm start (no
+    warm-start record yet) and its last checkpoint, and writes its record; --status then lists it as done."""
+    import research.units as ru
+    from tests.pipeline.test_campaign import _mixed
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("RAO_HOME", str(home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for k, v in s3_server.settings().env().items():
+        monkeypatch.setenv(k, v)
+    _mixed(monkeypatch)  # rollout 0 of each group from the scripted expert: the update is a real one
+    plan = _tiny_plan(tiny_model_path)
+    root = tmp_path / "repo"
+    rec = ru.run_unit(plan, "recursive-seed0", root=root, say=print)
+    path = ru.record_path("tiny-units", "recursive-seed0", root)
+    assert json.loads(path.read_text()) == json.loads(json.dumps(rec, default=str))
+    assert rec["warm_start_sha256_matches"] is None and rec["warm_start_reference_sha256"] is None
+    assert rec["warm_start"]["sha256"] == ru.weights_sha256(home / "units/tiny-units/recursive-seed0/warm-start")
+    assert rec["warm_start"]["base_model_sha256"] == ru.weights_sha256(tiny_model_path)
+    assert [(p["iteration"], p["difficulty"], p["n"], len(p["per_task"])) for p in rec["points"]] == [
+        (0, "easy", 2, 2), (1, "easy", 2, 2)]
+    assert rec["points"][0]["checkpoint_sha256"] == rec["warm_start"]["sha256"]
+    assert rec["points"][1]["checkpoint_sha256"] == rec["last_checkpoint_sha256"] != rec["warm_start"]["sha256"]
+    assert [t["iteration"] for t in rec["training"]] == [1] and rec["iterations"] == 1
+    assert rec["stages"]["total_s"] == rec["wall_s"] > rec["stages"]["campaign_s"] > 0
+    status = ru.status_text(plan, root)
+    assert _row(status, "recursive-seed0")[:2] == ["recursive-seed0", "done"]
+    assert "next: rao experiment tiny-units --config configs/cpu-smoke.yaml --unit warm-recursive" in status
+    assert not list(path.parent.glob(".*.tmp")) and os.stat(path).st_mode & 0o077 == 0
