@@ -10,6 +10,12 @@ keys, the Prefect API's auth string and the vLLM servers' API key.
 
 Every file that holds a secret is created with :func:`write_private`: opened with mode 0600 from the start (no
 moment at which another user could read it), written, then renamed into place.
+
+Everything else under ``$RAO_HOME`` is owner-only too (:func:`owner_only`): the installation's processes (the
+``rao`` command and the services it starts: SeaweedFS, MLflow, Prefect, vLLM, Ray) run with the umask
+:data:`OWNER_UMASK`, so the folders they make are 0700 and their files 0600 (S3 volume data, the SQLite databases,
+campaign files, logs), and an installation made before that rule is tightened at the start
+(:func:`tighten_modes`: ``chmod -R go-rwx $RAO_HOME``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,69 @@ from rao_core.paths import rao_home
 
 #: Bytes of randomness of the installation's secret.
 SECRET_BYTES = 32
+#: The umask of the installation's processes: nothing they create is readable, writable or searchable by the group
+#: or by other users (folders 0700, files 0600).
+OWNER_UMASK = 0o077
+
+_tightened: set[Path] = set()  # the homes this process has tightened (tighten_modes once per home)
+
+
+def tighten_modes(root: Path | str) -> int:
+    """``chmod -R go-rwx root``: take every right of the group and of other users off ``root`` and everything
+    under it that this user owns (symbolic links are neither followed nor changed; what cannot be read or
+    changed is skipped). Idempotent; a tree already owner-only costs one ``lstat`` per entry. Returns the number
+    of entries changed."""
+    import stat
+
+    root = Path(root)
+    uid = os.getuid()
+    changed = 0
+
+    def fix(path: str, st: os.stat_result) -> None:
+        nonlocal changed
+        if st.st_uid == uid and st.st_mode & 0o077 and not stat.S_ISLNK(st.st_mode):
+            try:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+                changed += 1
+            except OSError:
+                pass
+
+    try:
+        fix(str(root), root.lstat())
+    except OSError:
+        return 0
+    if not root.is_dir() or root.is_symlink():
+        return changed
+    todo = [str(root)]
+    while todo:
+        folder = todo.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            fix(e.path, st)
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(e.path)
+    return changed
+
+
+def owner_only(home: Path | str | None = None) -> int:
+    """Make this process and what it starts owner-only: the umask :data:`OWNER_UMASK` (children inherit it:
+    every service started from here creates 0700 folders and 0600 files), and, once per process,
+    :func:`tighten_modes` of the installation's home ``home`` (default ``$RAO_HOME``) when it exists, which mends
+    an installation whose files were made readable by others (never ``/`` or the user's home folder). Returns the number of entries tightened (0 when
+    nothing needed it or it ran before in this process)."""
+    os.umask(OWNER_UMASK)
+    root = Path(home) if home is not None else rao_home()
+    if root in _tightened or not root.exists() or root in (Path("/"), Path.home()):
+        return 0  # a home that is the user's own (or the root) is not the installation's to tighten
+    _tightened.add(root)
+    return tighten_modes(root)
 
 
 def secrets_dir() -> Path:

@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
       commands that stop services or children on an interrupt (``infra.process.run_interruptible``) say
       more on their own line.
 
+    Everything the command and the services it starts write is owner-only (``infra.credentials.owner_only``:
+    umask 077, and ``$RAO_HOME`` made ``go-rwx`` where an older installation left it readable).
+
     ``RAO_DEBUG=1`` re-raises instead, so the full traceback is shown. ``argv``: the arguments (default
     ``sys.argv[1:]``). ``rao`` with no arguments prints the help and exits 2. ``--help`` that goes to a pipe
     or a file is :data:`rao_cli.PIPED_HELP_WIDTH` columns wide (:func:`rao_cli.piped_help_width`).
@@ -104,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     from rao_core.config import ConfigError
 
     debug = bool(os.environ.get("RAO_DEBUG"))
+    from infra.credentials import owner_only
+
+    owner_only()  # umask 077 for this command and every service it starts; $RAO_HOME's modes mended once
 
     def fail(text: str, code: int) -> None:
         print(f"error: {text}", file=sys.stderr)

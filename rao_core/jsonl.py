@@ -22,14 +22,13 @@ T = TypeVar("T")
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
-    """Yield a temporary file path next to ``path``; on success rename it to ``path``, else delete it."""
+    """Yield a temporary file path next to ``path``; on success rename it to ``path``, else delete it. The file is
+    mode 0600 whatever the umask (what the project writes is its owner's: trees hold every prompt and
+    completion); folders made for it are 0700."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600: the owner's alone
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
     try:
         yield tmp
         os.replace(tmp, path)
