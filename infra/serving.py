@@ -30,7 +30,7 @@ import httpx
 
 from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_a_fresh_port
 from rao_core.paths import rao_home, vllm_cache_dir, vllm_python
-from rao_core.policies.openai_policy import policy_client_key
+from rao_core.policies.openai_policy import bind_server_key, policy_client_key, unbind_server_key
 from rao_core.train.config import cpu_has_bf16
 
 #: The folder put on the vLLM server's ``PYTHONPATH`` and the middleware it loads from there (``--middleware``).
@@ -39,12 +39,17 @@ VLLM_AUTH_MIDDLEWARE = "rao_vllm_auth.RequireKey"
 
 
 def policy_api_key() -> str:
-    """The API key of the vLLM servers the pipeline starts and the one its OpenAI clients send:
-    ``RAO_POLICY_API_KEY`` when set, else the installation's vLLM credential
-    (:func:`infra.credentials.service_secret`)."""
-    from infra.credentials import service_secret
+    """The API key of the vLLM servers this process starts and the one its OpenAI clients send them:
+    ``RAO_POLICY_API_KEY`` when set (a parent's, or ``rao services up``'s server's), else a fresh random key made
+    for this process (a campaign, a ``rao eval``) and exported as ``RAO_POLICY_API_KEY`` to its children and Ray
+    workers: the servers of another process (``rao services up --model`` records a key of its own) never share
+    it, so one key seen does not open every server of the installation."""
+    import secrets
 
-    return os.environ.get("RAO_POLICY_API_KEY") or service_secret("vllm")
+    key = os.environ.get("RAO_POLICY_API_KEY")
+    if not key:
+        key = os.environ["RAO_POLICY_API_KEY"] = secrets.token_hex(32)
+    return key
 
 
 # vLLM's LoRAConfig.max_lora_rank accepts only these values (vllm/config/lora.py, MaxLoRARanks).
@@ -225,7 +230,11 @@ class VLLMServer(ServiceMixin):
             that node's IP, ``infra/ray_serving.py``).
         on_progress: where the start's progress lines go (:class:`StartupWatch`); None: nowhere.
         api_key: the key the server requires (``VLLM_API_KEY``) and this object's requests send
-            (default :func:`policy_api_key`).
+            (default :func:`policy_api_key`); once started, clients of this process send it to this server
+            (``rao_core.policies.openai_policy.bind_server_key``) and to no other.
+        dev_mode: vLLM's development routes (``VLLM_SERVER_DEV_MODE=1``: ``/collective_rpc``, ``/sleep``,
+            ``/wake_up``, ``/reset_prefix_cache``, ``/server_info``, ...), which :meth:`reload_weights`,
+            :meth:`sleep` and :meth:`wake_up` need; off unless asked (a server of one fixed checkpoint needs none).
     After :meth:`start`, ``start_phases`` holds the seconds at which each phase of the start was reached
     (:data:`VLLM_START_PHASES`, plus ``ready``).
     Raises ServiceError (naming the log file) if the server does not become healthy.
@@ -256,6 +265,7 @@ class VLLMServer(ServiceMixin):
     on_progress: Callable[[str], None] | None = None
     start_phases: dict[str, float] = field(default_factory=dict)
     api_key: str = field(default_factory=policy_api_key, repr=False)
+    dev_mode: bool = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -300,7 +310,7 @@ class VLLMServer(ServiceMixin):
         """Environment variables the server is started with (on top of this process's)."""
         env = {
             "VLLM_CPU_KVCACHE_SPACE": str(int(self.kv_cache_gib)),
-            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_SERVER_DEV_MODE": "1" if self.dev_mode else "0",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
@@ -365,7 +375,13 @@ class VLLMServer(ServiceMixin):
             watch.poll()
             time.sleep(0.5)
         self.start_phases = watch.ready()
+        bind_server_key(self.base_url, self.api_key)  # this key goes to this server, and no key of ours elsewhere
         return self
+
+    def stop(self) -> None:
+        """Stop the server and every process of its group; its key is no longer sent to its address."""
+        unbind_server_key(self.base_url)
+        super().stop()
 
 
     def reload_weights(self, timeout_s: float = 120.0) -> None:
@@ -477,7 +493,8 @@ def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = No
     ``--max-lora-rank`` = :func:`vllm_max_lora_rank` of ``trainer.lora.r``. ``switching=False``: a server of
     one fixed checkpoint (``rao eval``), without LoRA slots or sleep mode; its GPUs (``gpus.serve``), tensor and
     data parallelism, memory share, dtype and limits are the campaign's.
-    ``replica``: which of the ``serving.replicas`` servers (0-based): its GPUs (:func:`gpu_share`) or, on CPU
+    A switching server has vLLM's development routes (``dev_mode``: the in-place reload and sleep mode use them);
+    ``switching=False`` leaves them off. ``replica``: which of the ``serving.replicas`` servers (0-based): its GPUs (:func:`gpu_share`) or, on CPU
     with more than one replica, its cores (:func:`cpu_share`; one replica binds every core, as before), of
     ``serving.cpus`` when set (the core split of asynchronous RL; ``rao eval`` binds all of them). Raises
     ServiceError for a replica beyond ``serving.replicas`` or more CPU replicas than cores. (``rao eval``,
@@ -498,7 +515,7 @@ def server_from_config(cfg, model_path: str | Path, *, log_dir: Path | None = No
         gpus=gpu_share(cfg, replica), cpus=cpus, tensor_parallel_size=s.tensor_parallel_size,
         data_parallel_size=s.data_parallel_size,
         gpu_memory_utilization=s.gpu_memory_utilization if gpu or cfg.gpus.serve else None,
-        enable_sleep_mode=switching and cfg.gpus.sleep_while_training, on_gpu=on_gpu,
+        enable_sleep_mode=switching and cfg.gpus.sleep_while_training, on_gpu=on_gpu, dev_mode=switching,
         start_timeout_s=s.start_timeout_s, log_dir=log_dir)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from rao_cli import make_console
+from rao_core.paths import REPO_ROOT
 from rao_cli.pipeline_cmd import _key_values
 
 app = typer.Typer(help="Documented experiments (results go to docs/results.md and MLflow).", no_args_is_help=True)
@@ -251,14 +252,26 @@ def seeds(
     write_docs: bool = typer.Option(True, help="Write the '## Seeds: <experiment>' section of docs/results.md."),
 ) -> None:
     """Report every stored seed of an experiment side by side and pooled (docs/results/<experiment>.json and
-    <experiment>-seed<S>.json, e.g. seeds run in separate sessions or on other machines)."""
+    <experiment>-seed<S>.json, e.g. seeds run in separate sessions or on other machines; an experiment run as
+    units: its unit records, docs/results/units/<experiment>/, assembled per seed by research.units.seed_records)."""
     from research.experiment import write_seeds_section
     from research.records import seed_records
+    from research.units import UNITS_DIR
 
     from rao_cli import input_errors
 
     with input_errors():  # no record, or one that is not JSON: one error: line naming it, exit 2
-        records = seed_records(experiment)
+        if (REPO_ROOT / UNITS_DIR / experiment).is_dir():
+            from research.designs import unit_design
+            from research.units import plan_units, seed_records as unit_seed_records
+
+            records = unit_seed_records(plan_units(experiment, f"configs/experiment-{experiment}.yaml", [],
+                                                   unit_design(experiment)))
+            if not records:
+                raise FileNotFoundError(f"no finished arm unit of {experiment} under {UNITS_DIR}/{experiment} (rao "
+                                        f"experiment {experiment} --status)")
+        else:
+            records = seed_records(experiment)
     console.print(write_seeds_section(experiment, records, write_docs))
 
 

@@ -388,6 +388,43 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
     return rec
 
 
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def seed_records(plan: UnitPlan, root: Path | None = None) -> list[dict[str, Any]]:
+    """The experiment's records per seed, in the form ``research.experiment.write_seeds_section`` reads (the form
+    ``rao experiment`` writes: ``experiment``, ``seed``, ``points`` with ``arm``, ``iteration``, ``difficulty``,
+    ``mode``, ``per_task``; ``endpoint``, ``config_values``), assembled from the finished units' records: each arm
+    unit's points, and as its iteration 0 the unit's own evaluation of its warm start (its rebuild differed) or else
+    the warm-start unit's (the same weights). Depth-limited control points are left out. Seeds without any finished
+    arm unit are left out; an empty list when none has one. Raises ValueError naming a record that is not JSON."""
+    base = _resolve(plan.config, plan.overrides)
+    out = []
+    seeds = sorted({u.seed for u in plan.units if not u.is_warm_start})
+    for seed in seeds:
+        points: list[dict[str, Any]] = []
+        units: dict[str, Any] = {}
+        for u in plan.units:
+            if u.seed != seed or not (rec := read_record(plan.experiment, u.name, root)) or not rec.get("complete"):
+                continue
+            own = [p for p in rec.get("points", []) if not p.get("control")]
+            if not any(p["iteration"] == 0 for p in own):
+                warm = read_record(plan.experiment, f"{WARM_PREFIX}{u.warm}", root) or {}
+                own = [p for p in warm.get("points", []) if not p.get("control")] + own
+            points += [{**p, "arm": u.arm, "unit": u.name} for p in own]
+            units[u.arm] = {"unit": u.name, "commit": rec.get("commit"), "wall_s": rec.get("wall_s"),
+                            "warm_start_sha256_matches": rec.get("warm_start_sha256_matches")}
+        if not units:
+            continue
+        cfg = plan.configs[next(u.name for u in plan.units if u.seed == seed)]
+        name = plan.experiment if seed == base.seed else f"{plan.experiment}-seed{seed}"
+        out.append({"experiment": name, "seed": seed, "arms": list(units), "units": units, "points": points,
+                    "config": plan.config, "eval_seed": cfg.eval.seed,
+                    "endpoint": cfg.eval.endpoint.model_dump(mode="json") if cfg.eval.endpoint else None,
+                    "config_values": cfg.model_dump(mode="json")})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- status
 
 

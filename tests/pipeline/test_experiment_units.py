@@ -204,3 +204,44 @@ def test_a_tiny_unit_runs_from_an_empty_rao_home_and_writes_its_record(tmp_path,
     assert _row(status, "recursive-seed0")[:2] == ["recursive-seed0", "done"]
     assert "next: rao experiment tiny-units --config configs/cpu-smoke.yaml --unit warm-recursive" in status
     assert not list(path.parent.glob(".*.tmp")) and os.stat(path).st_mode & 0o077 == 0
+
+
+def test_the_seeds_and_the_verdict_are_read_from_the_unit_records(tmp_path):
+    """research.units.seed_records assembles textcraft-deeper's unit records into one record per seed: each arm
+    unit's last point and, as its iteration 0, the warm-start unit's evaluation, or the unit's own where its rebuilt
+    warm start differed (seed 2's recursive unit here); the control's points are left out. The preregistered verdict
+    is computed from them: recursive 60/100 on nest2 at iteration 3 vs 10/100 at its warm start and vs the single
+    agent's 20/100, in every seed: supported."""
+    import research.units as ru
+    from research.experiment import write_seeds_section
+
+    plan = ru.plan_units("textcraft-deeper", DEEPER)
+
+    def point(it, diff, mode, solved, **extra):
+        return {"iteration": it, "difficulty": diff, "mode": mode, "n": 100, "successes": float(solved),
+                "success": solved / 100, "per_task": {f"{diff}-{i}": float(i < solved) for i in range(100)}, **extra}
+
+    def write(unit, points, **extra):
+        ru.write_record(ru.record_path("textcraft-deeper", unit, tmp_path),
+                        {"unit": unit, "complete": True, "wall_s": 3000.0, "points": points, **extra})
+
+    write("warm-recursive", [point(0, d, "recursive", 10) for d in ("nest1", "nest2")])
+    write("warm-single", [point(0, d, "single", 5) for d in ("nest1", "nest2")])
+    for s in (0, 1, 2):
+        own = [point(0, d, "recursive", 12) for d in ("nest1", "nest2")] if s == 2 else []
+        write(f"recursive-seed{s}", own + [point(3, d, "recursive", 60) for d in ("nest1", "nest2")]
+              + [point(3, "nest2", "recursive", 30, control=True)], warm_start_sha256_matches=s != 2)
+        write(f"single-seed{s}", [point(3, d, "single", 20) for d in ("nest1", "nest2")],
+              warm_start_sha256_matches=True)
+    recs = ru.seed_records(plan, tmp_path)
+    assert [(r["experiment"], r["seed"], r["arms"]) for r in recs] == [
+        ("textcraft-deeper", 0, ["recursive", "single"]), ("textcraft-deeper-seed1", 1, ["recursive", "single"]),
+        ("textcraft-deeper-seed2", 2, ["recursive", "single"])]
+    nest2 = {(p["arm"], p["iteration"]): p["successes"] for p in recs[2]["points"] if p["difficulty"] == "nest2"}
+    assert nest2 == {("recursive", 0): 12.0, ("recursive", 3): 60.0, ("single", 0): 5.0, ("single", 3): 20.0}
+    assert recs[0]["endpoint"]["against"] == "warm_start" and len(recs[0]["points"]) == 8
+    (tmp_path / "docs/results.md").write_text("# Results\n")
+    md = write_seeds_section("textcraft-deeper", recs, root=tmp_path)
+    verdict = json.loads((tmp_path / "docs/results/textcraft-deeper-verdict.json").read_text())
+    assert verdict["verdict"] == "supported" and "Preregistered verdict" in md
+    assert [p["holds"] for p in verdict["primaries"]] == [True, True]
