@@ -245,10 +245,18 @@ def forget_ray_head(port: int) -> None:
 
 def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = False, prefect_port: int = 0,
        model: str | None = None, max_model_len: int = 4096, ray: bool = False, ray_cpus: int | None = None,
-       ray_object_store_gib: float = RAY_OBJECT_STORE_GIB) -> dict[str, dict[str, Any]]:
+       ray_object_store_gib: float = RAY_OBJECT_STORE_GIB, vllm_dev_mode: bool = False) -> dict[str, dict[str, Any]]:
     """Start the requested services that are not already running (the Prefect server on ``prefect_port``,
     0 = a free port; with ``ray`` a local Ray head node, :class:`RayHead`, whose address goes to processes as
-    ``RAY_ADDRESS``, which ``execution.ray_address: auto`` finds); returns the state."""
+    ``RAY_ADDRESS``, which ``execution.ray_address: auto`` finds); returns the state. The vLLM server of
+    ``model`` gets a fresh API key of its own, recorded with its pid and URL (``RAO_POLICY_API_KEY`` beside
+    ``RAO_POLICY_BASE_URL``: clients send it to that URL only), and vLLM's development routes only with
+    ``vllm_dev_mode``. Every service is started
+    owner-only (``infra.credentials.owner_only``: umask 077, so its data, databases and logs are 0600 in 0700
+    folders)."""
+    from infra.credentials import owner_only
+
+    owner_only()
     state = load_state()
 
     def running(name: str) -> bool:
@@ -279,9 +287,13 @@ def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = F
                object_store_gib=ray_object_store_gib, start_s=round(head.start_seconds, 2),
                env={"RAY_ADDRESS": head.address, "RAY_AUTH_MODE": "token", **RAY_LOOPBACK_ENV})
     if model and not running("vllm"):
+        import secrets
+
         from infra.serving import VLLMServer
 
-        srv = VLLMServer(model, max_model_len=max_model_len).start()
+        # a key of its own (recorded in the owner-only state file): the key of a campaign's servers opens not it
+        srv = VLLMServer(model, max_model_len=max_model_len, api_key=secrets.token_hex(32),
+                         dev_mode=vllm_dev_mode).start()
         record("vllm", pid=srv.pid, url=srv.base_url, log=str(srv.process.log_path), model=str(model),
                start_s=round(srv.process.start_seconds, 2),
                env={"RAO_POLICY_BASE_URL": srv.base_url, "RAO_POLICY_MODEL": srv.model,

@@ -124,6 +124,8 @@ def calibrate_cmd(
     from infra.serving import wait_for_server
     from rao_core.policies.openai_policy import policy_client_key
 
+    if cfg.base_url is None:  # no endpoint set: no default port is tried
+        raise InputError(cfg.off_line() or "judge: no endpoint is set")
     try:  # a server that does not answer is a failure while working (exit 1), as in `rao eval` and `rao solve`
         wait_for_server(cfg.base_url, timeout_s=5,
                         api_key=policy_client_key(cfg.base_url, key_env=cfg.api_key_env))

@@ -32,6 +32,9 @@ def up(
                                      "port)"),
     model: str = typer.Option(None, help="checkpoint folder to serve with vLLM"),
     max_model_len: int = typer.Option(4096, min=1, help="vLLM context length (tokens)"),
+    vllm_dev_routes: bool = typer.Option(False, "--vllm-dev-routes", help="with --model: vLLM's development "
+                                         "routes (/collective_rpc, /sleep, /reset_prefix_cache, ...; off by "
+                                         "default, they reload or free the served weights)"),
     ray: bool = typer.Option(False, "--ray", help="a local Ray head node for execution.backend ray "
                              "(execution.ray_address auto finds it)"),
     ray_cpus: int = typer.Option(None, min=1, help="CPUs the Ray head offers to rollout shards (default: all)"),
@@ -50,7 +53,7 @@ def up(
         check_model(Path(model))
     _up(s3=s3, mlflow_server=mlflow_server, prefect_server=prefect_server, prefect_port=prefect_port,
         model=model, max_model_len=max_model_len, ray=ray, ray_cpus=ray_cpus,
-        ray_object_store_gib=ray_object_store_gib)
+        ray_object_store_gib=ray_object_store_gib, vllm_dev_mode=vllm_dev_routes)
     console.print(_table())
     from infra.services import prefect_instructions
 

@@ -120,7 +120,7 @@ def vllm_tiny(tmp_path_factory, tiny_model_path):
 
         yield ServedModel(url, os.environ.get("RAO_TEST_VLLM_MODEL", "policy"),
                           Path(os.environ.get("RAO_TEST_VLLM_MODEL_PATH", tiny_model_path)),
-                          api_key=policy_client_key(url))
+                          api_key=os.environ.get("RAO_POLICY_API_KEY") or policy_client_key(url))
         return
     from infra.serving import VLLMServer
 
@@ -129,8 +129,8 @@ def vllm_tiny(tmp_path_factory, tiny_model_path):
 
     served = tmp_path_factory.mktemp("served") / "tiny"
     shutil.copytree(tiny_model_path, served)
-    server = VLLMServer(served, served_model_name="policy", max_model_len=4096, dtype="float32",
-                        log_dir=tmp_path_factory.mktemp("vllm-logs"))  # fp32: exact log-prob checks
+    server = VLLMServer(served, served_model_name="policy", max_model_len=4096, dtype="float32", dev_mode=True,
+                        log_dir=tmp_path_factory.mktemp("vllm-logs"))  # fp32: exact log-prob checks; reloads
     server.start()
     try:
         yield ServedModel(server.base_url, server.model, served, server, api_key=server.api_key)

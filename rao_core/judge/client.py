@@ -53,11 +53,14 @@ class JudgeOutcome(BaseModel):
 
 def make_client(config: JudgeConfig) -> openai.AsyncOpenAI:
     """An AsyncOpenAI client for ``config``. Its key (``rao_core.policies.openai_policy.policy_client_key``):
-    ``RAO_POLICY_API_KEY`` (the key of the project's own vLLM servers) for the project's vLLM service
-    (``RAO_POLICY_BASE_URL``) or a loopback server, else the variable named by ``config.api_key_env``; any other
-    endpoint gets only that variable (never the project's own key); 'EMPTY' when unset."""
+    the key of a server this process started, ``RAO_POLICY_API_KEY`` for the project's vLLM service
+    (``RAO_POLICY_BASE_URL``), else the variable named by ``config.api_key_env``; any other endpoint, loopback
+    included, gets only that variable (never the project's own key); 'EMPTY' when unset. Raises ValueError (the
+    line saying how to set one) when ``config`` has no endpoint."""
     from rao_core.policies.openai_policy import policy_client_key
 
+    if config.base_url is None:
+        raise ValueError(config.off_line() or "judge: no endpoint (judge.base_url) is set")
     return openai.AsyncOpenAI(base_url=config.base_url, api_key=policy_client_key(config.base_url,
                                                                                    key_env=config.api_key_env),
                               max_retries=config.max_retries, timeout=config.timeout_s)

@@ -20,11 +20,15 @@ from rao_core.paths import rao_home
 DEFAULT_PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
 
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "policy"
+#: What a judge without an endpoint says (:meth:`JudgeConfig.off_line`): it is off, and how to set one. There is no
+#: default port: a request (and a key) sent to a port the installation did not start may reach anyone's server.
+NO_ENDPOINT = ("judge: off, no endpoint is set (judge.enabled is true, judge.base_url is unset): set judge.base_url "
+               "(--set judge.base_url=URL) or RAO_JUDGE_BASE_URL, or serve a judge model with `rao services up "
+               "--model DIR`; nodes without a verifier value get the root proxy meanwhile")
 
 
-def _env_default(names: tuple[str, ...], fallback: str) -> str:
+def _env_default(names: tuple[str, ...], fallback: str | None) -> str | None:
     return next((os.environ[n] for n in names if os.environ.get(n)), fallback)
 
 
@@ -49,11 +53,12 @@ class JudgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(True, description="Use the LLM judge for nodes without an exact verifier value.")
-    base_url: str = Field(
-        default_factory=lambda: _env_default(("RAO_JUDGE_BASE_URL", "RAO_POLICY_BASE_URL"), DEFAULT_BASE_URL),
+    base_url: str | None = Field(
+        default_factory=lambda: _env_default(("RAO_JUDGE_BASE_URL", "RAO_POLICY_BASE_URL"), None),
         description="OpenAI-compatible endpoint of the judge. Default: env RAO_JUDGE_BASE_URL, else the "
-        "project's local vLLM service (RAO_POLICY_BASE_URL, exported by `rao services up`), else "
-        "http://127.0.0.1:8000/v1. Use https://api.openai.com/v1 for a hosted model.",
+        "project's local vLLM service (RAO_POLICY_BASE_URL, exported by `rao services up --model`), else none: "
+        "the judge is then off (one line says how to set it; no default port is tried). Use "
+        "https://api.openai.com/v1 for a hosted model.",
     )
     model: str = Field(
         default_factory=lambda: _env_default(("RAO_JUDGE_MODEL", "RAO_POLICY_MODEL"), DEFAULT_MODEL),
@@ -63,8 +68,9 @@ class JudgeConfig(BaseModel):
     api_key_env: str = Field(
         "OPENAI_API_KEY",
         description="Name of the environment variable holding the API key of a hosted judge; when it is unset "
-        "the key 'EMPTY' is sent. The project's own vLLM service (RAO_POLICY_BASE_URL) and loopback servers get "
-        "RAO_POLICY_API_KEY first, which no other endpoint gets (rao_core.policies.openai_policy.policy_client_key).",
+        "the key 'EMPTY' is sent. The project's own vLLM service (RAO_POLICY_BASE_URL, recorded by `rao services "
+        "up`) and the servers this process started get their own key instead, which no other endpoint, loopback "
+        "included, gets (rao_core.policies.openai_policy.policy_client_key).",
     )
     judge_envs: list[str] | None = Field(
         None, description="Environments whose un-verified nodes are sent to the judge; None = all environments."
@@ -135,7 +141,9 @@ class JudgeConfig(BaseModel):
 
     @field_validator("base_url")
     @classmethod
-    def _check_url(cls, v: str) -> str:
+    def _check_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"judge base_url must start with http:// or https://, got {v!r}")
         return v.rstrip("/")
@@ -159,6 +167,16 @@ class JudgeConfig(BaseModel):
         if self.enabled and not Path(self.prompt_dir).is_dir():
             raise ValueError(f"judge prompt_dir {self.prompt_dir} is not a folder")
         return self
+
+    @property
+    def active(self) -> bool:
+        """Whether nodes are sent to the judge: ``enabled`` and an endpoint (``base_url``) is set."""
+        return self.enabled and self.base_url is not None
+
+    def off_line(self) -> str | None:
+        """The one line saying the judge is off for want of an endpoint and how to set one (:data:`NO_ENDPOINT`),
+        when ``enabled`` without ``base_url``; else None."""
+        return NO_ENDPOINT if self.enabled and self.base_url is None else None
 
     def resolved_cache_path(self) -> Path:
         """The cache file actually used (``cache_path`` or the RAO_HOME default)."""

@@ -78,7 +78,7 @@ def _judge_record(out: JudgeOutcome, config: JudgeConfig, prompt: JudgePrompt) -
 
 
 def _wants_judge(node: Node, tree: ExecutionTree, env_name: str, config: JudgeConfig) -> bool:
-    return (config.enabled and (config.judge_envs is None or env_name in config.judge_envs)
+    return (config.active and (config.judge_envs is None or env_name in config.judge_envs)
             and (node.node_id != tree.root_id or config.judge_roots))
 
 
@@ -86,6 +86,22 @@ def _set(node: Node, success: float, source: str, judge: dict[str, Any] | None =
     node.success = success
     node.success_source = source
     node.judge = judge
+
+
+_said_off = False
+
+
+def say_judge_off(config: JudgeConfig) -> bool:
+    """Print :meth:`JudgeConfig.off_line` on stderr (once per process) when the judge is enabled without an
+    endpoint, so a judge that is off says so and how to set it; returns whether it is off for that reason."""
+    import sys
+
+    global _said_off
+    line = config.off_line()
+    if line and not _said_off:
+        _said_off = True
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+    return line is not None
 
 
 async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, config: JudgeConfig, *,
@@ -98,6 +114,7 @@ async def judge_trees(trees: Sequence[ExecutionTree], env_name: str | None, conf
     """
     t0 = time.monotonic()
     stats = JudgeStats()
+    say_judge_off(config)
     out = [t.model_copy(deep=True) for t in trees]
     prompts: dict[str, JudgePrompt] = {}
     judger: Judger | None = None

@@ -10,12 +10,14 @@ Retries: transient errors (connection refused/reset, timeouts, 5xx, 429) are ret
 backoff (tenacity) up to ``max_retries`` times; then ``PolicyError``. Each HTTP request has its own
 ``request_timeout_s``, so a dead or hung server fails the node instead of hanging.
 
-Keys: :func:`policy_client_key` sends this installation's vLLM key only to its own servers; any other server
+Keys: :func:`policy_client_key` sends a vLLM key only to the server it was made for (a server this process
+started, :func:`bind_server_key`, or the installation's recorded service); any other server, loopback included,
 gets the key of the variable the configuration names (``serving.api_key_env``, ``judge.api_key_env``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any
@@ -24,28 +26,75 @@ from urllib.parse import urlsplit
 from rao_core.policies.base import Generation, Policy, PolicyError, PolicyRequest
 
 DEFAULT_STOP = ("\n```\n",)
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+#: The variable holding the keys of the servers this process (or a parent) started: a JSON object
+#: ``{origin: key}`` (:func:`server_origin`), kept by :func:`bind_server_key`; children inherit it, so a campaign a
+#: test or a command starts in a child process still sends each such server its own key, and no other server one.
+SERVER_KEYS_ENV = "RAO_SERVER_KEYS"
+
+
+def server_origin(base_url: str) -> str:
+    """``scheme://host:port`` of a server URL (the path dropped, ``localhost`` read as 127.0.0.1, the scheme's
+    default port filled in): two URLs of one server have one origin. ``"http://localhost:8000/v1/"`` gives
+    ``"http://127.0.0.1:8000"``."""
+    parts = urlsplit(base_url.strip())
+    host = (parts.hostname or "").lower()
+    host = "127.0.0.1" if host == "localhost" else host
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    return f"{parts.scheme.lower()}://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def _server_keys() -> dict[str, str]:
+    try:
+        keys = json.loads(os.environ.get(SERVER_KEYS_ENV) or "{}")
+    except ValueError:
+        return {}
+    return keys if isinstance(keys, dict) else {}
+
+
+def bind_server_key(base_url: str, key: str) -> None:
+    """Record that the server at ``base_url`` was started by this process with API key ``key``
+    (:data:`SERVER_KEYS_ENV`): from now on :func:`policy_client_key` sends ``key`` to that server (its origin), in
+    this process and its children, and to no other."""
+    keys = _server_keys()
+    keys[server_origin(base_url)] = key
+    os.environ[SERVER_KEYS_ENV] = json.dumps(keys)
+
+
+def unbind_server_key(base_url: str) -> None:
+    """Forget the key of the server at ``base_url`` (it was stopped: another process may take its port)."""
+    keys = _server_keys()
+    if keys.pop(server_origin(base_url), None) is not None:
+        os.environ[SERVER_KEYS_ENV] = json.dumps(keys)
 
 
 def policy_client_key(base_url: str, *, own: bool | None = None, key_env: str = "OPENAI_API_KEY") -> str:
     """The API key a client sends to the OpenAI-compatible server at ``base_url``.
 
-    A server of this installation (``own``; None: ``base_url`` is ``RAO_POLICY_BASE_URL``, which ``rao services
-    up`` exports, or on a loopback host) gets ``RAO_POLICY_API_KEY``, the key the pipeline starts its vLLM
-    servers with (``infra.serving.policy_api_key``), else the variable named ``key_env``. Any other server gets
-    only the variable named ``key_env``: the installation's key never leaves for a server it did not start.
-    ``EMPTY`` (what a server without a key ignores) when the variable is unset or empty."""
+    A key is bound to its server: a server this process started (:func:`bind_server_key`) gets its own key; the
+    installation's service (``base_url`` has the origin of ``RAO_POLICY_BASE_URL``, which ``rao services up``
+    exports from its record of the server it started) and a server the caller knows the pipeline started
+    (``own`` True) get ``RAO_POLICY_API_KEY``. Any other server, on loopback or not, gets only the variable named
+    ``key_env``: the installation's key never goes to a server it did not start (another user may listen on a
+    loopback port). ``own`` False: only ``key_env``. ``EMPTY`` (what a server without a key ignores) when the
+    variable is unset or empty."""
+    if own is not False and (bound := _server_keys().get(server_origin(base_url))):
+        return bound
     if own is None:
-        own = (base_url.rstrip("/") == os.environ.get("RAO_POLICY_BASE_URL", "").rstrip("/")
-               or (urlsplit(base_url).hostname or "") in LOOPBACK_HOSTS)
+        service = os.environ.get("RAO_POLICY_BASE_URL", "")
+        own = bool(service) and server_origin(base_url) == server_origin(service)
     key = (os.environ.get("RAO_POLICY_API_KEY") if own else None) or (os.environ.get(key_env) if key_env else None)
     return key or "EMPTY"
 
 
 #: Variables an ``api_key_env`` may not name: the installation's own key (it would then reach any server) and
 #: what the Ray workers' environment sets itself (``infra.ray_rollouts.worker_runtime_env``).
-RESERVED_KEY_ENVS = frozenset({"RAO_POLICY_API_KEY", "RAO_POLICY_BASE_URL", "PYTHONPATH", "RAO_HOME",
-                               "RAO_VLLM_PYTHON"})
+RESERVED_KEY_ENVS = frozenset({"RAO_POLICY_API_KEY", "RAO_POLICY_BASE_URL", SERVER_KEYS_ENV, "PYTHONPATH",
+                               "RAO_HOME", "RAO_VLLM_PYTHON"})
 
 
 def check_key_env(name: str) -> str:

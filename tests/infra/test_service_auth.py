@@ -108,8 +108,13 @@ def test_vllm_is_started_with_the_key_in_its_environment_not_on_its_command_line
     from infra.serving import VLLMServer
 
     srv = VLLMServer(tmp_path / "m", on_gpu=False)
-    assert srv.api_key == service_secret("vllm")
+    assert len(srv.api_key) == 64 and srv.api_key != service_secret("vllm")  # this process's own key
+    assert os.environ["RAO_POLICY_API_KEY"] == srv.api_key  # for its children and Ray workers
     assert srv._env()["VLLM_API_KEY"] == srv.api_key
+    assert srv._env()["VLLM_SERVER_DEV_MODE"] == "0"  # the development routes are off unless asked
+    assert VLLMServer(tmp_path / "m", on_gpu=False, dev_mode=True)._env()["VLLM_SERVER_DEV_MODE"] == "1"
+    other = _in_home(tmp_path, "from infra.serving import VLLMServer; print(VLLMServer('m', on_gpu=False).api_key)")
+    assert len(other) == 64 and other != srv.api_key  # another process (another campaign): another key
     assert srv.api_key not in " ".join(srv._cmd()) and srv.api_key not in repr(srv)
     assert srv.headers == {"Authorization": f"Bearer {srv.api_key}"}
     cmd = srv._cmd()
@@ -119,14 +124,14 @@ def test_vllm_is_started_with_the_key_in_its_environment_not_on_its_command_line
 
 def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
     """The installation's vLLM key (``RAO_POLICY_API_KEY``) reaches the pipeline's own servers (started by the
-    pool: ``own``; ``RAO_POLICY_BASE_URL``; loopback) and never an external server, which gets the variable
-    ``serving.api_key_env`` / ``judge.api_key_env`` names; the request headers are checked, not only the
-    function."""
+    pool: ``own``; ``RAO_POLICY_BASE_URL``; a server this process started gets the key it was started with) and
+    never another server, on loopback or not, which gets the variable ``serving.api_key_env`` /
+    ``judge.api_key_env`` names; the request headers are checked, not only the function."""
     import asyncio
 
     import httpx as _httpx
 
-    from rao_core.policies.openai_policy import policy_client_key
+    from rao_core.policies.openai_policy import bind_server_key, policy_client_key, unbind_server_key
     from rao_core.judge.client import make_client
     from rao_core.judge.config import JudgeConfig
     from rao_core.policies.openai_policy import OpenAIPolicy
@@ -139,7 +144,14 @@ def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
     ext = "https://api.example.com/v1"
     assert policy_client_key(ext) == "provider-key"
     assert policy_client_key(ext, key_env="MY_KEY") == "EMPTY"  # unset: nothing of ours instead
-    assert policy_client_key("http://127.0.0.1:8123/v1") == "installation-key"
+    assert policy_client_key("http://127.0.0.1:8123/v1") == "provider-key"  # loopback is not ours by itself
+    bind_server_key("http://127.0.0.1:8123/v1", "server-key")  # ... a server this process started is
+    try:
+        assert policy_client_key("http://localhost:8123/v1/") == "server-key"
+        assert policy_client_key("http://127.0.0.1:8124/v1") == "provider-key"
+    finally:
+        unbind_server_key("http://127.0.0.1:8123/v1")
+    assert policy_client_key("http://127.0.0.1:8123/v1") == "provider-key"
     assert policy_client_key("http://10.0.0.5:8000/v1/") == "installation-key"  # `rao services up`'s server
     assert policy_client_key("http://10.0.0.7:8000/v1", own=True) == "installation-key"  # a Ray replica elsewhere
     assert policy_client_key("http://127.0.0.1:8123/v1", own=False) == "provider-key"
@@ -159,7 +171,7 @@ def test_the_installations_policy_key_goes_to_its_own_servers_only(monkeypatch):
                                             max_retries=0)))
     pool = PolicyPool.of_endpoints([ext, "http://127.0.0.1:9/v1"], "m",
                                    key=lambda u: policy_client_key(u, key_env="OPENAI_API_KEY"))
-    assert [p.client.api_key for p in pool.replicas] == ["provider-key", "installation-key"]
+    assert [p.client.api_key for p in pool.replicas] == ["provider-key", "provider-key"]
     assert sent == [("api.example.com", "Bearer provider-key")] * 2
 
 

@@ -74,8 +74,8 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     deps = {d["name"]: d["id"] for d in prefect_api.post("deployments/filter", json={}).json()}
     worker_line = re.search(r"start a worker: (.*)", r.stdout).group(1)  # PREFECT_API_URL=... prefect ...
-    # the worker's flows send the vLLM fixture's key: that server belongs to another installation than this home
-    worker_env = {**env, "RAO_POLICY_API_KEY": vllm_tiny.api_key}
+    # the worker's flows send the vLLM fixture's key to it (RAO_POLICY_BASE_URL: the server that key is for)
+    worker_env = {**env, "RAO_POLICY_API_KEY": vllm_tiny.api_key, "RAO_POLICY_BASE_URL": vllm_tiny.base_url}
     t0 = time.monotonic()
     with printed_worker(worker_line, worker_env, tmp_path) as worker_log:
         campaign = _run_deployment(prefect_api, deps["campaign"],

@@ -2,7 +2,7 @@
 
 It speaks the real wire protocol (``POST /v1/chat/completions``), so the tests exercise the openai client,
 its retries and our parsing exactly as against vLLM or a hosted API. ``responder(body, index)`` returns
-``(status, content_or_error, headers)``; requests are recorded in ``.requests``.
+``(status, content_or_error, headers)``; requests are recorded in ``.requests`` (path, body and headers).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class FakeOpenAI:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 with outer._lock:
                     idx = len(outer.requests)
-                    outer.requests.append({"path": self.path, "body": body})
+                    outer.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
                 status, content, headers = outer.responder(body, idx)
                 if status == 200:
                     payload = json.dumps(completion(content, model=body.get("model", "judge"))).encode()
