@@ -11,7 +11,9 @@ A multi-arm, multi-seed experiment (``research.designs.unit_design``) is a set o
   arm's overrides (``research.designs.arm_overrides``) and the seed's, and the evaluation of its last checkpoint.
   When the rebuilt weights differ from the recorded ones (another CPU, another library), or no warm-start record
   exists yet, the unit says so (``warm_start_sha256_matches``: false / null) and evaluates its own warm start too, so
-  its comparison stays paired inside the unit.
+  its comparison stays paired inside the unit; so does an arm whose evaluation (modes, runtime) is not the one its
+  warm-start unit made (:func:`eval_signature`: e.g. the single arm of a design that shares the recursive warm
+  start).
 
 Every evaluation is ``infra.checkpoint_eval.serve_and_evaluate`` of the config's ``eval`` section (the tasks, modes
 and runtime the campaign evaluates with); the campaign itself runs with ``eval.enabled`` false, so no point is
@@ -31,6 +33,7 @@ import hashlib
 import json
 import os
 import platform
+import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -77,6 +80,9 @@ class UnitPlan:
     units: list[Unit]
     configs: dict[str, Any] = field(default_factory=dict)
     default_config: str | None = None  # the command's default --config (left out of the printed commands)
+    #: arm unit -> its evaluation (the eval section's tasks and modes, the runtime) is its warm-start unit's, so
+    #: that unit's iteration-0 point is this arm's when the weights are the same
+    shares_warm_eval: dict[str, bool] = field(default_factory=dict)
 
     def unit(self, name: str) -> Unit:
         """The unit called ``name``; ValueError naming the known units otherwise."""
@@ -116,8 +122,24 @@ def plan_units(experiment: str, config: str, overrides: list[str] | None = None,
     plan = UnitPlan(experiment, config, overrides, design, units, default_config=default_config)
     for u in units:
         plan.configs[u.name] = _resolve(config, unit_overrides(plan, u, checkpoint=None))
+    for u in units:
+        if not u.is_warm_start:
+            plan.shares_warm_eval[u.name] = (eval_signature(plan.configs[u.name])
+                                             == eval_signature(plan.configs[f"{WARM_PREFIX}{u.warm}"]))
     check_task_sets(plan.configs[units[-1].name])
     return plan
+
+
+def eval_signature(cfg: Any) -> str:
+    """What an evaluation point of ``cfg`` depends on besides the weights: its ``eval`` section's
+    ``rao_core.evaluation.EvalConfig`` fields (tasks, seed, modes), the environment and task generator, and the
+    runtime; as canonical JSON."""
+    from rao_core.evaluation import EvalConfig
+
+    ev = {k: getattr(cfg.eval, k) for k in EvalConfig.model_fields}
+    return json.dumps({"eval": ev, "runtime": cfg.runtime.model_dump(mode="json"), "env": cfg.tasks.env,
+                       "env_options": cfg.tasks.env_options, "generator": cfg.tasks.generator_options},
+                      sort_keys=True, default=str)
 
 
 def _resolve(config: str, overrides: list[str]) -> Any:
@@ -352,7 +374,8 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
         elif matches is None:
             say(f"unit {unit.name}: no warm-start record ({rec['warm_start_reference']}); the rebuilt warm start is "
                 "evaluated inside this unit")
-        campaign = f"{plan.experiment}-{unit.name}-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}"
+        # a new campaign per attempt (a stamp and 4 random hex digits): nothing of an earlier one is resumed
+        campaign = f"{plan.experiment}-{unit.name}-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}{secrets.token_hex(2)}"
         overrides = unit_overrides(plan, unit, str(folder))
         cfg = _resolve(plan.config, [*overrides, f"name={campaign}"])
         rec["campaign"] = campaign
@@ -367,7 +390,9 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
             raise RuntimeError(f"unit {unit.name}: campaign {campaign} ran no iteration (config iterations "
                                f"{cfg.iterations}); nothing to evaluate")
         last = its[-1]
-        todo = [] if matches else [(0, folder)]
+        shared = bool(matches and plan.shares_warm_eval.get(unit.name))
+        rec["iteration_0_from"] = rec["warm_start_reference"] if shared else "this unit"
+        todo = [] if shared else [(0, folder)]
         todo.append((last["iteration"], Path(last["checkpoint_local"])))
         control = plan.design.control_difficulty if unit.arm in plan.design.depth_control else None
         points, times = evaluate_checkpoints(cfg, todo, say, control=control)
@@ -458,8 +483,9 @@ def estimate_unit(plan: UnitPlan, unit: Unit, pace: Pace = PACE) -> dict[str, fl
     its optimizer steps x ``train_step_s`` and ``iteration_other_s``), ``evaluate`` (a vLLM start and the point's
     trees x ``eval_tree_s``; a unit with the depth-limited control: its trees too), ``fixed``; tree times x
     ``single_tree_factor`` where the trees are a single agent's.
-    ``total``: the expected time (an arm unit whose rebuilt warm start matches the record: one evaluation point);
-    ``total_if_differs``: an arm unit that evaluates its own warm start too."""
+    ``total``: the expected time (an arm unit whose rebuilt warm start matches the record: one evaluation point,
+    two where its evaluation is not its warm-start unit's); ``total_if_differs``: when it evaluates its own warm
+    start too."""
     cfg = plan.configs[unit.name]
     warm = plan.configs[f"{WARM_PREFIX}{unit.warm}"]
     single = (unit.arm or _warm_arm(plan.design, unit.warm)) == "single" or ARM_MODES.get(unit.arm or "") == "single"
@@ -478,7 +504,10 @@ def estimate_unit(plan: UnitPlan, unit: Unit, pace: Pace = PACE) -> dict[str, fl
                if unit.arm in plan.design.depth_control else 0.0)
     out["evaluate"] = point + control
     out["total"] = sft + pace.fixed_s + out["campaign"] + point + control
-    out["total_if_differs"] = out["total"] + point
+    if not plan.shares_warm_eval.get(unit.name):  # its own iteration-0 point in any case
+        out["evaluate"] += point
+        out["total"] += point
+    out["total_if_differs"] = out["total"] + (point if plan.shares_warm_eval.get(unit.name) else 0.0)
     return out
 
 

@@ -44,6 +44,21 @@ def test_status_lists_the_units_of_textcraft_deeper_with_their_times(capsys):
     assert "next: rao experiment textcraft-deeper --unit warm-recursive --set iterations=12 --set eval.every=6" in out
 
 
+def test_an_arm_shares_its_warm_start_unit_s_evaluation_only_where_it_is_the_same():
+    """An arm unit takes its iteration 0 from the warm-start unit only when that unit evaluated as the arm does (the
+    same modes and runtime): every textcraft-deeper arm does; textcraft-tier1's single arm, which starts from the
+    recursive warm start but evaluates in single mode with a whole tree's steps, evaluates its own (its estimate
+    holds that point: 12 min more than with the shared one)."""
+    from research.units import estimate_unit, plan_units
+
+    deeper = plan_units("textcraft-deeper", DEEPER)
+    assert all(deeper.shares_warm_eval.values()) and len(deeper.shares_warm_eval) == 9
+    tier1 = plan_units("textcraft-tier1", "configs/experiment-textcraft-tier1.yaml")
+    assert tier1.shares_warm_eval == {"recursive-seed0": True, "single-seed0": False}
+    single = estimate_unit(tier1, tier1.unit("single-seed0"))
+    assert single["total"] == single["total_if_differs"] > single["warm_start"] + single["campaign"] + 2 * 160
+
+
 def test_a_bad_unit_is_one_error_line_before_anything_runs(capsys, no_server):
     code, _, err = run_cli(capsys, "experiment", "textcraft-deeper", "--unit", "recursive-seed7")
     assert code == 2
