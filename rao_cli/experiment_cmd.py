@@ -263,16 +263,17 @@ def seeds(
     with input_errors():  # no record, or one that is not JSON: one error: line naming it, exit 2
         if (REPO_ROOT / UNITS_DIR / experiment).is_dir():
             from research.designs import unit_design
-            from research.units import plan_units, seed_records as unit_seed_records
+            from research.units import control_records, plan_units, seed_records as unit_seed_records
 
-            records = unit_seed_records(plan_units(experiment, f"configs/experiment-{experiment}.yaml", [],
-                                                   unit_design(experiment)))
+            plan = plan_units(experiment, f"configs/experiment-{experiment}.yaml", [], unit_design(experiment))
+            records = unit_seed_records(plan)
             if not records:
                 raise FileNotFoundError(f"no finished arm unit of {experiment} under {UNITS_DIR}/{experiment} (rao "
                                         f"experiment {experiment} --status)")
+            controls = control_records(plan, records)
         else:
-            records = seed_records(experiment)
-    console.print(write_seeds_section(experiment, records, write_docs))
+            records, controls = seed_records(experiment), None
+    console.print(write_seeds_section(experiment, records, write_docs, controls=controls))
 
 
 @app.command("rerun")

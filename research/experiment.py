@@ -207,20 +207,23 @@ def rao_experiment(params: ExperimentParams = ExperimentParams()) -> dict[str, A
 
 
 def write_seeds_section(experiment: str, records: list[dict[str, Any]], write_docs: bool = True,
-                        root: Path | None = None) -> str:
+                        root: Path | None = None,
+                        controls: list[tuple[dict[str, Any], dict[str, Any] | None]] | None = None) -> str:
     """``comparisons_markdown`` of ``records`` (``seeds_markdown`` for records without per-task outcomes), and for
     deep trees the per-depth table and each seed's depth-limited control (:mod:`research.studies`), written as the
     ``## Seeds: <experiment>`` section of ``docs/results.md`` under ``root`` (the repository by default) when
     ``write_docs``; returns the markdown. With co-primary endpoints (``eval.co_primary``) also the preregistered
     verdict (``research.records.primary_verdict``), and its record ``docs/results/<experiment>-verdict.json``
-    (with the depth-limited control pooled over seeds, ``research.studies.depth_control_pooled``)."""
+    (with the depth-limited control pooled over seeds, ``research.studies.depth_control_pooled``). ``controls``:
+    each record with its control record (``research.studies.control_records``; None: read from ``root``)."""
     with_tasks = any(p.get("per_task") for r in records for p in r.get("points", []))
     md = comparisons_markdown(experiment, records) if with_tasks else seeds_markdown(experiment, records)
     endpoints = preregistered_endpoints(records)
     verdict = primary_verdict(records, endpoints) if with_tasks and len(endpoints) > 1 else None
     if verdict:
         md += "\n" + verdict_markdown(verdict)
-    controls = control_records(records, root)  # read once for the table and the verdict's record
+    # read once for the table and the verdict's record; given: e.g. an experiment run as units (research.units)
+    controls = control_records(records, root) if controls is None else controls
     if any(deep_config(r.get("config_values")) for r in records):
         md += "\n" + depth_seeds_markdown(records)
         if ctrl := depth_control_seeds_markdown(records, controls=controls):

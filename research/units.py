@@ -450,6 +450,25 @@ def seed_records(plan: UnitPlan, root: Path | None = None) -> list[dict[str, Any
     return out
 
 
+def control_records(plan: UnitPlan, records: list[dict[str, Any]], root: Path | None = None
+                    ) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each of :func:`seed_records`' ``records`` with its depth-limited control in the form of a
+    ``rao experiment depth-control`` record (``research.studies.depth_control_rows`` reads it): the recursive unit's
+    control points (``control``: true) and, as their ``reference``, the same unit's full-depth point on the same
+    difficulty and iteration; None for a seed whose unit has no control points."""
+    out = []
+    for rec in records:
+        unit = (rec.get("units") or {}).get("recursive", {}).get("unit")
+        urec = read_record(plan.experiment, unit, root) if unit else None
+        ctrl = [p for p in (urec or {}).get("points", []) if p.get("control")]
+        full = {(p["iteration"], p["difficulty"]): p for p in (urec or {}).get("points", []) if not p.get("control")}
+        ref = {str(p["iteration"]): full[(p["iteration"], p["difficulty"])] for p in ctrl
+               if (p["iteration"], p["difficulty"]) in full}
+        out.append((rec, {"experiment": f"{rec['experiment']}-control", "unit": unit, "points": ctrl,
+                          "reference": ref} if ctrl else None))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- status
 
 

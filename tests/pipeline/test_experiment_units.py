@@ -234,7 +234,8 @@ def test_the_seeds_and_the_verdict_are_read_from_the_unit_records(tmp_path):
 
     def point(it, diff, mode, solved, **extra):
         return {"iteration": it, "difficulty": diff, "mode": mode, "n": 100, "successes": float(solved),
-                "success": solved / 100, "per_task": {f"{diff}-{i}": float(i < solved) for i in range(100)}, **extra}
+                "success": solved / 100, "ci95": [0.0, 1.0], "depth_hist": {"0": 100 - solved, "2": solved},
+                "per_task": {f"{diff}-{i}": float(i < solved) for i in range(100)}, **extra}
 
     def write(unit, points, **extra):
         ru.write_record(ru.record_path("textcraft-deeper", unit, tmp_path),
@@ -258,5 +259,13 @@ def test_the_seeds_and_the_verdict_are_read_from_the_unit_records(tmp_path):
     (tmp_path / "docs/results.md").write_text("# Results\n")
     md = write_seeds_section("textcraft-deeper", recs, root=tmp_path)
     verdict = json.loads((tmp_path / "docs/results/textcraft-deeper-verdict.json").read_text())
+    assert "Depth-limited control per seed" not in md  # no control given: read from files, none there
+    md = write_seeds_section("textcraft-deeper", recs, root=tmp_path, controls=ru.control_records(plan, recs, tmp_path))
+    verdict = json.loads((tmp_path / "docs/results/textcraft-deeper-verdict.json").read_text())
     assert verdict["verdict"] == "supported" and "Preregistered verdict" in md
+    # the control: each recursive unit's 30/100 at max_depth 1 vs its 60/100 at full depth on the same problems
+    assert "### Depth-limited control per seed" in md and "| 0 | 3 | 60/100" in md
+    ctrl = verdict["control"]
+    assert (ctrl["seeds"], ctrl["full"], ctrl["control"], ctrl["depth_shown"]) == ([0, 1, 2], [180, 300], [90, 300],
+                                                                                    True)
     assert [p["holds"] for p in verdict["primaries"]] == [True, True]
