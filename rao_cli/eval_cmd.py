@@ -33,6 +33,32 @@ def _load(config: str, overrides: list[str]):
     return load_config(path, list(overrides))
 
 
+def check_base_url(base_url: str, key_env: str) -> None:
+    """Ask the server at ``--base-url`` for its models once (``GET {base_url}/models``) with the key it gets
+    (``rao_core.policies.openai_policy.policy_client_key``: the installation's service its own key, any other
+    server the variable ``key_env`` names). Raises :class:`rao_cli.InputError` (exit 2) when it answers 401 or
+    403: the server refused the key, which is named by where it came from, never shown. A server that does not
+    answer (yet) is left to the evaluation's own wait."""
+    import httpx
+
+    from rao_cli import InputError
+    from rao_core.policies.openai_policy import policy_client_key
+
+    key = policy_client_key(base_url, key_env=key_env)
+    try:
+        r = httpx.get(f"{base_url.rstrip('/')}/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    except httpx.HTTPError:
+        return
+    if r.status_code in (401, 403):
+        import os
+
+        sent = (f"no key (${key_env} is unset)" if key == "EMPTY" else
+                f"the key in ${key_env}" if key == os.environ.get(key_env) else "this installation's key for it")
+        raise InputError(f"--base-url {base_url}: the server refused the key (HTTP {r.status_code}; sent {sent}); "
+                         f"set {key_env} (serving.api_key_env) to its key, or use the server `rao services up "
+                         "--model` started")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``rao eval`` to the top-level app."""
 
@@ -63,9 +89,13 @@ def register(app: typer.Typer) -> None:
 
         if mode not in ("recursive", "single"):
             raise typer.BadParameter(f"must be 'recursive' or 'single', got {mode!r}", param_hint="'--mode'")
+        from rao_core.config import checkpoint_config_problem
+
         cfg = _load(config, override)  # ConfigError: exit 2
         if not (model / "config.json").exists():
             raise ModelError(f"model not found: {model} has no config.json (a checkpoint folder is expected)")
+        if (bad := checkpoint_config_problem(model)) is not None:
+            raise ModelError(f"--model {model}: {bad}")
         with input_errors():  # the reader names the file and the line
             tasks = load_tasks(task_file)
             envs = sorted({t.env for t in tasks})
@@ -82,6 +112,8 @@ def register(app: typer.Typer) -> None:
             tasks = tasks[:n]
         ev = EvalConfig(modes=[mode], graded=cfg.eval.graded)  # the tasks are given: only modes/graded matter
         load_tokenizer(str(model))  # a checkpoint without a chat template fails here, before any server starts
+        if base_url:
+            check_base_url(base_url, cfg.serving.api_key_env)  # a server that refuses the key: exit 2, now
         say = (lambda msg: print(msg, file=sys.stderr)) if as_json else print
 
         def evaluate() -> object:

@@ -37,6 +37,25 @@ from rao_core.samples import AlgoSettings
 from rao_core.train.config import TrainerConfig
 
 
+def checkpoint_config_problem(folder: Path | str) -> str | None:
+    """What is wrong with the ``config.json`` of checkpoint folder ``folder``, in words (``"its config.json is
+    not JSON (line 1, column 2: Expecting property name ...)"``, ``"... is not a JSON object"``, ``"... is not
+    readable"``), or None when it holds a JSON object (a missing file is the caller's own case). Never raises."""
+    path = Path(folder) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as e:
+        return (f"its config.json is not JSON (line {e.lineno}, column {e.colno}: {e.msg}); a checkpoint folder "
+                "holds the model's config.json as save_pretrained writes it")
+    except (OSError, UnicodeDecodeError) as e:
+        return f"its config.json is not readable ({getattr(e, 'strerror', None) or e})"
+    if not isinstance(data, dict):
+        return f"its config.json is not a JSON object (it holds a {type(data).__name__})"
+    return None
+
+
 class ConfigError(ValueError):
     """A configuration file or value is invalid; the message is one line naming file, field and value."""
 
@@ -563,12 +582,20 @@ class CampaignConfig(_Strict):
         return self
 
     def path_problems(self) -> list[str]:
-        """What :meth:`check_paths` refuses: one ``KEY = 'VALUE': what is wrong`` per missing path."""
+        """What :meth:`check_paths` refuses: one ``KEY = 'VALUE': what is wrong`` per missing path, a model folder
+        whose ``config.json`` is not a JSON object (:func:`checkpoint_config_problem`), a task file that is a
+        folder."""
         ckpt = self.warm_start.checkpoint
         problems = []
-        if "path" in self.model.model_fields_set and not (self.model.path / "config.json").is_file():
-            problems.append(f"model.path = '{self.model.path}': model not found (no config.json there)")
-        if self.tasks.train_file is not None and not self.tasks.train_file.is_file():
+        if "path" in self.model.model_fields_set:
+            if not (self.model.path / "config.json").is_file():
+                problems.append(f"model.path = '{self.model.path}': model not found (no config.json there)")
+            elif (bad := checkpoint_config_problem(self.model.path)) is not None:
+                problems.append(f"model.path = '{self.model.path}': {bad}")
+        if self.tasks.train_file is not None and self.tasks.train_file.is_dir():
+            problems.append(f"tasks.train_file = '{self.tasks.train_file}': is a folder, not a task file (JSON lines, "
+                            "one task per line; `rao tasks generate` writes one)")
+        elif self.tasks.train_file is not None and not self.tasks.train_file.is_file():
             problems.append(f"tasks.train_file = '{self.tasks.train_file}': file not found")
         if (self.warm_start.mode == "checkpoint" and ckpt and not ckpt.startswith(("models:/", "s3://"))
                 and not any((Path(ckpt) / f).is_file() for f in ("config.json", "adapter_config.json"))):

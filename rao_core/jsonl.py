@@ -65,11 +65,16 @@ def one_line_error(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: str) -> list[T]:
+def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: str,
+               unique: tuple[str, Callable[[T], object]] | None = None) -> list[T]:
     """Parse every non-empty line of ``path`` with ``parse(json.loads(line))``.
 
+    ``unique``: ``(field name, key of a record)``; two records with one key are refused.
+
     Raises FileNotFoundError if the file is missing, ValueError ``"<path>:<line>: not a valid <what>: ..."``
-    (one line, naming the field for schema errors) on a malformed line, ``"<path>:<line>: not UTF-8 text"``.
+    (one line, naming the field for schema errors) on a malformed line, ``"<path>:<line>: not UTF-8 text"``,
+    ``"<path>: is a folder, not a <what> file"``, and with ``unique`` ``"<path>:<line>: <field> 'x' repeats
+    line <n> (each <what> needs its own)"``.
     """
     path = Path(path)
     if not path.exists():
@@ -77,6 +82,7 @@ def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: s
     if path.is_dir():
         raise ValueError(f"{path}: is a folder, not a {what} file")
     out = []
+    seen: dict[object, int] = {}
     with open(path, "rb") as f:
         for i, raw in enumerate(f, 1):
             try:
@@ -86,7 +92,15 @@ def read_jsonl(path: str | os.PathLike[str], parse: Callable[[dict], T], what: s
             if not line.strip():
                 continue
             try:
-                out.append(parse(json.loads(line.rstrip("\r\n"))))
+                record = parse(json.loads(line.rstrip("\r\n")))
             except Exception as e:
                 raise ValueError(f"{path}:{i}: not a valid {what}: {one_line_error(e)}") from e
+            if unique is not None:
+                name, key = unique
+                k = key(record)
+                if k in seen:
+                    raise ValueError(f"{path}:{i}: {name} {short_repr(k)} repeats line {seen[k]} (each {what} needs "
+                                     f"its own {name})")
+                seen[k] = i
+            out.append(record)
     return out

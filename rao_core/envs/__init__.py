@@ -110,13 +110,14 @@ def load_tasks(path: str | os.PathLike[str], env: Environment | None = None) -> 
     """Load a JSON-lines task file, checking every record before anything runs.
 
     Each line must be a ``Task``; with ``env``, each task must also be for that environment and pass
-    ``env.validate_task``. Raises FileNotFoundError, or ValueError with one line naming the file, the
-    line, the field and what was expected (``"t.jsonl:3: not a valid task record: data.targets.x: unknown
-    item 'x' (expected ...)"``).
+    ``env.validate_task``; two records with one ``task_id`` are refused. Raises FileNotFoundError, or ValueError
+    with one line naming the file, the line, the field and what was expected (``"t.jsonl:3: not a valid task
+    record: data.targets.x: unknown item 'x' (expected ...)"``, ``"t.jsonl:5: task_id 'a' repeats line 2 (...)"``).
     """
+    ids = ("task_id", lambda t: t.task_id)  # a repeated task_id would mix two tasks' records and verdicts
     if env is None:
-        return read_jsonl(path, Task.model_validate, "task record")
-    return read_jsonl(path, lambda d: check_task(env, Task.model_validate(d)), "task record")
+        return read_jsonl(path, Task.model_validate, "task record", unique=ids)
+    return read_jsonl(path, lambda d: check_task(env, Task.model_validate(d)), "task record", unique=ids)
 
 
 def _load(target: str) -> Any:
