@@ -403,6 +403,10 @@ def _spans_text(spans: dict[str, tuple[float, float]]) -> str:
 def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     """Run (or resume) a RAO campaign; returns a summary with per-iteration metrics and where to look.
 
+    One process runs a campaign at a time: a second live run of the same name fails at once
+    (``infra.orchestration.RunBusyError``); an earlier run whose process was killed is marked CRASHED in Prefect
+    (``infra.orchestration.take_over_run``) and the campaign resumes after its last completed stage.
+
     A campaign already complete for these parameters (:func:`completed_summary`) returns its stored summary
     (``already_complete`` True) at once: no server is started and MLflow is not written. A campaign the collapse
     guard stopped (``guard.action`` stop) is not complete: its summary's ``guard.stopped_at`` names the
@@ -413,11 +417,18 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     (its start-up, Prefect's) for its end-of-run table."""
     from infra.disk import keep_reserve
 
+    from infra.orchestration import take_over_run
+    from rao_core.paths import rao_home
+
     timeline = Timeline()
     cfg = params.resolve()
     check_task_pool(cfg)  # a bad task file stops the campaign here, before anything is served
-    keep_reserve()  # room to close the MLflow runs FAILED should the disk fill (infra.disk)
     log = get_run_logger()
+    # one live run per campaign; an earlier run that was killed (SIGKILL: no hook ran) is marked CRASHED
+    crashed = take_over_run(rao_home() / "campaigns" / cfg.name / "flow-run.json", f"campaign {cfg.name!r}")
+    if crashed:
+        log.warning(crashed)
+    keep_reserve()  # room to close the MLflow runs FAILED should the disk fill (infra.disk)
     timeline.lap("config and task-pool check")
     with storage(cfg) as s3:
         done = completed_summary(ArtifactStore(s3, cfg.name), cfg)

@@ -171,3 +171,69 @@ def deploy(pool: str = "rao-pool", repo: Path | None = None) -> int:
                    cwd=REPO_ROOT, env=env)
     return subprocess.run([prefect_bin(), "--no-prompt", "deploy", "--all"], check=False, cwd=REPO_ROOT,
                           env=env).returncode
+
+
+class RunBusyError(ServiceError):
+    """Another live process runs the same campaign (or evaluation): the message names it in one line."""
+
+
+#: Prefect states of a flow run that has not ended.
+LIVE_STATES = ("RUNNING", "PENDING", "PAUSED", "CANCELLING", "SCHEDULED")
+
+
+def crash_flow_runs(flow_run_id: str, message: str, depth: int = 3) -> list[str]:
+    """Set CRASHED (forced, with ``message``) flow run ``flow_run_id`` and its subflow runs down to ``depth``
+    levels, those still in a live state (:data:`LIVE_STATES`): runs whose process was killed, which no engine
+    will end. Returns the names of the runs marked. Raises the Prefect client's errors."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.states import Crashed
+
+    marked: list[str] = []
+    with get_client(httpx_settings={"timeout": 10.0}, sync_client=True) as client:
+        ids = [flow_run_id]
+        for _ in range(depth + 1):
+            if not ids:
+                break
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+            for r in runs:
+                if r.state is not None and r.state.type.value in LIVE_STATES:
+                    client.set_flow_run_state(r.id, Crashed(message=message), force=True)
+                    marked.append(r.name)
+            ids = [r.id for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=ids)))]
+    return marked
+
+
+def take_over_run(record_path: Path, what: str) -> str | None:
+    """Claim ``what`` (e.g. ``campaign 'smoke'``) for the current Prefect flow run and this process, recorded at
+    ``record_path`` (pid, start time, flow run id and name: ``rao_core.process_group.process_record``).
+
+    The run recorded before: when its process still runs (another process than this one), raises
+    :class:`RunBusyError` naming it; when it is gone but its flow run (or a subflow run) is still live in Prefect
+    (the process was killed: SIGKILL, out of memory), marks them CRASHED (:func:`crash_flow_runs`) and returns
+    the line saying so; else None. A Prefect API that fails the marking is said in the returned line, never
+    raised."""
+    from prefect.runtime import flow_run
+
+    from rao_core.process_group import process_record, read_record, same_process, write_record
+
+    prev = read_record(record_path)
+    me = str(flow_run.id or "")
+    if prev and same_process(prev) and int(prev["pid"]) != os.getpid():
+        raise RunBusyError(f"{what} is already running in process {prev['pid']} (Prefect flow run "
+                           f"{prev.get('flow_run_name') or prev.get('flow_run_id')}): stop it first, or wait for it")
+    write_record(record_path, process_record(os.getpid(), flow_run_id=me, flow_run_name=flow_run.name or ""))
+    old = str((prev or {}).get("flow_run_id") or "")
+    if not old or old == me or int(prev.get("pid", 0)) == os.getpid():
+        return None
+    why = f"its process (pid {prev.get('pid')}) ended without reporting an end (killed)"
+    try:
+        marked = crash_flow_runs(old, why)
+    except Exception as e:  # noqa: BLE001 - the run goes on; the line says what could not be marked
+        return (f"the earlier run of {what} (Prefect flow run {prev.get('flow_run_name') or old}) could not be "
+                f"marked CRASHED: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+    if not marked:
+        return None
+    return (f"the earlier run of {what} was killed (pid {prev.get('pid')}): Prefect flow "
+            f"run{'s' * (len(marked) > 1)} {', '.join(marked)} marked CRASHED")

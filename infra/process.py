@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from rao_core.process_group import group_members, kill_group, pid_alive  # noqa: F401 (re-exported)
+from rao_core.process_group import group_members, kill_group, pid_alive, start_time  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
 
@@ -313,6 +313,8 @@ class ManagedProcess:
     one first); while it waits, a log line saying one of them is in use (:func:`find_port_clash`) ends the
     wait at once with a ServiceError (:func:`start_on_fresh_ports` then restarts it on fresh ports).
     ``log_offset``: the size of the log when the last start began (bytes; the log is appended to).
+    ``on_spawn`` (if set) is called with the pid as soon as the process exists, before the wait (e.g. to record it,
+    so that a run cancelled during a long start can still stop it from another process).
     """
 
     name: str
@@ -327,6 +329,7 @@ class ManagedProcess:
     on_wait: Callable[[], None] | None = None
     ports: tuple[int, ...] = ()
     log_offset: int = 0
+    on_spawn: Callable[[int], None] | None = None
 
     def start(self) -> "ManagedProcess":
         """Start the process and wait until it is healthy; raises ServiceError with the log tail (at once when
@@ -341,6 +344,8 @@ class ManagedProcess:
         )
         log.close()
         try:
+            if self.on_spawn is not None:
+                self.on_spawn(self.proc.pid)
             self._wait_healthy(t0)
         except BaseException:
             self.stop()
@@ -528,11 +533,37 @@ def _reap() -> None:
         pass
 
 
-def run_interruptible(fn, on_interrupt, *, grace_s: float = 5.0, stop_timeout_s: float = 10.0):
+def start_orphan_guard() -> subprocess.Popen | None:
+    """Start the orphan guard of this process (``rao_core.process_group.watch_parent``, in a session of its own):
+    should this process die without stopping what it started (SIGKILL, the out-of-memory killer), the guard stops
+    every process it had started (services, the trainer, Prefect's API server) within about ``10 s``. Stop it with
+    :func:`stop_orphan_guard` once the work is done. None where there is no ``/proc`` (not Linux)."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    me = os.getpid()
+    return subprocess.Popen([sys.executable, "-m", "rao_core.process_group", str(me), str(start_time(me))],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                [str(Path(__file__).resolve().parent.parent)]
+                                + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
+
+
+def stop_orphan_guard(guard: subprocess.Popen | None) -> None:
+    """End the guard of :func:`start_orphan_guard` without it stopping anything (the work ended normally)."""
+    if guard is not None and guard.poll() is None:
+        guard.kill()
+        guard.wait()
+
+
+def run_interruptible(fn, on_interrupt, *, grace_s: float = 5.0, stop_timeout_s: float = 10.0,
+                      orphan_guard: bool = True):
     """Run ``fn()`` in a worker thread so that SIGINT and SIGTERM reach this (main) thread at once, whatever
     ``fn`` is doing (a Prefect flow would otherwise take SIGTERM for itself and spend a minute reporting the
     crash to an API the same Ctrl-C has just stopped). Returns ``fn()``'s value or raises its exception.
     Called from another thread, it only calls ``fn()`` (signals reach the main thread alone).
+
+    With ``orphan_guard``, an orphan guard (:func:`start_orphan_guard`) watches this process while ``fn`` runs:
+    a SIGKILL, which no handler sees, still leaves no child of it running.
 
     On the first signal: ``KeyboardInterrupt`` is raised inside ``fn`` (its ``finally`` blocks stop what they
     started) and given ``grace_s`` seconds; then ``on_interrupt(signum)`` runs (e.g. marks the tracking runs
@@ -571,6 +602,7 @@ def run_interruptible(fn, on_interrupt, *, grace_s: float = 5.0, stop_timeout_s:
             raise KeyboardInterrupt
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    guard = start_orphan_guard() if orphan_guard else None
     try:
         worker.start()
         while not done.wait(0.2):
@@ -599,6 +631,7 @@ def run_interruptible(fn, on_interrupt, *, grace_s: float = 5.0, stop_timeout_s:
         os.write(err, f"error: {message}\n".encode())
         os._exit(128 + signum)
     finally:
+        stop_orphan_guard(guard)
         for s, h in old.items():
             signal.signal(s, h)
     if "error" in box:

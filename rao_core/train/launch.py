@@ -6,7 +6,11 @@ configs/accelerate/fsdp.yaml``). When the child exits all its memory returns to 
 not keep the trainer's peak before vLLM serves the next checkpoint. The child reports steps, progress, phases and
 its peak RSS as JSON lines read back while it runs; a failure raises :class:`TrainingProcessError` with the
 child's own ``error: ...`` line. :func:`run_training` chooses between this and training in-process.
-Docs: docs/pipeline.md#one-iteration.
+
+One trainer per checkpoint folder: the child's pid and start time are recorded next to the folder
+(``<out>.train-io/trainer.pid.json``) while it runs, and a launch that finds a recorded trainer still running
+(left by a run that was killed, its parent gone) stops its process group first (:func:`stop_stale_trainer`).
+Docs: docs/pipeline.md#one-iteration, docs/pipeline/resume-and-faults.md.
 """
 
 from __future__ import annotations
@@ -23,16 +27,46 @@ from pathlib import Path
 from typing import Any
 
 from rao_core.paths import REPO_ROOT
-from rao_core.process_group import kill_group
+from rao_core.process_group import kill_group, process_record, read_record, same_process, write_record
 from rao_core.progress import StepProgress
 from rao_core.samples import SampleBatch
 from rao_core.train.checkpoint import is_checkpoint
 from rao_core.train.config import TrainerConfig
 
 __all__ = ["SubprocessTrainResult", "TrainingProcessError", "TrainingRun", "launch_command", "run_training",
-           "train_in_subprocess"]
+           "stop_stale_trainer", "train_in_subprocess", "trainer_record_path"]
 
 STDERR_TAIL_LINES = 8
+#: Seconds of SIGTERM a stopped trainer's process group gets before SIGKILL.
+STOP_GRACE_S = 30.0
+
+
+def trainer_record_path(out_dir: str | os.PathLike[str]) -> Path:
+    """Where the running trainer of checkpoint folder ``out_dir`` is recorded: ``<out>.train-io/trainer.pid.json``
+    (:func:`rao_core.process_group.process_record` of the ``accelerate launch`` process, which leads the trainer's
+    process group, plus ``out``)."""
+    out = Path(out_dir).resolve()
+    return out.with_name(out.name + ".train-io") / "trainer.pid.json"
+
+
+def stop_stale_trainer(out_dir: str | os.PathLike[str], say: Callable[[str], None] | None = None,
+                       timeout_s: float = STOP_GRACE_S) -> int | None:
+    """Stop the trainer recorded for ``out_dir`` (:func:`trainer_record_path`) if that very process still runs
+    (same pid and start time): its whole process group, SIGTERM then SIGKILL after ``timeout_s`` seconds, with one
+    line to ``say`` naming it. A stale record (the process gone, the pid reused) is dropped. Returns the pid
+    stopped, or None."""
+    path = trainer_record_path(out_dir)
+    rec = read_record(path)
+    if rec is None:
+        return None
+    pid = int(rec["pid"]) if same_process(rec) else None
+    if pid is not None:
+        if say is not None:
+            say(f"a training process left by an earlier run (pid {pid}) still writes {rec.get('out', out_dir)}: "
+                "stopping its process group before this one starts")
+        kill_group(pid, timeout_s=timeout_s)
+    path.unlink(missing_ok=True)
+    return pid
 
 
 class TrainingProcessError(RuntimeError):
@@ -236,10 +270,13 @@ def train_in_subprocess(
             elif "end" in r:
                 end.update(r["end"])
 
+    stop_stale_trainer(out_dir, say=lambda line: on_status(f"training process: {line}") if on_status else None)
+    record = trainer_record_path(out_dir)
     with log.open("w") as logf, bar:
         # its own process group: `accelerate launch` exits on SIGTERM without passing it on, which would leave
         # its trainer child running with no parent; the group holds both
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        write_record(record, process_record(proc.pid, out=str(out_dir)))
         say(f"started (pid {proc.pid}), log {log}")
         try:
             while proc.poll() is None:
@@ -248,8 +285,11 @@ def train_in_subprocess(
                     say(f"still working: {status['phase']}")
                 time.sleep(poll_s)
         except BaseException:  # interrupted (Ctrl-C, task cancelled): do not leave the child training
-            kill_group(proc.pid, timeout_s=30)
+            kill_group(proc.pid, timeout_s=STOP_GRACE_S)
             raise
+        finally:  # a child still running (a failed stop) stays recorded: the next launch stops it
+            if proc.poll() is not None:
+                record.unlink(missing_ok=True)
         drain()
     wall = time.monotonic() - t0
     rc = proc.returncode
