@@ -272,9 +272,9 @@ def up(*, s3: bool = True, mlflow_server: bool = False, prefect_server: bool = F
     if mlflow_server and not running("mlflow"):
         from infra.tracking import MLflowServer
 
-        srv = MLflowServer().start()
+        srv = MLflowServer().start()  # basic authentication: its user and password go to clients with its URL
         record("mlflow", pid=srv.pid, url=srv.tracking_uri, log=str(srv.process.log_path),
-               start_s=round(srv.process.start_seconds, 2), env={"MLFLOW_TRACKING_URI": srv.tracking_uri})
+               start_s=round(srv.process.start_seconds, 2), env=srv.client_env())
     if prefect_server and not running("prefect"):
         from infra.orchestration import PrefectServer
 
@@ -316,6 +316,20 @@ def prefect_instructions(pool: str = "rao-pool") -> list[str]:
             f"UI password:      the contents of {service_secret_file('prefect')}",
             "deployments:      .venv/bin/rao deploy   (rao commands find the server by themselves)",
             f"worker:           {worker_command(api, pool)}"]
+
+
+def mlflow_instructions() -> list[str]:
+    """How to sign in to the running MLflow server of ``up`` (empty when none runs): its URL, the user and the
+    file holding the password (never the password itself)."""
+    from infra.tracking import MLFLOW_USER
+
+    info = load_state().get("mlflow") or {}
+    if not (info.get("pid") and pid_alive(info["pid"])):
+        return []
+    from infra.credentials import service_secret_file
+
+    return [f"MLflow UI:        {info.get('url', '')}",
+            f"MLflow login:     user {MLFLOW_USER}, password: the contents of {service_secret_file('mlflow')}"]
 
 
 def down() -> list[str]:

@@ -3,7 +3,7 @@
 - Embedded default: ``sqlite:///$RAO_HOME/mlflow/mlflow.db`` with artifacts in ``$RAO_HOME/mlflow/artifacts``
   (MLflow 3.x no longer supports the ``./mlruns`` file store).
 - ``MLflowServer``: ``mlflow server`` on 127.0.0.1 over the same SQLite file, for many writers (one SQLite
-  file written by many processes locks).
+  file written by many processes locks), behind MLflow's basic authentication (the installation's credential).
 - Real mode: set ``MLFLOW_TRACKING_URI`` (e.g. a team server); it overrides the default.
 - Experiments are tagged for the UI's model-training view (:func:`ensure_experiment`); execution trees
   become traces with one span per node and per turn (:func:`log_trees_as_traces`).
@@ -226,19 +226,60 @@ def _short(x: Any, limit: int = 2000) -> Any:
     return x if len(s) <= limit else s[:limit] + "..."
 
 
+#: The user of the MLflow server's basic authentication (:class:`MLflowServer`); its password is the installation's
+#: credential ``mlflow`` (``infra.credentials.service_secret``, also in ``$RAO_HOME/secrets/mlflow``).
+MLFLOW_USER = "rao"
+
+
 @dataclass
 class MLflowServer(ServiceMixin):
     """``mlflow server`` bound to 127.0.0.1 (a free port outside the kernel's ephemeral range), backed by the
-    project's SQLite file."""
+    project's SQLite file.
+
+    With ``auth`` (the default) it runs MLflow's basic-auth app (``--app-name basic-auth``): every request but
+    ``/health`` and the static files needs the user :data:`MLFLOW_USER` and the installation's ``mlflow``
+    credential (HTTP 401 otherwise); the users live in ``$RAO_HOME/mlflow/basic_auth.db``, its settings in
+    ``basic_auth.ini`` beside it (mode 0600), the admin user is made at the first start. Clients get them from
+    :meth:`client_env` (``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, which MLflow's client
+    sends), recorded by ``rao services up`` in its owner-only state file."""
 
     port: int = 0
     backend_uri: str | None = None
     log_dir: Path | None = None
     process: ManagedProcess | None = None
+    auth: bool = True
 
     @property
     def tracking_uri(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def password(self) -> str:
+        """The password of :data:`MLFLOW_USER` (the installation's ``mlflow`` credential)."""
+        from infra.credentials import service_secret
+
+        return service_secret("mlflow")
+
+    def client_env(self) -> dict[str, str]:
+        """The variables that point an MLflow client at this server: ``MLFLOW_TRACKING_URI`` and, with ``auth``,
+        ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``."""
+        env = {"MLFLOW_TRACKING_URI": self.tracking_uri}
+        if self.auth:
+            env |= {"MLFLOW_TRACKING_USERNAME": MLFLOW_USER, "MLFLOW_TRACKING_PASSWORD": self.password}
+        return env
+
+    def _auth_env(self) -> dict[str, str]:
+        """The server's environment for the basic-auth app: its settings file (written here, mode 0600), the
+        admin user of the first start and the Flask session key (both derived from the installation's secret)."""
+        from infra.credentials import service_secret, write_private
+
+        ini = write_private(mlflow_dir() / "basic_auth.ini", "[mlflow]\ndefault_permission = READ\n"
+                            f"database_uri = sqlite:///{mlflow_dir() / 'basic_auth.db'}\n"
+                            f"admin_username = {MLFLOW_USER}\n"
+                            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        return {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_USERNAME": MLFLOW_USER,
+                "MLFLOW_AUTH_ADMIN_PASSWORD": self.password,
+                "MLFLOW_FLASK_SERVER_SECRET_KEY": service_secret("mlflow-flask")}
 
     def start(self) -> "MLflowServer":
         """Start ``mlflow server`` and wait for its health check. A port picked here (``port`` 0) that was taken
@@ -254,10 +295,14 @@ class MLflowServer(ServiceMixin):
         cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
                "--port", str(self.port), "--backend-store-uri", backend,
                "--default-artifact-root", artifact_root(), "--workers", "1"]
+        env = {"MLFLOW_DISABLE_TELEMETRY": "true"}
+        if self.auth:
+            cmd += ["--app-name", "basic-auth"]
+            env |= self._auth_env()
         log_dir = Path(self.log_dir or rao_home() / "services")
         self.process = ManagedProcess("mlflow", cmd, log_dir / f"mlflow-{self.port}.log",
                                       health_url=f"{self.tracking_uri}/health", start_timeout_s=120,
-                                      env={"MLFLOW_DISABLE_TELEMETRY": "true"}, ports=(self.port,))
+                                      env=env, ports=(self.port,))
         self.process.start()
         return self
 

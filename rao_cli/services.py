@@ -55,9 +55,9 @@ def up(
         model=model, max_model_len=max_model_len, ray=ray, ray_cpus=ray_cpus,
         ray_object_store_gib=ray_object_store_gib, vllm_dev_mode=vllm_dev_routes)
     console.print(_table())
-    from infra.services import prefect_instructions
+    from infra.services import mlflow_instructions, prefect_instructions
 
-    for line in prefect_instructions():
+    for line in mlflow_instructions() + prefect_instructions():
         console.print(line, soft_wrap=True, highlight=False)
 
 
