@@ -113,6 +113,9 @@ def register(app: typer.Typer) -> None:
         ev = EvalConfig(modes=[mode], graded=cfg.eval.graded)  # the tasks are given: only modes/graded matter
         load_tokenizer(str(model))  # a checkpoint without a chat template fails here, before any server starts
         if base_url:
+            from infra.services import apply_service_env
+
+            apply_service_env()  # `rao services up --model`'s server: its URL and key, the key for that URL alone
             check_base_url(base_url, cfg.serving.api_key_env)  # a server that refuses the key: exit 2, now
         say = (lambda msg: print(msg, file=sys.stderr)) if as_json else print
 
