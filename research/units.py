@@ -329,6 +329,7 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
     end); returns the record. Raises ValueError for an unknown unit (before anything runs); whatever a stage
     raises propagates and no record is written."""
     from flows.campaign import rao_campaign
+    from rao_core.train.checkpoint import is_checkpoint
     from research.experiment import _training
 
     unit = plan.unit(name)
@@ -352,8 +353,7 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
         "arm": unit.arm, "seed": unit.seed, "warm_start_kind": unit.warm, "command": plan.command(unit.name),
         "config": plan.config, "overrides": plan.overrides, "commit": commit or "unknown",
         "dirty": None if dirty is None else bool(dirty), "started": started, "machine": machine(),
-        "warm_start": {**ws, "sha256": sha, "base_model": str(warm_cfg.model.path), "base_model_sha256": base_sha,
-                       "config_values": warm_cfg.model_dump(mode="json")}}
+        "warm_start": {**ws, "sha256": sha, "base_model": str(warm_cfg.model.path), "base_model_sha256": base_sha}}
     say(f"unit {unit.name}: warm start sha256 {sha}")
     if unit.is_warm_start:
         rec["started_from_sha256"] = base_sha
@@ -375,11 +375,13 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
             say(f"unit {unit.name}: no warm-start record ({rec['warm_start_reference']}); the rebuilt warm start is "
                 "evaluated inside this unit")
         # a new campaign per attempt (a stamp and 4 random hex digits): nothing of an earlier one is resumed
-        campaign = f"{plan.experiment}-{unit.name}-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}{secrets.token_hex(2)}"
+        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime()) + secrets.token_hex(2)
+        campaign = f"{plan.experiment}-{unit.name}-{stamp}"
         overrides = unit_overrides(plan, unit, str(folder))
         cfg = _resolve(plan.config, [*overrides, f"name={campaign}"])
         rec["campaign"] = campaign
         rec["config_values"] = cfg.model_dump(mode="json")
+        rec["warm_start"]["config_values"] = warm_cfg.model_dump(mode="json")  # the config it was rebuilt with
         t0 = time.monotonic()
         from flows.campaign import CampaignParams
 
@@ -390,6 +392,10 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
             raise RuntimeError(f"unit {unit.name}: campaign {campaign} ran no iteration (config iterations "
                                f"{cfg.iterations}); nothing to evaluate")
         last = its[-1]
+        if not last.get("checkpoint_local") or not is_checkpoint(last["checkpoint_local"]):
+            raise RuntimeError(f"unit {unit.name}: campaign {campaign}'s last checkpoint (iteration "
+                               f"{last['iteration']}) is not on this machine ({last.get('checkpoint_local')}); "
+                               "checkpoints.local_copies latest keeps it")
         shared = bool(matches and plan.shares_warm_eval.get(unit.name))
         rec["iteration_0_from"] = rec["warm_start_reference"] if shared else "this unit"
         todo = [] if shared else [(0, folder)]

@@ -76,7 +76,8 @@ def _tiny_plan(model: Path, extra: list[str] = ()):
           "iterations": 1, "model.path": str(model), "warm_start.mode": "demos", "warm_start.n_tasks": 2,
           "warm_start.difficulties": ["easy"], "warm_start.trainer.micro_batch_tokens": 4096,
           "eval.n_tasks": 2, "eval.difficulties": ["easy"], "trainer.loss_type": "ppo", "trainer.lr": 1e-3,
-          "trainer.micro_batch_tokens": 4096, "tracking.max_traces_per_iteration": 8}
+          "trainer.micro_batch_tokens": 4096, "trainer.dtype": "float32", "tracking.max_traces_per_iteration": 8}
+    # the tiny model trains in fp32, as the served copy of the vLLM tests is
     return plan_units("tiny-units", "configs/cpu-smoke.yaml", [f"{k}={json.dumps(v)}" for k, v in ov.items()]
                       + list(extra), UnitDesign(arms=("recursive",), seeds=(0,)))
 
@@ -191,6 +192,7 @@ def test_a_tiny_unit_runs_from_an_empty_rao_home_and_writes_its_record(tmp_path,
     """The tiny experiment's arm unit with RAO_HOME an empty folder (no var/): it builds its warm start (real
     demonstrations and SFT), runs its campaign (real vLLM, one RL iteration), evaluates its warm start (no
     warm-start record yet) and its last checkpoint, and writes its record; --status then lists it as done."""
+    import rao_core.evaluation  # noqa: F401  (binds the real run_trees: the evaluations are the model's own)
     import research.units as ru
     from tests.pipeline.test_campaign import _mixed
 
