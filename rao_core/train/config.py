@@ -116,6 +116,18 @@ class TrainerConfig(BaseModel):
         "checkpoints are saved in the input checkpoint's dtype.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    bf16_weights: Literal["auto", "on", "off"] = Field(
+        "auto", description="How bf16 compute is done when `dtype` resolves to bf16: 'on' = a bf16 copy of the "
+        "weights runs forward and backward, its gradients are added into fp32 gradients of the fp32 master weights "
+        "after each micro-batch, AdamW updates the fp32 master weights, which are copied back into the bf16 copy "
+        "(no weight cast per forward; the residual stream and norms run in bf16); 'off' = bf16 autocast over the "
+        "fp32 weights (every matmul casts its weight on each call); 'auto' = 'on' on a CPU with one process (not "
+        "LoRA), else 'off'. The same update to bf16 rounding (tests/algo/test_fast_step.py).")
+    row_execution: Literal["auto", "padded", "per_length"] = Field(
+        "auto", description="How a micro-batch's rows run: 'padded' = one forward over the right-padded rows "
+        "(an attention mask); 'per_length' = one forward per group of rows of equal length (no padding token is "
+        "computed, and attention takes the causal kernel without a mask); 'auto' = 'per_length' on a CPU with "
+        "one process, else 'padded'. The micro-batches, and so the optimizer steps, are the same either way.")
     logprob_chunk_tokens: int | None = Field(
         1024, ge=1, description="Compute the sampled tokens' log-probs from the last hidden states, the LM head "
         "and log-softmax applied to this many tokens (rows x positions) at a time under activation "

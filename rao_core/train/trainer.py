@@ -128,7 +128,8 @@ def _accelerator(cfg: TrainerConfig) -> Any:
     from accelerate.utils import GradientAccumulationPlugin
 
     plugin = GradientAccumulationPlugin(num_steps=1, adjust_scheduler=False, sync_with_dataloader=False)
-    accelerator = Accelerator(mixed_precision=_compute_dtype(cfg), gradient_accumulation_plugin=plugin)
+    mixed = "no" if _bf16_weights(cfg) else _compute_dtype(cfg)  # a bf16 weight copy needs no autocast
+    accelerator = Accelerator(mixed_precision=mixed, gradient_accumulation_plugin=plugin)
     accelerator.gradient_state.plugin_kwargs["sync_each_batch"] = _sync_each_micro_batch(accelerator.distributed_type)
     return accelerator
 
@@ -174,6 +175,58 @@ def _compute_dtype(cfg: TrainerConfig) -> str:
     return "bf16"
 
 
+def _one_cpu_process() -> bool:
+    """Training runs as one process on the CPU (no CUDA device, WORLD_SIZE unset or 1: before the accelerator)."""
+    return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) == 1
+
+
+def _bf16_weights(cfg: TrainerConfig) -> bool:
+    """``cfg.bf16_weights`` resolved: a bf16 compute copy of fp32 master weights (:func:`_compute_copy`) when the
+    compute dtype is bf16 and the setting is 'on', or 'auto' on one CPU process without LoRA."""
+    if cfg.bf16_weights == "off" or cfg.lora is not None or _compute_dtype(cfg) != "bf16":
+        return False
+    return cfg.bf16_weights == "on" or _one_cpu_process()
+
+
+def _per_length(cfg: TrainerConfig) -> bool:
+    """``cfg.row_execution`` resolved: one forward per group of equal-length rows ('auto': on one CPU process)."""
+    return cfg.row_execution == "per_length" or (cfg.row_execution == "auto" and _one_cpu_process())
+
+
+def _compute_copy(model: Any) -> Any:
+    """A bf16 copy of ``model`` that runs forward and backward (same module tree, so ``parameters()`` pairs up
+    with the master's, tied weights included); the master keeps the fp32 weights AdamW updates."""
+    import copy
+
+    compute = copy.deepcopy(model).to(torch.bfloat16)
+    compute.train()
+    return compute
+
+
+def _fold_grads(run: "_Session") -> None:
+    """Add the compute copy's bf16 gradients into the master weights' fp32 gradients and drop them (after each
+    micro-batch, so a step's micro-batches accumulate in fp32). No-op without a compute copy."""
+    if run.compute is run.model:
+        return
+    for m, c in zip(run.model.parameters(), run.compute.parameters()):
+        if c.grad is None:
+            continue
+        if m.grad is None:
+            m.grad = c.grad.to(torch.float32)
+        else:
+            m.grad.add_(c.grad)
+        c.grad = None
+
+
+def _sync_compute(run: "_Session") -> None:
+    """Copy the master weights into the bf16 compute copy (after each optimizer step and a restore)."""
+    if run.compute is run.model:
+        return
+    with torch.no_grad():
+        for m, c in zip(run.model.parameters(), run.compute.parameters()):
+            c.copy_(m)
+
+
 @dataclass
 class _Warmup:
     """The learning-rate factor of optimizer step ``s`` of this call: linear warm-up over the steps of ALL
@@ -201,6 +254,8 @@ class _Session:
     lm_chunk: int | None  # tokens per chunk of the LM head, None: the full-logits path
     pad_id: int
     tied: bool  # tie_word_embeddings of the loaded model (checked again at save time)
+    compute: Any = None  # the module that runs forward and backward: ``model`` itself, or its bf16 copy
+    per_length: bool = False  # one forward per group of equal-length rows of a micro-batch (no padding)
     optim_why: str = ""  # "continued" when the parent checkpoint's optimizer state was restored, else why not
     sharded: bool = False  # FSDP: the optimizer state is sharded, not saved
     base_dtype: torch.dtype = torch.float32  # the loaded weights' dtype (:func:`policy_load_dtype`)
@@ -211,6 +266,8 @@ class _Session:
         """[B, L] float32 log-probs of the batch's tokens under model ``m`` (chunked LM head when possible,
         then only at the trained tokens, ``loss_mask``; 0 elsewhere)."""
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if bool(batch["attention_mask"].all()):  # no padding: the causal kernel without a mask
+            inputs["attention_mask"] = None
         with self.accelerator.autocast():
             if self.lm_chunk is not None:
                 head = self.accelerator.unwrap_model(m).get_output_embeddings()
@@ -380,7 +437,8 @@ def _restore_optimizer(run: _Session, model_path: Path, n_params: int) -> None:
         run.optimizer.load_state_dict(state["optimizer"])
         run.warmup.steps_before = int(state.get("steps", 0))
         for g in run.optimizer.param_groups:
-            g.update(lr=cfg.lr * run.warmup(0), initial_lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+            g.update(lr=cfg.lr * run.warmup(0), initial_lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay,
+                     fused=run.optimizer.defaults.get("fused"))
         run.scheduler.base_lrs = [cfg.lr] * len(run.optimizer.param_groups)
     elif (cfg.optimizer_state == "continue" and run.accelerator.is_main_process
           and (model_path / OPTIMIZER_DIR).exists()):
@@ -419,18 +477,24 @@ def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: 
         tokenizer = AutoTokenizer.from_pretrained(base_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+    # fused AdamW: one kernel over all fp32 parameters on the CPU (the same update as the per-tensor loop)
+    fused = True if (_one_cpu_process() and all(p.dtype == torch.float32 for p in params)) else None
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay,
+                                  fused=fused)
     warmup = _Warmup(cfg.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
     model, optimizer = accelerator.prepare(model, optimizer)
     run = _Session(cfg=cfg, accelerator=accelerator, model=model, ref_model=ref_model, tokenizer=tokenizer,
                    optimizer=optimizer, scheduler=scheduler, warmup=warmup, pad_id=pad_id, tied=tied,
-                   base_dtype=base_dtype,
+                   base_dtype=base_dtype, per_length=_per_length(cfg),
                    lm_chunk=cfg.logprob_chunk_tokens if model_type in PLAIN_LM_HEAD_MODEL_TYPES else None)
     _restore_optimizer(run, model_path, len(params))
     if ref_model is not None:
+        if _bf16_weights(cfg):  # no autocast: the frozen reference computes in bf16 as the policy does
+            ref_model = ref_model.to(torch.bfloat16)
         run.ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
     model.train()
+    run.compute = _compute_copy(model) if _bf16_weights(cfg) else model
     return run
 
 
@@ -462,17 +526,17 @@ def _proximal_logprobs(run: _Session, rows: list[Sample], lags: list[int],
     cfg, out = run.cfg, list(rows)
     mbs = make_micro_batches([len(rows[i].token_ids) for i in stale], micro_batch_tokens=cfg.micro_batch_tokens,
                              micro_batch_size=cfg.micro_batch_size)
-    run.model.eval()
+    run.compute.eval()
     try:
         with torch.no_grad():
             for mb in mbs:  # every process runs every micro-batch: the same forwards everywhere (FSDP)
                 batch = collate([rows[stale[k]] for k in mb.indices], run.pad_id, run.accelerator.device)
-                lp = run.logprobs(run.model, batch).float().cpu()  # [B, L]
+                lp = run.logprobs(run.compute, batch).float().cpu()  # [B, L]
                 for b, k in enumerate(mb.indices):
                     s = rows[stale[k]]
                     out[stale[k]] = s.model_copy(update={"proximal_logprobs": lp[b, :len(s.token_ids)].tolist()})
     finally:
-        run.model.train()
+        run.compute.train()
     run.off_policy = True
     return out
 
@@ -507,6 +571,7 @@ class _ResumePoint:
         if state.get("key") != self.key:
             return []
         run.accelerator.unwrap_model(run.model).load_state_dict(state["model"])
+        _sync_compute(run)
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
@@ -610,13 +675,25 @@ def _trained_rows(mbs: list[Any], schedule: list[tuple[int, list[int]]]) -> set[
     return {i for _, step_mbs in schedule for j in step_mbs if j >= 0 for i in mbs[j].indices}
 
 
+def _row_groups(rows: list[Sample], indices: list[int], per_length: bool) -> list[list[int]]:
+    """The forward passes of one micro-batch (``indices`` into ``rows``): all of it in one pass, or with
+    ``per_length`` one pass per group of equal-length rows (in the micro-batch's order), so that no pass
+    computes a padding token."""
+    if not per_length:
+        return [list(indices)]
+    groups: dict[int, list[int]] = {}
+    for i in indices:
+        groups.setdefault(len(rows[i].token_ids), []).append(i)
+    return list(groups.values())
+
+
 def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer: float) -> Any:
     """Loss of one micro-batch (``rao_core.train.loss.policy_loss``) and its backward; returns the LossStats.
     Inside ``accelerator.accumulate``: gradients are synchronised across processes on the step's last micro-batch
     (every micro-batch under FSDP, :func:`_sync_each_micro_batch`)."""
     cfg, acc = run.cfg, run.accelerator
     with acc.accumulate(run.model):
-        lp = run.logprobs(run.model, batch)  # [B, L]
+        lp = run.logprobs(run.compute, batch)  # [B, L]
         ref_lp = None
         if cfg.kl_coef > 0:
             with torch.no_grad():
@@ -624,7 +701,7 @@ def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer:
                     ref_lp = run.logprobs(run.ref_model, batch)
                 else:  # LoRA: the reference is the base model, adapter off
                     with acc.unwrap_model(run.model).disable_adapter():
-                        ref_lp = run.logprobs(run.model, batch)
+                        ref_lp = run.logprobs(run.compute, batch)
         loss, st = policy_loss(
             lp, batch["behaviour_logprobs"], batch["loss_mask"], batch["coef"],
             loss_type=cfg.loss_type, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
@@ -633,6 +710,7 @@ def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer:
         )
         # accelerate's backward divides by num_steps; the loss is already normalised over the whole step
         acc.backward(loss * acc.gradient_accumulation_steps)
+    _fold_grads(run)
     return st
 
 
@@ -656,16 +734,19 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
     # [sum k3(behaviour || theta), tokens, sum k3 to the KL reference] per depth
     kl_depth = torch.zeros(3, max(s.depth for s in rows) + 1, device=dev, dtype=torch.float64)
     local = step_mbs[rank::world]
-    acc.gradient_accumulation_steps, acc.step = len(local), 0  # accumulate() syncs on the last of these
-    for j in local:
-        mb = mbs[j if j >= 0 else 0]
-        batch = collate([rows[i] for i in mb.indices], run.pad_id, dev, zero_out=j < 0)
+    # the forward passes of this process: a micro-batch's rows together (padded), or one pass per group of
+    # equal-length rows (per_length: no padding); the micro-batches and the step's normaliser are the same
+    passes = [(j, part) for j in local for part in _row_groups(rows, mbs[j if j >= 0 else 0].indices, run.per_length)]
+    acc.gradient_accumulation_steps, acc.step = len(passes), 0  # accumulate() syncs on the last of these
+    for j, part in passes:
+        batch = collate([rows[i] for i in part], run.pad_id, dev, zero_out=j < 0)
         st = _forward_backward(run, batch, normalizer)
         if j >= 0:
             sums += torch.stack([
                 st.loss_sum, st.pg_loss_sum, st.ref_kl_sum, st.tokens, st.clipped_tokens, st.ratio_sum,
-                batch["attention_mask"].sum().to(st.tokens.dtype), torch.tensor(float(mb.padded_tokens), device=dev),
-                torch.tensor(float(len(mb.indices)), device=dev),
+                batch["attention_mask"].sum().to(st.tokens.dtype),
+                torch.tensor(float(batch["attention_mask"].numel()), device=dev),  # tokens computed, padding too
+                torch.tensor(float(len(part)), device=dev),
                 st.stale_tokens, st.behaviour_weight_sum, st.capped_tokens,
             ]).to(torch.float64)
             kl_depth[0].index_add_(0, batch["depth"], st.kl_mismatch_per_sample.to(torch.float64))
@@ -674,6 +755,7 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
     grad_norm = acc.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm or math.inf)
     lr = float(run.optimizer.param_groups[0]["lr"])  # this step's rate (the scheduler moves on after it)
     run.optimizer.step()
+    _sync_compute(run)
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.steps += 1
