@@ -229,6 +229,7 @@ class VLLMServer(ServiceMixin):
         host: the address it listens on and clients use (127.0.0.1; a replica placed by Ray on another node:
             that node's IP, ``infra/ray_serving.py``).
         on_progress: where the start's progress lines go (:class:`StartupWatch`); None: nowhere.
+        on_spawn: called with the server's pid as soon as its process exists (before it answers), e.g. to record it.
         api_key: the key the server requires (``VLLM_API_KEY``) and this object's requests send
             (default :func:`policy_api_key`); once started, clients of this process send it to this server
             (``rao_core.policies.openai_policy.bind_server_key``) and to no other.
@@ -263,6 +264,7 @@ class VLLMServer(ServiceMixin):
     host: str = "127.0.0.1"
     process: ManagedProcess | None = None
     on_progress: Callable[[str], None] | None = None
+    on_spawn: Callable[[int], None] | None = None
     start_phases: dict[str, float] = field(default_factory=dict)
     api_key: str = field(default_factory=policy_api_key, repr=False)
     dev_mode: bool = False
@@ -361,7 +363,7 @@ class VLLMServer(ServiceMixin):
         watch = StartupWatch(log_path, self.on_progress or (lambda line: None), pid=lambda: self.pid)
         self.process = ManagedProcess(
             name="vllm", cmd=self._cmd(), log_path=log_path, health_url=f"{self.url}/health", env=self._env(),
-            start_timeout_s=self.start_timeout_s, on_wait=watch.poll, ports=(self.port,),
+            start_timeout_s=self.start_timeout_s, on_wait=watch.poll, ports=(self.port,), on_spawn=self.on_spawn,
         )
         self.process.start()
         # /health answers before the model is fully ready on some versions: wait for /v1/models too.

@@ -317,8 +317,12 @@ class ServingPool:
             if job in STARTS:
                 n = len(servers)
                 server.on_progress = say if n == 1 else (lambda line: say(f"replica {i + 1}/{n}: {line}"))
-                server.start()
                 if not getattr(server, "placed_by_ray", False):  # an actor's server: the actor's guard stops it
+                    # recorded as soon as its process exists: a run cancelled during the start (minutes) is
+                    # stopped from the record by a hook in another process
+                    server.on_spawn = lambda pid: self.ledger.started(pid, server.base_url, owners)
+                server.start()
+                if not getattr(server, "placed_by_ray", False):  # again, now with its final pid and URL
                     self.ledger.started(server.pid, server.base_url, owners)
             if job == "reload":
                 server.reload_weights()
@@ -333,14 +337,20 @@ class ServingPool:
                                  switch_s=round(time.monotonic() - t, 3), pid=server.pid, models=models)
 
         reports, failed = [], []
-        with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="rao-switch") as pool:
-            futures = [pool.submit(run, i) for i in range(len(servers))]
+        pool = ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="rao-switch")
+        futures = [pool.submit(run, i) for i in range(len(servers))]
+        try:
             for i, f in enumerate(futures):
                 try:
                     reports.append(f.result())
                 except Exception as e:  # noqa: BLE001 - every replica's failure is named
                     failed.append(f"replica {i + 1}/{len(servers)} ({_where(servers[i])}): {type(e).__name__}: "
                                   + " ".join(str(e).split())[:300])
+        except BaseException:  # cancelled (Prefect's TerminationSignal, Ctrl-C) while a replica starts
+            _stop_starts(servers, futures)
+            raise
+        finally:
+            pool.shutdown(wait=True)
         if failed:
             self.served = None  # a retry switches every replica again
             raise ServiceError(f"checkpoint {name} did not reach every policy server replica: " + "; ".join(failed))
@@ -355,13 +365,17 @@ class ServingPool:
                               seeded=seeded, own=True)
 
     def stop(self) -> None:
-        """Stop every replica's server, if any (and drop their records); the pool is then empty."""
-        with self._lock:
-            for server in self.servers:
-                pid = None if getattr(server, "placed_by_ray", False) else server.pid  # a record is of this machine
-                server.stop()
-                self.ledger.stopped(pid)
-            self.servers, self.served, self.lora = [], None, None
+        """Stop every replica's server, if any (and drop their records); the pool is then empty. A switch in
+        progress (a replica starting, minutes) does not delay it: its servers are stopped too, and the switch
+        fails."""
+        servers = list(self.servers)  # not under the lock: a switch holds it for the whole of a start
+        for server in servers:
+            pid = None if getattr(server, "placed_by_ray", False) else server.pid  # a record is of this machine
+            server.stop()
+            self.ledger.stopped(pid)
+        if self._lock.acquire(timeout=STOP_WAIT_S):  # the stopped switch returns meanwhile
+            self._lock.release()
+        self.servers, self.served, self.lora = [], None, None
 
     @contextlib.contextmanager
     def gpus_released(self, config: CampaignConfig) -> Iterator[None]:
@@ -424,6 +438,26 @@ class ServingPool:
                     f"iteration's evaluation or the next iteration) starts a new one")
         except Exception:  # noqa: BLE001 - a warning never fails the stage it describes
             return None
+
+
+#: Seconds :meth:`ServingPool.stop` waits for a switch it interrupted to return before it empties the pool.
+STOP_WAIT_S = 60.0
+
+
+def _stop_starts(servers: list[Any], futures: list[Any], timeout_s: float = STOP_WAIT_S) -> None:
+    """Stop ``servers`` until every switch job of ``futures`` has returned (a replica whose process did not exist
+    yet at the first stop is stopped as soon as it does), at most ``timeout_s`` seconds."""
+    from concurrent.futures import wait
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for server in servers:
+            try:
+                server.stop()
+            except Exception:  # noqa: BLE001 - the others are still stopped
+                pass
+        if wait(futures, timeout=0.5).not_done == set() or time.monotonic() > deadline:
+            return
 
 
 def _local(folder: Path | Callable[[], Path]) -> Path:
