@@ -205,6 +205,29 @@ def _registered(ref: str, name: str, campaign: str, config: str, uri: str) -> An
     return mv
 
 
+def no_champion_reason(name: str) -> str:
+    """Why registered model ``name`` has no ``champion`` alias, in words: not registered, or its versions and
+    why none was promoted (no optimizer step, not evaluated: ``tasks.stages.register_checkpoint``'s rules)."""
+    if not tracking.registered_model_exists(name):
+        return f"{name} is not a registered model (no campaign of it registered a checkpoint)"
+    import mlflow
+
+    versions = mlflow.MlflowClient().search_model_versions(f"name = '{name}'")
+    if not versions:
+        return f"{name} has no version"
+    why = []
+    for v in sorted(versions, key=lambda v: int(v.version)):
+        tags = v.tags or {}
+        if tags.get("rao.updated") == "false":
+            why.append(f"v{v.version} no optimizer step")
+        elif tags.get("rao.evaluated") == "false":
+            why.append(f"v{v.version} not evaluated")
+        else:
+            why.append(f"v{v.version} not promoted")
+    return (f"{name} has {len(versions)} version{'s' * (len(versions) > 1)} and none holds the 'champion' alias "
+            f"({', '.join(why)}); a campaign promotes a version that made an update and was evaluated")
+
+
 def _evaluate(ctx: RunContext, ref: str) -> Any:
     """Serve checkpoint ``ref`` and evaluate it (``tasks.stages.evaluate_checkpoint``)."""
     from tasks.serve import checkpoint_local
@@ -263,6 +286,11 @@ def rao_evaluate(params: EvaluateParams = EvaluateParams()) -> dict[str, Any]:
             log.error(str(e))
             raise
     champ = tracking.alias_version(name, "champion")
+    if champ is None:  # nothing to compare with: refused before any server starts or any task is evaluated
+        e = NothingCompared(f"{ref}: no champion to compare with: {no_champion_reason(name)}; nothing was evaluated "
+                            "(`rao eval` measures a checkpoint without a comparison)")
+        log.error(str(e))
+        raise e
     tol = params.tolerance if params.tolerance is not None else base.eval.tolerance
     alpha = base.eval.regression_alpha
     same = same_checkpoint(candidate, champ, ref)

@@ -156,14 +156,20 @@ def test_no_registered_model_is_one_line_with_the_campaign_to_run_first(nightly)
                         "the Prefect UI), or set `campaign` to one that ran")
 
 
-def test_without_a_champion_nothing_is_compared(nightly):
+def test_without_a_champion_the_nightly_refuses_before_evaluating_anything(nightly):
+    """A nightly with no champion evaluated the candidate (18 minutes) before failing on 'no champion'; now it
+    refuses at once, saying why no version is champion, and evaluates nothing."""
     from flows.evaluate import NothingCompared
 
     nightly.register(0)
-    with pytest.raises(NothingCompared, match=r"no regression could be caught: rao-policy-smoke has no champion; "
-                       rf"this evaluation measured {M}"):
-        nightly.run(FakeEvaluation())
-    assert [r.info.status for r in _evaluation_runs()] == ["FAILED"]
+    fake = FakeEvaluation()
+    with pytest.raises(NothingCompared) as e:
+        nightly.run(fake)
+    assert str(e.value) == ("models:/rao-policy-smoke@candidate: no champion to compare with: rao-policy-smoke has 1 "
+                            "version and none holds the 'champion' alias (v1 not promoted); a campaign promotes a "
+                            "version that made an update and was evaluated; nothing was evaluated (`rao eval` "
+                            "measures a checkpoint without a comparison)")
+    assert fake.calls == [] and _evaluation_runs() == []
 
 
 def test_fresh_champion_evaluates_it_again_and_the_run_name_has_the_date(nightly):
