@@ -42,6 +42,11 @@ class ServiceError(RuntimeError):
     """A service failed to start or died; the message names it and points at its log."""
 
 
+class StartTimeout(ServiceError):
+    """A service did not answer within its start time-out; the message says what it was doing (its last phase and
+    log lines where known) and names its log."""
+
+
 #: Where Linux says which ports outgoing connections (and ``bind(0)``) draw their local port from: "LOW<tab>HIGH".
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: The ephemeral range assumed where that file is missing or unreadable: Linux's default low end (32768) up to
@@ -314,7 +319,9 @@ class ManagedProcess:
     wait at once with a ServiceError (:func:`start_on_fresh_ports` then restarts it on fresh ports).
     ``log_offset``: the size of the log when the last start began (bytes; the log is appended to).
     ``on_spawn`` (if set) is called with the pid as soon as the process exists, before the wait (e.g. to record it,
-    so that a run cancelled during a long start can still stop it from another process).
+    so that a run cancelled during a long start can still stop it from another process). ``describe`` (if set)
+    says what the start was doing, for the time-out's message (e.g. :meth:`infra.serving.StartupWatch.state`);
+    else the message carries the log's last lines.
     """
 
     name: str
@@ -330,6 +337,7 @@ class ManagedProcess:
     ports: tuple[int, ...] = ()
     log_offset: int = 0
     on_spawn: Callable[[int], None] | None = None
+    describe: Callable[[], str] | None = None
 
     def start(self) -> "ManagedProcess":
         """Start the process and wait until it is healthy; raises ServiceError with the log tail (at once when
@@ -405,7 +413,11 @@ class ManagedProcess:
             if self.on_wait is not None:
                 self.on_wait()
             if time.monotonic() - t0 > self.start_timeout_s:
-                raise ServiceError(
+                if self.describe is not None:  # what it was doing first: an error line is cut after a few hundred
+                    raise StartTimeout(f"{self.name} not healthy at {self.health_url} after "
+                                       f"{self.start_timeout_s:.0f} s (the start time-out): {self.describe()}; "
+                                       f"log {self.log_path}")
+                raise StartTimeout(
                     f"{self.name} not healthy at {self.health_url} after {self.start_timeout_s:.0f} s; "
                     f"log {self.log_path}:\n{tail(self.log_path)}"
                 )

@@ -17,6 +17,7 @@ Docs: docs/pipeline/gpu.md, docs/pipeline/ray.md, docs/pipeline/prefect.md.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -154,6 +155,7 @@ class StartupWatch:
         self.t0 = self.last_report = clock()
         self.times: dict[str, float] = {}  # phase -> seconds after the watch started
         self.last_line = ""
+        self.last_lines: collections.deque[str] = collections.deque(maxlen=3)
 
     def elapsed(self) -> float:
         """Seconds since the watch started."""
@@ -183,6 +185,7 @@ class StartupWatch:
             if not line:
                 continue
             self.last_line = line
+            self.last_lines.append(line)
             for phase, rx in self.phases:
                 if phase not in self.times and rx.search(line):
                     self.times[phase] = round(self.elapsed(), 1)
@@ -190,6 +193,19 @@ class StartupWatch:
         if self.clock() - self.last_report >= self.heartbeat_s:
             last = f"; its last log line: {log_excerpt(self.last_line)}" if self.last_line else ""
             self._say(f"still starting, {self.elapsed():.0f} s, after {list(self.times)[-1]}{last}")
+
+    def state(self) -> str:
+        """What the start was doing when last seen, for an error line: its last phase and when it was reached, then
+        its last log lines, e.g. ``still compiling (torch.compile) (reached at 41 s, nothing since); its last log
+        lines: WARNING [...] ... | INFO [...] ...``; ``no phase of its start in its log yet`` before the first."""
+        self.poll()
+        if self.times:
+            phase, at = list(self.times.items())[-1]
+            what = f"still {phase} (reached at {at:.0f} s, no later phase in the {self.elapsed():.0f} s since start)"
+        else:
+            what = "no phase of its start in its log yet"
+        lines = " | ".join(log_excerpt(x, 120) for x in self.last_lines)
+        return what + (f"; its last log lines: {lines}" if lines else "; its log is empty")
 
     def ready(self) -> dict[str, float]:
         """Report the start as complete; returns ``{phase: seconds}`` of the phases seen, plus ``ready``."""
@@ -364,6 +380,7 @@ class VLLMServer(ServiceMixin):
         self.process = ManagedProcess(
             name="vllm", cmd=self._cmd(), log_path=log_path, health_url=f"{self.url}/health", env=self._env(),
             start_timeout_s=self.start_timeout_s, on_wait=watch.poll, ports=(self.port,), on_spawn=self.on_spawn,
+            describe=watch.state,
         )
         self.process.start()
         # /health answers before the model is fully ready on some versions: wait for /v1/models too.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from infra.process import ServiceError
+from infra.process import ServiceError, StartTimeout
 from infra.ray_rollouts import connect
 from infra.ray_serving import RayReplica, check_placement
 from infra import serving  # called as serving.X: tests patch infra.serving's functions (tests/pipeline/conftest.py)
@@ -336,7 +336,7 @@ class ServingPool:
             return ServedReplica(index=i, base_url=server.base_url, checkpoint=name, how=job,
                                  switch_s=round(time.monotonic() - t, 3), pid=server.pid, models=models)
 
-        reports, failed = [], []
+        reports, failed, timed_out = [], [], False
         pool = ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="rao-switch")
         futures = [pool.submit(run, i) for i in range(len(servers))]
         try:
@@ -344,8 +344,9 @@ class ServingPool:
                 try:
                     reports.append(f.result())
                 except Exception as e:  # noqa: BLE001 - every replica's failure is named
+                    timed_out = timed_out or isinstance(e, StartTimeout)
                     failed.append(f"replica {i + 1}/{len(servers)} ({_where(servers[i])}): {type(e).__name__}: "
-                                  + " ".join(str(e).split())[:300])
+                                  + " ".join(str(e).split())[:600])
         except BaseException:  # cancelled (Prefect's TerminationSignal, Ctrl-C) while a replica starts
             _stop_starts(servers, futures)
             raise
@@ -353,7 +354,8 @@ class ServingPool:
             pool.shutdown(wait=True)
         if failed:
             self.served = None  # a retry switches every replica again
-            raise ServiceError(f"checkpoint {name} did not reach every policy server replica: " + "; ".join(failed))
+            error = StartTimeout if timed_out else ServiceError  # a start that timed out: not retried as it is
+            raise error(f"checkpoint {name} did not reach every policy server replica: " + "; ".join(failed))
         self.served, self.lora = name, adapter
         hows = sorted({r.how for r in reports})
         started = [servers[r.index].start_phases for r in reports if r.how in STARTS]

@@ -23,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 from prefect.runtime import flow_run as current_flow_run
 
-from infra.process import kill_group
+from infra.process import StartTimeout, kill_group
 from infra.serving_pool import ProcessLedger, ServingPool
 from infra.stage_io import RunContext, fetch_dir, run_logger
 from infra.stage_records import Checkpoint, ServedEndpoint
@@ -62,7 +62,19 @@ class FlowRunRecords(ProcessLedger):
 POOL = ServingPool(ledger=FlowRunRecords())
 
 
-@task(name="serve-checkpoint", cache_policy=NONE, retries=1, retry_delay_seconds=5)
+def retry_unless_start_timed_out(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition of :func:`serve_checkpoint`: retry a failed switch, except one that failed on a
+    server's start time-out (:class:`infra.process.StartTimeout`), whose retry would wait as long again for the
+    same start (its error line says so instead)."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - the exception cannot be read: the ordinary retry
+        return True
+    return not isinstance(exc, StartTimeout)
+
+
+@task(name="serve-checkpoint", cache_policy=NONE, retries=1, retry_delay_seconds=5,
+      retry_condition_fn=retry_unless_start_timed_out)
 def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
     """Start or re-point the flow's policy server pool (``serving.replicas`` vLLM servers, or the external servers
     of ``serving.base_url(s)``) at ``ckpt``: one call to :meth:`infra.serving_pool.ServingPool.serve`, which
@@ -79,10 +91,18 @@ def serve_checkpoint(ctx: RunContext, ckpt: Checkpoint) -> ServedEndpoint:
         ServiceError: one line naming each replica that could not be started or switched (the replicas that did
             switch keep running: the task's retry, or :func:`shutdown_server`); a Ray cluster that cannot hold the
             replicas; external servers asked for full weights.
+        StartTimeout: a server did not answer within ``serving.start_timeout_s``: the line says what it was doing
+            (its last start phase and log lines) and that the task is not retried (a second start would wait as
+            long).
         FileNotFoundError: the checkpoint has no local folder and no S3 copy.
     """
-    return POOL.serve(ctx.config, ckpt.name, lambda: checkpoint_local(ctx, ckpt), work_dir=ctx.local(),
-                      say=run_logger().info)
+    try:
+        return POOL.serve(ctx.config, ckpt.name, lambda: checkpoint_local(ctx, ckpt), work_dir=ctx.local(),
+                          say=run_logger().info)
+    except StartTimeout as e:
+        raise StartTimeout(f"{e}; not retried: a second start would wait as long again; free the CPU (other "
+                           f"processes) or raise serving.start_timeout_s ({ctx.config.serving.start_timeout_s:.0f} s), "
+                           "then re-run to resume") from None
 
 
 def gpus_released(ctx: RunContext) -> AbstractContextManager[None]:
