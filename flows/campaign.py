@@ -445,11 +445,46 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     summary.update(timeline=timeline.to_dict(), wall_s=round(timeline.total, 1))
     for line in summary["guard"]["collapses"]:  # again at the end, where the results are read
         log.warning(line)
+    no_champion = no_champion_line(cfg, summary)
+    if no_champion:
+        summary["no_champion"] = no_champion
+        log.warning(no_champion)
     end = "done" if stopped is None else f"stopped by the collapse guard after iteration {stopped}"
     log.info(f"campaign {cfg.name} {end} in {summary['wall_s']} s; MLflow {mlflow_link(summary)}; "
              f"artifacts {summary['s3_prefix']}")
     summary_artifact(summary)
     return summary
+
+
+def no_champion_line(cfg: CampaignConfig, summary: dict[str, Any]) -> str | None:
+    """When the campaign's registered model has no ``champion`` after its run: one line saying so and why, from
+    each registered iteration's record in ``summary`` (no optimizer step, not evaluated, held back by the collapse
+    guard, or scored below the champion's tolerance), and what follows (the nightly has nothing to compare with;
+    Compare is empty in the registry). None when a version is champion."""
+    from tasks.tracking import alias_version, registered_model_name
+
+    name = registered_model_name(cfg, cfg.name)
+    if alias_version(name, "champion") is not None:
+        return None
+    regs = [(0, (summary.get("warm_start") or {}).get("register"), True, None)]
+    regs += [(it["iteration"], it.get("register"), it.get("evaluated", True), it.get("guard"))
+             for it in summary.get("iterations", [])]
+    why = []
+    for k, reg, evaluated, guard in regs:
+        if not reg:
+            continue
+        if not reg.get("updated", True):
+            why.append(f"iteration {k} made no optimizer step")
+        elif not evaluated:
+            why.append(f"iteration {k} was not evaluated (eval.every {cfg.eval.every})")
+        elif (guard or {}).get("status") == "collapse":
+            why.append(f"iteration {k} was held back by the collapse guard")
+        else:
+            why.append(f"iteration {k} was not promoted")
+    return (f"campaign {cfg.name}: no version of {name} became champion ("
+            + ("; ".join(why) or "no version was registered")
+            + "): the nightly regression (rao evaluate) has nothing to compare with until a version that made an "
+              "update is evaluated")
 
 
 def _seconds(phases: dict[str, float]) -> str:

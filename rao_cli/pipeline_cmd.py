@@ -164,7 +164,8 @@ def wall_time_table(rows: list[dict], total: float, title: str) -> Table:
 def print_summary(summary: dict, timeline=None) -> None:
     """Print a campaign's summary (``rao_campaign``'s return value, or the stored one of a complete campaign):
     the results table, one table of every stage's wall time, and where its artifacts, MLflow runs and Prefect
-    runs are. ``timeline``: this command's whole run (:func:`run_timeline`); without it, the flow's own
+    runs are; a last ``warning:`` line when no version became champion (``flows.campaign.no_champion_line``).
+    ``timeline``: this command's whole run (:func:`run_timeline`); without it, the flow's own
     stages as stored (a summary from before the timeline existed: the per-iteration table)."""
     from rao_core.paths import rao_home
 
@@ -186,6 +187,8 @@ def print_summary(summary: dict, timeline=None) -> None:
     console.print(f"artifacts: {summary['s3_prefix']}  (local cache: {rao_home() / 'campaigns' / summary['campaign']})")
     console.print(mlflow_hint(summary), soft_wrap=True)
     console.print(prefect_hint())
+    if summary.get("no_champion"):  # the nightly's comparison depends on it: said where the run's end is read
+        console.print(f"warning: {summary['no_champion']}", soft_wrap=True)
 
 
 def _process_start() -> float:
