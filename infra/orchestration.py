@@ -127,16 +127,22 @@ def prefect_bin() -> str:
     return str(Path(sys.executable).parent / "prefect")
 
 
-def worker_command(api_url: str, pool: str = "rao-pool") -> str:
-    """A ready-to-paste shell command that starts a process worker on ``pool`` against ``api_url``; for the
-    installation's own server (:func:`own_api`) it reads the auth string from its file of mode 0600
-    (:func:`infra.credentials.service_secret_file`), which the command shows by name only."""
+def auth_prefix(api_url: str | None) -> str:
+    """What a pasted shell command against ``api_url`` needs before ``prefect``: for the installation's own
+    server (:func:`own_api`), ``PREFECT_API_AUTH_STRING="$(cat FILE)" `` reading the auth string from its file of
+    mode 0600 (:func:`infra.credentials.service_secret_file`), which the command shows by name only; else
+    nothing (another API brings its own credentials)."""
     import shlex
 
-    auth = ""
     if api_url and own_api(api_url):
-        auth = f'PREFECT_API_AUTH_STRING="$(cat {shlex.quote(str(service_secret_file("prefect")))})" '
-    return f"PREFECT_API_URL={api_url} {auth}{prefect_bin()} worker start --pool {pool}"
+        return f'PREFECT_API_AUTH_STRING="$(cat {shlex.quote(str(service_secret_file("prefect")))})" '
+    return ""
+
+
+def worker_command(api_url: str, pool: str = "rao-pool") -> str:
+    """A ready-to-paste shell command that starts a process worker on ``pool`` against ``api_url``, with the auth
+    string of the installation's own server (:func:`auth_prefix`)."""
+    return f"PREFECT_API_URL={api_url} {auth_prefix(api_url)}{prefect_bin()} worker start --pool {pool}"
 
 
 def check_api(api_url: str | None, timeout_s: float = 5.0) -> str:

@@ -4,8 +4,9 @@
 'rao-pool'``, ``prefect deployment run 'rao-campaign/campaign'``) that lack ``PREFECT_API_URL``: pasted in
 another terminal they start a worker on (or ask) a different API than the one deployed to. Their output is
 passed through :class:`HintFilter`: the worker hints are dropped (``rao deploy`` prints one correct worker
-command itself, last) and every other ``$ prefect ...`` command gets ``PREFECT_API_URL=<api>`` and the
-``prefect`` of this environment.
+command itself, last) and every other ``$ prefect ...`` command (``prefect deployment run ...``, to schedule a
+run) gets ``PREFECT_API_URL=<api>``, the auth string of the installation's own server
+(``infra.orchestration.auth_prefix``: read from its file when pasted) and the ``prefect`` of this environment.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ class HintFilter:
     Dropped: Prefect's worker commands and the sentences that introduce them (wrapped over several lines
     when the output is narrow: from the sentence to the command, at most :data:`LOOKAHEAD` lines, are held
     back and dropped together); kept once: a blank line where dropping left two in a row. Rewritten:
-    ``$ prefect ARGS`` -> ``$ PREFECT_API_URL=<api_url> <prefect_bin> ARGS``.
+    ``$ prefect ARGS`` -> ``$ PREFECT_API_URL=<api_url> <auth><prefect_bin> ARGS`` (``auth``: e.g.
+    ``PREFECT_API_AUTH_STRING="$(cat FILE)" ``, or empty).
     """
 
     #: lines held after a sentence that introduces a worker command, before they are printed after all
     LOOKAHEAD = 4
 
-    def __init__(self, api_url: str, prefect_bin: str):
-        self.api_url, self.prefect_bin = api_url, prefect_bin
+    def __init__(self, api_url: str, prefect_bin: str, auth: str = ""):
+        self.api_url, self.prefect_bin, self.auth = api_url, prefect_bin, auth
         self._blank = False
         self._held: list[str] | None = None  # after a lead-in sentence: the lines until its command
 
@@ -67,7 +69,7 @@ class HintFilter:
         self._blank = False
         m = _COMMAND.match(text)
         if m:
-            text = f"{m.group(1)}PREFECT_API_URL={self.api_url} {self.prefect_bin} {m.group(2)}"
+            text = f"{m.group(1)}PREFECT_API_URL={self.api_url} {self.auth}{self.prefect_bin} {m.group(2)}"
         return [text]
 
 
@@ -76,14 +78,14 @@ def prefect_hints_rewritten(api_url: str) -> Iterator[None]:
     """Within the block, what child processes (and this one) write to stdout (file descriptor 1) goes
     through :class:`HintFilter` before it reaches the real stdout, line by line as it comes. On a terminal,
     ``COLUMNS`` (unless set) tells the children, who write to a pipe, the terminal's width for their tables."""
-    from infra.orchestration import prefect_bin
+    from infra.orchestration import auth_prefix, prefect_bin
 
     sys.stdout.flush()
     real = os.dup(1)
     read_end, write_end = os.pipe()
     os.dup2(write_end, 1)
     os.close(write_end)
-    hints = HintFilter(api_url, prefect_bin())
+    hints = HintFilter(api_url, prefect_bin(), auth_prefix(api_url))
 
     def pump() -> None:
         with os.fdopen(read_end, "r", encoding="utf-8", errors="replace") as src:
