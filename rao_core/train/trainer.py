@@ -469,6 +469,8 @@ def _start(cfg: TrainerConfig, model_path: Path, base_path: Path, adapter_path: 
 
     accelerator = _accelerator(cfg)
     set_seed(cfg.seed + iteration)
+    if _one_cpu_process():  # the same inputs give the same weights (a warm start rebuilt on another machine)
+        torch.use_deterministic_algorithms(True, warn_only=True)
     base_dtype = policy_load_dtype(cfg, accelerator.mixed_precision, accelerator.distributed_type)
     model, ref_model, tied = _load_policy(cfg, base_path, adapter_path, base_dtype, _reference_path(cfg))
     try:
@@ -809,6 +811,9 @@ def _manifest(run: _Session, model_path: Path, base_path: Path, all_rows: list[S
         "optimizer_state": {"continued": run.optim_why == "continued", "why": run.optim_why,
                             "steps_total": run.warmup.steps_before + run.steps},
         "versions": _versions(),
+        # what a bit-identical rebuild also needs: the kernels a CPU picks and the threads that split reductions
+        "compute": {"torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "bf16_weights": run.compute is not run.model, "per_length": run.per_length},
     }
 
 
