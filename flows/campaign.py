@@ -418,6 +418,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     from infra.disk import keep_reserve
 
     from infra.orchestration import take_over_run
+    from infra.serving_pool import check_external_server
     from rao_core.paths import rao_home
 
     timeline = Timeline()
@@ -428,6 +429,7 @@ def rao_campaign(params: CampaignParams = CampaignParams()) -> dict[str, Any]:
     crashed = take_over_run(rao_home() / "campaigns" / cfg.name / "flow-run.json", f"campaign {cfg.name!r}")
     if crashed:
         log.warning(crashed)
+    check_external_server(cfg)  # an external server that would serve another model than the campaign's: refused
     keep_reserve()  # room to close the MLflow runs FAILED should the disk fill (infra.disk)
     timeline.lap("config and task-pool check")
     with storage(cfg) as s3:

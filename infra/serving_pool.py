@@ -43,6 +43,103 @@ def server_kind(cfg: CampaignConfig) -> ServerKind:
     return "ray" if ex.backend == "ray" and ex.ray_replicas else "local"
 
 
+def served_roots(base_url: str, api_key: str | None = None, timeout_s: float = 30.0) -> dict[str, str]:
+    """What an OpenAI-compatible server serves: ``{model name: its weights' folder}`` from ``GET
+    {base_url}/models`` (vLLM's ``root``: the ``--model`` folder, or a LoRA adapter's path; empty when the server
+    does not say). Raises ServiceError when it does not answer with a model list."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{base_url.rstrip('/')}/models", timeout=timeout_s,
+                      headers={"Authorization": f"Bearer {api_key or policy_client_key(base_url)}"})
+        r.raise_for_status()
+        return {str(m["id"]): str(m.get("root") or "") for m in r.json()["data"]}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise ServiceError(f"the policy server at {base_url} did not list the models it serves ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]})") from None
+
+
+_WEIGHTS_SHA: dict[tuple[str, int, int], str] = {}  # (file, size, mtime_ns) -> sha256
+
+
+def _weights_digest(folder: Path) -> list[tuple[str, str]] | None:
+    """``[(file name, sha256)]`` of a checkpoint folder's weight files (``*.safetensors``, ``*.bin``), each hashed
+    once per (size, mtime); None when the folder is not readable here or holds none."""
+    import hashlib
+
+    try:
+        files = sorted(f for f in Path(folder).iterdir() if f.suffix in (".safetensors", ".bin") and f.is_file())
+    except OSError:
+        return None
+    out = []
+    for f in files:
+        st = f.stat()
+        key = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _WEIGHTS_SHA:
+            h = hashlib.sha256()
+            with f.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(chunk)
+            _WEIGHTS_SHA[key] = h.hexdigest()
+        out.append((f.name, _WEIGHTS_SHA[key]))
+    return out or None
+
+
+def _same_weights(served: str | Path, checkpoint: str | Path) -> bool | None:
+    """Whether the folder a server names as its ``root`` holds the weights of checkpoint folder ``checkpoint``:
+    the same folder, or weight files of the same names and sha256 (a copy); None when the served folder cannot be
+    read here (a server on another machine: not checkable)."""
+    if not str(served) or not str(checkpoint):
+        return None
+    a, b = Path(served).expanduser(), Path(checkpoint).expanduser()
+    if a.resolve() == b.resolve():
+        return True
+    da = _weights_digest(a)
+    return None if da is None else da == _weights_digest(b)
+
+
+def _where_from(url: str) -> str:
+    import os
+
+    if os.environ.get("RAO_POLICY_BASE_URL", "").rstrip("/") == url.rstrip("/"):
+        return "RAO_POLICY_BASE_URL: the policy server of `rao services up --model`"
+    return "serving.base_url(s)"
+
+
+def check_external_server(cfg: CampaignConfig) -> None:
+    """Refuse, before anything starts, a campaign whose rollouts would silently come from another model than its
+    checkpoints: external servers (``serving.base_url(s)``, or ``RAO_POLICY_BASE_URL`` set by ``rao services up
+    --model M``) with ``serving.switch`` reload or restart cannot load a checkpoint's full weights, so they serve the
+    campaign only when the campaign never leaves the weights they already serve: no warm start of its own, no
+    iteration, and ``model.path`` the folder they serve (their ``/v1/models`` ``root``). ``switch`` lora (adapters
+    through their API) and none (their weights on purpose) pass. Nothing for a campaign that starts its own servers.
+
+    Raises:
+        ServiceError: one line naming the server, where its URL came from, the model it serves and why this
+            campaign cannot use it, and the ways out.
+    """
+    s = cfg.serving
+    if server_kind(cfg) != "external" or s.switch in ("lora", "none"):
+        return
+    url = s.external_urls[0]
+    roots = served_roots(url, api_key=policy_client_key(url, key_env=s.api_key_env))
+    served = ", ".join(f"{m!r} from {r or 'a folder it does not name'}" for m, r in roots.items()) or "no model"
+    if cfg.warm_start.mode != "none":
+        why = (f"this campaign warm-starts a checkpoint of its own (warm_start.mode {cfg.warm_start.mode}), which that "
+               f"server cannot load (serving.switch {s.switch}: full weights)")
+    elif cfg.iterations > 0:
+        why = (f"its {cfg.iterations} iteration(s) train new checkpoints, which that server cannot load "
+               f"(serving.switch {s.switch}: full weights)")
+    elif not any(_same_weights(r, cfg.model.path) is not False for r in roots.values()):
+        why = f"this campaign's checkpoint is model.path {cfg.model.path}"
+    else:
+        return
+    raise ServiceError(f"the policy server at {url} ({_where_from(url)}) serves {served}, not this campaign's "
+                       f"checkpoints: {why}; stop it (`rao services down`) or unset RAO_POLICY_BASE_URL so that the "
+                       "campaign starts its own server, or set serving.switch lora (LoRA adapters) or none (sample "
+                       "that server's model on purpose)")
+
+
 def needs_checkpoint_files(cfg: CampaignConfig) -> bool:
     """Whether a switch under ``cfg`` reads the checkpoint's files: always for servers of the pool's own; for
     external servers only with ``serving.switch: lora`` (an adapter goes through their API; full weights never)."""
@@ -240,7 +337,7 @@ class ServingPool:
         t0 = time.monotonic()
         with self._lock:
             self.served = self.served or name  # the checkpoint the servers already serve
-            src = _local(folder) if needs_checkpoint_files(config) else None
+            src = _local(folder) if needs_checkpoint_files(config) or cfg.switch in ("reload", "restart") else None
             plan = plan_switch(config, name, src is not None and is_lora_checkpoint(src), PoolView(served=self.served))
             if plan.adapter:
                 failed = []
@@ -252,6 +349,18 @@ class ServingPool:
                         failed.append(f"replica {i + 1}/{len(urls)}: {e}" if len(urls) > 1 else str(e))
                 if failed:
                     raise ServiceError("; ".join(failed))
+            if cfg.switch != "none":  # at each switch: the servers serve this checkpoint, never silently another
+                want = plan.adapter or cfg.served_model_name
+                for url in urls:
+                    roots = served_roots(url, api_key=policy_client_key(url, key_env=cfg.api_key_env))
+                    ok = want in roots and (plan.adapter is not None or src is None
+                                            or _same_weights(roots[want], src) is not False)
+                    if not ok:
+                        raise ServiceError(
+                            f"the policy server at {url} ({_where_from(url)}) serves "
+                            + (", ".join(f"{m!r} from {r or '?'}" for m, r in roots.items()) or "no model")
+                            + f", not checkpoint {name} ({want!r}" + (f" from {src}" if src else "") + "); "
+                            "refused: rollouts would come from another model")
         how, model = plan.jobs[0], plan.adapter or cfg.served_model_name
         dt = round(time.monotonic() - t0, 3)
         return ServedEndpoint(base_url=urls[0], base_urls=list(urls) if len(urls) > 1 else [], model=model,

@@ -228,13 +228,21 @@ def checked_run_inputs(params):
     and files the config names (``model.path``, ``tasks.train_file``, a local ``warm_start.checkpoint``:
     ``CampaignConfig.check_paths``), the default model folder (ModelError) and the records of the task file
     ``tasks.train_file``, read as ``rao eval`` and ``rao tasks stats`` read it (InputError naming the file and
-    the line; a file with no task too). ``models:/`` and ``s3://`` references are resolved when the campaign
-    runs."""
+    the line; a file with no task too), an external policy server that cannot serve the campaign's checkpoints
+    (``infra.serving_pool.check_external_server``). ``models:/`` and ``s3://`` references are resolved when the
+    campaign runs."""
     from infra.models import require_model
     from rao_cli import input_errors
     from tasks.stages import check_task_pool
 
     cfg = params.resolve()  # ConfigError: the config, the overrides, the paths it names
+    from infra.process import ServiceError
+    from infra.serving_pool import check_external_server
+
+    try:  # `rao services up --model M`'s server (RAO_POLICY_BASE_URL) serving another model than the campaign's
+        check_external_server(cfg)
+    except ServiceError as e:
+        raise InputError(str(e)) from None
     if cfg.warm_start.mode != "checkpoint":
         require_model(cfg.model.path)  # the default checkpoint (a set model.path is checked by resolve)
     if cfg.tasks.train_file is not None:

@@ -149,6 +149,16 @@ def _policy(ctx: RunContext, served: ServedEndpoint):
 
 
 @stage("generate", name="generate-trees")
+def _served_how(served: ServedEndpoint) -> str:
+    """How the served model got there, for the generate stage's line: the switch (``start``, ``reload``, ...) and,
+    for external servers, that they serve their own weights (checked against the checkpoint at each switch)."""
+    if served.own:
+        return f"this flow's server, {served.how or 'switched'}"
+    return {"external": "an external server, checked to serve this checkpoint's weights at the switch",
+            "external-lora": "an external server, the checkpoint's LoRA adapter loaded"}.get(
+        served.how, f"an external server ({served.how or 'as it is'})")
+
+
 def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, tokenizer_path: str,
                    policy_version: int | None = None) -> GenerateOutput:
     """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI.
@@ -168,6 +178,8 @@ def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, toke
     total = len(tasks) * G
     ui = ProgressArtifact(artifact_key(ctx.name, "generate-progress", iteration), "rollout trees finished")
     ui(0, total)
+    log.info(f"iteration {iteration} generate: sampling from model {served.model!r} at {', '.join(served.urls)} "
+             f"({_served_how(served)})")
 
     from infra.vllm_metrics import pool_delta, scrape
 
