@@ -337,7 +337,12 @@ class ServingPool:
         t0 = time.monotonic()
         with self._lock:
             self.served = self.served or name  # the checkpoint the servers already serve
-            src = _local(folder) if needs_checkpoint_files(config) or cfg.switch in ("reload", "restart") else None
+            src = _local(folder) if needs_checkpoint_files(config) else None
+            if src is None and cfg.switch in ("reload", "restart"):  # compared with what the servers serve
+                try:
+                    src = _local(folder)
+                except FileNotFoundError:  # no files here: the served model's name is checked alone
+                    src = None
             plan = plan_switch(config, name, src is not None and is_lora_checkpoint(src), PoolView(served=self.served))
             if plan.adapter:
                 failed = []
@@ -349,12 +354,11 @@ class ServingPool:
                         failed.append(f"replica {i + 1}/{len(urls)}: {e}" if len(urls) > 1 else str(e))
                 if failed:
                     raise ServiceError("; ".join(failed))
-            if cfg.switch != "none":  # at each switch: the servers serve this checkpoint, never silently another
-                want = plan.adapter or cfg.served_model_name
+            if cfg.switch in ("reload", "restart"):  # at each switch: they serve this checkpoint, never another
+                want = cfg.served_model_name  # (an adapter is loaded under the checkpoint's name through their API)
                 for url in urls:
                     roots = served_roots(url, api_key=policy_client_key(url, key_env=cfg.api_key_env))
-                    ok = want in roots and (plan.adapter is not None or src is None
-                                            or _same_weights(roots[want], src) is not False)
+                    ok = want in roots and (src is None or _same_weights(roots[want], src) is not False)
                     if not ok:
                         raise ServiceError(
                             f"the policy server at {url} ({_where_from(url)}) serves "

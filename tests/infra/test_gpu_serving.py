@@ -154,7 +154,9 @@ def test_an_external_server_gets_each_lora_adapter_through_its_api(tmp_path):
     assert (out.model, out.how, out.base_url) == ("iter-1", "external-lora", srv.base_url)
 
 
-def test_an_external_server_from_the_environment_fails_at_the_first_full_weight_switch(tmp_path, monkeypatch):
+def test_an_external_server_from_the_environment_is_checked_at_each_full_weight_switch(tmp_path, monkeypatch):
+    """Its first switch is no longer taken on trust: what it serves is asked (here nothing answers), and a switch
+    to new full weights is refused (tests/pipeline/test_shared_server_model.py: a server that answers)."""
     from infra.process import ServiceError
     from tasks import serve
     from infra.stage_records import Checkpoint
@@ -163,8 +165,8 @@ def test_an_external_server_from_the_environment_fails_at_the_first_full_weight_
     cfg = load_config("configs/cpu-smoke.yaml", check_paths=False).with_env_overrides()
     serve.shutdown_server()
     ctx = _ctx(cfg)
-    assert serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(tmp_path))).how == "external"
-    assert serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(tmp_path))).how == "external"
+    with pytest.raises(ServiceError, match="http://127.0.0.1:9/v1 did not list the models it serves"):
+        serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-0", local=str(tmp_path)))
     with pytest.raises(ServiceError, match="new full weights cannot be sent to an external server"):
         serve.serve_checkpoint.fn(ctx, Checkpoint(name="iter-1", local=str(tmp_path)))
     serve.shutdown_server()
