@@ -22,6 +22,26 @@ the machine's speed hits all loops alike. Per run: median step time over the ste
 repeats of step time, tokens/s and peak MB per loop, and of the per-repeat ratios loop/plain (time and
 peak memory; targets: time <= 1.15, peak <= 1.0). Checkpoint saving is not timed.
 Figures mean something only on an otherwise idle machine.
+
+The project's step on real batches (``--batches sft,rl``), beside a plain transformers loop on the same tokens:
+
+    .venv/bin/python scripts/bench_trainer.py --batches sft,rl [--config configs/cpu-smoke.yaml] [--steps 3]
+        [--repeats 3] [--rl-samples scripts/data/rl-batch.jsonl.gz] [--rl-rows 8]
+
+- ``sft``: the warm start's SFT samples of ``--config`` (its expert demonstrations, built here through the real
+  runtime, as ``make run`` builds them), trained with the config's ``warm_start.trainer``;
+- ``rl``: a batch of RL samples from a real campaign (``--rl-samples``: ``make run``'s first iteration, committed),
+  its first ``--rl-rows`` samples, trained with the config's ``trainer`` (one optimizer step over the batch,
+  repeated ``--steps`` times: ``epochs``);
+- ``project``: ``rao_core.train.train`` with those settings (what a campaign runs), ``--steps`` optimizer steps;
+- ``plain``: plain transformers, fp32 weights under ``torch.autocast(bfloat16)`` (``float32`` where the CPU has no
+  native bf16), forward to the full logits of each right-padded micro-batch, masked log-probs, the weighted loss,
+  backward, clipping, AdamW (``torch.optim.AdamW`` defaults), over the same optimizer steps of the same micro-batches
+  of the same samples (the trainer's own schedule).
+Each run is a fresh process; runs are interleaved (project, plain, project, plain, ...). Per run the first step is
+a warm-up, left out. tokens/s counts the samples' real tokens (not padding). The machine's matmul rate is measured
+in the same run (2048 x 2048 x 2048, bf16 and fp32, the trainer's thread count); "of bf16 peak" is tokens/s x 6N
+FLOPs (N: the model's parameters, embeddings included; attention's L^2 FLOPs excluded) / the measured bf16 rate.
 """
 
 from __future__ import annotations
@@ -29,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -121,6 +142,178 @@ def run_plain(a, lora: bool) -> dict:
     return {"step_s": statistics.median(times[1:]), "tokens_per_step": a.rows * a.mbs * a.seq, "peak_mb": peak_mem_mb()}
 
 
+def matmul_rates(repeats: int = 5, n: int = 2048) -> dict[str, list[float]]:
+    """GFLOP/s of an n x n x n matmul in bf16 and fp32 with torch's thread count: ``repeats`` timings after 2
+    warm-ups, each the best of 3 calls."""
+    import torch
+
+    out: dict[str, list[float]] = {}
+    for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+        for _ in range(2):
+            a @ b
+        rates = []
+        for _ in range(repeats):
+            best = math.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                a @ b
+                best = min(best, time.perf_counter() - t0)
+            rates.append(2 * n ** 3 / best / 1e9)
+        out[name] = rates
+    return out
+
+
+def bench_batch(kind: str, a) -> tuple[list, object]:
+    """(samples, TrainerConfig) of the ``sft`` or ``rl`` benchmark batch (module docstring), the config's trainer
+    settings with ``max_steps`` = ``a.steps`` and no resume points."""
+    from rao_core.config import load_config
+
+    cfg = load_config(a.config)
+    if kind == "sft":
+        samples = sft_samples(cfg, Path(a.cache))
+        tcfg = cfg.warm_start.trainer
+        update = {"max_steps": a.steps, "epochs": max(tcfg.epochs, a.steps)}
+    else:
+        from rao_core.samples import read_samples
+
+        samples = read_samples(a.rl_samples).samples[:a.rl_rows]
+        tcfg = cfg.trainer
+        update = {"max_steps": a.steps, "epochs": a.steps}  # one step per pass over the batch: repeat the pass
+    return samples, tcfg.model_copy(update={**update, "resume_every_s": None, "temperature": cfg.runtime.temperature})
+
+
+def sft_samples(cfg, cache: Path) -> list:
+    """The warm start's SFT samples of campaign config ``cfg``: its expert demonstrations built through the real
+    runtime (``rao_core.warmstart``, as the campaign's warm start builds them), cached in ``cache``."""
+    import asyncio
+    import hashlib
+
+    from rao_core.envs import get_env
+    from rao_core.samples import read_samples, write_samples
+    from rao_core.task_sets import campaign_demo_config
+    from rao_core.warmstart import build_demonstrations, demo_samples, demo_tasks
+
+    dc = campaign_demo_config(cfg)
+    key = hashlib.sha256((dc.model_dump_json() + cfg.runtime.model_dump_json() + str(cfg.model.path)).encode())
+    path = cache / f"sft-{key.hexdigest()[:12]}.jsonl"
+    if not path.exists():
+        env = get_env(cfg.tasks.env)
+        trees = asyncio.run(build_demonstrations(env, demo_tasks(env, dc), dc, tokenizer=str(cfg.model.path),
+                                                 runtime_config=cfg.runtime))
+        batch = demo_samples(trees, only_successful_nodes=dc.only_successful_nodes,
+                             child_sample_trees=dc.child_sample_trees)
+        cache.mkdir(parents=True, exist_ok=True)
+        write_samples(path, batch)
+    return read_samples(path).samples
+
+
+def run_project(a, kind: str) -> dict:
+    """``rao_core.train.train`` on the benchmark batch: per timed step (the first left out) its seconds and real
+    tokens."""
+    import tempfile
+
+    from rao_core.paths import default_model_path
+    from rao_core.train import train
+
+    samples, tcfg = bench_batch(kind, a)
+    with tempfile.TemporaryDirectory() as d:
+        res = train(samples, a.model or default_model_path(), Path(d) / "ck", tcfg, show_progress=False)
+    ms = res.metrics[1:]
+    return {"step_s": [m["train/step_s"] for m in ms], "tokens": [m["train/seq_tokens"] for m in ms],
+            "padded": [m["train/padded_tokens"] for m in ms]}
+
+
+def run_plain_batch(a, kind: str) -> dict:
+    """The plain transformers loop (module docstring) over the optimizer steps the trainer takes on the batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rao_core.paths import default_model_path
+    from rao_core.train.config import cpu_has_bf16
+    from rao_core.train.data import collate
+    from rao_core.train.trainer import _micro_batches, _skip_zero_coefficient, _step_schedule
+
+    samples, tcfg = bench_batch(kind, a)
+    rows, _ = _skip_zero_coefficient(samples, tcfg)
+    mbs = _micro_batches(rows, tcfg)
+    schedule = _step_schedule(len(mbs), tcfg, iteration=0, world=1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(a.model or default_model_path(), dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tcfg.lr)
+    bf16 = cpu_has_bf16()
+    times, tokens = [], []
+    for _, step_mbs in schedule:
+        t0 = time.perf_counter()
+        batches = [collate([rows[i] for i in mbs[j].indices], 0) for j in step_mbs]
+        n_assistant = sum(float(b["loss_mask"].sum()) for b in batches)
+        for b in batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits  # [B, L, V]
+            lg = logits[:, :-1].float()
+            lp = torch.gather(lg, -1, b["input_ids"][:, 1:, None]).squeeze(-1) - torch.logsumexp(lg, -1)
+            coef = b["coef"] if tcfg.loss_type != "sft" else torch.ones_like(b["coef"])
+            loss = -(coef[:, None] * lp * b["loss_mask"][:, 1:]).sum() / n_assistant
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.max_grad_norm or math.inf)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        tokens.append(sum(float(b["attention_mask"].sum()) for b in batches))
+    return {"step_s": times[1:], "tokens": tokens[1:]}
+
+
+def main_batches(a) -> None:
+    """The ``--batches`` benchmark (module docstring): prints the matmul rates, then per batch the project's step
+    and the plain loop's, their ratio and the fraction of the bf16 rate."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rao_core.paths import default_model_path
+
+    model = a.model or str(default_model_path())
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # as the campaign's training child
+    rates = matmul_rates()
+    m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    n_params = sum(p.numel() for p in m.parameters())  # tied embeddings counted once
+    del m
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{torch.backends.cpu.get_cpu_capability()}; model {model}: N = {n_params / 1e6:.1f} M parameters")
+    print(f"matmul 2048^3 GFLOP/s (min / median / max of {len(rates['bf16'])}): bf16 {_stats(rates['bf16'])}, "
+          f"fp32 {_stats(rates['fp32'])}")
+    bf16_rate = statistics.median(rates["bf16"]) * 1e9
+    for kind in a.batches.split(","):
+        runs: dict[str, list[dict]] = {"project": [], "plain": []}
+        for rep in range(a.repeats):
+            for loop in ("project", "plain"):
+                cmd = [sys.executable, __file__, "--one-batch", f"{loop}-{kind}", "--config", a.config,
+                       "--steps", str(a.steps), "--rl-samples", a.rl_samples, "--rl-rows", str(a.rl_rows),
+                       "--cache", a.cache] + (["--model", a.model] if a.model else [])
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    sys.exit(f"{loop}-{kind} failed:\n{out.stderr[-3000:]}")
+                r = json.loads(line[7:])
+                r["tps"] = [t / s for t, s in zip(r["tokens"], r["step_s"])]
+                runs[loop].append(r)
+                print(f"  {kind} repeat {rep + 1}/{a.repeats} {loop}: steps {[round(x, 1) for x in r['step_s']]} s, "
+                      f"tokens/s {[round(x) for x in r['tps']]}", flush=True)
+        proj = [x for r in runs["project"] for x in r["tps"]]
+        plain = [x for r in runs["plain"] for x in r["tps"]]
+        ratio = [statistics.median(p["tps"]) / statistics.median(q["tps"])
+                 for p, q in zip(runs["project"], runs["plain"])]
+        frac = [x * 6 * n_params / bf16_rate for x in proj]
+        toks = runs["project"][0]["tokens"]
+        pad = runs["project"][0]["padded"]
+        print(f"{kind}: {len(toks)} timed steps x {a.repeats} repeats, {statistics.median(toks):.0f} real tokens "
+              f"per step ({statistics.median(pad):.0f} computed by the project's step)")
+        print(f"{kind}: project tokens/s {_stats(proj)}; plain {_stats(plain)} (min / median / max over steps)")
+        print(f"{kind}: project / plain {_stats(ratio)} (per repeat, medians); of the bf16 matmul rate at 6N "
+              f"FLOPs per token: {_stats([100 * f for f in frac])} %")
+
+
 RUNNERS = {"plain": run_plain, "chunked": run_trainer, "full": lambda a, lora: run_trainer(a, lora, chunked=False),
            "bf16": lambda a, lora: run_trainer(a, lora, dtype="bfloat16_if_native"),
            "gc": lambda a, lora: run_trainer(a, lora, dtype="bfloat16_if_native", checkpointing=True)}
@@ -135,7 +328,7 @@ def main() -> None:
     from rao_core.paths import default_model_path
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(default_model_path()))
+    p.add_argument("--model", default=None, help="checkpoint folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is warm-up), >= 2")
     p.add_argument("--seq", type=int, default=64, help="tokens per sample (half of them assistant tokens)")
     p.add_argument("--rows", type=int, default=4, help="samples per micro-batch")
@@ -145,8 +338,31 @@ def main() -> None:
                    "(plain first)")
     p.add_argument("--modes", default="full,lora", help="comma list of full, lora")
     p.add_argument("--chunk-tokens", type=int, default=1024, help="TrainerConfig.logprob_chunk_tokens (chunked)")
+    p.add_argument("--batches", help="comma list of sft, rl: the project's step on real batches vs a plain "
+                   "transformers loop (see the docstring); the options above except --model and --steps are unused")
+    p.add_argument("--config", default="configs/cpu-smoke.yaml", help="campaign config of the --batches runs")
+    p.add_argument("--rl-samples", default=str(Path(__file__).resolve().parent / "data" / "rl-batch.jsonl.gz"),
+                   help="RL samples of the rl batch (a samples file of a campaign)")
+    p.add_argument("--rl-rows", type=int, default=8, help="samples of --rl-samples used (its first)")
+    p.add_argument("--cache", default="var/bench", help="where the sft batch's samples are cached")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: "chunked-full" etc., run in a subprocess
+    p.add_argument("--one-batch", help=argparse.SUPPRESS)  # internal: "project-sft" etc., run in a subprocess
     a = p.parse_args()
+    if a.one_batch:
+        import os
+
+        import torch
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))  # as the campaign's training child
+        loop, kind = a.one_batch.split("-")
+        print("RESULT " + json.dumps((run_project if loop == "project" else run_plain_batch)(a, kind)))
+        return
+    if a.batches:
+        if a.steps < 2 or not set(a.batches.split(",")) <= {"sft", "rl"}:
+            sys.exit("--batches takes sft and/or rl; --steps >= 2")
+        main_batches(a)
+        return
+    a.model = a.model or str(default_model_path())
     if a.one:
         kind, mode = a.one.split("-")
         print("RESULT " + json.dumps(RUNNERS[kind](a, mode == "lora")))
