@@ -100,7 +100,7 @@ VLLM_START_PHASES: tuple[tuple[str, str], ...] = (
     ("loading weights", r"Starting to load model"),
     ("weights loaded", r"Loading weights took|Model loading took"),
     ("compiling (torch.compile)", r"Starting torch\.compile|Dynamo bytecode transform time"),
-    ("compiled graphs loaded from the cache", r"Directly load the compiled graph"),
+    ("compiled graphs loaded from the cache", r"Directly load the compiled graph|Directly load AOT compilation"),
     ("compiled", r"torch\.compile took [\d.]+ s in total|Compiling a graph for compile range"),
     ("warming up", r"Warming up model"),
     ("engine ready (KV cache allocated, warmed up)", r"init engine \(profile, create kv cache, warmup model\) took"),
