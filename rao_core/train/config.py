@@ -108,11 +108,10 @@ class TrainerConfig(BaseModel):
         "campaign it is set from runtime.temperature, and a different explicit value is rejected."
     )
     dtype: Literal["auto", "bfloat16", "float32", "bfloat16_if_native"] = Field(
-        "auto", description="Compute precision: auto = bf16 autocast on a bf16-capable GPU, else fp32; "
-        "bfloat16 = bf16 autocast on such a GPU or on a CPU with native bf16 (avx512_bf16/amx_bf16; forward + "
-        "backward of SmolLM2-135M 1.57x faster than fp32 on this 2-core EPYC; an error elsewhere); "
-        "bfloat16_if_native = bf16 where either holds, else fp32 (configs that must run anywhere). Master weights "
-        "stay fp32; "
+        "auto", description="Compute precision: auto = bf16 on a bf16-capable GPU, else fp32; "
+        "bfloat16 = bf16 on such a GPU or on a CPU with native bf16 (avx512_bf16/amx_bf16; an error elsewhere); "
+        "bfloat16_if_native = bf16 where either holds, else fp32 (configs that must run anywhere). How bf16 is "
+        "computed (autocast or a bf16 weight copy): bf16_weights. Master weights stay fp32; "
         "checkpoints are saved in the input checkpoint's dtype.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")

@@ -7,7 +7,12 @@ saves the result atomically as a folder vLLM loads as is (:mod:`rao_core.train.c
 processes go through ``accelerate.Accelerator``: the same code runs on one CPU process and under ``accelerate
 launch`` (FSDP) on GPUs; under FSDP the (sharded) optimizer state is not saved yet. Project choices: no sequence
 packing, a constant learning rate after an optional linear warm-up, samples with w_d * A_n = 0 not run
-(``skip_zero_advantage``; same update). Docs: docs/algorithm.md#the-trainers-steps, docs/benchmarks/trainer.md.
+(``skip_zero_advantage``; same update). On one CPU process (the CPU path; each the same update, tested in
+tests/algo/test_fast_step.py): a micro-batch runs one forward per group of equal-length rows, so no padding token is
+computed and attention takes the causal kernel without a mask (``row_execution``); bf16 compute is a bf16 copy of
+the fp32 master weights, its gradients added into fp32 ones after each micro-batch (``bf16_weights``; autocast
+would cast every weight on every forward); AdamW is the fused one; deterministic algorithms are on, so the same
+inputs give the same weights. Docs: docs/algorithm.md#the-trainers-steps, docs/benchmarks/trainer.md.
 """
 
 from __future__ import annotations
