@@ -8,7 +8,8 @@ prints the seconds at which each phase of ``infra.serving.VLLM_START_PHASES`` wa
 min / median / max of the total; after each start, one stream of 256 greedy tokens and its tokens per second
 (a faster start must not cost generation speed).
 
-Usage: .venv/bin/python scripts/bench_vllm_start.py [--repeats 2] [--config configs/cpu-smoke.yaml]
+Usage: .venv/bin/python scripts/bench_vllm_start.py [--repeats 2] [--config configs/cpu-smoke.yaml] [--env K=V ...]
+(``--env``: a variable for the servers, e.g. ``VLLM_USE_AOT_COMPILE=0``, to compare compile settings)
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--config", default="configs/cpu-smoke.yaml")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V", help="a variable for the servers")
+    ap.add_argument("--log-dir", default=None, help="keep the servers' logs there (default: removed with the rest)")
     args = ap.parse_args()
+    for kv in args.env:
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
 
     import httpx
 
@@ -42,7 +48,9 @@ def main() -> None:
             if label == "cold" and cache.exists():
                 shutil.rmtree(cache)
             os.environ["VLLM_CACHE_ROOT"] = str(cache)
-            server = server_from_config(cfg, Path(cfg.model.path), log_dir=work / "logs", switching=False)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")  # inductor's own cache: cold means cold
+            logs = Path(args.log_dir) if args.log_dir else work / "logs"
+            server = server_from_config(cfg, Path(cfg.model.path), log_dir=logs, switching=False)
             server.on_progress = lambda line: print(f"  {line}", flush=True)
             print(f"{label} start {sum(1 for r in rows if r[0] == label) + 1}/{args.repeats}", flush=True)
             try:
@@ -54,7 +62,8 @@ def main() -> None:
                     "temperature": 0.0, "ignore_eos": True}
             try:
                 t0 = time.monotonic()
-                r = httpx.post(f"{server.base_url}/completions", json=body, timeout=300).json()
+                r = httpx.post(f"{server.base_url}/completions", json=body, timeout=300,
+                               headers=server.headers).json()
                 rows.append((label, dict(server.start_phases),
                              r["usage"]["completion_tokens"] / (time.monotonic() - t0)))
             finally:
