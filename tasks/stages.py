@@ -148,7 +148,6 @@ def _policy(ctx: RunContext, served: ServedEndpoint):
                                    key=lambda url: policy_client_key(url, own=served.own, key_env=key_env))
 
 
-@stage("generate", name="generate-trees")
 def _served_how(served: ServedEndpoint) -> str:
     """How the served model got there, for the generate stage's line: the switch (``start``, ``reload``, ...) and,
     for external servers, that they serve their own weights (checked against the checkpoint at each switch)."""
@@ -159,6 +158,7 @@ def _served_how(served: ServedEndpoint) -> str:
         served.how, f"an external server ({served.how or 'as it is'})")
 
 
+@stage("generate", name="generate-trees")
 def generate_trees(ctx: RunContext, iteration: int, served: ServedEndpoint, tokenizer_path: str,
                    policy_version: int | None = None) -> GenerateOutput:
     """Grow G execution trees per sampled RL task through the runtime; returns the trees' S3 URI.
