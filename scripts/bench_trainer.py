@@ -25,12 +25,12 @@ Figures mean something only on an otherwise idle machine.
 
 The project's step on real batches (``--batches sft,rl``), beside a plain transformers loop on the same tokens:
 
-    .venv/bin/python scripts/bench_trainer.py --batches sft,rl [--config configs/cpu-smoke.yaml] [--steps 3]
-        [--repeats 3] [--rl-samples scripts/data/rl-batch.jsonl.gz] [--rl-rows 8]
+    .venv/bin/python scripts/bench_trainer.py --batches sft[,rl] [--config configs/cpu-smoke.yaml] [--steps 3]
+        [--repeats 3] [--rl-samples var/campaigns/smoke/iter-1/samples.jsonl] [--rl-rows 8]
 
 - ``sft``: the warm start's SFT samples of ``--config`` (its expert demonstrations, built here through the real
   runtime, as ``make run`` builds them), trained with the config's ``warm_start.trainer``;
-- ``rl``: a batch of RL samples from a real campaign (``--rl-samples``: ``make run``'s first iteration, committed),
+- ``rl``: a batch of RL samples from a real campaign (``--rl-samples``, e.g. ``make run``'s first iteration),
   its first ``--rl-rows`` samples, trained with the config's ``trainer`` (one optimizer step over the batch,
   repeated ``--steps`` times: ``epochs``);
 - ``project``: ``rao_core.train.train`` with those settings (what a campaign runs), ``--steps`` optimizer steps;
@@ -289,7 +289,7 @@ def main_batches(a) -> None:
         for rep in range(a.repeats):
             for loop in ("project", "plain"):
                 cmd = [sys.executable, __file__, "--one-batch", f"{loop}-{kind}", "--config", a.config,
-                       "--steps", str(a.steps), "--rl-samples", a.rl_samples, "--rl-rows", str(a.rl_rows),
+                       "--steps", str(a.steps), "--rl-samples", str(a.rl_samples), "--rl-rows", str(a.rl_rows),
                        "--cache", a.cache] + (["--model", a.model] if a.model else [])
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -341,8 +341,8 @@ def main() -> None:
     p.add_argument("--batches", help="comma list of sft, rl: the project's step on real batches vs a plain "
                    "transformers loop (see the docstring); the options above except --model and --steps are unused")
     p.add_argument("--config", default="configs/cpu-smoke.yaml", help="campaign config of the --batches runs")
-    p.add_argument("--rl-samples", default=str(Path(__file__).resolve().parent / "data" / "rl-batch.jsonl.gz"),
-                   help="RL samples of the rl batch (a samples file of a campaign)")
+    p.add_argument("--rl-samples", default=None, help="RL samples of the rl batch (a campaign's samples file, "
+                   "e.g. var/campaigns/smoke/iter-1/samples.jsonl after make run); needed for rl")
     p.add_argument("--rl-rows", type=int, default=8, help="samples of --rl-samples used (its first)")
     p.add_argument("--cache", default="var/bench", help="where the sft batch's samples are cached")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: "chunked-full" etc., run in a subprocess
@@ -359,7 +359,9 @@ def main() -> None:
         return
     if a.batches:
         if a.steps < 2 or not set(a.batches.split(",")) <= {"sft", "rl"}:
-            sys.exit("--batches takes sft and/or rl; --steps >= 2")
+            sys.exit("error: --batches takes sft and/or rl; --steps >= 2")
+        if "rl" in a.batches.split(",") and not (a.rl_samples and Path(a.rl_samples).is_file()):
+            sys.exit(f"error: --batches rl needs --rl-samples, a campaign's samples file (got {a.rl_samples})")
         main_batches(a)
         return
     a.model = a.model or str(default_model_path())
