@@ -359,9 +359,12 @@ def main() -> None:
         return
     if a.batches:
         if a.steps < 2 or not set(a.batches.split(",")) <= {"sft", "rl"}:
-            sys.exit("error: --batches takes sft and/or rl; --steps >= 2")
+            print("error: --batches takes sft and/or rl; --steps >= 2", file=sys.stderr)
+            sys.exit(2)
         if "rl" in a.batches.split(",") and not (a.rl_samples and Path(a.rl_samples).is_file()):
-            sys.exit(f"error: --batches rl needs --rl-samples, a campaign's samples file (got {a.rl_samples})")
+            print(f"error: --batches rl needs --rl-samples, a campaign's samples file (got {a.rl_samples})",
+                  file=sys.stderr)
+            sys.exit(2)
         main_batches(a)
         return
     a.model = a.model or str(default_model_path())
