@@ -174,7 +174,9 @@ def test_eval_serves_on_the_campaigns_gpus(capsys, tmp_path, monkeypatch, config
     assert "--enable-lora" not in cmd and "--enable-sleep-mode" not in cmd
     campaign = serving.server_from_config(load_config(config, [f"model.path={TINY}"]), TINY)
     assert cmd == _without_switching(campaign._cmd())
-    assert env == campaign._env()
+    # the same environment, except vLLM's dev-mode routes: on for a campaign's switching server, off for rao eval's
+    assert env["VLLM_SERVER_DEV_MODE"] == "0" and campaign._env()["VLLM_SERVER_DEV_MODE"] == "1"
+    assert {**env, "VLLM_SERVER_DEV_MODE": "1"} == campaign._env()
 
 
 def test_eval_on_cpu_starts_vllm_as_before(monkeypatch):
