@@ -44,7 +44,16 @@ def open_parent():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_tighten_modes_takes_the_group_and_others_off_everything_but_links(tmp_path):
+@pytest.fixture
+def umask_022():
+    """The usual umask 022 while the test makes its files (an earlier test in this process may have set the CLI's
+    077, under which nothing would need tightening)."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_tighten_modes_takes_the_group_and_others_off_everything_but_links(tmp_path, umask_022):
     from infra.credentials import tighten_modes
 
     home = tmp_path / "home"
@@ -66,7 +75,7 @@ def test_tighten_modes_takes_the_group_and_others_off_everything_but_links(tmp_p
     assert tighten_modes(home) == 0  # idempotent
 
 
-def test_owner_only_sets_the_umask_and_mends_the_home_once(tmp_path, monkeypatch):
+def test_owner_only_sets_the_umask_and_mends_the_home_once(tmp_path, monkeypatch, umask_022):
     from infra import credentials
 
     home = tmp_path / "home"
