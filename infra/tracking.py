@@ -261,9 +261,11 @@ class MLflowServer(ServiceMixin):
         return service_secret("mlflow")
 
     def client_env(self) -> dict[str, str]:
-        """The variables that point an MLflow client at this server: ``MLFLOW_TRACKING_URI`` and, with ``auth``,
-        ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``."""
-        env = {"MLFLOW_TRACKING_URI": self.tracking_uri}
+        """The variables that point an MLflow client at this server: ``MLFLOW_TRACKING_URI`` and
+        ``MLFLOW_REGISTRY_URI`` (a registry URI left in the environment, e.g. by ``mlflow.set_registry_uri``, would
+        send the registry's calls elsewhere) and, with ``auth``, ``MLFLOW_TRACKING_USERNAME`` /
+        ``MLFLOW_TRACKING_PASSWORD``."""
+        env = {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_REGISTRY_URI": self.tracking_uri}
         if self.auth:
             env |= {"MLFLOW_TRACKING_USERNAME": MLFLOW_USER, "MLFLOW_TRACKING_PASSWORD": self.password}
         return env
