@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infra.credentials import tighten_modes
 from infra.process import kill_group, pid_alive
 from infra.service_state import load_state, record, save_state, state_path  # noqa: F401 (re-exported)
 from rao_core.paths import rao_home
@@ -343,6 +344,8 @@ def down() -> list[str]:
                 forget_ray_head(int(str(info.get("url", ":0")).rsplit(":", 1)[-1]))
             stopped.append(name)
     save_state({})
+    if "s3" in stopped:  # SeaweedFS wrote its volumes' .vif files 0644 as it stopped (infra.storage.SeaweedFSServer.stop)
+        tighten_modes(rao_home() / "services")
     return stopped
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.credentials import service_secret, write_private
+from infra.credentials import service_secret, tighten_modes, write_private
 from infra.disk import seaweedfs_low_disk
 from infra.process import ManagedProcess, ServiceError, ServiceMixin, pick_ports, start_on_fresh_ports
 from rao_core.paths import rao_home
@@ -223,13 +223,19 @@ class SeaweedFSServer(ServiceMixin):
                                f"{' '.join((r.stderr or r.stdout).split())[-300:]}")
 
     def stop(self) -> None:
-        """Compact the volumes (:meth:`vacuum`, best effort: what retention deleted leaves the disk), then stop."""
+        """Compact the volumes (:meth:`vacuum`, best effort: what retention deleted leaves the disk), stop, then
+        make the data folder owner-only again (:func:`infra.credentials.tighten_modes`): ``weed`` writes each
+        volume's ``.vif`` (its version and tiering, no object data) with mode 0644 whatever the umask, when it
+        creates the volume and again at shutdown. While it runs, the folder's own mode 0700 keeps others out."""
+        data = self.process.cwd if self.process is not None else None
         try:
             self.vacuum()
         except Exception:  # noqa: BLE001 - a server that does not answer is stopped all the same
             pass
         finally:
             super().stop()
+            if data:
+                tighten_modes(data)
 
     def _create_bucket(self) -> None:
         import time

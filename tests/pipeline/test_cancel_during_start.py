@@ -30,6 +30,21 @@ while true; do sleep 1; done
 """
 
 
+def _harness_auth(environ) -> dict[str, str]:
+    """``environ`` with the Prefect auth strings this process's settings hold (those the harness API was started
+    with), not whatever an earlier test of the session left in ``os.environ`` (a CLI test run in-process sets the
+    installation's own): the runner's client then authenticates as this process's does."""
+    from prefect.settings import get_current_settings
+
+    env = {k: v for k, v in environ.items() if k not in ("PREFECT_API_AUTH_STRING", "PREFECT_SERVER_API_AUTH_STRING")}
+    settings = get_current_settings()
+    for key, value in (("PREFECT_API_AUTH_STRING", settings.api.auth_string),
+                       ("PREFECT_SERVER_API_AUTH_STRING", settings.server.api.auth_string)):
+        if value is not None:
+            env[key] = value.get_secret_value() if hasattr(value, "get_secret_value") else str(value)
+    return env
+
+
 def test_a_run_cancelled_while_its_vllm_starts_leaves_no_server(tmp_path, prefect_harness, tiny_model_path):
     from prefect import get_client
     from prefect.deployments import run_deployment
@@ -40,7 +55,7 @@ def test_a_run_cancelled_while_its_vllm_starts_leaves_no_server(tmp_path, prefec
     fake = tmp_path / "python"
     fake.write_text(FAKE_VLLM.format(pidfile=pidfile))
     fake.chmod(0o755)
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "RAO_VLLM_PYTHON": str(fake),
+    env = {**_harness_auth(os.environ), "PREFECT_API_URL": PREFECT_API_URL.value(), "RAO_VLLM_PYTHON": str(fake),
            "RAO_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO_ROOT), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
            "PREFECT_LOGGING_LEVEL": "INFO"}
     log = open(tmp_path / "runner.log", "w")
