@@ -216,8 +216,10 @@ def guard_verdict(ctx: RunContext, k: int, reference: int | None, ev: EvalOutput
     of its lineage (:func:`guard_reference` from iteration ``reference``, whose checkpoint it trained from; the
     verdict's ``reference`` is the iteration compared with; none when evaluation is off or the walk reaches an
     iteration without an evaluate marker), with the per-depth mean advantage of the solved training nodes of
-    ``val``. An iteration not evaluated (``ev.evaluated`` False: ``eval.every``) is not judged: status
-    'no_reference', reason ``not evaluated: eval.every N``. None when ``guard.enabled`` is False."""
+    ``val``: the rows of the deciding benchmark (``CampaignConfig.primary_benchmark``) are tested, the other
+    benchmarks' compared and reported (``reported``). An iteration not evaluated (``ev.evaluated`` False:
+    ``eval.every``) is not judged: status 'no_reference', reason ``not evaluated: eval.every N``. None when
+    ``guard.enabled`` is False."""
     g = ctx.config.guard
     if not g.enabled:
         return None
@@ -229,7 +231,7 @@ def guard_verdict(ctx: RunContext, k: int, reference: int | None, ev: EvalOutput
     if ctx.config.eval.enabled and (found := guard_reference(ctx, reference)) is not None:
         reference, before = found[0], found[1].rows
     return judge_iteration(k, before, ev.rows, alpha=g.alpha, min_drop=g.min_drop, reference=reference,
-                           solved_advantage=advantage)
+                           solved_advantage=advantage, benchmark=ctx.config.primary_benchmark())
 
 
 def guard_reference(ctx: RunContext, reference: int | None) -> tuple[int, EvalOutput] | None:
@@ -285,13 +287,16 @@ def _finish_iteration(ctx: RunContext, k: int, gen: GenerateOutput, judged: Judg
                                                        "trained from"})
     if verdict is not None and verdict.status == "no_reference":
         log.info(f"collapse guard: iteration {k} not judged ({verdict.reason or 'nothing to compare with'})")
+    if verdict is not None and verdict.reported:  # the other benchmarks: compared, never deciding
+        log.info(f"collapse guard: iteration {k} {verdict.reported_text()}")
     collapsed = verdict is not None and verdict.collapsed
     if collapsed and tr.steps > 0:
         reg = register_held(ctx, k, tr.checkpoint, ev.metrics, it_run,
-                            verdict.line(f"iter-{k}", guard_consequence(ctx.config, k, reference)))
+                            verdict.line(f"iter-{k}", guard_consequence(ctx.config, k, reference)),
+                            eval_rows=ev.rows)
     else:  # no optimizer step (the parent's weights) or not evaluated: register_checkpoint never promotes it
         reg = register_checkpoint(ctx, k, tr.checkpoint, ev.metrics, it_run, updated=tr.steps > 0,
-                                  evaluated=ev.evaluated)
+                                  evaluated=ev.evaluated, eval_rows=ev.rows)
     for name, out in [("generate", gen), ("judge", judged), ("validate", val), ("train", tr), ("evaluate", ev),
                       ("register", reg)]:
         if out.stage_s is not None and (name != "evaluate" or ev.evaluated):
@@ -519,6 +524,9 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
                                "iterations_planned": cfg.iterations, "mlflow_experiment_id": exp_id,
                                "guard": {"enabled": cfg.guard.enabled, "action": cfg.guard.action, "collapses": [],
                                          "stopped_at": None}}
+    if cfg.eval.enabled:  # the end-of-run tables: the deciding benchmark's rows by iteration, then every benchmark
+        summary["eval_suite"] = {"training": cfg.training_benchmark_name(), "primary": cfg.primary_benchmark(),
+                                 "benchmarks": {b.name: b.at for b in cfg.suite()}}
     ctx = RunContext(config=cfg, s3=s3.__dict__, mlflow_uri=uri, mlflow_experiment_id=exp_id, campaign_run_id=run_id)
     summary["s3_prefix"] = f"s3://{s3.bucket}/{cfg.name}/"
     timeline.lap("MLflow experiment and campaign run")
@@ -544,8 +552,8 @@ def _run_campaign(cfg: CampaignConfig, s3: Any, timeline: Timeline | None = None
         if ws.mode == "demos":  # the warm-started checkpoint is the campaign's iteration 0
             it0 = iteration_run(ctx, 0)
             tracking.log_metrics(it0, base_metrics, step=0)
-            summary["warm_start"]["register"] = register_checkpoint(ctx, 0, ckpt, base_metrics,
-                                                                    it0).model_dump(by_alias=True)
+            summary["warm_start"]["register"] = register_checkpoint(
+                ctx, 0, ckpt, base_metrics, it0, eval_rows=summary.get("base_eval")).model_dump(by_alias=True)
             mlflow.MlflowClient().set_terminated(it0)
             timeline.lap("register iteration 0")
         if cfg.algo.max_staleness == 0:

@@ -121,7 +121,9 @@ class TrainOutput(StageRecord):
 
 
 class EvalOutput(StageRecord):
-    """``evaluate``: flat ``eval/<mode>/<difficulty>/...`` metrics and one table row per mode and difficulty.
+    """``evaluate``: flat ``eval/<benchmark>/<mode>/<difficulty>/...`` metrics and one table row per benchmark, mode
+    and difficulty (each row naming its ``benchmark``; records written before rows named it hold the training
+    benchmark's rows and ``eval/<mode>/<difficulty>/...`` keys).
 
     An iteration the campaign does not evaluate (``eval.every``) stores ``evaluated`` False, no metrics, no rows,
     and ``trained_from``: the collapse guard walks from it to the last evaluated iteration of the lineage."""

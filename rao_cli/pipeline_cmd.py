@@ -73,13 +73,17 @@ def mlflow_hint(summary: dict) -> str:
 
 
 def _summary_table(summary: dict) -> Table:
+    from tasks.bookkeeping import primary_rows
+
+    primary = (summary.get("eval_suite") or {}).get("primary")
     t = Table(title=f"campaign {summary['campaign']}: validation success by iteration")
-    for c in ("iter", "train success", "signal (samples / groups)", "eval (mode/difficulty: success [95% CI])",
-              "version", "champion"):
+    for c in ("iter", "train success", "signal (samples / groups)",
+              f"eval{f' ({primary})' if primary else ''} (mode/difficulty: success [95% CI])", "version", "champion"):
         t.add_column(c)
 
     def ev(rows: list[dict]) -> str:
-        return "\n".join(f"{r['mode'][:3]}/{r['difficulty']}: {r['success']:.2f} {r['ci95']}" for r in rows)
+        return "\n".join(f"{r['mode'][:3]}/{r['difficulty']}: {r['success']:.2f} {r['ci95']}"
+                         for r in primary_rows(summary, rows))
 
     if summary.get("base_eval"):
         reg = (summary.get("warm_start") or {}).get("register") or {}
@@ -92,6 +96,23 @@ def _summary_table(summary: dict) -> Table:
                   + ("" if it["register"].get("updated", True) else "\n(no update)"))
         t.add_row(str(it["iteration"]), f"{m.get('success/root', float('nan')):.2f}", signal, ev(it["eval_rows"]),
                   str(it["register"]["version"]), "yes" if it["register"]["champion"] else "")
+    return t
+
+
+def benchmark_table(summary: dict) -> Table | None:
+    """The end-of-run table of held-out success by benchmark: a row per benchmark (and mode/difficulty), a column
+    per evaluated iteration (0: the base evaluation), each cell ``success [Wilson 95%] n``
+    (``tasks.bookkeeping.benchmark_points``); None when the campaign evaluated one benchmark only."""
+    from tasks.bookkeeping import benchmark_points
+
+    its, rows = benchmark_points(summary)
+    if len({b for b, _, _ in rows}) < 2:
+        return None
+    t = Table(title=f"campaign {summary['campaign']}: held-out success by benchmark")
+    for c in ("benchmark", "mode/difficulty", *(f"iter {k}" for k in its)):
+        t.add_column(c)
+    for b, row, by_it in rows:
+        t.add_row(b, row, *(f"{r['success']:.2f} {r['ci95']} n {r['n']}" if (r := by_it.get(k)) else "" for k in its))
     return t
 
 
@@ -163,13 +184,16 @@ def wall_time_table(rows: list[dict], total: float, title: str) -> Table:
 
 def print_summary(summary: dict, timeline=None) -> None:
     """Print a campaign's summary (``rao_campaign``'s return value, or the stored one of a complete campaign):
-    the results table, one table of every stage's wall time, and where its artifacts, MLflow runs and Prefect
+    the results table (the deciding benchmark by iteration, then every benchmark by iteration when the suite has
+    several), one table of every stage's wall time, and where its artifacts, MLflow runs and Prefect
     runs are; a last ``warning:`` line when no version became champion (``flows.campaign.no_champion_line``).
     ``timeline``: this command's whole run (:func:`run_timeline`); without it, the flow's own
     stages as stored (a summary from before the timeline existed: the per-iteration table)."""
     from rao_core.paths import rao_home
 
     console.print(_summary_table(summary))
+    if (by_benchmark := benchmark_table(summary)) is not None:
+        console.print(by_benchmark)
     if timeline is not None:
         console.print(wall_time_table(timeline.rows, timeline.total,
                                       "wall time per stage of this `rao run` (s); the rows sum to its wall time"))
@@ -301,37 +325,72 @@ def _config_fields(**values):
 
 
 def _suite(base, envs: list[str], difficulties: list[str], n_tasks: int | None) -> list:
-    """The nightly suite of ``rao evaluate``: one ``SuiteEntry`` per environment (default: the config's).
+    """The nightly suite of ``rao evaluate``: ``flows.evaluate.SuiteEntry`` per benchmark, checked here, before
+    any service starts.
 
-    The config's environment gets the config's ``eval`` difficulties and modes, and the nightly's task count
-    (``eval.regression_n_tasks``), unless given. Another environment needs
-    ``--difficulty``. Every environment and difficulty is checked here, before any service starts: raises
-    typer.BadParameter naming ``--env`` for an unknown environment (listing the known ones), ``--difficulty``
-    (or ``eval.difficulties``) for a difficulty the environment does not have.
+    Without ``--env``: the config's whole suite (``flows.evaluate.default_suite``: its training benchmark and
+    ``eval.benchmarks``). Each ``--env E`` (once each) picks the config's benchmark of environment ``E``, else the
+    standard suite's (``rao_core.evaluation.STANDARD_BENCHMARKS``, with the config's modes, seed, split and
+    grading), else a new benchmark whose difficulties must be named. ``--difficulty ENV=D`` sets the
+    difficulties of that environment's benchmark (repeat it for several); a bare ``--difficulty D`` those of the
+    one ``--env`` given, or without ``--env`` those of the training benchmark (``tasks.env``); with several
+    ``--env`` a bare one is refused as ambiguous. Every benchmark is at ``n_tasks`` tasks per difficulty when
+    given, else at its ``regression_n_tasks``.
+
+    Raises typer.BadParameter naming ``--env`` for an unknown environment (listing the known ones), one given
+    twice, or one whose difficulties nobody names; ``--difficulty`` for a difficulty the environment does not
+    have (``eval.difficulties`` for the config's own), a bare one with several ``--env``, or an ``ENV=`` that
+    names no environment of the suite.
     """
-    from flows.evaluate import SuiteEntry, champion_suite
+    from flows.evaluate import SuiteEntry, default_suite
     from rao_cli import env_option
+    from rao_core.envs import canonical_name
+    from rao_core.evaluation import STANDARD_BENCHMARKS, benchmark_name
 
-    entries = []
-    for e in envs or [base.tasks.env]:
-        env = env_option(e)  # first: an unknown environment was reported as a --difficulty problem
-        own = e == base.tasks.env
-        if not difficulties and not own:
-            raise typer.BadParameter(f"environment {e!r} is not the config's ({base.tasks.env!r}): name its "
-                                     "difficulties", param_hint="'--difficulty'")
-        ds = list(difficulties) or list(base.eval.difficulties)
+    config_suite = default_suite(base, n_tasks)
+    picked: list[tuple[str, SuiteEntry | None]] = [(s.env, s) for s in config_suite]  # (env, the config's entry)
+    if envs:
+        picked, seen = [], set()
+        for e in envs:
+            env_option(e)  # first: an unknown environment was reported as a --difficulty problem
+            if canonical_name(e) in seen:
+                raise typer.BadParameter(f"environment {e!r} is given twice", param_hint="'--env'")
+            seen.add(canonical_name(e))
+            picked.append((e, next((s for s in config_suite if canonical_name(s.env) == canonical_name(e)), None)))
+    named: dict[str, list[str]] = {}
+    for d in difficulties:
+        env, sep, diff = d.rpartition("=")
+        if not sep and len(envs) > 1:
+            raise typer.BadParameter(f"{d!r} names no environment and {len(envs)} --env are given: write "
+                                     "ENV=DIFFICULTY, e.g. --difficulty oolong=mixed", param_hint="'--difficulty'")
+        if sep:
+            env_option(env, "'--difficulty'")
+            if not any(canonical_name(e) == canonical_name(env) for e, _ in picked):
+                raise typer.BadParameter(f"{d!r}: {env!r} is not an environment of the suite "
+                                         f"({', '.join(e for e, _ in picked)})", param_hint="'--difficulty'")
+        named.setdefault(canonical_name(env if sep else picked[0][0]), []).append(diff)
+    out = []
+    for e, entry in picked:
+        given = named.get(canonical_name(e))
+        std = STANDARD_BENCHMARKS.get(benchmark_name(e))
+        ds = given or (list(entry.difficulties) if entry else list(std["difficulties"]) if std else [])
+        if not ds:
+            raise typer.BadParameter(f"environment {e!r} is not a benchmark of the config's suite nor a standard "
+                                     f"one: name its difficulties, --difficulty {e}=DIFFICULTY", param_hint="'--env'")
+        env = env_option(e)
         for d in ds:
             try:
                 env.check_difficulty(d)
             except ValueError as err:
-                hint = "'--difficulty'" if difficulties else "eval.difficulties"
-                raise typer.BadParameter(str(err), param_hint=hint) from None
-        if own:  # the nightly deployment's rule: the config's own evaluation, difficulties as given
-            entries.append(champion_suite(base, n_tasks).model_copy(update={"difficulties": ds}))
+                raise typer.BadParameter(str(err), param_hint="'--difficulty'" if given else "eval.difficulties"
+                                         ) from None
+        if entry is not None:
+            out.append(entry.model_copy(update={"difficulties": ds}))
         else:
-            entries.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or base.eval.regression_n_tasks,
-                                      modes=["recursive", "single"]))
-    return entries
+            ev = base.eval
+            out.append(SuiteEntry(env=e, difficulties=ds, n_tasks=n_tasks or ev.regression_n_tasks,
+                                  modes=list(ev.modes), seed=ev.seed, split=ev.split, graded=ev.graded))
+    return out
 
 
 def _registered_model(base, model: str) -> str:
@@ -569,7 +628,8 @@ def kill_evaluation_runs(cfg, since_ms: int) -> list[str]:
     return ended
 
 
-COMPARISON_COLUMNS = ("metric", "n", "champion", "candidate", "losses/wins", "drop", "drop_bound", "p", "status")
+COMPARISON_COLUMNS = ("metric", "n", "champion", "candidate", "losses/wins", "drop", "drop_bound", "p", "p_holm",
+                      "status")
 
 
 def comparison_table(out: dict) -> Table:
@@ -703,13 +763,16 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("candidate", help="Alias, version, or models:/ URI of the registered "
                                   "model, or an s3:// checkpoint folder."),
         config: str = typer.Option("configs/cpu-smoke.yaml", help="Config (serving, runtime, storage, eval)."),
-        env: list[str] = typer.Option([], help="Environments of the suite (repeatable); default: the config's "
-                                      "tasks.env."),
-        difficulty: list[str] = typer.Option([], help="Difficulties (repeatable); default: the config's "
-                                             "eval.difficulties (those the champion was scored on); required "
-                                             "for an environment other than the config's."),
-        n_tasks: int = typer.Option(None, min=1, help="Tasks per difficulty (the paired test's n); default: the "
-                                    "config's eval.regression_n_tasks."),
+        env: list[str] = typer.Option([], help="Environments of the suite (repeatable), each the config's benchmark "
+                                      "of that environment (else the standard one); default: the config's whole "
+                                      "suite (its training benchmark and eval.benchmarks: TextCraft, Oolong, "
+                                      "DeepDive, ART-E by default)."),
+        difficulty: list[str] = typer.Option([], help="Difficulties (repeatable): ENV=D for environment ENV's "
+                                             "benchmark (e.g. oolong=mixed); a bare D for the one --env given, or "
+                                             "without --env for the config's training benchmark; default: each "
+                                             "benchmark's own (eval.difficulties for the training one)."),
+        n_tasks: int = typer.Option(None, min=1, help="Tasks per difficulty of every benchmark (the paired test's "
+                                    "n); default: each benchmark's eval.regression_n_tasks."),
         tolerance: float = typer.Option(None, min=0, help="Allowed drop vs champion: a regression is a drop beyond "
                                         "it at the config's eval.regression_alpha; default: eval.tolerance."),
         campaign: str = typer.Option(None, help="Campaign whose registered model is evaluated (its "
@@ -718,13 +781,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Evaluate a registered checkpoint and test it against the champion (the nightly regression).
 
-        The suite defaults to the config's own evaluation (environment, difficulties, modes) at
-        eval.regression_n_tasks tasks; the champion is evaluated on the same tasks (or its stored outcomes of
-        them are used) and each metric is decided by a one-sided paired test of "worse by more than the
-        tolerance" (rao_core.regression). Config, suite and model reference are checked
-        before any service starts; a failure is one `error:` line (`RAO_DEBUG=1`: Prefect's log and the
-        traceback). Ctrl-C or SIGTERM stops it within seconds: its MLflow run is marked KILLED and its Prefect
-        flow run CANCELLED, every process it started is stopped, one error: line is printed (exit 130 / 143).
+        The suite defaults to the config's (its training benchmark and eval.benchmarks: TextCraft, Oolong,
+        DeepDive and ART-E by default), each at its eval.regression_n_tasks tasks; the champion is evaluated on
+        the same tasks (or its stored outcomes of them are used) and each metric is decided by a one-sided paired
+        test of "worse by more than the tolerance" (rao_core.regression), Holm-corrected over the metrics.
+        Config, suite and model reference are checked before any service starts; a failure is one `error:` line
+        (`RAO_DEBUG=1`: Prefect's log and the traceback). Ctrl-C or SIGTERM stops it within seconds: its MLflow
+        run is marked KILLED and its Prefect flow run CANCELLED, every process it started is stopped, one error:
+        line is printed (exit 130 / 143).
         """
         _prefect_env()
         from flows.campaign import CampaignParams

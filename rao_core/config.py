@@ -5,9 +5,9 @@ raises :class:`ConfigError` whose one-line message names the file, the field pat
 was expected, e.g. ``configs/x.yaml: algo.G = 1: Input should be greater than or equal to 2`` (or the
 ``--set algo.G=1`` the value came from); a key given twice in one mapping is refused with its line. Loading
 also checks what a campaign would otherwise find out only after its services started: every listed
-difficulty is one the environment's generator knows (``tasks``, ``eval`` and ``warm_start``), the
-environment accepts ``tasks.env_options``, and the folders and files the config names exist
-(:meth:`CampaignConfig.check_paths`).
+difficulty is one the environment's generator knows (``tasks``, ``eval`` and ``warm_start``, and each benchmark of
+the evaluation suite, ``eval.benchmarks``, on its own environment), the environments accept their options, and
+the folders and files the config names exist (:meth:`CampaignConfig.check_paths`).
 Environment variables override endpoints and secrets (never stored in YAML): ``RAO_POLICY_BASE_URL``,
 ``RAO_S3_ENDPOINT``, ``RAO_S3_BUCKET``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``; the judge reads its
 own (see ``rao_core.judge.config``).
@@ -28,7 +28,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rao_core.evaluation import DevSet, EvalConfig
+from rao_core.evaluation import (BENCHMARK_NAME_PATTERN, STANDARD_BENCHMARKS, Benchmark, DevSet, EvalConfig, Mode,
+                                 benchmark_name)
 from rao_core.jsonl import one_line_error, short_repr
 from rao_core.judge.config import JudgeConfig
 from rao_core.paths import default_model_path
@@ -360,17 +361,69 @@ class Endpoint(_Strict):
         return v
 
 
+class BenchmarkSettings(_Strict):
+    """One benchmark of the campaign's evaluation suite besides the training one (``eval.benchmarks.<name>``,
+    the name its metric keys carry: ``eval/<name>/<mode>/<difficulty>/success``). A field left unset is the
+    ``eval`` section's own (n_tasks, seed, split, modes, graded, stored_trees) or, for a name of the standard
+    suite (``rao_core.evaluation.STANDARD_BENCHMARKS``: textcraft, oolong, deepdive, arte), the standard entry's
+    (env, difficulties)."""
+
+    env: str | None = Field(None, description="Environment (rao_core.envs); unset: the standard benchmark's of this "
+                            "name (required for another name).")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the environment.")
+    generator_options: dict[str, Any] = Field(default_factory=dict, description="Extra generate_tasks options "
+                                              "(e.g. Oolong's target_tokens).")
+    difficulties: list[str] | None = Field(None, description="Difficulties evaluated; unset: the standard "
+                                           "benchmark's (required for another name).")
+    n_tasks: int | None = Field(None, ge=1, description="Tasks per difficulty; unset: eval.n_tasks.")
+    seed: int | None = Field(None, description="Seed of its evaluation tasks; unset: eval.seed.")
+    split: str | None = Field(None, description="Task split; unset: eval.split.")
+    modes: list[Mode] | None = Field(None, description="'recursive' and/or 'single'; unset: eval.modes.")
+    graded: bool | None = Field(None, description="Graded success (mean verifier value); unset: eval.graded.")
+    stored_trees: int | None = Field(None, ge=0, description="Compact trees kept per row; unset: eval.stored_trees.")
+    at: Literal["every", "ends"] = Field("every", description="Which evaluation points of a campaign evaluate it: "
+                                         "'every' (each one eval.every asks for) or 'ends' (iteration 0, the "
+                                         "starting checkpoint, and the last iteration only: the CPU smoke run's "
+                                         "setting, to keep its time).")
+    regression_n_tasks: int | None = Field(None, ge=1, description="Tasks per difficulty in the nightly "
+                                           "regression; unset: eval.regression_n_tasks.")
+
+
+class SuiteBenchmark(Benchmark):
+    """A benchmark of a campaign's suite, resolved (:meth:`CampaignConfig.suite`): a
+    ``rao_core.evaluation.Benchmark`` with its campaign schedule and its nightly task count."""
+
+    at: Literal["every", "ends"] = Field("every", description="'every' evaluation point or the 'ends' only (iteration "
+                                         "0 and the last).")
+    regression_n_tasks: int = Field(100, ge=1, description="Tasks per difficulty in the nightly regression.")
+
+
 class EvalSettings(EvalConfig):
-    """Evaluation after each iteration and for the nightly regression: the fields of
-    :class:`rao_core.evaluation.EvalConfig` (difficulties, n_tasks, seed, split, modes, graded, stored_trees),
-    run by ``rao_core.evaluation.evaluate_suite`` with the campaign's ``runtime``, plus the pipeline's own and
-    the experiment's preregistration (``endpoint``) and development set (``dev``)."""
+    """Evaluation after each iteration and for the nightly regression, as a suite of benchmarks: the fields of
+    :class:`rao_core.evaluation.EvalConfig` (difficulties, n_tasks, seed, split, modes, graded, stored_trees)
+    are the training benchmark's evaluation (``tasks.env``, its options and generator options), ``benchmarks``
+    the others (:class:`BenchmarkSettings`; by default the standard suite's other three), each run by
+    ``rao_core.evaluation.evaluate_suite`` with the campaign's ``runtime``
+    (:meth:`CampaignConfig.suite`); plus the pipeline's own fields and the experiment's preregistration
+    (``endpoint``) and development set (``dev``)."""
 
     enabled: bool = Field(True, description="Evaluate every new checkpoint.")
+    benchmarks: dict[str, BenchmarkSettings] | None = Field(
+        None, description="The suite's benchmarks besides the training one (tasks.env, evaluated by the fields "
+        "above), by name (the name in their metric keys: eval/<name>/<mode>/<difficulty>/success). Unset: the "
+        "standard suite's (textcraft, oolong, deepdive, arte) other than the training benchmark, each with its "
+        "standard difficulties and the fields above. {}: the training benchmark alone.")
+    primary_benchmark: str | None = Field(None, description="The benchmark whose rows decide: the champion rule's "
+                                          "default primary metric and the collapse guard's tested rows (the "
+                                          "others are reported); unset: the training benchmark. It must be "
+                                          "evaluated at every point (at: every).")
     tolerance: float = Field(0.05, ge=0, description="A drop of success larger than this vs the champion is a "
                              "regression.")
     primary_metric: str | None = Field(None, description="Metric that ranks checkpoints for the champion alias "
-                                       "(default: recursive success on the first difficulty).")
+                                       "(default: the primary benchmark's success in its first mode on its first "
+                                       "difficulty: eval/<benchmark>/<mode>/<difficulty>/success; a "
+                                       "key without the benchmark, eval/<mode>/<difficulty>/success, is the "
+                                       "primary benchmark's).")
     regression_alpha: float = Field(0.05, gt=0, lt=1, description="The nightly regression's level: a candidate "
                                     "within the tolerance fails at most this share of nights (rao_core.regression: "
                                     "a one-sided paired test of 'drop > tolerance' on per-task outcomes).")
@@ -391,6 +444,11 @@ class EvalSettings(EvalConfig):
 
     @model_validator(mode="after")
     def _check_sets(self) -> EvalSettings:
+        for name in self.benchmarks or {}:
+            if not re.fullmatch(BENCHMARK_NAME_PATTERN, name):
+                raise ValueError(f"eval.benchmarks.{name}: not a benchmark name (lowercase letters, digits, '-' "
+                                 "and '_', starting with a letter or digit): it is the second part of its metric "
+                                 "keys")
         if self.dev is not None and self.dev.seed == self.seed:
             raise ValueError(f"eval.dev.seed = {self.dev.seed} is eval.seed: the development set needs its own seed")
         if self.co_primary and self.endpoint is None:
@@ -532,8 +590,104 @@ class CampaignConfig(_Strict):
         self._serving_placement()
         self._one_sampling_temperature()
         self._difficulties_fit_env()
+        self._suite_fits()
         self._endpoints_evaluated()
         return self
+
+    # -- the evaluation suite --------------------------------------------------------------------------------
+    def training_benchmark_name(self) -> str:
+        """The training benchmark's name: ``rao_core.evaluation.benchmark_name`` of ``tasks.env``
+        (``textcraft-synth`` -> ``textcraft``)."""
+        return benchmark_name(self.tasks.env)
+
+    def other_benchmarks(self) -> dict[str, BenchmarkSettings]:
+        """``eval.benchmarks`` as given, or unset: the standard suite's benchmarks whose environment is not
+        ``tasks.env``, with no field set."""
+        if self.eval.benchmarks is not None:
+            return dict(self.eval.benchmarks)
+        from rao_core.envs import canonical_name
+
+        train = canonical_name(self.tasks.env)
+        return {name: BenchmarkSettings() for name, spec in STANDARD_BENCHMARKS.items()
+                if canonical_name(spec["env"]) != train}
+
+    def suite(self) -> list[SuiteBenchmark]:
+        """The campaign's evaluation suite, training benchmark first: ``tasks.env`` (its options and generator
+        options) with the ``eval`` section's own fields, then each of :meth:`other_benchmarks` with its fields,
+        those it leaves unset taken from the standard entry of its name (env, difficulties) and from the ``eval``
+        section (n_tasks, seed, split, modes, graded, stored_trees, regression_n_tasks). Raises ValueError
+        naming ``eval.benchmarks.<name>`` for an entry that cannot be resolved (a name outside the standard suite
+        without env or difficulties, an empty or repeated list)."""
+        ev = self.eval
+        inherited = {f: getattr(ev, f) for f in ("n_tasks", "seed", "split", "modes", "graded", "stored_trees")}
+        out = [SuiteBenchmark(name=self.training_benchmark_name(), env=self.tasks.env,
+                              env_options=dict(self.tasks.env_options),
+                              generator_options=dict(self.tasks.generator_options), difficulties=list(ev.difficulties),
+                              regression_n_tasks=ev.regression_n_tasks, **inherited)]
+        for name, b in self.other_benchmarks().items():
+            std = STANDARD_BENCHMARKS.get(name, {})
+            env, difficulties = b.env or std.get("env"), b.difficulties or std.get("difficulties")
+            if env is None or difficulties is None:
+                raise ValueError(f"eval.benchmarks.{name}: not a standard benchmark "
+                                 f"({', '.join(STANDARD_BENCHMARKS)}): set its env and difficulties")
+            given = {f: v for f in inherited if (v := getattr(b, f)) is not None}
+            try:
+                out.append(SuiteBenchmark(name=name, env=env, env_options=dict(b.env_options),
+                                          generator_options=dict(b.generator_options), difficulties=list(difficulties),
+                                          at=b.at, regression_n_tasks=b.regression_n_tasks or ev.regression_n_tasks,
+                                          **{**inherited, **given}))
+            except ValidationError as e:
+                raise ValueError(f"eval.benchmarks.{name}: {one_line_error(e)}") from None
+        return out
+
+    def suite_at(self, iteration: int | str | None = None) -> list[SuiteBenchmark]:
+        """The benchmarks evaluated after iteration ``iteration``: every one at iteration 0 and the last
+        (``iterations``), those with ``at`` 'every' in between; all for None or a label (an evaluation outside
+        the campaign's iterations)."""
+        suite = self.suite()
+        if not isinstance(iteration, int):
+            return suite
+        ends = iteration == 0 or iteration >= self.iterations
+        return [b for b in suite if ends or b.at == "every"]
+
+    def primary_benchmark(self) -> str:
+        """The deciding benchmark's name: ``eval.primary_benchmark``, else the training benchmark's."""
+        return self.eval.primary_benchmark or self.training_benchmark_name()
+
+    def _suite_fits(self) -> None:
+        """With evaluation on, the suite resolves (:meth:`suite`), no other benchmark takes the training
+        benchmark's name, every benchmark's environment exists and accepts its options and knows its
+        difficulties, and ``eval.primary_benchmark`` names a benchmark evaluated at every point."""
+        if not self.eval.enabled:
+            return
+        from rao_core.envs import get_env
+
+        train = self.training_benchmark_name()
+        if train in (self.eval.benchmarks or {}):
+            raise ValueError(f"eval.benchmarks.{train}: {train!r} is the training benchmark (tasks.env = "
+                             f"{self.tasks.env!r}), evaluated by eval's own fields (eval.difficulties, "
+                             "eval.n_tasks, ...): list only the other benchmarks there, or give this one another name")
+        suite = self.suite()
+        for b in suite[1:]:
+            key = f"eval.benchmarks.{b.name}"
+            try:
+                env = get_env(b.env, **b.env_options)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{key}: environment {b.env!r} with options {b.env_options!r}: "
+                                 f"{one_line_error(e)}") from None
+            for d in b.difficulties:
+                try:
+                    env.check_difficulty(d)
+                except ValueError as e:
+                    raise ValueError(f"{key}.difficulties = {b.difficulties!r}: {e}") from None
+        names = {b.name: b for b in suite}
+        primary = self.primary_benchmark()
+        if primary not in names:
+            raise ValueError(f"eval.primary_benchmark = {primary!r} is not a benchmark of the suite "
+                             f"({', '.join(names)})")
+        if names[primary].at != "every":
+            raise ValueError(f"eval.primary_benchmark = {primary!r} is evaluated only at the ends (at: ends): the "
+                             "champion rule and the collapse guard need it at every evaluation point")
 
     def _endpoints_evaluated(self) -> None:
         """A preregistered endpoint (``eval.endpoint``, ``eval.co_primary``) that names an iteration names one

@@ -1,12 +1,15 @@
-"""Evaluation of a policy on held-out RL tasks: recursive agent vs single-agent baseline.
+"""Evaluation of a policy on held-out RL tasks: recursive agent vs single-agent baseline, benchmark by benchmark.
 
 :func:`evaluate_suite` is the one evaluation of the project (``rao eval``, the campaign's and the experiment's
 evaluation after each iteration, the nightly regression): :func:`evaluate_policy` once per mode with the RL
 rollouts' runtime limits (``single`` = the same runtime with ``delegation=False``, docs/concepts.md; the tree's
-limit counts its own time: :func:`mode_runtime`). :func:`eval_tasks` draws the held-out tasks, :func:`summarise`
-makes one audit-ready :class:`EvalRow` per (mode, difficulty), :func:`compare` flags success rates that dropped
-against a champion's (the promotion gate). Success of a tree = the root's verifier value (graded mean or exact
-solves).
+limit counts its own time: :func:`mode_runtime`). A campaign and the nightly evaluate a suite of
+:class:`Benchmark` entries (an environment and its :class:`EvalSpec`; the standard four:
+:data:`STANDARD_BENCHMARKS`), one :func:`evaluate_suite` call each, whose rows and metric keys name the benchmark
+(:func:`metric_key`: ``eval/<benchmark>/<mode>/<difficulty>/success``). :func:`eval_tasks` draws the held-out
+tasks, :func:`summarise` makes one audit-ready :class:`EvalRow` per (mode, difficulty), :func:`compare` flags
+success rates that dropped against a champion's. Success of a tree = the root's verifier value (graded mean or
+exact solves).
 
 Departures from the paper: it reports success rates without intervals, this project adds Wilson 95% intervals
 (:func:`wilson_interval`) and one cause per missed task (:func:`miss_cause`; the paper attributes no failure).
@@ -23,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rao_core.envs.base import Environment, Task
 from rao_core.metrics import parallel_share
@@ -31,10 +34,12 @@ from rao_core.policies.base import Policy
 from rao_core.runtime import RuntimeConfig, run_trees
 from rao_core.tree import EndReason, ExecutionTree, Node, verifier_value
 
-__all__ = ["COMPACT_MAX_CHARS", "MISS_CAUSES", "SAMPLE_MAX_CHARS", "STORED_TREES", "DevSet", "EvalConfig", "EvalRow",
-           "EvalReport", "Mode", "compact_tree", "compare", "depth_stats", "dev_tasks", "eval_tasks", "evaluate_policy",
-           "evaluate_suite", "miss_cause", "miss_counts", "mode_runtime", "render_report", "report_from_trees",
-           "run_evaluation", "summarise", "tree_sample", "wilson_interval", "Z95"]
+__all__ = ["BENCHMARK_NAME_PATTERN", "COMPACT_MAX_CHARS", "MISS_CAUSES", "SAMPLE_MAX_CHARS", "STANDARD_BENCHMARKS",
+           "STORED_TREES", "Benchmark", "DevSet", "EvalConfig", "EvalRow", "EvalReport", "EvalSpec", "Mode",
+           "benchmark_name", "compact_tree", "compare", "depth_stats", "dev_tasks", "eval_tasks", "evaluate_policy",
+           "evaluate_suite", "legacy_key", "metric_key", "miss_cause", "miss_counts", "mode_runtime", "named_key",
+           "render_report", "report_from_trees", "run_evaluation", "summarise", "tree_sample", "wilson_interval",
+           "Z95"]
 
 Mode = Literal["recursive", "single"]
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -48,14 +53,10 @@ _TREE_LIMIT_ENDS = frozenset({EndReason.TREE_STEP_BUDGET, EndReason.TREE_TIMEOUT
 _INFRA_ENDS = frozenset({EndReason.POLICY_ERROR, EndReason.SANDBOX_ERROR, EndReason.TOKEN_PREFIX_BREAK})
 
 
-class EvalConfig(BaseModel):
-    """What an evaluation measures: which held-out tasks, which modes, how roots are scored.
-
-    The campaign's ``eval`` section (``rao_core.config.EvalSettings``) is this model plus pipeline fields,
-    a nightly suite entry (``flows.evaluate.SuiteEntry``) is this model plus an environment, and
-    ``rao eval`` builds one from its options. How the agent runs (context window, limits, temperature)
-    is the caller's ``RuntimeConfig``, the same as in the RL rollouts.
-    """
+class EvalSpec(BaseModel):
+    """What one evaluation measures: which held-out tasks, which modes, how roots are scored. The fields shared
+    by :class:`EvalConfig` (a campaign's evaluation schedule added) and :class:`Benchmark` (an environment
+    added)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -74,6 +75,25 @@ class EvalConfig(BaseModel):
                               "difficulty) row, made small (compact_tree: no token ids or log-probs, long texts "
                               "cut) and at most SAMPLE_MAX_CHARS of JSON: failures and successes alternately, in "
                               "task order (tree_sample); the experiment stores them beside its record. 0: none.")
+
+    @field_validator("difficulties", "modes")
+    @classmethod
+    def _nonempty(cls, v: list) -> list:
+        if not v:
+            raise ValueError("must list at least one entry")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate entries in {v}")
+        return v
+
+
+class EvalConfig(EvalSpec):
+    """What an evaluation measures (:class:`EvalSpec`) and, for a campaign, after which iterations (``every``).
+
+    The campaign's ``eval`` section (``rao_core.config.EvalSettings``) is this model plus pipeline fields and
+    the suite's other benchmarks; ``rao eval`` builds one from its options. How the agent runs (context window,
+    limits, temperature) is the caller's ``RuntimeConfig``, the same as in the RL rollouts.
+    """
+
     every: int = Field(1, ge=1, description="A campaign evaluates its held-out set after iteration 0 (the starting "
                        "checkpoint), after every iteration k with k % every == 0, and after the last iteration "
                        "(evaluates); the others grow no evaluation tree: their checkpoint is registered but never "
@@ -95,14 +115,100 @@ class EvalConfig(BaseModel):
         the last one."""
         return min((iteration // self.every + 1) * self.every, max(iterations, iteration + 1))
 
-    @field_validator("difficulties", "modes")
+
+#: A benchmark's name: the second part of its MLflow keys (``eval/<name>/<mode>/<difficulty>/success``).
+BENCHMARK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+
+#: The standard suite: benchmark name -> its environment and the difficulties evaluated by default, each
+#: generated offline and verified exactly (docs/environments.md): TextCraft-Synth's CPU-sized level ``tier1``,
+#: Oolong's one-transcript counting questions (``singledoc_rolls``; ``mixed`` would draw the four question types in
+#: turn, each its own row), DeepDive's 1-2 hop questions, ART-E's plainest phrasing: the cheapest level of each on
+#: the CPU. Every other field of an entry (n_tasks, seed, split, modes, grading) is the evaluation's own.
+STANDARD_BENCHMARKS: dict[str, dict[str, Any]] = {
+    "textcraft": {"env": "textcraft-synth", "difficulties": ["tier1"]},
+    "oolong": {"env": "oolong", "difficulties": ["singledoc_rolls"]},
+    "deepdive": {"env": "deepdive", "difficulties": ["easy"]},
+    "arte": {"env": "arte", "difficulties": ["easy"]},
+}
+
+
+def benchmark_name(env: str) -> str:
+    """The benchmark name of environment ``env`` (a registry name, alias or import path): the standard
+    suite's name when it is one of its environments (``textcraft-synth`` -> ``textcraft``, ``arte-synth`` ->
+    ``arte``), else the environment's registry name in lower case with characters outside
+    ``[a-z0-9_-]`` made ``-``."""
+    import re
+
+    from rao_core.envs import canonical_name
+
+    canonical = canonical_name(env)
+    for name, spec in STANDARD_BENCHMARKS.items():
+        if canonical_name(spec["env"]) == canonical:
+            return name
+    return re.sub(r"[^a-z0-9_-]", "-", canonical.lower()).strip("-_") or "env"
+
+
+class Benchmark(EvalSpec):
+    """One benchmark of an evaluation suite: an environment (with its options) and what of it is evaluated
+    (:class:`EvalSpec`). Its ``name`` is the second part of its metric keys
+    (``eval/<name>/<mode>/<difficulty>/success``); unset, it is :func:`benchmark_name` of ``env``."""
+
+    name: str = Field("", description="The benchmark's name in metric keys (eval/<name>/<mode>/<difficulty>/...); "
+                      "empty: the environment's (textcraft-synth -> textcraft, oolong, deepdive, arte).")
+    env: str = Field("textcraft-synth", description="Environment, e.g. textcraft-synth, oolong, deepdive, arte.")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the environment "
+                                        "(e.g. ART-E's reward).")
+    generator_options: dict[str, Any] = Field(default_factory=dict, description="Extra options of the task "
+                                              "generator (e.g. Oolong's target_tokens).")
+
+    @field_validator("name")
     @classmethod
-    def _nonempty(cls, v: list) -> list:
-        if not v:
-            raise ValueError("must list at least one entry")
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicate entries in {v}")
+    def _name(cls, v: str) -> str:
+        import re
+
+        if v and not re.fullmatch(BENCHMARK_NAME_PATTERN, v):
+            raise ValueError(f"{v!r} is not a benchmark name (lowercase letters, digits, '-' and '_')")
         return v
+
+    @model_validator(mode="after")
+    def _named(self) -> Benchmark:
+        if not self.name:
+            self.name = benchmark_name(self.env)
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """What the benchmark's tasks and outcomes depend on besides the policy and the runtime, as plain
+        values: environment, its options, generator options, difficulties, n_tasks, seed, split, modes,
+        grading (the nightly's stored-outcome key, ``flows.evaluate.evaluation_key``)."""
+        return {"env": self.env, "env_options": self.env_options, "generator_options": self.generator_options,
+                "difficulties": self.difficulties, "n_tasks": self.n_tasks, "seed": self.seed, "split": self.split,
+                "modes": self.modes, "graded": self.graded}
+
+
+def metric_key(benchmark: str, mode: str, difficulty: str, name: str = "success") -> str:
+    """``eval/<benchmark>/<mode>/<difficulty>/<name>``; without a benchmark (``rao eval`` of a task file, the
+    checkpoint studies) ``eval/<mode>/<difficulty>/<name>``."""
+    return f"eval/{benchmark}/{mode}/{difficulty}/{name}" if benchmark else f"eval/{mode}/{difficulty}/{name}"
+
+
+def legacy_key(key: str) -> str | None:
+    """The key an evaluation recorded before metric keys named their benchmark: ``eval/<b>/<mode>/<d>/<name>``
+    -> ``eval/<mode>/<d>/<name>`` (campaigns evaluated only their training benchmark then); None for a key of
+    another shape."""
+    parts = key.split("/")
+    if len(parts) == 5 and parts[0] == "eval" and parts[2] in ("recursive", "single"):
+        return "/".join([parts[0], *parts[2:]])
+    return None
+
+
+def named_key(key: str, benchmark: str) -> str:
+    """``key`` with its benchmark: a legacy ``eval/<mode>/<d>/<name>`` key (:func:`legacy_key`'s output, e.g.
+    an explicit ``eval.primary_metric`` written before) becomes ``eval/<benchmark>/<mode>/<d>/<name>``; any
+    other key is returned as is."""
+    parts = key.split("/")
+    if len(parts) == 4 and parts[0] == "eval" and parts[1] in ("recursive", "single"):
+        return metric_key(benchmark, parts[1], parts[2], parts[3])
+    return key
 
 
 class DevSet(BaseModel):
@@ -172,8 +278,9 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
 
 
 class EvalRow(BaseModel):
-    """Summary of the trees of one (mode, difficulty). Means are per tree."""
+    """Summary of the trees of one (mode, difficulty) of a benchmark. Means are per tree."""
 
+    benchmark: str = ""  # the suite's benchmark (Benchmark.name); "": none named (a task file, a study)
     mode: str
     difficulty: str
     n: int  # trees
@@ -228,14 +335,15 @@ class EvalRow(BaseModel):
                 "tokens_per_success": None if self.tokens_per_success is None else round(self.tokens_per_success, 1)}
 
     def table_row(self) -> dict[str, Any]:
-        """Rounded row of the pipeline's tables (Prefect artifact, summary, docs/results.md): mode,
-        difficulty, n, unscored, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth, delegation_rate,
-        wall_s, child_success (None without children), child_nodes, parallel_share, tree_wall_s (mean) and
-        tree_wall_s_median, tokens_per_tree (mean completion tokens) and tokens_total; then the audit fields
+        """Rounded row of the pipeline's tables (Prefect artifact, summary, docs/results.md): benchmark (only
+        when named), mode, difficulty, n, unscored, successes, success, ``ci95`` as ``"[lo, hi]"``, mean_depth,
+        delegation_rate, wall_s, child_success (None without children), child_nodes, parallel_share, tree_wall_s
+        (mean) and tree_wall_s_median, tokens_per_tree (mean completion tokens) and tokens_total; then the audit fields
         of the experiment's record: end_reasons, children_per_tree, depth_hist, per_depth, per_task, misses
         (:func:`miss_counts`), distinct_problems, and ``trees`` (the compact sample as JSON objects; absent when empty). Tokens per solved task are no
         longer a column (they restate the success rate)."""
-        row = {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "unscored": self.unscored,
+        row = {"benchmark": self.benchmark} if self.benchmark else {}
+        row |= {"mode": self.mode, "difficulty": self.difficulty, "n": self.n, "unscored": self.unscored,
                "successes": round(self.successes, 4), "success": round(self.success, 3),
                "ci95": f"[{self.ci_low:.2f}, {self.ci_high:.2f}]", "mean_depth": round(self.mean_depth, 2),
                "delegation_rate": round(self.delegation_rate, 2), "wall_s": round(self.wall_s, 1),
@@ -253,7 +361,7 @@ class EvalRow(BaseModel):
 
 
 class EvalReport(BaseModel):
-    """Rows per (mode, difficulty); ``trees`` (not serialised) keeps the execution trees."""
+    """Rows per (benchmark, mode, difficulty); ``trees`` (not serialised) keeps the execution trees."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -261,21 +369,29 @@ class EvalReport(BaseModel):
     trees: list[ExecutionTree] = Field(default_factory=list, exclude=True)
     graded: bool = True  # the scoring rule the rows were computed with
 
-    def row(self, mode: str, difficulty: str) -> EvalRow:
-        """The row of (mode, difficulty); KeyError naming both if absent."""
+    def row(self, mode: str, difficulty: str, benchmark: str | None = None) -> EvalRow:
+        """The row of (mode, difficulty) (of ``benchmark`` when given); KeyError naming them if absent."""
         for r in self.rows:
-            if r.mode == mode and r.difficulty == difficulty:
+            if r.mode == mode and r.difficulty == difficulty and benchmark in (None, r.benchmark):
                 return r
-        raise KeyError(f"no evaluation row for mode {mode!r}, difficulty {difficulty!r}")
+        of = f" of benchmark {benchmark!r}" if benchmark is not None else ""
+        raise KeyError(f"no evaluation row for mode {mode!r}, difficulty {difficulty!r}{of}")
+
+    def named(self, benchmark: str) -> EvalReport:
+        """This report with every row (and tree's ``meta["benchmark"]``) of benchmark ``benchmark``."""
+        for t in self.trees:
+            t.meta["benchmark"] = benchmark
+        return self.model_copy(update={"rows": [r.model_copy(update={"benchmark": benchmark}) for r in self.rows]})
 
     def metrics(self) -> dict[str, float]:
-        """Flat metrics: ``eval/<mode>/<difficulty>/<name>`` with names ``success``, ``success_ci_low``,
-        ``success_ci_high``, ``depth``, ``delegation_rate``, ``nodes``, ``tokens``, ``wall_s``, ``n``,
-        ``tree_wall_s`` (mean per tree), ``parallel_share``, and where defined ``child_success`` (depth-1
-        nodes) and ``tokens_per_success``."""
+        """Flat metrics: ``eval/<benchmark>/<mode>/<difficulty>/<name>`` (:func:`metric_key`; without
+        ``<benchmark>/`` for rows of no named benchmark) with names ``success``, ``success_ci_low``,
+        ``success_ci_high`` (its Wilson 95% interval), ``depth``, ``delegation_rate``, ``nodes``, ``tokens``,
+        ``wall_s``, ``n``, ``tree_wall_s`` (mean per tree), ``parallel_share``, and where defined
+        ``child_success`` (depth-1 nodes) and ``tokens_per_success``."""
         out: dict[str, float] = {}
         for r in self.rows:
-            p = f"eval/{r.mode}/{r.difficulty}"
+            p = "/".join(["eval", *([r.benchmark] if r.benchmark else []), r.mode, r.difficulty])
             out.update({f"{p}/success": r.success, f"{p}/success_ci_low": r.ci_low,
                         f"{p}/success_ci_high": r.ci_high, f"{p}/depth": r.mean_depth,
                         f"{p}/delegation_rate": r.delegation_rate, f"{p}/nodes": r.mean_nodes,
@@ -590,7 +706,7 @@ def report_from_trees(tasks: Sequence[Task], trees: Sequence[ExecutionTree], *, 
     return EvalReport(rows=rows, trees=list(trees), graded=graded)
 
 
-def eval_tasks(env: Environment, config: EvalConfig, **generator_options: Any) -> list[Task]:
+def eval_tasks(env: Environment, config: EvalSpec, **generator_options: Any) -> list[Task]:
     """The evaluation tasks of ``config``: ``n_tasks`` per difficulty from ``split``, drawn by
     :func:`rao_core.task_sampling.sample_tasks` from stream ``"eval"`` with ``config.seed`` (a difficulty's
     tasks do not depend on the other difficulties listed). ``generator_options`` go to ``generate_tasks``."""
@@ -627,18 +743,21 @@ def dev_tasks(env: Environment, config: EvalConfig, dev: DevSet, **generator_opt
     return out
 
 
-async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime: RuntimeConfig, tokenizer: Any,
-                         tasks: Sequence[Task] | None = None, policy: Policy | None = None,
+async def evaluate_suite(config: EvalSpec, *, env: Environment | str | None = None, runtime: RuntimeConfig,
+                         tokenizer: Any, tasks: Sequence[Task] | None = None, policy: Policy | None = None,
                          base_url: str | None = None, model: str = "policy", api_key: str | None = None,
                          close_policy: bool = False, progress: Any = None, seeded: bool = False) -> EvalReport:
     """Evaluate a policy on held-out tasks in every mode of ``config`` (modes in turn, all tasks at once).
 
     Args:
-        config: :class:`EvalConfig` (or the campaign's ``eval`` section, a subclass).
-        env: the environment or its name (``rao_core.envs.get_env``).
+        config: :class:`EvalConfig` (or the campaign's ``eval`` section, a subclass), or a :class:`Benchmark`
+            of a suite, whose rows (and metric keys) then carry its name.
+        env: the environment or its name (``rao_core.envs.get_env``); None: the benchmark's (``config.env``
+            with its ``env_options``).
         runtime: the agent's limits (the RL rollouts' ``RuntimeConfig``); ``delegation`` is set per mode.
         tokenizer: HF tokenizer or checkpoint folder (chat template of the evaluated model).
-        tasks: the tasks (e.g. a task file); None = :func:`eval_tasks` of ``config``.
+        tasks: the tasks (e.g. a task file); None = :func:`eval_tasks` of ``config`` (with a benchmark's
+            ``generator_options``).
         policy: the policy; None = an ``OpenAIPolicy(base_url, model)`` with the runtime's temperature,
             top_p and ``policy_timeout_s`` (closed at the end), which sends no seeds (this function does not
             know whether the server honours them: vLLM's CPU engine dies on some seeded requests).
@@ -649,16 +768,24 @@ async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime:
             reach the server is the policy's choice (``OpenAIPolicy.send_seeds``).
 
     Returns:
-        One report with a row per (mode, difficulty), modes in config order; ``report.pooled(mode)``
-        summarises a mode over all difficulties.
+        One report with a row per (mode, difficulty), modes in config order (each row's ``benchmark`` the
+        benchmark's name when ``config`` is a :class:`Benchmark`); ``report.pooled(mode)`` summarises a mode
+        over all difficulties.
 
     Raises:
-        ValueError: neither ``policy`` nor ``base_url``, no tasks, or an unknown environment.
+        ValueError: neither ``policy`` nor ``base_url``, no tasks, no environment (``env`` None and ``config``
+            not a benchmark), or an unknown environment.
     """
     from rao_core.envs import get_env
 
+    bench = config if isinstance(config, Benchmark) else None
+    if env is None:
+        if bench is None:
+            raise ValueError("evaluate_suite needs env unless config is a Benchmark")
+        env = get_env(bench.env, **bench.env_options)
     env = get_env(env) if isinstance(env, str) else env
-    tasks = list(tasks) if tasks is not None else eval_tasks(env, config)
+    gen_options = bench.generator_options if bench is not None else {}
+    tasks = list(tasks) if tasks is not None else eval_tasks(env, config, **gen_options)
     own = policy is None
     if policy is None:
         if not base_url:
@@ -677,10 +804,10 @@ async def evaluate_suite(config: EvalConfig, *, env: Environment | str, runtime:
     finally:
         if own or close_policy:
             await policy.aclose()
-    return report
+    return report.named(bench.name) if bench is not None else report
 
 
-def run_evaluation(config: EvalConfig, **kwargs: Any) -> EvalReport:
+def run_evaluation(config: EvalSpec, **kwargs: Any) -> EvalReport:
     """:func:`evaluate_suite` from synchronous code (its own event loop; a given ``policy`` is closed at
     the end). Same arguments and errors; call it from a thread without a running event loop."""
     kwargs.setdefault("close_policy", True)
@@ -691,7 +818,7 @@ def compare(report: EvalReport | dict[str, float], champion_metrics: dict[str, f
             ) -> list[str]:
     """Regressions of ``report`` against a champion: success rates that dropped by more than ``tolerance``.
 
-    Compares every ``eval/<mode>/<difficulty>/success`` key present in both (extra keys on either side
+    Compares every ``eval/.../success`` key present in both (extra keys on either side
     are ignored). Returns one message per regression, e.g.
     ``"eval/recursive/medium/success: 0.400 < champion 0.600 - tolerance 0.050"``; empty when none.
     Raises ValueError for a negative tolerance.

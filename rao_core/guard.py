@@ -1,8 +1,10 @@
 """The collapse guard: did one RL iteration erase a skill the held-out evaluation had measured?
 
 Iteration ``k``'s held-out evaluation is compared task by task with that of the checkpoint it trained from (the
-same evaluation seed, so the tasks pair). Per evaluation row (mode, difficulty), over the tasks scored in both
-(``rao_core.regression.paired_outcomes``), with ``L`` tasks lost, ``W`` gained and ``n`` paired::
+same evaluation seed, so the tasks pair). Per evaluation row (mode, difficulty) of the deciding benchmark (the
+campaign's training benchmark unless configured; the other benchmarks' rows are compared alike and reported, never
+tested), over the tasks scored in both (``rao_core.regression.paired_outcomes``), with ``L`` tasks lost, ``W``
+gained and ``n`` paired::
 
     p = P(Bin(L + W, 1/2) >= L)        one-sided exact sign test (McNemar's exact for 0/1 outcomes)   (G1)
     drop = (sum of reference outcomes - sum of new outcomes) / n                                       (G2)
@@ -42,8 +44,9 @@ def sign_test_p(lost: int, gained: int) -> float:
 
 
 class GuardRow(BaseModel):
-    """The paired comparison of one evaluation row (mode, difficulty): counts over the paired tasks."""
+    """The paired comparison of one evaluation row (benchmark, mode, difficulty): counts over the paired tasks."""
 
+    benchmark: str = ""
     mode: str
     difficulty: str
     n: int = Field(description="Tasks scored in both evaluations (the pairs).")
@@ -56,8 +59,9 @@ class GuardRow(BaseModel):
 
     @property
     def name(self) -> str:
-        """``recursive/nest1``: the row as the campaign's tables name it."""
-        return f"{self.mode}/{self.difficulty}"
+        """``textcraft/recursive/nest1`` (``recursive/nest1`` for a row of no named benchmark): the row as the
+        campaign's tables name it."""
+        return "/".join([*([self.benchmark] if self.benchmark else []), self.mode, self.difficulty])
 
     @property
     def rate_before(self) -> float:
@@ -84,7 +88,10 @@ class GuardVerdict(BaseModel):
     alpha: float
     min_drop: float
     level: float = Field(description="alpha / rows tested: the level each row's p is compared with (G3).")
-    rows: list[GuardRow] = Field(default_factory=list, description="Every row tested, in evaluation order.")
+    rows: list[GuardRow] = Field(default_factory=list, description="Every row tested, in evaluation order: the rows "
+                                 "of the deciding benchmark (judge_iteration's benchmark).")
+    reported: list[GuardRow] = Field(default_factory=list, description="The other benchmarks' rows, compared "
+                                     "the same way and reported, not tested: they never make a collapse.")
     worst: GuardRow | None = Field(None, description="The row reported: the collapsed row with the smallest p, "
                                    "else the row with the smallest p (None without rows).")
     solved_advantage: dict[int, float] = Field(default_factory=dict, description="Depth -> mean advantage of "
@@ -128,6 +135,15 @@ class GuardVerdict(BaseModel):
                f"{w.rate_after:.2f} on {w.name} ({detail}): checkpoint {checkpoint} is not promoted")
         return out + (f"; {consequence}" if consequence else "")
 
+    def reported_text(self) -> str:
+        """``reported, not deciding: oolong/recursive/mixed 0.50 -> 0.25 (2 lost vs 0 gained of 4, p = 0.25)``:
+        the other benchmarks' comparisons (empty without any)."""
+        if not self.reported:
+            return ""
+        return "reported, not deciding: " + "; ".join(
+            f"{r.name} {r.rate_before:.2f} -> {r.rate_after:.2f} ({r.lost} lost vs {r.gained} gained of {r.n}, "
+            f"p = {r.p_value:.2g})" for r in self.reported)
+
     def metrics(self) -> dict[str, float]:
         """MLflow metrics under ``guard/``: ``collapsed`` (0/1), ``has_reference`` (0/1), and with a reported row
         ``p_value``, ``drop``, ``success_before``, ``success_after``, ``lost``, ``gained``, ``n``,
@@ -144,10 +160,16 @@ class GuardVerdict(BaseModel):
         return m
 
 
-def _outcomes(rows: Sequence[Mapping[str, Any]] | None, which: str) -> dict[tuple[str, str], Outcomes]:
-    """(mode, difficulty) -> per-task outcomes of the rows that have them; ValueError for a row without a mode
-    or difficulty, or an outcome that is not a finite number in [0, 1] (or None)."""
-    out: dict[tuple[str, str], Outcomes] = {}
+Key = tuple[str, str, str]  # (benchmark, mode, difficulty)
+
+
+def _outcomes(rows: Sequence[Mapping[str, Any]] | None, which: str, benchmark: str
+              ) -> dict[Key, tuple[Outcomes, str]]:
+    """(benchmark, mode, difficulty) -> (per-task outcomes, the row's own ``benchmark`` field or "") of the rows
+    that have them, a row without a ``benchmark`` being ``benchmark``'s (rows recorded before rows named their
+    benchmark: the training one's); ValueError for a row without a mode or difficulty, or an outcome that is not
+    a finite number in [0, 1] (or None)."""
+    out: dict[Key, tuple[Outcomes, str]] = {}
     for i, r in enumerate(rows or []):
         if not r.get("mode") or not r.get("difficulty"):
             raise ValueError(f"{which} evaluation row {i}: no mode or difficulty")
@@ -157,36 +179,41 @@ def _outcomes(rows: Sequence[Mapping[str, Any]] | None, which: str) -> dict[tupl
                 raise ValueError(f"{which} evaluation {r['mode']}/{r['difficulty']}, task {task}: outcome {v!r} is "
                                  "not a number in [0, 1]")
         if per_task:
-            out[(str(r["mode"]), str(r["difficulty"]))] = per_task
+            own = str(r.get("benchmark") or "")
+            out[(own or benchmark, str(r["mode"]), str(r["difficulty"]))] = (per_task, own)
     return out
 
 
-def _row(mode: str, difficulty: str, before: Outcomes, after: Outcomes) -> GuardRow:
-    """G1-G2 of one row; a graded outcome (e.g. partial credit) counts as lost or gained by its sign."""
+def _row(key: Key, before: Outcomes, after: Outcomes, name: str) -> GuardRow:
+    """G1-G2 of one row (``name``: its benchmark as the new evaluation names it, "" for none); a graded outcome
+    (e.g. partial credit) counts as lost or gained by its sign."""
     pairs = paired_outcomes(before, after)  # (reference, new) of the tasks scored in both
     lost = sum(1 for x, y in pairs if y < x)
     gained = sum(1 for x, y in pairs if y > x)
     s0, s1 = sum(x for x, _ in pairs), sum(y for _, y in pairs)
-    return GuardRow(mode=mode, difficulty=difficulty, n=len(pairs), before=s0, after=s1, lost=lost, gained=gained,
-                    p_value=sign_test_p(lost, gained), drop=(s0 - s1) / len(pairs) if pairs else 0.0)
+    return GuardRow(benchmark=name, mode=key[1], difficulty=key[2], n=len(pairs), before=s0, after=s1, lost=lost,
+                    gained=gained, p_value=sign_test_p(lost, gained), drop=(s0 - s1) / len(pairs) if pairs else 0.0)
 
 
 def judge_iteration(iteration: int, before: Sequence[Mapping[str, Any]] | None, after: Sequence[Mapping[str, Any]],
                     *, alpha: float = 0.05, min_drop: float = 0.1, reference: int | None = None,
-                    solved_advantage: Mapping[int | str, float] | None = None) -> GuardVerdict:
+                    solved_advantage: Mapping[int | str, float] | None = None, benchmark: str = "") -> GuardVerdict:
     """The verdict on RL iteration ``iteration`` (module docstring: G1-G3).
 
     Args:
         iteration: the RL iteration judged.
-        before: the reference evaluation's rows (``EvalRow.table_row()`` dicts: ``mode``, ``difficulty``,
-            ``per_task`` {task id: outcome in [0, 1] or None}); None or no row with per-task outcomes: status
-            'no_reference'.
+        before: the reference evaluation's rows (``EvalRow.table_row()`` dicts: ``benchmark`` (optional),
+            ``mode``, ``difficulty``, ``per_task`` {task id: outcome in [0, 1] or None}); None or no row with
+            per-task outcomes: status 'no_reference'.
         after: the iteration's evaluation rows, same shape.
         alpha: one-sided level of the family of rows, in (0, 1).
         min_drop: smallest drop of success rate (G2) that counts, in [0, 1].
         reference: the iteration ``before`` belongs to (recorded in the verdict).
         solved_advantage: depth -> mean advantage of the solved training nodes
             (``SampleStats.mean_advantage_solved_per_depth``; string keys, as JSON stores them, are read as ints).
+        benchmark: the deciding benchmark (the campaign's ``eval.primary_benchmark``): only its rows are tested
+            (G3); the other benchmarks' rows are compared alike and listed in ``reported``. A row without a
+            ``benchmark`` field is the deciding benchmark's. "" (rows of no named benchmark): every row decides.
 
     Returns: a :class:`GuardVerdict`; rows of one evaluation without a partner, or with no task scored in both,
     are not tested.
@@ -205,16 +232,23 @@ def judge_iteration(iteration: int, before: Sequence[Mapping[str, Any]] | None, 
     adv = dict(sorted(adv.items()))
     common = dict(iteration=iteration, reference=reference, alpha=alpha, min_drop=min_drop, solved_advantage=adv,
                   pushed_down=[d for d, v in adv.items() if v < 0])
-    ref, new = _outcomes(before, "reference"), _outcomes(after, "new")
+    ref, new = _outcomes(before, "reference", benchmark), _outcomes(after, "new", benchmark)
+    compared = [(key, r) for key in new if key in ref and (r := _row(key, ref[key][0], *new[key])).n > 0]
+    rows = [r for key, r in compared if not benchmark or key[0] == benchmark]
+    reported = [r for key, r in compared if benchmark and key[0] != benchmark]
+
+    def deciding(outcomes: dict[Key, tuple[Outcomes, str]]) -> bool:
+        return any(not benchmark or k[0] == benchmark for k in outcomes)
+
     why = ("no reference evaluation" if before is None else
-           "the reference evaluation has no per-task outcomes" if not ref else
-           "the new evaluation has no per-task outcomes" if not new else "")
-    rows = [r for key in new if key in ref and (r := _row(*key, ref[key], new[key])).n > 0]
+           "the reference evaluation has no per-task outcomes" if not deciding(ref) else
+           "the new evaluation has no per-task outcomes" if not deciding(new) else "")
     if not why and not rows:
         why = "no task scored in both evaluations"
     if why:
-        return GuardVerdict(status="no_reference", reason=why, level=alpha, **common)
+        return GuardVerdict(status="no_reference", reason=why, level=alpha, reported=reported, **common)
     level = alpha / len(rows)
     flagged = [r for r in rows if r.p_value < level and r.drop >= min_drop - 1e-12]
     worst = min(flagged or rows, key=lambda r: (r.p_value, -r.drop))
-    return GuardVerdict(status="collapse" if flagged else "pass", level=level, rows=rows, worst=worst, **common)
+    return GuardVerdict(status="collapse" if flagged else "pass", level=level, rows=rows, reported=reported,
+                        worst=worst, **common)

@@ -7,7 +7,9 @@ proportions (Eqs. R1, R2 in :func:`tango_z`; McNemar's at ``t = 0``); graded out
 mean paired difference. False alarms: at most ``alpha`` for every candidate whose true drop is at most ``t``
 (simulated in ``tests/evaluation/test_regression.py``, measured by ``scripts/bench_nightly_false_alarms.py``).
 Power (:func:`power`, :func:`detectable_drop`) is exact under a stated conservative model: the two evaluations
-independent given the rates, a champion rate of 0.5. Pure functions: no I/O, no Prefect, no MLflow.
+independent given the rates, a champion rate of 0.5. Several metrics in one night (a benchmark suite) are decided
+with Holm's correction over them (:func:`holm_decisions`), so the night's false-alarm rate stays at most
+``alpha``. Pure functions: no I/O, no Prefect, no MLflow.
 Docs: docs/pipeline/nightly.md.
 """
 
@@ -20,8 +22,8 @@ from functools import lru_cache
 from pydantic import BaseModel, Field
 
 __all__ = ["CPU_BUDGET_S", "CPU_SECONDS_PER_TREE", "DEFAULT_ALPHA", "DEFAULT_N_TASKS", "PairedTest",
-           "RegressionDecision", "choose_n", "decide", "detectable_drop", "drop_lower_bound", "paired_outcomes",
-           "paired_test", "power", "power_table", "tango_z"]
+           "RegressionDecision", "choose_n", "decide", "detectable_drop", "drop_lower_bound", "holm_adjusted",
+           "holm_decisions", "paired_outcomes", "paired_test", "power", "power_table", "tango_z"]
 
 DEFAULT_ALPHA = 0.05  # false-alarm rate allowed for a candidate within the tolerance (eval.regression_alpha)
 # The CPU budget of one nightly (cpu-smoke on a 2-core machine): the evaluation of 8 tier1 tasks took 36-37 s
@@ -249,7 +251,8 @@ def choose_n(budget_s: float = CPU_BUDGET_S, seconds_per_tree: float = CPU_SECON
 # -- the decision of one metric -----------------------------------------------------------------------------
 class RegressionDecision(BaseModel):
     """The nightly's decision for one ``/success`` metric: the paired test, both rates with Wilson 95%
-    intervals, and whether candidate and champion are the same checkpoint."""
+    intervals, whether candidate and champion are the same checkpoint and, when the night tested several
+    metrics, the Holm-adjusted p that decides (:func:`holm_decisions`)."""
 
     metric: str
     status: str = Field(description="'REGRESSION', 'ok', or 'no champion outcomes' (nothing to pair with).")
@@ -258,6 +261,9 @@ class RegressionDecision(BaseModel):
     champion_from: str = Field("", description="Where the champion's outcomes come from (this run, or a stored "
                                "evaluation).")
     result: PairedTest | None = None
+    p_adjusted: float | None = Field(None, description="Holm-adjusted p over the night's tested metrics "
+                                     "(holm_decisions); None: not adjusted (the raw p decides).")
+    family: int = Field(1, description="Tests the Holm correction was over (1: none).")
 
     @property
     def regression(self) -> bool:
@@ -265,36 +271,42 @@ class RegressionDecision(BaseModel):
 
     def table_row(self) -> dict[str, object]:
         """The row of the comparison table: n, successes and Wilson 95% intervals of both, losses/wins, drop,
-        its lower bound, the test, p, alpha, tolerance, status and the same-checkpoint note."""
+        its lower bound, the test, p, the Holm-adjusted p (``p_holm``: the p that decides; the raw p when
+        not adjusted), status and the same-checkpoint note."""
         from rao_core.evaluation import wilson_interval
 
         r = self.result
         if r is None:
             return {"metric": self.metric, "n": 0, "champion": "", "candidate": "", "losses/wins": "", "drop": "",
-                    "drop_bound": "", "test": "", "p": "", "status": self.status, "same_checkpoint": self.same_checkpoint,
-                    "champion_from": self.champion_from}
+                    "drop_bound": "", "test": "", "p": "", "p_holm": "", "status": self.status,
+                    "same_checkpoint": self.same_checkpoint, "champion_from": self.champion_from}
 
         def rate(s: float) -> str:
             lo, hi = wilson_interval(min(s, r.n), r.n)
             return f"{s:g}/{r.n} = {s / r.n:.3f} [{lo:.2f}, {hi:.2f}]" if r.n else "-"
 
+        holm = r.p_value if self.p_adjusted is None else self.p_adjusted
         return {"metric": self.metric, "n": r.n, "champion": rate(r.champion_successes),
                 "candidate": rate(r.candidate_successes),
                 "losses/wins": f"{r.losses}/{r.wins}" if r.test == "tango-score" else "",
                 "drop": round(r.drop, 3), "drop_bound": "" if r.drop_bound is None else round(r.drop_bound, 3),
-                "test": f"{r.test}, one-sided: drop > {r.tolerance:g} at alpha {r.alpha:g}",
-                "p": round(r.p_value, 4), "status": self.status, "same_checkpoint": self.same_checkpoint,
-                "champion_from": self.champion_from}
+                "test": f"{r.test}, one-sided: drop > {r.tolerance:g} at alpha {r.alpha:g}"
+                        + (f", Holm over {self.family} metrics" if self.family > 1 else ""),
+                "p": round(r.p_value, 4), "p_holm": round(holm, 4), "status": self.status,
+                "same_checkpoint": self.same_checkpoint, "champion_from": self.champion_from}
 
     def message(self) -> str:
-        """One line for a regression error, e.g. ``eval/recursive/tier1/success: 20/100 vs champion 50/100
-        (drop 0.300, 95% lower bound 0.19 > tolerance 0.1; tango-score p = 0.0001)``."""
+        """One line for a regression error, e.g. ``eval/textcraft/recursive/tier1/success: 20/100 vs champion
+        50/100 (drop 0.300, 95% lower bound 0.19 > tolerance 0.1; tango-score p = 0.0001)``, ending ``, Holm over
+        4 metrics p = 0.0004`` when the night tested several."""
         r = self.result
         if r is None:
             return f"{self.metric}: {self.status}"
+        holm = (f", Holm over {self.family} metrics p = {self.p_adjusted:.4f}"
+                if self.p_adjusted is not None and self.family > 1 else "")
         return (f"{self.metric}: {r.candidate_successes:g}/{r.n} vs champion {r.champion_successes:g}/{r.n} "
                 f"(drop {r.drop:.3f}, {1 - r.alpha:.0%} lower bound {r.drop_bound:.3f} > tolerance {r.tolerance:g}; "
-                f"{r.test} p = {r.p_value:.4f})")
+                f"{r.test} p = {r.p_value:.4f}{holm})")
 
 
 def decide(metric: str, champion: Mapping[str, float | None] | None, candidate: Mapping[str, float | None], *,
@@ -310,3 +322,46 @@ def decide(metric: str, champion: Mapping[str, float | None] | None, candidate: 
     t = paired_test(pairs, tolerance, alpha)
     return RegressionDecision(metric=metric, status="REGRESSION" if t.regression else "ok",
                               same_checkpoint=same_checkpoint, champion_from=champion_from, result=t)
+
+
+# -- several metrics in one night: Holm's correction -----------------------------------------------------------
+def holm_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
+    procedure", Scand J Stat 6:65-70), in the input's order: with the ``m`` p-values sorted ascending,
+    ``p_(1) <= ... <= p_(m)``::
+
+        adj_(k) = min(1, max_{j <= k} (m - j + 1) p_(j))                                         (H1)
+
+    Rejecting where ``adj < alpha`` rejects ``p_(k)`` while every ``p_(j) < alpha / (m - j + 1)``, j <= k, and
+    keeps the family-wise false-alarm rate at most ``alpha`` whatever the dependence between the tests. E.g.
+    ``[0.01, 0.04, 0.03, 0.005]`` -> ``[0.03, 0.06, 0.06, 0.02]``; one p-value is its own adjusted value.
+    (statsmodels' ``multipletests(method="holm")`` computes the same; it is not a dependency here.) Raises
+    ValueError for a p-value outside [0, 1]."""
+    for p in p_values:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p-values must be in [0, 1], got {p}")
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [1.0] * m
+    running = 0.0
+    for k, i in enumerate(order):  # k = 0 for the smallest: multiplier m - k
+        running = max(running, min(1.0, (m - k) * p_values[i]))
+        out[i] = running
+    return out
+
+
+def holm_decisions(decisions: Sequence[RegressionDecision]) -> list[RegressionDecision]:
+    """``decisions`` (one per metric of one night, :func:`decide`) with Holm's correction (:func:`holm_adjusted`)
+    over those that were tested (``result`` not None): each gets ``p_adjusted``, ``family`` (the number of tests
+    corrected over) and the status of its adjusted p (``REGRESSION`` when ``p_adjusted < alpha``), so that the
+    night's false-alarm rate for candidates within the tolerance on every metric stays at most ``alpha``, however
+    many benchmarks it compares. The others are returned unchanged; with one test nothing changes."""
+    tested = [i for i, d in enumerate(decisions) if d.result is not None]
+    adjusted = holm_adjusted([decisions[i].result.p_value for i in tested])
+    out = list(decisions)
+    for i, p in zip(tested, adjusted):
+        d = decisions[i]
+        regression = d.result.n > 0 and p < d.result.alpha
+        out[i] = d.model_copy(update={"p_adjusted": p, "family": len(tested),
+                                      "status": "REGRESSION" if regression else "ok"})
+    return out

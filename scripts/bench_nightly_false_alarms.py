@@ -3,9 +3,10 @@ regression").
 
 Runs the nightly (``flows.evaluate.rao_evaluate``, the deployment's code path) ``--runs`` times on one checkpoint
 against itself: ``--model`` (default ``champion``) of campaign ``--campaign``'s registered model, with
-``fresh_champion`` so that every run evaluates the checkpoint twice on the same tasks (the config's own evaluation
-at ``eval.regression_n_tasks`` tasks, or ``--n-tasks``), and decides as a night does. Every failure is a false
-alarm. Prints one line per run (successes of both evaluations, losses/wins, p, decision, wall time), then the
+``fresh_champion`` so that every run evaluates the checkpoint twice on the same tasks (the config's training
+benchmark at ``eval.regression_n_tasks`` tasks, or ``--n-tasks``; with ``--whole-suite`` the config's whole
+benchmark suite, the nightly's default, its metrics Holm-corrected together), and decides as a night does. Every
+failure is a false alarm. Prints one line per run (successes of both evaluations, losses/wins, p, decision, wall time), then the
 false alarms / runs with their Wilson 95% interval, the smallest drop the settings catch with 80% power
 (``rao_core.regression.detectable_drop``) and the min / median / max wall time of a run. ``--out`` writes it all
 as JSON, the runs so far and their summary after each run: a re-run with the same settings and ``--out`` resumes
@@ -22,7 +23,8 @@ CPU defaults a run is two evaluations of 100 tasks plus a vLLM start (measured 3
 so 20 runs take about 2.5 hours. Run it on an otherwise quiet machine.
 
 Usage: .venv/bin/python scripts/bench_nightly_false_alarms.py [--runs 20] [--config configs/cpu-smoke.yaml]
-       [--campaign smoke] [--model champion] [--n-tasks N] [--out docs/results/nightly-false-alarms.json] [--report]
+       [--campaign smoke] [--model champion] [--n-tasks N] [--whole-suite]
+       [--out docs/results/nightly-false-alarms.json] [--report]
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def main() -> None:
     ap.add_argument("--campaign", default="", help="Campaign whose registered model is used (default: the config's).")
     ap.add_argument("--model", default="champion", help="Alias or version checked against itself.")
     ap.add_argument("--n-tasks", type=int, default=None, help="Tasks per difficulty (default eval.regression_n_tasks).")
+    ap.add_argument("--whole-suite", action="store_true",
+                    help="Evaluate the config's whole benchmark suite each run (the nightly's default: every benchmark "
+                         "with its paired test, Holm-corrected together), not the training benchmark alone.")
     ap.add_argument("--out", default="", help="Write the runs and the summary as JSON here.")
     ap.add_argument("--report", action="store_true",
                     help="Print the summary of the runs already in --out and exit (runs nothing, writes nothing).")
@@ -67,12 +72,13 @@ def main() -> None:
 
     _prefect_env()
     from flows.campaign import CampaignParams
-    from flows.evaluate import EvaluateParams, RegressionError, champion_suite, rao_evaluate
+    from flows.evaluate import EvaluateParams, RegressionError, champion_suite, default_suite, rao_evaluate
     from research.designs import git_output
     from rao_core.paths import REPO_ROOT
 
     base = CampaignParams(config=args.config).resolve()
     entry = champion_suite(base, args.n_tasks)
+    suite = default_suite(base, args.n_tasks) if args.whole_suite else [entry]
     tol, alpha = base.eval.tolerance, base.eval.regression_alpha
     label = {"config": args.config, "model": args.model, "campaign": args.campaign or base.name}
     runs: list[dict] = _done_runs(args.out, args)
@@ -86,7 +92,7 @@ def main() -> None:
         print(f"resuming {args.out}: runs 1-{len(runs)} already done", flush=True)
     for i in range(len(runs) + 1, args.runs + 1):
         name = f"bench-fa-{i}"
-        params = EvaluateParams(config=args.config, model=args.model, campaign=args.campaign, suite=[entry],
+        params = EvaluateParams(config=args.config, model=args.model, campaign=args.campaign, suite=suite,
                                 name=name, fresh_champion=True)
         t0 = time.monotonic()
         try:
@@ -178,7 +184,8 @@ def summary_text(s: dict) -> str:
 
 
 def _settings(args: argparse.Namespace) -> dict:
-    return {"config": args.config, "campaign": args.campaign, "model": args.model, "n_tasks": args.n_tasks}
+    whole = {"whole_suite": True} if getattr(args, "whole_suite", False) else {}  # records of one benchmark lack it
+    return {"config": args.config, "campaign": args.campaign, "model": args.model, "n_tasks": args.n_tasks, **whole}
 
 
 def _done_runs(out: str, args: argparse.Namespace) -> list[dict]:

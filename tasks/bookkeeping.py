@@ -14,15 +14,15 @@ from prefect import get_run_logger
 
 from rao_core.config import CampaignConfig
 from tasks import tracking
-from tasks.stages import primary_metric
+from tasks.stages import benchmark_tags, primary_metric, primary_score
 from infra import stage_io
 from infra.stage_io import RunContext, artifact_key, stage
 from infra.stage_records import Checkpoint, RegisterOutput
 from infra.tracking import MODEL_TRAINING_VIEW, configure_mlflow, ensure_experiment, mlflow_ui_command
 
-__all__ = ["CAMPAIGN_DONE_KEY", "already_complete_line", "campaign_run", "completed_summary", "flatten",
-           "iteration_run", "log_config_params", "mlflow_link", "mlflow_setup", "register_held", "summary_artifact",
-           "summary_markdown"]
+__all__ = ["CAMPAIGN_DONE_KEY", "already_complete_line", "benchmark_points", "campaign_run", "completed_summary",
+           "flatten", "iteration_run", "log_config_params", "mlflow_link", "mlflow_setup", "primary_rows", "register_held",
+           "summary_artifact", "summary_markdown"]
 
 
 def campaign_run(cfg: CampaignConfig, experiment_id: str) -> str:
@@ -70,20 +70,21 @@ def iteration_run(ctx: RunContext, iteration: int) -> str:
 # tasks.stages.IO_RETRIES, written out: importing tasks.stages here would slow `rao run`'s completion check
 @stage("register", name="register-checkpoint", retries=2, retry_delay_seconds=[5, 20])
 def register_held(ctx: RunContext, iteration: int, ckpt: Checkpoint, eval_metrics: dict[str, float], run_id: str,
-                  line: str = "") -> RegisterOutput:
+                  line: str = "", eval_rows: list[dict] | None = None) -> RegisterOutput:
     """Register iteration ``iteration``'s checkpoint (an optimizer step was made) as a model version, as
     ``tasks.stages.register_checkpoint`` does, but never move ``champion`` to it: the collapse guard
     (``rao_core.guard``) judged the iteration a collapse. The version carries the tags of a registered
-    checkpoint (campaign, iteration, evaluation scores) plus ``rao.guard = collapse`` and, in its description,
-    the guard's ``line``. The same resumable stage (marker ``iter-K/_done/register.json``): whichever of the
-    two registered an iteration, a re-run returns its record. Alias ``candidate`` moves to it (the latest)."""
+    checkpoint (campaign, iteration, evaluation scores, each benchmark's ``rao.benchmark.<name>`` from
+    ``eval_rows``) plus ``rao.guard = collapse`` and, in its description, the guard's ``line``. The same resumable
+    stage (marker ``iter-K/_done/register.json``): whichever of the two registered an iteration, a re-run returns
+    its record. Alias ``candidate`` moves to it (the latest)."""
     name, metric = tracking.registered_model_name(ctx.config), primary_metric(ctx)
     tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, "rao.updated": "true", "rao.guard": "collapse",
-            **{k: round(v, 4) for k, v in eval_metrics.items()}}
+            **{k: round(v, 4) for k, v in eval_metrics.items()}, **benchmark_tags(eval_rows or [])}
     desc = f"Checkpoint {ckpt.uri}\n\ncampaign {ctx.name}, iteration {iteration}; not promoted: {line or 'collapse'}"
     version = tracking.register_version(name, ckpt.uri, run_id, tags, desc)
-    return RegisterOutput(model=name, version=version, champion=False, metric=metric, score=eval_metrics.get(metric),
-                          updated=True)
+    return RegisterOutput(model=name, version=version, champion=False, metric=metric,
+                          score=primary_score(ctx, eval_metrics, metric), updated=True)
 
 
 CAMPAIGN_DONE_KEY = "_done/campaign.json"  # the summary of the run that completed the campaign
@@ -123,19 +124,46 @@ def mlflow_link(summary: dict[str, Any]) -> str:
     return page if base == uri.rstrip("/") else f"{page} (start the UI: `{mlflow_ui_command(uri)}`)"
 
 
+def benchmark_points(summary: dict[str, Any]) -> tuple[list[int], list[tuple[str, str, dict[int, dict[str, Any]]]]]:
+    """A campaign summary's evaluation by benchmark: the evaluated iterations (0: the base evaluation), and per
+    evaluation row, in first-seen order, ``(benchmark, "<mode>/<difficulty>", {iteration: its row})``; a row that
+    names no benchmark (a summary written before rows named theirs) is the training benchmark's
+    (``summary["eval_suite"]["training"]``, "" when the summary does not say)."""
+    train = (summary.get("eval_suite") or {}).get("training", "")
+    points = [(0, summary.get("base_eval") or [])] if summary.get("base_eval") else []
+    points += [(it["iteration"], it.get("eval_rows") or []) for it in summary.get("iterations", [])
+               if it.get("eval_rows")]
+    rows: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for k, evaluated in points:
+        for r in evaluated:
+            rows.setdefault((r.get("benchmark") or train, f"{r['mode']}/{r['difficulty']}"), {})[k] = r
+    return [k for k, _ in points], [(b, row, by_it) for (b, row), by_it in rows.items()]
+
+
+def primary_rows(summary: dict[str, Any], rows: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The rows of ``rows`` that belong to the summary's deciding benchmark (``summary["eval_suite"]["primary"]``;
+    every row of a summary that does not name one, and every row that names no benchmark)."""
+    primary = (summary.get("eval_suite") or {}).get("primary")
+    return [r for r in rows or [] if not primary or r.get("benchmark", primary) == primary]
+
+
 def summary_markdown(summary: dict[str, Any], note: str = "") -> str:
     """The campaign's summary as markdown (the flow run's ``<campaign>-summary`` artifact, the UI's copy of
-    ``rao run``'s end-of-run table): validation success by iteration with Wilson intervals, model version and
-    champion (``no: collapse guard`` for a checkpoint the guard held back, whose line is printed above the
-    table), the flow's wall time, where the artifacts are and the MLflow link. ``note``: a first line."""
-    def ev(rows: list[dict[str, Any]]) -> str:
+    ``rao run``'s end-of-run tables): validation success by iteration on the deciding benchmark with Wilson
+    intervals, model version and champion (``no: collapse guard`` for a checkpoint the guard held back, whose line
+    is printed above the table); then, when the suite has more than one benchmark, held-out success with a row
+    per benchmark (and mode/difficulty) and a column per evaluated iteration (:func:`benchmark_points`); the
+    flow's wall time, where the artifacts are and the MLflow link. ``note``: a first line."""
+    def ev(rows: list[dict[str, Any]] | None) -> str:
         return "<br>".join(f"{r['mode']}/{r['difficulty']}: {r['success']:.2f} {r['ci95']} (n {r['n']})"
-                           for r in rows or [])
+                           for r in primary_rows(summary, rows))
 
     lines = [f"## Campaign {summary['campaign']}", ""] + ([note, ""] if note else [])
     guard = summary.get("guard") or {}
     lines += [f"**{g}**" for g in guard.get("collapses", [])] + ([""] if guard.get("collapses") else [])
-    lines += ["| iteration | train success | evaluation: success [95% CI] | version | champion |", "|---|---|---|---|---|"]
+    primary = (summary.get("eval_suite") or {}).get("primary")
+    lines += [f"| iteration | train success | evaluation{f' ({primary})' if primary else ''}: success [95% CI] | "
+              "version | champion |", "|---|---|---|---|---|"]
     if summary.get("base_eval"):
         reg = (summary.get("warm_start") or {}).get("register") or {}
         lines.append(f"| 0 | | {ev(summary['base_eval'])} | {reg.get('version', '')} | "
@@ -146,6 +174,13 @@ def summary_markdown(summary: dict[str, Any], note: str = "") -> str:
         lines.append(f"| {it['iteration']} | {m.get('success/root', float('nan')):.2f} | {ev(it.get('eval_rows'))} | "
                      f"{reg.get('version', '')}{'' if reg.get('updated', True) else ' (no update)'} | "
                      f"{'yes' if reg.get('champion') else 'no: collapse guard' if held else ''} |")
+    its, rows = benchmark_points(summary)
+    if len({b for b, _, _ in rows}) > 1:
+        lines += ["", "| benchmark | mode/difficulty | " + " | ".join(f"iteration {k}" for k in its) + " |",
+                  "|---|---|" + "---|" * len(its)]
+        for b, row, by_it in rows:
+            cells = [f"{r['success']:.2f} {r['ci95']} (n {r['n']})" if (r := by_it.get(k)) else "" for k in its]
+            lines.append(f"| {b} | {row} | " + " | ".join(cells) + " |")
     lines += ["", f"- wall time: {summary.get('wall_s', '?')} s" + (f", completed {summary['completed_at']}"
                                                                   if summary.get("completed_at") else ""),
               f"- artifacts: {summary.get('s3_prefix', '?')}", f"- MLflow: {mlflow_link(summary)}"]

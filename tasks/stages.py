@@ -18,6 +18,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
 from rao_core.config import CampaignConfig
+from rao_core.evaluation import Benchmark
 from rao_core.envs import Task, get_env, load_tasks, write_tasks
 from rao_core.progress import every_tenth, fan_out, quiet_heartbeat
 from rao_core.train.checkpoint import is_checkpoint
@@ -434,43 +435,47 @@ def train_policy(ctx: RunContext, iteration: int, samples_uri: str, parent: Chec
                        peak_rss_mb=round(peak_rss_mb, 1) if peak_rss_mb is not None else None)
 
 
-def validation_tasks(ctx: RunContext) -> list[Task]:
-    """Held-out validation tasks: ``rao_core.evaluation.eval_tasks`` of the ``eval`` section on the
-    campaign's environment, cached locally under a key of everything that defines them (so the nightly
-    suite's entries and a changed ``eval`` section never read another set's cache)."""
+def validation_tasks(ctx: RunContext, benchmark: Benchmark | None = None) -> list[Task]:
+    """Held-out validation tasks of ``benchmark`` (default: the campaign's training benchmark, the first of
+    ``CampaignConfig.suite``): ``rao_core.evaluation.eval_tasks`` on its environment with its generator options,
+    cached locally under a key of everything that defines them (so the suite's benchmarks, the nightly's larger
+    draws and a changed ``eval`` section never read another set's cache)."""
     import hashlib
 
     from rao_core.evaluation import eval_tasks
 
-    cfg, ev = ctx.config.tasks, ctx.config.eval
-    env = get_env(cfg.env, **cfg.env_options)
-    key = json.dumps([cfg.env, cfg.env_options, cfg.generator_options, ev.difficulties, ev.n_tasks, ev.seed,
-                      ev.split], sort_keys=True, default=str)
+    b = benchmark or ctx.config.suite()[0]
+    env = get_env(b.env, **b.env_options)
+    key = json.dumps([b.env, b.env_options, b.generator_options, b.difficulties, b.n_tasks, b.seed, b.split],
+                     sort_keys=True, default=str)
     path = ctx.local(f"tasks/validation-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl")
     if not path.exists():
-        write_tasks(path, eval_tasks(env, ev, **cfg.generator_options))
+        write_tasks(path, eval_tasks(env, b, **b.generator_options))
     return load_tasks(path, env)
 
 
 def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
-                   iteration: int | str | None = None) -> EvalOutput:
-    """Evaluate the served policy on the validation tasks in each mode of ``eval`` with the campaign's
-    runtime: ``rao_core.evaluation.run_evaluation`` (the code path of ``rao eval``), each tree seeded from
-    ``eval.seed`` (``rao_core.task_sampling.eval_tree_seed``; sent to the server only if ``served.seeded``, as the
-    rollouts' seeds are), so champion and candidate sample alike where the server honours seeds. Progress (trees
-    finished over all modes) goes to the Prefect progress artifact
+                   iteration: int | str | None = None, benchmarks: list[Benchmark] | None = None) -> EvalOutput:
+    """Evaluate the served policy on each benchmark of ``benchmarks`` (default: the campaign's suite at this
+    iteration, ``CampaignConfig.suite_at``: all of them at iteration 0 and the last, those with ``at`` 'every'
+    in between), on its validation tasks (:func:`validation_tasks`) in each of its modes with the campaign's
+    runtime: ``rao_core.evaluation.run_evaluation`` once per benchmark (the code path of ``rao eval``), each tree
+    seeded from the benchmark's seed (``rao_core.task_sampling.eval_tree_seed``; sent to the server only if
+    ``served.seeded``, as the rollouts' seeds are), so champion and candidate sample alike where the server
+    honours seeds. Progress (trees finished over all benchmarks and modes) goes to the Prefect progress artifact
     ``artifact_key(ctx.name, "evaluate-progress", iteration)`` inside a flow run, and to a terminal bar. With
     ``execution.backend: ray`` the trees grow as shards on the Ray cluster (:func:`_evaluate_on_ray`) and are
     summarised by the same ``rao_core.evaluation.report_from_trees``.
 
-    Returns flat ``eval/<mode>/<difficulty>/...`` metrics and table rows (no report stored).
+    Returns flat ``eval/<benchmark>/<mode>/<difficulty>/...`` metrics and table rows, each row naming its
+    benchmark (no report stored).
     """
-    from rao_core.evaluation import run_evaluation as evaluate_tasks
+    from rao_core.evaluation import EvalReport, run_evaluation as evaluate_tasks
     from rao_core.runtime import load_tokenizer
 
-    env = get_env(ctx.config.tasks.env, **ctx.config.tasks.env_options)
-    tasks = validation_tasks(ctx)
-    total = len(tasks) * len(ctx.config.eval.modes)  # run_trees counts per mode: count across modes here
+    suite = list(benchmarks) if benchmarks is not None else ctx.config.suite_at(iteration)
+    sets = [(b, validation_tasks(ctx, b)) for b in suite]
+    total = sum(len(tasks) * len(b.modes) for b, tasks in sets)  # run_trees counts per call: count across all here
     ui = ProgressArtifact(artifact_key(ctx.name, "evaluate-progress", iteration), "evaluation trees finished")
     finished, solved = [0], [0]
     # a log line at each tenth (a piped log or the Prefect UI has no bar: an evaluation of 100 trees is minutes)
@@ -487,16 +492,19 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
     ui(0, total)
     where = "evaluation" if iteration is None else f"iteration {str(iteration).removeprefix('iter-')} evaluate"
     # said before the first tree, which takes tens of seconds (the log was silent until the first tenth)
-    modes = ", ".join(ctx.config.eval.modes)
-    run_logger().info(f"{where}: {total} trees ({len(tasks)} held-out tasks x modes {modes}); a line at each tenth "
-                      "finished")
-    if ctx.config.execution.backend == "ray":
-        report = _evaluate_on_ray(ctx, iteration, tasks, served, tokenizer_path, where,
-                                  lambda r: progress(0, 0, None, r.num_trees, r.solved))
-    else:
-        report = evaluate_tasks(ctx.config.eval, env=env, tasks=tasks, runtime=ctx.config.runtime,
-                                tokenizer=load_tokenizer(tokenizer_path), policy=_policy(ctx, served),
-                                progress=progress, seeded=True)
+    what = "; ".join((f"{b.name}: " if len(sets) > 1 else "")
+                     + f"{len(tasks)} held-out tasks x modes {', '.join(b.modes)}" for b, tasks in sets)
+    run_logger().info(f"{where}: {total} trees ({what}); a line at each tenth finished")
+    report = EvalReport()
+    tokenizer = load_tokenizer(tokenizer_path) if ctx.config.execution.backend != "ray" else None
+    for b, tasks in sets:
+        if ctx.config.execution.backend == "ray":
+            report = report + _evaluate_on_ray(ctx, iteration, tasks, served, tokenizer_path, where,
+                                               lambda r: progress(0, 0, None, r.num_trees, r.solved), b)
+        else:
+            report = report + evaluate_tasks(b, env=get_env(b.env, **b.env_options), tasks=tasks,
+                                             runtime=ctx.config.runtime, tokenizer=tokenizer,
+                                             policy=_policy(ctx, served), progress=progress, seeded=True)
     infra = check_infra_failures(ctx, where, report.trees)  # a dead server fails the stage, no marker written
     if infra:
         run_logger().warning(f"{where}: {len(report.trees)} trees, {infra_text(infra)} (left unscored)")
@@ -504,34 +512,61 @@ def run_evaluation(ctx: RunContext, served: ServedEndpoint, tokenizer_path: str,
 
 
 def _evaluate_on_ray(ctx: RunContext, iteration: int | str | None, tasks: list[Task], served: ServedEndpoint,
-                     tokenizer_path: str, where: str, advance) -> "EvalReport":
-    """The evaluation of ``tasks`` in each mode of ``eval`` as shards on the Ray cluster (backend 'ray'): per
-    mode, ``infra.ray_rollouts.plan_eval_shards`` (objects under ``<folder>/eval/shards/``, folder ``iter-K``, or
-    ``eval`` outside an iteration), read back in task order and summarised as the local backend does
-    (``rao_core.evaluation.report_from_trees``). ``advance(result)``: a shard finished (``ShardResult``: its trees and roots solved)."""
+                     tokenizer_path: str, where: str, advance, benchmark: Benchmark | None = None) -> "EvalReport":
+    """The evaluation of ``tasks`` in each mode of ``benchmark`` (default: the training benchmark) as shards on
+    the Ray cluster (backend 'ray'): per mode, ``infra.ray_rollouts.plan_eval_shards`` (objects under
+    ``<folder>/eval/shards/``, folder ``iter-K``, or ``eval`` outside an iteration, then ``/<benchmark>`` for a
+    benchmark other than the training one), read back in task order and summarised as the local backend does
+    (``rao_core.evaluation.report_from_trees``), rows named by the benchmark. ``advance(result)``: a shard
+    finished (``ShardResult``: its trees and roots solved)."""
     from rao_core.evaluation import EvalReport, report_from_trees
     from infra import ray_rollouts as rollouts
 
-    ev, ex = ctx.config.eval, ctx.config.execution
+    ex = ctx.config.execution
+    b = benchmark or ctx.config.suite()[0]
     folder = iter_key(iteration) if iteration is not None else "eval"
-    report = EvalReport(graded=ev.graded)
-    for mode in ev.modes:
-        shards = rollouts.plan_eval_shards(tasks, mode=mode, shards=ex.shards, folder=folder, seed=ev.seed)
+    if b.name != ctx.config.training_benchmark_name():
+        folder = f"{folder}/{b.name}"
+    report = EvalReport(graded=b.graded)
+    for mode in b.modes:
+        shards = rollouts.plan_eval_shards(tasks, mode=mode, shards=ex.shards, folder=folder, seed=b.seed)
         t0 = time.monotonic()
         results = rollouts.run_on_ray(ctx, iteration, shards, served, tokenizer_path, _policy,
-                                      advance, what=f"{where} ({mode})")
-        trees = rollouts.read_shards(ctx, f"{where} ({mode})", shards, results)
-        report = report + report_from_trees(tasks, trees, mode=mode, graded=ev.graded,
-                                            wall_s=time.monotonic() - t0, keep_trees=ev.stored_trees)
-    return report
+                                      advance, what=f"{where} ({b.name}, {mode})")
+        trees = rollouts.read_shards(ctx, f"{where} ({b.name}, {mode})", shards, results)
+        report = report + report_from_trees(tasks, trees, mode=mode, graded=b.graded,
+                                            wall_s=time.monotonic() - t0, keep_trees=b.stored_trees)
+    return report.named(b.name)
 
 
 evaluate_checkpoint = task(run_evaluation, name="evaluate-checkpoint", cache_policy=NONE)  # not resumable: the nightly
 
 
 def primary_metric(ctx: RunContext) -> str:
-    ev = ctx.config.eval
-    return ev.primary_metric or f"eval/{ev.modes[0]}/{ev.difficulties[0]}/success"
+    """The metric the champion rule ranks by: ``eval.primary_metric`` (a key without a benchmark is the primary
+    benchmark's: ``rao_core.evaluation.named_key``), else the primary benchmark's
+    (``CampaignConfig.primary_benchmark``) success in its first mode on its first difficulty."""
+    from rao_core.evaluation import metric_key, named_key
+
+    cfg, name = ctx.config, ctx.config.primary_benchmark()
+    if cfg.eval.primary_metric:
+        return named_key(cfg.eval.primary_metric, name)
+    b = next(b for b in cfg.suite() if b.name == name)
+    return metric_key(name, b.modes[0], b.difficulties[0])
+
+
+def primary_score(ctx: RunContext, metrics: dict[str, float], metric: str) -> float | None:
+    """``metrics[metric]``, or for the training benchmark's metric of a record written before metric keys
+    named their benchmark, its key without the benchmark (``rao_core.evaluation.legacy_key``); None when
+    neither is there."""
+    from rao_core.evaluation import legacy_key
+
+    if metric in metrics:
+        return metrics[metric]
+    old = legacy_key(metric)
+    if old is not None and metric.split("/")[1] == ctx.config.training_benchmark_name():
+        return metrics.get(old)
+    return None
 
 
 @stage("evaluate", name="evaluate")
@@ -565,29 +600,50 @@ def skip_evaluation(ctx: RunContext, iteration: int, trained_from: int | None = 
     return EvalOutput(evaluated=False, trained_from=trained_from)
 
 
+def benchmark_tags(rows: list[dict]) -> dict[str, str]:
+    """A model version's one tag per evaluated benchmark, ``rao.benchmark.<name>``: each of its rows as
+    ``<mode>/<difficulty> <success> [<Wilson 95%>] n <n>``, ``; ``-joined, e.g. ``recursive/tier1 0.250 [0.07,
+    0.59] n 8`` (the registry's Compare lists them side by side; the metrics are tagged besides). Rows of no
+    named benchmark are left out."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("benchmark"):
+            out.setdefault(f"rao.benchmark.{r['benchmark']}", []).append(
+                f"{r['mode']}/{r['difficulty']} {r['success']:.3f} {r['ci95']} n {r['n']}")
+    return {k: "; ".join(v) for k, v in out.items()}
+
+
 @stage("register", name="register-checkpoint", **IO_RETRIES)
 def register_checkpoint(ctx: RunContext, iteration: int, ckpt: Checkpoint, eval_metrics: dict[str, float],
-                        run_id: str, updated: bool = True, evaluated: bool = True) -> RegisterOutput:
+                        run_id: str, updated: bool = True, evaluated: bool = True,
+                        eval_rows: list[dict] | None = None) -> RegisterOutput:
     """Register the checkpoint as a model version (unless its weights equal a version the campaign registered
-    before: ``updated`` False); move champion only for a real update not worse than the champion beyond
-    ``eval.tolerance``, never for a checkpoint not evaluated (``evaluated`` False: ``eval.every``; tag
-    ``rao.evaluated`` false)."""
+    before: ``updated`` False), tagged with every evaluation metric (each benchmark's) and
+    :func:`benchmark_tags` of ``eval_rows``; move champion only for a real update not worse than the champion on
+    the primary metric (:func:`primary_metric`) beyond ``eval.tolerance``, never for a checkpoint not evaluated
+    (``evaluated`` False: ``eval.every``; tag ``rao.evaluated`` false)."""
+    from rao_core.evaluation import legacy_key
+
     name = tracking.registered_model_name(ctx.config)
     metric = primary_metric(ctx)
+    score = primary_score(ctx, eval_metrics, metric)
     same = None if updated else tracking.campaign_version(name, ctx.name, iteration)  # weights unchanged
     if same is not None:
-        return RegisterOutput(model=name, version=same, champion=False, metric=metric,
-                              score=eval_metrics.get(metric), updated=False)
+        return RegisterOutput(model=name, version=same, champion=False, metric=metric, score=score, updated=False)
     tags = {"rao.campaign": ctx.name, "rao.iteration": iteration, "rao.updated": str(updated).lower(),
-            **({} if evaluated else {"rao.evaluated": "false"}), **{k: round(v, 4) for k, v in eval_metrics.items()}}
+            **({} if evaluated else {"rao.evaluated": "false"}), **{k: round(v, 4) for k, v in eval_metrics.items()},
+            **benchmark_tags(eval_rows or [])}
     desc = (f"Checkpoint {ckpt.uri}\n\ncampaign {ctx.name}, iteration {iteration}"
             + ("" if updated else "; update skipped (no optimizer step): the weights it started from")
             + ("" if evaluated else f"; not evaluated (eval.every {ctx.config.eval.every}): never champion"))
     version = tracking.register_version(name, ckpt.uri, run_id, tags, desc)
-    promoted = evaluated and tracking.promote(name, version, eval_metrics.get(metric), metric,
-                                              tolerance=ctx.config.eval.tolerance, updated=updated)
-    return RegisterOutput(model=name, version=version, champion=promoted, metric=metric,
-                          score=eval_metrics.get(metric), updated=updated)
+    # a champion registered before metric keys named their benchmark holds the training benchmark's score as
+    # its key without the benchmark
+    legacy = legacy_key(metric) if metric.split("/")[1:2] == [ctx.config.training_benchmark_name()] else None
+    promoted = evaluated and tracking.promote(name, version, score, metric, tolerance=ctx.config.eval.tolerance,
+                                              updated=updated, legacy_metric=legacy)
+    return RegisterOutput(model=name, version=version, champion=promoted, metric=metric, score=score,
+                          updated=updated)
 
 
 def checkpoint_from_uri(ctx: RunContext, ref: str) -> Checkpoint:

@@ -13,9 +13,10 @@
   (cell, REPL output, token usage) under its node; only infrastructure failures are errors
   (:func:`infra.tracking.log_trees_as_traces`), linked to the iteration run.
 - Registry: every checkpoint is a model version of :func:`registered_model_name` whose source is the
-  checkpoint's S3 URI, tagged with campaign, iteration and evaluation scores; alias ``candidate`` is the
-  latest version, ``champion`` is moved only by :func:`promote` (a real update whose primary metric is
-  not worse than the current champion's beyond the eval tolerance).
+  checkpoint's S3 URI, tagged with campaign, iteration and evaluation scores (every benchmark's metrics, and one
+  ``rao.benchmark.<name>`` line per benchmark); alias ``candidate`` is the latest version, ``champion`` is moved
+  only by :func:`promote` (a real update whose primary metric is not worse than the current champion's beyond the
+  eval tolerance).
 """
 
 from __future__ import annotations
@@ -399,20 +400,22 @@ def alias_version(name: str, alias: str) -> Any | None:
 
 
 def promote(name: str, version: str, score: float | None, metric: str, tolerance: float = 0.0, *,
-            updated: bool = True) -> bool:
+            updated: bool = True, legacy_metric: str | None = None) -> bool:
     """Move ``champion`` to ``version`` when it is a real update and not worse beyond ``tolerance``.
 
     Rules: a version whose weights equal its parent's (``updated`` False: the iteration made no optimizer
     step) never moves the alias; with no champion yet, any scored version becomes champion; otherwise
     the version must have a score and ``score >= champion score - tolerance`` (the champion's score is
-    read from its tag ``<metric>``). Returns True if moved.
+    read from its tag ``<metric>``, or ``<legacy_metric>`` when it has none: the same metric's key of a version
+    registered before metric keys named their benchmark). Returns True if moved.
     """
     if not updated:
         return False
     champ = alias_version(name, "champion")
     if champ is not None and score is not None:
+        tags = champ.tags or {}
         try:
-            best = float(champ.tags.get(metric, "nan"))
+            best = float(tags.get(metric, tags.get(legacy_metric, "nan") if legacy_metric else "nan"))
         except ValueError:
             best = float("nan")
         if math.isfinite(best) and score < best - tolerance:

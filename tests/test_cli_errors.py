@@ -160,24 +160,67 @@ def test_solve_piped_prints_the_tree_once(capsys, tmp_path, one_task):
 
 # --- rao evaluate ------------------------------------------------------------------------------------------
 
-def test_evaluate_suite_defaults_to_the_configs_own_evaluation():
-    """The suite is the config's eval difficulties and modes, at the nightly's n (eval.regression_n_tasks)."""
+def test_evaluate_suite_defaults_to_the_configs_suite_and_names_difficulties_per_environment():
+    """The suite is the config's benchmarks (cpu-smoke: TextCraft, Oolong, DeepDive, ART-E) at the nightly's n
+    (eval.regression_n_tasks); --env picks benchmarks, --difficulty ENV=D sets one benchmark's difficulties, a bare
+    --difficulty the one --env's (or the training benchmark's); every mistake is a BadParameter naming its option."""
     import typer
 
     from rao_cli.pipeline_cmd import _suite
     from rao_core.config import load_config
 
     base = load_config("configs/cpu-smoke.yaml")
-    (entry,) = _suite(base, [], [], None)
-    assert (entry.env, entry.difficulties, entry.n_tasks, entry.modes) == ("textcraft-synth", ["tier1"], 100, ["recursive"])
-    (entry,) = _suite(base, [], ["easy", "medium"], 3)
-    assert (entry.difficulties, entry.n_tasks) == (["easy", "medium"], 3)
-    with pytest.raises(typer.BadParameter, match="environment 'oolong' is not the config's"):
-        _suite(base, ["oolong"], [], None)
-    (entry,) = _suite(base, ["oolong"], ["mixed"], None)
-    assert entry.env == "oolong" and entry.modes == ["recursive", "single"]
-    with pytest.raises(typer.BadParameter, match="unknown textcraft-synth difficulty 'nope'"):
-        _suite(base, [], ["nope"], None)
+    suite = _suite(base, [], [], None)
+    assert [(e.name, e.env, e.difficulties, e.n_tasks, e.modes) for e in suite] == [
+        ("textcraft", "textcraft-synth", ["tier1"], 100, ["recursive"]), ("oolong", "oolong", ["singledoc_rolls"], 100, ["recursive"]),
+        ("deepdive", "deepdive", ["easy"], 100, ["recursive"]), ("arte", "arte", ["easy"], 100, ["recursive"])]
+    suite = _suite(base, [], ["easy", "medium", "oolong=singledoc_rolls", "oolong=multidoc_spells"], 3)
+    assert [(e.name, e.difficulties, e.n_tasks) for e in suite] == [
+        ("textcraft", ["easy", "medium"], 3), ("oolong", ["singledoc_rolls", "multidoc_spells"], 3),
+        ("deepdive", ["easy"], 3), ("arte", ["easy"], 3)]
+    (entry,) = _suite(base, ["oolong"], [], None)  # the config's benchmark of that environment
+    assert (entry.name, entry.difficulties, entry.modes) == ("oolong", ["singledoc_rolls"], ["recursive"])
+    (entry,) = _suite(base, ["deepdive-synth"], ["k3"], None)  # an alias; a bare difficulty: the one --env's
+    assert (entry.env, entry.difficulties) == ("deepdive", ["k3"])
+    two = _suite(base, ["textcraft-synth", "oolong"], ["oolong=singledoc_rolls"], None)
+    assert [(e.name, e.difficulties) for e in two] == [("textcraft", ["tier1"]), ("oolong", ["singledoc_rolls"])]
+    smaller = load_config("configs/cpu-smoke.yaml", ["eval.benchmarks={}"])
+    (entry,) = _suite(smaller, ["arte"], [], None)  # not in the config's suite: the standard benchmark
+    assert (entry.name, entry.difficulties, entry.n_tasks, entry.seed) == ("arte", ["easy"], 100, smaller.eval.seed)
+    (entry,) = _suite(smaller, ["example"], ["example=easy"], 2)  # neither: its difficulties named
+    assert (entry.name, entry.env, entry.difficulties, entry.n_tasks) == ("example", "example", ["easy"], 2)
+    for envs, difficulties, hint, message in [
+        ([], ["nope"], "'--difficulty'", "unknown textcraft-synth difficulty 'nope'"),
+        ([], ["oolong=tier1"], "'--difficulty'", "unknown oolong difficulty 'tier1'"),
+        (["oolong", "arte"], ["mixed"], "'--difficulty'", "'mixed' names no environment and 2 --env are given: write "
+                                                          "ENV=DIFFICULTY, e.g. --difficulty oolong=mixed"),
+        (["oolong"], ["arte=easy"], "'--difficulty'", "'arte=easy': 'arte' is not an environment of the suite (oolong)"),
+        ([], ["nosuchenv=easy"], "'--difficulty'", "unknown environment 'nosuchenv'"),
+        (["oolong", "oolong"], [], "'--env'", "environment 'oolong' is given twice"),
+        (["example"], [], "'--env'", "environment 'example' is not a benchmark of the config's suite nor a standard "
+                                     "one: name its difficulties, --difficulty example=DIFFICULTY"),
+    ]:
+        with pytest.raises(typer.BadParameter) as e:
+            _suite(base, envs, difficulties, None)
+        assert e.value.param_hint == hint and message in e.value.message, (envs, difficulties, e.value.message)
+
+
+def test_evaluate_refuses_a_bad_suite_before_anything_starts(capsys, monkeypatch, in_process_command):
+    """Four benchmarks in one `rao evaluate`: a bare --difficulty with several --env is one error line naming the
+    option, exit 2, before the registry, a server or the flow is touched."""
+    import flows.evaluate
+    import rao_cli.pipeline_cmd as pipeline_cmd
+
+    monkeypatch.setattr(pipeline_cmd, "_registered_model", lambda *a: pytest.fail("the registry was asked"))
+    monkeypatch.setattr(flows.evaluate, "rao_evaluate", lambda params: pytest.fail("the nightly started"))
+    code, out, err = run_cli(capsys, "evaluate", "--env", "textcraft-synth", "--env", "oolong", "--env", "deepdive",
+                             "--env", "arte", "--difficulty", "easy")
+    assert code == 2 and out == "" and one_error_line(err) == (
+        "error: Invalid value for '--difficulty': 'easy' names no environment and 4 --env are given: write "
+        "ENV=DIFFICULTY, e.g. --difficulty oolong=mixed (see `rao evaluate --help`)")
+    code, _, err = run_cli(capsys, "evaluate", "--env", "deepdive", "--difficulty", "deepdive=tier1")
+    assert code == 2 and one_error_line(err).startswith(
+        "error: Invalid value for '--difficulty': unknown DeepDive difficulty 'tier1'")
 
 
 def test_prefect_failure_report_is_dropped_unless_debugging(monkeypatch):

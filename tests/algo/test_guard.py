@@ -165,3 +165,37 @@ def test_the_config_section_defaults_and_one_line_errors():
         load_config("configs/cpu-smoke.yaml", {"guard.action": "retry"})
     with pytest.raises(ConfigError, match=r"guard\.alpha"):
         load_config("configs/cpu-smoke.yaml", {"guard.alpha": 0})
+
+
+def _bench(benchmark: str, outcomes: list[float | None], difficulty: str = "easy") -> dict:
+    """An evaluation row of ``benchmark`` (EvalRow.table_row with its benchmark named)."""
+    return {"benchmark": benchmark, **_row(outcomes, difficulty)}
+
+
+def test_only_the_deciding_benchmarks_rows_are_tested_and_the_others_are_reported():
+    """A suite of three benchmarks: Oolong loses 9 of 10 tasks (p = 2^-9), TextCraft and DeepDive hold. Deciding on
+    TextCraft the iteration passes, tested at alpha / 1, and Oolong's loss is reported with its numbers; deciding
+    on Oolong it is a collapse named by its benchmark. A row without a benchmark (a record written before rows
+    named theirs) is the deciding benchmark's and pairs with its new row."""
+    before = [_bench("textcraft", [1, 0] * 5, "tier1"), _bench("oolong", [1] * 9 + [0], "mixed"),
+              _bench("deepdive", [1, 1, 0, 0])]
+    after = [_bench("textcraft", [1, 0] * 5, "tier1"), _bench("oolong", [0] * 10, "mixed"),
+             _bench("deepdive", [1, 1, 0, 0])]
+    v = judge_iteration(2, before, after, benchmark="textcraft")
+    assert v.status == "pass" and v.level == 0.05 and [r.name for r in v.rows] == ["textcraft/recursive/tier1"]
+    assert [r.name for r in v.reported] == ["oolong/recursive/mixed", "deepdive/recursive/easy"]
+    oolong = v.reported[0]
+    assert (oolong.lost, oolong.gained, oolong.n) == (9, 0, 10) and oolong.p_value == pytest.approx(2.0 ** -9)
+    assert v.reported_text() == ("reported, not deciding: oolong/recursive/mixed 0.90 -> 0.00 (9 lost vs 0 gained "
+                                 "of 10, p = 0.002); deepdive/recursive/easy 0.50 -> 0.50 (0 lost vs 0 gained of 4, "
+                                 "p = 1)")
+    v = judge_iteration(2, before, after, benchmark="oolong")
+    assert v.collapsed and v.worst.name == "oolong/recursive/mixed" and "on oolong/recursive/mixed (" in v.line("x")
+    assert [r.name for r in v.reported] == ["textcraft/recursive/tier1", "deepdive/recursive/easy"]
+    old = [{k: x for k, x in r.items() if k != "benchmark"} for r in before[:1]]  # the training benchmark's, unnamed
+    v = judge_iteration(2, old, after, benchmark="textcraft")
+    assert v.status == "pass" and [r.name for r in v.rows] == ["textcraft/recursive/tier1"] and v.reported == []
+    v = judge_iteration(2, before[1:], after, benchmark="textcraft")  # no deciding row in the reference
+    assert v.status == "no_reference" and v.reason == "the reference evaluation has no per-task outcomes"
+    assert [r.name for r in v.reported] == ["oolong/recursive/mixed", "deepdive/recursive/easy"]
+    assert judge_iteration(2, before, after, benchmark="").collapsed  # no deciding benchmark named: every row tests

@@ -2,8 +2,9 @@
 --prefect-server``, ``rao deploy`` and the worker command it prints, the ``campaign`` deployment runs a cheap
 campaign (tiny model, 1 iteration) to COMPLETED, then the ``nightly-evaluation`` deployment, under another
 name, evaluates the checkpoint that campaign registered (fetched by its own S3 URI) to COMPLETED with the
-deployment's default parameters (the config's own evaluation: the champion, the same version, evaluated in the
-same run on the same tasks, >= 1 metric compared by the paired test, the table saying they are one checkpoint);
+deployment's default parameters (the config's suite of four benchmarks: the champion, the same version, evaluated in
+the same run on the same tasks, each benchmark's metric compared by the paired test with Holm's correction, the
+table saying they are one checkpoint);
 the next nightly pairs with the champion's stored outcomes and evaluates the candidate only. A worse
 candidate failing is tests/pipeline/test_nightly_decision.py (the tiny model solves nothing, so no real
 checkpoint here can be worse than another).
@@ -33,7 +34,7 @@ CAMPAIGN, NIGHTLY = "wf-campaign", "wf-nightly"
 
 def _tiny_config(path: Path, model: Path, base_url: str) -> Path:
     """configs/cpu-smoke.yaml shrunk to the tiny model: 1 iteration of 2 tasks x 2 trees, short nodes, 2
-    evaluation tasks, on an external server that keeps its weights."""
+    evaluation tasks of each of the four benchmarks, on an external server that keeps its weights."""
     cfg = yaml.safe_load((REPO_ROOT / "configs/cpu-smoke.yaml").read_text())
     cfg.update(iterations=1, model={"path": str(model), "registered_model": "rao-policy-{campaign}"})
     cfg["serving"] = {"base_url": base_url, "switch": "none", "max_model_len": 2048}
@@ -42,6 +43,7 @@ def _tiny_config(path: Path, model: Path, base_url: str) -> Path:
     cfg["runtime"].update(context_window=2048, max_new_tokens=128, max_steps_per_node=3, tree_timeout_s=600)
     cfg["warm_start"] = {"mode": "none"}
     cfg["eval"].update(difficulties=["easy"], n_tasks=2, regression_n_tasks=2)
+    cfg["eval"]["benchmarks"] = {b: {"n_tasks": 2, "at": "ends"} for b in ("oolong", "deepdive", "arte")}
     cfg["tracking"]["max_traces_per_iteration"] = 4
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -103,11 +105,15 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     assert nightly["state"]["type"] == "COMPLETED", f"{nightly['state']['message']}\n{log}"
     assert nightly["name"].startswith(f"{NIGHTLY}-candidate-")  # every night's run has its own name (its date)
     tables = _tables(prefect_api, f"{NIGHTLY}-comparison")  # oldest first: the nightly with defaults, then the next night
-    assert [r["status"] for r in tables[0]] == ["ok"], tables[0]  # >= 1 metric compared with the champion
-    assert tables[0][0]["metric"] == "eval/recursive/easy/success" and tables[0][0]["n"] == 2
-    assert tables[0][0]["same_checkpoint"].startswith("v") and tables[0][0]["champion_from"] == "this run"
+    # the default suite: the four benchmarks, each with its paired test (Holm over the four)
+    assert [r["status"] for r in tables[0]] == ["ok"] * 4, tables[0]
+    assert [r["metric"] for r in tables[0]] == ["eval/arte/recursive/easy/success", "eval/deepdive/recursive/easy/success",
+                                                "eval/oolong/recursive/singledoc_rolls/success",
+                                                "eval/textcraft/recursive/easy/success"]
+    assert all(r["n"] == 2 and r["same_checkpoint"].startswith("v") and r["champion_from"] == "this run"
+               and r["test"].endswith("Holm over 4 metrics") for r in tables[0]), tables[0]
     assert next_night["state"]["type"] == "COMPLETED", next_night["state"]
-    assert tables[1][0]["champion_from"].startswith("stored evaluation, run ")
+    assert all(r["champion_from"].startswith("stored evaluation, run ") for r in tables[1]), tables[1]
 
     # The evaluation ran under its own name on the version the campaign registered, fetched by its S3 URI
     # into the evaluation's own cache.
@@ -126,5 +132,5 @@ def test_a_campaign_and_the_nightly_evaluation_of_its_checkpoint_complete_throug
     assert [(x.info.status, x.data.tags["rao.model"]) for x in runs] == [("FINISHED", f"models:/{model}@candidate"),
                                                                          ("FINISHED", f"models:/{model}@candidate")]
     runs = runs[1:]  # the nightly with the deployment's defaults
-    assert "eval/recursive/easy/success" in runs[0].data.metrics
+    assert {"eval/textcraft/recursive/easy/success", "eval/oolong/recursive/singledoc_rolls/success"} <= set(runs[0].data.metrics)
     assert runs[0].data.tags.get("rao.prefect_flow_run_id") == nightly["id"]

@@ -72,7 +72,7 @@ def test_an_overlapped_campaign_interrupted_mid_pair_resumes_without_redoing_wor
     lag = {m.step: m.value for m in client.get_metric_history(run, "staleness/lag_1_samples")}
     assert set(lag) == {2, 3} and all(v > 0 for v in lag.values())  # iteration 1 trains on-policy (lag 0)
     assert {m.step for m in client.get_metric_history(run, "staleness/lag_0_samples")} == {1}
-    assert sorted(m.step for m in client.get_metric_history(run, "eval/recursive/easy/success")) == [0, 1, 2, 3]
+    assert sorted(m.step for m in client.get_metric_history(run, "eval/textcraft/recursive/easy/success")) == [0, 1, 2, 3]
     from tasks.tracking import find_iteration_run
 
     for k in (1, 2, 3):  # the validation report reaches each iteration's run (it went nowhere: the run came later)

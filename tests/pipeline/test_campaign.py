@@ -23,7 +23,7 @@ TINY_OVERRIDES = {
     "serving.max_model_len": 2048, "runtime.context_window": 2048, "runtime.max_new_tokens": 256,
     "runtime.max_steps_per_node": 5, "runtime.max_depth": 1, "runtime.tree_timeout_s": 120,
     "tasks.pool_size": 4, "tasks.tasks_per_iteration": 2, "tasks.difficulties": ["easy"],
-    "algo.G": 2, "warm_start.mode": "none", "eval.n_tasks": 2, "eval.difficulties": ["easy"],
+    "algo.G": 2, "warm_start.mode": "none", "eval.n_tasks": 2, "eval.difficulties": ["easy"], "eval.benchmarks": {},
     "trainer.loss_type": "ppo", "trainer.lr": 1e-3, "trainer.micro_batch_tokens": 4096,
     "tracking.max_traces_per_iteration": 8,
 }
@@ -76,8 +76,16 @@ def test_one_iteration_end_to_end(campaign_env, tiny_model_path, monkeypatch):
     from infra.storage import ArtifactStore, S3Settings
 
     _mixed(monkeypatch)
-    summary = rao_campaign(_params("e2e", tiny_model_path))
+    suite = {b: {"n_tasks": 2, "at": "ends"} for b in ("oolong", "deepdive", "arte")}  # the suite, 2 tasks each
+    summary = rao_campaign(_params("e2e", tiny_model_path, **{"eval.benchmarks": suite}))
     it = summary["iterations"][0]
+    # every benchmark evaluated at the start and the end, its keys named by it, its rows too
+    for b, d in (("textcraft", "easy"), ("oolong", "singledoc_rolls"), ("deepdive", "easy"), ("arte", "easy")):
+        assert it["metrics"][f"eval/{b}/recursive/{d}/n"] == 2.0, sorted(it["metrics"])
+        assert f"eval/{b}/recursive/{d}/success_ci_high" in it["metrics"]
+    assert [r["benchmark"] for r in summary["base_eval"]] == ["textcraft", "oolong", "deepdive", "arte"]
+    assert summary["eval_suite"]["primary"] == "textcraft" and it["register"]["metric"] == (
+        "eval/textcraft/recursive/easy/success")
     store = ArtifactStore(S3Settings(os.environ["RAO_S3_ENDPOINT"], "rao", os.environ["AWS_ACCESS_KEY_ID"],
                                      os.environ["AWS_SECRET_ACCESS_KEY"]), "e2e")
     # 1. parameters changed (retention's default: the verified local copy is gone, S3 holds the checkpoint)
@@ -217,9 +225,9 @@ def test_nightly_evaluation_pairs_the_champion_on_the_same_tasks(campaign_env, t
     out = rao_evaluate(params)
     (row,) = out["comparison"]
     assert (row["metric"], row["n"], row["status"], row["same_checkpoint"], row["champion_from"]) == (
-        "eval/recursive/easy/success", 2, "ok", f"v{version}", "this run")
+        "eval/textcraft/recursive/easy/success", 2, "ok", f"v{version}", "this run")
     runs = mlflow.MlflowClient().search_runs([exp], filter_string="tags.`rao.kind` = 'evaluation'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     stored = mlflow.artifacts.load_dict(f"runs:/{runs[0].info.run_id}/evaluation.json")["outcomes"]
-    assert len(stored["candidate"]["eval/recursive/easy/success"]) == 2
-    assert set(stored["champion"]["eval/recursive/easy/success"]) == set(stored["candidate"]["eval/recursive/easy/success"])
+    m = "eval/textcraft/recursive/easy/success"
+    assert len(stored["candidate"][m]) == 2 and set(stored["champion"][m]) == set(stored["candidate"][m])

@@ -80,7 +80,7 @@ def test_a_finished_campaign_reruns_in_seconds_and_an_interrupted_one_logs_each_
     steps = sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"], "success/root"))
     assert steps == [1, 2]
     assert sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"],
-                                                            "eval/recursive/easy/success")) == [0, 1, 2]
+                                                            "eval/textcraft/recursive/easy/success")) == [0, 1, 2]
 
     def no_server(*a, **k):
         raise AssertionError("a complete campaign started a policy server")

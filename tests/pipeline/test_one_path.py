@@ -98,7 +98,7 @@ def test_pipeline_evaluation_keeps_oolong_partial_credit(tmp_path, monkeypatch):
     from infra.stage_records import ServedEndpoint
 
     ctx = _ctx(tmp_path, monkeypatch, **{"tasks.env": "oolong", "tasks.difficulties": ["mixed"],
-                                         "eval.difficulties": ["singledoc_rolls"],
+                                         "eval.difficulties": ["singledoc_rolls"], "eval.benchmarks": {},
                                          "eval.n_tasks": 6, "tasks.generator_options": {"target_tokens": 300},
                                          "runtime.context_window": 2048, "runtime.max_new_tokens": 128})
     tasks = stages.validation_tasks(ctx)
@@ -119,10 +119,11 @@ def test_pipeline_evaluation_keeps_oolong_partial_credit(tmp_path, monkeypatch):
     res = stages.run_evaluation(ctx, ServedEndpoint(base_url="http://unused", model="policy"), str(TINY))
     assert calls == [1]  # the library's evaluation, not a copy
     m = res.metrics
-    assert m["eval/recursive/singledoc_rolls/success"] == pytest.approx(sum(expected) / len(expected))
-    assert m["eval/recursive/singledoc_rolls/n"] == 6.0
+    assert m["eval/oolong/recursive/singledoc_rolls/success"] == pytest.approx(sum(expected) / len(expected))
+    assert m["eval/oolong/recursive/singledoc_rolls/n"] == 6.0
     (row,) = res.rows
     assert row["successes"] == pytest.approx(sum(expected), abs=1e-4) and row["mode"] == "recursive"
+    assert row["benchmark"] == "oolong"
 
 
 # -- one warm start: the pipeline's task keeps the library's checks ------------------------------------------
@@ -150,29 +151,40 @@ def test_pipeline_warm_start_refuses_to_train_without_a_successful_demonstration
     assert not (tmp_path / "campaigns/smoke/checkpoints/iter-0").exists()
 
 
-def test_nightly_suite_entry_is_an_eval_config():
-    """A suite entry sets difficulties, n_tasks and modes (its defaults included: those of the nightly's
-    config, configs/cpu-smoke.yaml, so a new entry of the Prefect form starts from them; n_tasks its
-    eval.regression_n_tasks, the decision's n) and, only when given, seed/split/graded; the rest comes from the
-    config's eval section (the tasks champion and candidate are both evaluated on)."""
-    from flows.evaluate import EvaluateParams, SuiteEntry, champion_suite
-    from rao_core.config import EvalSettings, load_config
+def test_nightly_suite_entry_is_a_benchmark():
+    """A suite entry is a rao_core.evaluation.Benchmark: difficulties, n_tasks and modes always its own (its
+    defaults, those of the nightly's config, configs/cpu-smoke.yaml, so a new entry of the Prefect form starts from
+    them; n_tasks its eval.regression_n_tasks, the decision's n), seed/split/graded only when given, else the
+    config's eval section's (resolved); its name is its environment's. The default suite is the config's four
+    benchmarks; the form shows neither campaign-only fields nor stored trees, and has the environment's options."""
+    from flows.evaluate import EvaluateParams, SuiteEntry, champion_suite, default_suite
+    from rao_core.config import load_config
+    from rao_core.evaluation import Benchmark
 
     smoke = load_config("configs/cpu-smoke.yaml")
     d = SuiteEntry()
+    assert isinstance(d, Benchmark) and d.name == "textcraft" and d.stored_trees == 0
     assert (d.env, d.difficulties, d.n_tasks, d.modes) == (smoke.tasks.env, smoke.eval.difficulties,
                                                            smoke.eval.regression_n_tasks, smoke.eval.modes)
     form = EvaluateParams.model_json_schema()["$defs"]["SuiteEntry"]["properties"]  # what "Add item" fills in
     assert (form["difficulties"]["default"], form["modes"]["default"]) == (["tier1"], ["recursive"])
-    assert EvaluateParams().suite == []  # the deployment's default: the config's own evaluation
+    assert "every" not in form and "stored_trees" not in form and {"env_options", "generator_options", "name"} <= set(form)
+    assert EvaluateParams().suite == []  # the deployment's default: the config's suite
+    assert [(e.name, e.env, e.difficulties, e.n_tasks, e.seed) for e in default_suite(smoke)] == [
+        ("textcraft", "textcraft-synth", ["tier1"], 100, smoke.eval.seed), ("oolong", "oolong", ["singledoc_rolls"], 100, 1234),
+        ("deepdive", "deepdive", ["easy"], 100, 1234), ("arte", "arte", ["easy"], 100, 1234)]
     c = champion_suite(smoke)
     assert (c.env, c.difficulties, c.n_tasks, c.modes, c.seed) == ("textcraft-synth", ["tier1"], 100, ["recursive"],
                                                                    smoke.eval.seed)
-    base = EvalSettings(seed=99, n_tasks=4, tolerance=0.2, graded=False)
-    ev = base.model_copy(update=SuiteEntry(env="oolong", difficulties=["singledoc_rolls"]).eval_update())
-    assert (ev.difficulties, ev.n_tasks, ev.modes) == (["singledoc_rolls"], 100, ["recursive"])
-    assert (ev.seed, ev.graded, ev.tolerance) == (99, False, 0.2)
-    ev = base.model_copy(update=SuiteEntry(seed=5, graded=True, modes=["single"]).eval_update())
-    assert (ev.seed, ev.graded, ev.modes) == (5, True, ["single"])
+    assert [e.n_tasks for e in default_suite(smoke, 7)] == [7] * 4
+    base = load_config(None, {"eval.seed": 99, "eval.n_tasks": 4, "eval.graded": False})
+    e = SuiteEntry(env="oolong", difficulties=["singledoc_rolls"]).resolved(base)
+    assert (e.name, e.difficulties, e.n_tasks, e.modes, e.seed, e.graded) == ("oolong", ["singledoc_rolls"], 100,
+                                                                              ["recursive"], 99, False)
+    e = SuiteEntry(seed=5, graded=True, modes=["single"]).resolved(base)
+    assert (e.seed, e.graded, e.modes) == (5, True, ["single"])
     with pytest.raises(ValueError):
         SuiteEntry(modes=["both"])
+    with pytest.raises(ValueError, match="benchmark 'oolong' is listed twice"):
+        EvaluateParams(suite=[SuiteEntry(env="oolong", difficulties=["mixed"]), {"env": "oolong",
+                                                                               "difficulties": ["singledoc_rolls"]}])

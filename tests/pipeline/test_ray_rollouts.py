@@ -314,7 +314,7 @@ def test_the_ray_backend_evaluates_as_the_local_backend(ray_cluster, s3_server, 
     import tasks.stages as stages
 
     monkeypatch.setattr(stages, "_policy", seed_echo_policy)
-    ev = {"eval.n_tasks": 3, "eval.modes": ["recursive", "single"]}
+    ev = {"eval.n_tasks": 3, "eval.modes": ["recursive", "single"], "eval.benchmarks": {}}
     out = {}
     for name, over in (("ev-local", {}), ("ev-ray", {"execution.backend": "ray", "execution.shards": 2})):
         ctx = _ctx(name, s3_server, tmp_path / name, monkeypatch, **ev, **over)

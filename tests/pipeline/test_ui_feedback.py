@@ -319,26 +319,38 @@ def test_the_evaluate_stage_reports_trees_over_all_modes(monkeypatch, tmp_path, 
         for _mode in config.modes:
             for d in range(1, len(tasks) + 1):
                 progress(d, len(tasks), SimpleNamespace(root=SimpleNamespace(verifier=float(d == 1))))
-        return SimpleNamespace(metrics=lambda: {"eval/x": 1.0}, rows=[], trees=[])
+        return rao_core.evaluation.EvalReport()
 
     monkeypatch.setenv("RAO_HOME", str(tmp_path))
     monkeypatch.setattr(stages, "ProgressArtifact", Recorder)
     lines: list[str] = []
     monkeypatch.setattr(stages, "run_logger", lambda: SimpleNamespace(info=lines.append, warning=lines.append))
-    monkeypatch.setattr(stages, "validation_tasks", lambda ctx: ["t1", "t2", "t3"])
+    monkeypatch.setattr(stages, "validation_tasks", lambda ctx, benchmark=None: ["t1", "t2", "t3"])
     monkeypatch.setattr(stages, "get_env", lambda *a, **k: None)
     monkeypatch.setattr(stages, "_policy", lambda ctx, served: None)
     monkeypatch.setattr(rao_core.runtime, "load_tokenizer", lambda path: None)
     monkeypatch.setattr(rao_core.evaluation, "run_evaluation", fake_eval)
     cfg = CampaignConfig(name="smoke-b")
     cfg.eval.modes = ["recursive", "single"]
+    cfg.eval.benchmarks = {}  # the training benchmark alone (a suite's progress: below)
     ctx = RunContext(config=cfg, s3={}, mlflow_uri="")
     out = stages.run_evaluation(ctx, None, "tok", 2)
-    assert out.metrics == {"eval/x": 1.0}
+    assert out.metrics == {} and out.rows == []
     assert [kw["seeded"] for kw in seen_kw] == [True]  # trees seeded from eval.seed; sent as served.seeded says
     assert made == {"smoke-b-iter-2-evaluate-progress": [(0, 6), (1, 6), (2, 6), (3, 6), (4, 6), (5, 6), (6, 6)]}
     assert lines == ["iteration 2 evaluate: 6 trees (3 held-out tasks x modes recursive, single); a line at each "
                      "tenth finished", *(f"evaluation trees {d}/6  solved {1 + (d > 3)}" for d in range(1, 7))]
+    # the default suite (four benchmarks; iteration 2 is the last, so all of them): one progress over the suite
+    cfg.eval.benchmarks = None
+    made.clear()
+    lines.clear()
+    seen_kw.clear()
+    stages.run_evaluation(ctx, None, "tok", 2)
+    assert len(seen_kw) == 4 and made["smoke-b-iter-2-evaluate-progress"][-1] == (24, 24)
+    assert lines[0] == ("iteration 2 evaluate: 24 trees (textcraft: 3 held-out tasks x modes recursive, single; "
+                        "oolong: 3 held-out tasks x modes recursive, single; deepdive: 3 held-out tasks x modes "
+                        "recursive, single; arte: 3 held-out tasks x modes recursive, single); a line at each tenth "
+                        "finished")
 
 
 def test_the_campaign_forms_name_is_a_plain_text_field_that_says_it_resumes():
