@@ -412,7 +412,8 @@ class EvalSettings(EvalConfig):
         None, description="The suite's benchmarks besides the training one (tasks.env, evaluated by the fields "
         "above), by name (the name in their metric keys: eval/<name>/<mode>/<difficulty>/success). Unset: the "
         "standard suite's (textcraft, oolong, deepdive, arte) other than the training benchmark, each with its "
-        "standard difficulties and the fields above. {}: the training benchmark alone.")
+        "standard difficulties and the fields above, when tasks.env is one of theirs; none for another "
+        "environment. {}: the training benchmark alone.")
     primary_benchmark: str | None = Field(None, description="The benchmark whose rows decide: the champion rule's "
                                           "default primary metric and the collapse guard's tested rows (the "
                                           "others are reported); unset: the training benchmark. It must be "
@@ -601,15 +602,18 @@ class CampaignConfig(_Strict):
         return benchmark_name(self.tasks.env)
 
     def other_benchmarks(self) -> dict[str, BenchmarkSettings]:
-        """``eval.benchmarks`` as given, or unset: the standard suite's benchmarks whose environment is not
-        ``tasks.env``, with no field set."""
+        """``eval.benchmarks`` as given, or unset: the standard suite's other benchmarks, with no field set, when
+        ``tasks.env`` is one of the standard suite's environments; none for another environment (a campaign on
+        one's own task evaluates that task alone unless it lists benchmarks)."""
         if self.eval.benchmarks is not None:
             return dict(self.eval.benchmarks)
         from rao_core.envs import canonical_name
 
         train = canonical_name(self.tasks.env)
-        return {name: BenchmarkSettings() for name, spec in STANDARD_BENCHMARKS.items()
-                if canonical_name(spec["env"]) != train}
+        standard = {name: canonical_name(spec["env"]) for name, spec in STANDARD_BENCHMARKS.items()}
+        if train not in standard.values():
+            return {}
+        return {name: BenchmarkSettings() for name, env in standard.items() if env != train}
 
     def suite(self) -> list[SuiteBenchmark]:
         """The campaign's evaluation suite, training benchmark first: ``tasks.env`` (its options and generator

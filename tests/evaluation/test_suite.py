@@ -58,6 +58,11 @@ def test_the_training_benchmark_is_tasks_env_and_the_standard_others_follow_it()
     assert [b.generator_options for b in cfg.suite()[1:]] == [{}, {}, {}]
     assert benchmark_name("arte-synth") == "arte" and benchmark_name("textcraft-synth") == "textcraft"
     assert benchmark_name("example") == "example"
+    own = load_config(None, {"tasks.env": "example", "tasks.difficulties": ["easy"], "eval.difficulties": ["easy"]})
+    assert _names(own) == [("example", "example", ["easy"], 8, "every")]  # one's own task: evaluated alone
+    listed = load_config(None, {"tasks.env": "example", "tasks.difficulties": ["easy"], "eval.difficulties": ["easy"],
+                                "eval.benchmarks": {"oolong": {}}})
+    assert [b.name for b in listed.suite()] == ["example", "oolong"]
 
 
 def test_listed_benchmarks_replace_the_default_ones():
