@@ -45,12 +45,14 @@ class TrainerConfig(BaseModel):
       upper bound and no effective lower one.
     - ``lr=1e-6``, AdamW (betas 0.9/0.999, no weight decay), ``max_grad_norm=1.0``: common settings for
       RL fine-tuning of 1-8B instruct models (e.g. TRL's GRPO examples); small models tolerate more.
-    - ``steps_per_batch=1``, ``epochs=1``, ``grad_accum=None``: one optimizer step over the whole batch, its
-      micro-batches accumulated (the authors' ``num_minibatches: 1`` in platoon 0.4.0
-      ``train/tinker/config_defs.py``, ``ppo_n_minibatches: 1`` in ApGa/platoon 97e7601's AReaL config; TRL's
-      ``num_iterations=1``); on-policy, so the importance ratio only measures the trainer/inference mismatch.
-      More steps per batch (``steps_per_batch``, ``epochs``, ``grad_accum``, ``max_steps``) are an explicit
-      choice, printed by the train stage and recorded in the checkpoint manifest (``update_budget``).
+    - ``steps_per_batch=1`` (minibatches per batch), ``epochs=1``, ``grad_accum=None``, ``target_kl=None``: one
+      optimizer step over the whole batch, its micro-batches accumulated, no KL stop (the authors'
+      ``num_minibatches: 1`` in platoon 0.4.0 ``train/tinker/config_defs.py``, one ``optim_step_async`` per
+      minibatch in ``platoon/train/tinker/rl.py``; ``ppo_n_minibatches: 1`` in ApGa/platoon 97e7601's AReaL config;
+      TRL's ``num_iterations=1``); on-policy, so the importance ratio only measures the trainer/inference mismatch.
+      More steps per batch (``steps_per_batch`` minibatches of whole groups, ``epochs``, ``grad_accum``,
+      ``max_steps``) are an explicit choice, printed by the train stage and recorded in the checkpoint manifest
+      (``update_budget``); ``target_kl`` bounds them (stable-baselines3's PPO ``target_kl``).
     - ``warmup_steps=2``: linear warm-up over the first two optimizer steps of a FRESH optimizer state, so the
       first RL step after SFT (whose AdamW moments are new: each weight moves by about ``lr``) runs at lr / 2.
     - token-mean aggregation over the optimizer step (``rao_core.train.loss``).
@@ -84,14 +86,28 @@ class TrainerConfig(BaseModel):
         None, ge=1, description="Rows per micro-batch (length-sorted) instead of a token budget; takes precedence."
     )
     steps_per_batch: int = Field(
-        1, ge=1, description="The update budget: optimizer steps per pass over the batch (the minibatches of "
-        "TRL/verl/OpenRLHF), each accumulating the gradient of its share of the micro-batches (consecutive in the "
-        "epoch's order, as equal as the micro-batch count allows). 1: one step over the whole batch (the authors' "
-        "setting). With more than one, each step's token-mean normaliser counts its own samples only (the "
-        "zero-coefficient samples skipped by skip_zero_advantage are left out of it). Not with grad_accum.")
+        1, ge=1, description="The update budget: minibatches per pass over the batch, one optimizer step each "
+        "(the minibatches of the authors' num_minibatches, verl, stable-baselines3). A minibatch is whole groups "
+        "(the samples of one task's G rollout trees are never split), as equal in groups as the count allows, "
+        "shuffled per (seed, iteration, epoch) (rao_core.train.data.minibatch_partition); each sample is in "
+        "exactly one minibatch per epoch; a minibatch's micro-batches are accumulated into its step. Fewer steps "
+        "when the batch has fewer groups, and a minibatch whose every sample has coefficient w_d * A_n = 0 takes "
+        "no step (as the authors'). Each step's normaliser counts its own groups' samples, those skipped by "
+        "skip_zero_advantage included. 1: one step over the whole batch (the authors' setting). Not with "
+        "grad_accum.")
+    target_kl: float | None = Field(
+        None, gt=0, description="Approximate-KL stop on the minibatch loop (stable-baselines3 PPO's target_kl): "
+        "each step logs train/approx_kl, the mean over its assistant tokens of (rho - 1) - log rho, rho the loss's "
+        "importance ratio (to the behaviour log-probs; to the proximal ones for a stale sample), measured in the "
+        "step's own forward, so before its update; when it exceeds target_kl the step is taken and every "
+        "remaining step of the call (later minibatches and epochs) is skipped, recorded as train/kl_stop = 1 and "
+        "in the manifest's kl_stop. stable-baselines3 compares with 1.5 x target_kl and skips the exceeding "
+        "minibatch too; here it is taken, so a first step's KL (the trainer/inference mismatch alone) never stops "
+        "the update before it starts. None: no stop (the authors' setting).")
     grad_accum: int | None = Field(
         None, ge=1, description="Micro-batches (per process) per optimizer step, so the step count follows the "
-        "batch's size (SFT); None: steps_per_batch steps per epoch. Not with steps_per_batch > 1."
+        "batch's size (SFT; groups are not kept whole); None: steps_per_batch minibatches per epoch. Not with "
+        "steps_per_batch > 1."
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm (None: no clipping).")
     lora: LoraSettings | None = Field(None, description="Train a LoRA adapter instead of all weights (None: full).")
@@ -200,13 +216,14 @@ class TrainerConfig(BaseModel):
 
     def update_budget(self) -> str:
         """The update per batch in words, e.g. ``1 optimizer step per batch`` or ``3 optimizer steps per batch x
-        2 epochs, at most 4 steps`` (what the train stage prints and the manifest records)."""
+        2 epochs, at most 4 steps, KL stop at 0.02`` (what the train stage prints and the manifest records)."""
         if self.grad_accum is not None:
             per = f"one optimizer step per {self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''}"
         else:
             per = f"{self.steps_per_batch} optimizer step{'s' if self.steps_per_batch > 1 else ''} per batch"
         return (per + (f" x {self.epochs} epochs" if self.epochs > 1 else "")
-                + (f", at most {self.max_steps} steps" if self.max_steps is not None else ""))
+                + (f", at most {self.max_steps} steps" if self.max_steps is not None else "")
+                + (f", KL stop at {self.target_kl:g}" if self.target_kl is not None else ""))
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of this config (first 16 hex digits)."""

@@ -1,13 +1,17 @@
-"""Input checks and micro-batching of training samples.
+"""Input checks, minibatches and micro-batching of training samples.
 
-Micro-batches pad to the longest row (right padding); samples are sorted by length (longest first) and
-cut greedily so that ``rows x longest row <= micro_batch_tokens`` (or ``micro_batch_size`` rows), which
-keeps padding small. Sequence packing is not implemented (it needs per-segment attention masks).
+A minibatch is the share of the batch one optimizer step trains (:func:`minibatch_partition`): whole groups (the
+samples of one task's G rollout trees, the group of Eq. 3), each sample in exactly one minibatch per epoch.
+A micro-batch is one forward/backward of a step (gradient accumulation): micro-batches pad to the longest row
+(right padding); samples are sorted by length (longest first) and cut greedily so that ``rows x longest row <=
+micro_batch_tokens`` (or ``micro_batch_size`` rows), which keeps padding small. Sequence packing is not
+implemented (it needs per-segment attention masks).
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +20,46 @@ import torch
 from rao_core.samples import Sample
 from rao_core.train.objectives import LOSSES
 
-__all__ = ["MicroBatch", "validate_samples", "make_micro_batches", "collate"]
+__all__ = ["MicroBatch", "validate_samples", "make_micro_batches", "minibatch_partition", "collate"]
+
+
+def minibatch_partition(group_ids: Sequence[str], minibatches: int, *, seed: int = 0, iteration: int = 0,
+                        epoch: int = 0, shuffle: bool = True) -> list[list[int]]:
+    """The samples of one epoch cut into minibatches (one optimizer step each), every group whole.
+
+    The distinct groups (in order of first appearance; shuffled by a generator seeded by ``(seed, iteration,
+    epoch)`` when ``shuffle``) are cut into ``min(minibatches, groups)`` consecutive runs whose group counts are as
+    equal as the count allows: the authors' ``tasks_per_minibatch = batch_size // num_minibatches`` whole tasks
+    (platoon 0.4.0 and ApGa/platoon ``platoon/train/tinker/rl.py``; verl counts its ``ppo_mini_batch_size`` in
+    prompts too), shuffled per epoch as stable-baselines3's PPO does.
+
+    Args:
+        group_ids: [N] the group of each sample (``Sample.group_id``).
+        minibatches: the most minibatches, >= 1.
+        seed, iteration, epoch: the shuffle's seed (a new order every iteration and epoch).
+        shuffle: shuffle the groups before cutting (else their order of first appearance).
+
+    Returns:
+        Lists of sample indices (each list in increasing order); every index in ``range(N)`` is in exactly one,
+        every group's samples in one list. ``[]`` when ``group_ids`` is empty; ``[list(range(N))]`` when
+        ``minibatches`` is 1.
+
+    Raises:
+        ValueError: ``minibatches < 1``.
+    """
+    if minibatches < 1:
+        raise ValueError(f"minibatches must be >= 1, got {minibatches}")
+    groups = list(dict.fromkeys(group_ids))
+    if not groups:
+        return []
+    if shuffle:
+        random.Random(f"rao-minibatch|{seed}|{iteration}|{epoch}").shuffle(groups)
+    n = min(minibatches, len(groups))
+    where = {g: k for k in range(n) for g in groups[len(groups) * k // n:len(groups) * (k + 1) // n]}
+    out: list[list[int]] = [[] for _ in range(n)]
+    for i, g in enumerate(group_ids):
+        out[where[g]].append(i)
+    return out
 
 
 def validate_samples(samples: Sequence[Sample], vocab_size: int, loss_type: str,

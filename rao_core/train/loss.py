@@ -52,6 +52,9 @@ class LossStats:
     stale_tokens: torch.Tensor  # [] assistant tokens with a proximal log-prob unequal to the behaviour one (off-policy)
     behaviour_weight_sum: torch.Tensor  # [] sum over those tokens of u = pi_prox / pi_behaviour (before the cap)
     capped_tokens: torch.Tensor  # [] those tokens dropped by the cap (u > behaviour_weight_cap)
+    # [] sum over tokens of (rho - 1) - log rho, rho the loss's ratio (to pi_prox where given, else to pi_behaviour):
+    # stable-baselines3's approx_kl_div, the value TrainerConfig.target_kl reads (equal to kl_mismatch on-policy)
+    approx_kl_sum: torch.Tensor
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -211,8 +214,10 @@ def policy_loss(
     (ref_t - logp_t) - 1`` (Schulman, "Approximating KL divergence", 2020), as in GRPO (Shao et al. 2024,
     arXiv:2402.03300). The reported ``kl_mismatch`` is the k3 estimate of KL(pi_behaviour || pi_theta) with the
     samples drawn from the behaviour policy, ``k3 = rho - 1 - log rho`` (0 when the trainer's log-probs agree with
-    the ones the inference server reported). Statistics are sums and counts (:class:`LossStats`) so that the
-    trainer can aggregate over micro-batches, processes and depths.
+    the ones the inference server reported). ``approx_kl_sum`` is the same estimator with the loss's own ratio (to
+    ``prox_logprobs`` where given): stable-baselines3's ``approx_kl_div``, read by ``TrainerConfig.target_kl``.
+    Statistics are sums and counts (:class:`LossStats`) so that the trainer can aggregate over micro-batches,
+    processes and depths.
 
     Off-policy correction [departure from the paper; docs/algorithm/async-rl.md]: with ``prox_logprobs`` the
     clipped ratio is taken to the proximal policy, ``rho_t = exp(logp_t - prox_t)``, and each token's loss is
@@ -269,6 +274,7 @@ def policy_loss(
     c = coef.to(logprobs.dtype).unsqueeze(-1)  # [B, 1]
     log_ratio = (logprobs - old) * m  # [B, L]
     u = stale = capped = None
+    loss_log_ratio = log_ratio  # [B, L], log of the ratio the loss clips (to pi_prox when given)
     if prox_logprobs is None:
         ratio = torch.exp(log_ratio)  # [B, L], 1 off the mask
     else:  # decoupled: the ratio to pi_prox, the behaviour weight u = pi_prox / pi_behaviour (policy_loss)
@@ -278,7 +284,8 @@ def policy_loss(
         prox = torch.where(m > 0, prox_logprobs.detach(), torch.zeros_like(prox_logprobs)).to(logprobs.dtype)
         if not torch.isfinite(prox).all():
             raise ValueError("non-finite proximal log-prob on an assistant token")
-        ratio = torch.exp((logprobs - prox) * m)  # [B, L], to the proximal policy
+        loss_log_ratio = (logprobs - prox) * m  # [B, L], to the proximal policy
+        ratio = torch.exp(loss_log_ratio)  # [B, L]
         u = torch.exp((prox - old) * m)  # [B, L], 1 off the mask and where prox == old
         stale = (prox != old) & (m > 0)  # [B, L]
         capped = (u > behaviour_weight_cap) & (m > 0) if behaviour_weight_cap is not None else torch.zeros_like(stale)
@@ -308,6 +315,7 @@ def policy_loss(
     with torch.no_grad():
         lr_d = log_ratio.detach()
         k3 = (torch.exp(lr_d) - 1.0 - lr_d) * m  # [B, L], KL(behaviour || theta) estimate per token
+        llr = loss_log_ratio.detach()  # [B, L]
         stats = LossStats(
             loss_sum=total_tok.detach().sum(),
             pg_loss_sum=pg_tok.detach().sum(),
@@ -321,5 +329,6 @@ def policy_loss(
             stale_tokens=stale.sum().to(m.dtype) if stale is not None else m.new_zeros(()),
             behaviour_weight_sum=(u * stale).sum() if u is not None else m.new_zeros(()),
             capped_tokens=capped.sum().to(m.dtype) if capped is not None else m.new_zeros(()),
+            approx_kl_sum=((torch.exp(llr) - 1.0 - llr) * m).sum(),
         )
     return loss, stats

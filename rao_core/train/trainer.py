@@ -1,13 +1,18 @@
 """The RAO trainer: one policy update (or SFT warm start) from training samples to a new checkpoint.
 
 ``train(samples, model_path, out_dir, config)`` loads an HF checkpoint (full weights, or a LoRA adapter to
-continue), checks every sample before any step, builds length-sorted padded micro-batches, applies the token-level
-loss of :mod:`rao_core.train.loss` (weighted by w_d * A_n, Eqs. 4-5) with gradient accumulation and clipping, and
-saves the result atomically as a folder vLLM loads as is (:mod:`rao_core.train.checkpoint`). Devices and
-processes go through ``accelerate.Accelerator``: the same code runs on one CPU process and under ``accelerate
-launch`` (FSDP) on GPUs; under FSDP the (sharded) optimizer state is not saved yet. Project choices: no sequence
-packing, a constant learning rate after an optional linear warm-up, samples with w_d * A_n = 0 not run
-(``skip_zero_advantage``; same update). On one CPU process (the CPU path; each the same update, tested in
+continue), checks every sample before any step, cuts the batch into minibatches of whole groups (one optimizer step
+each; by default one, the authors' one step per batch: platoon 0.4.0 and ApGa/platoon
+``platoon/train/tinker/rl.py``, ``num_minibatches: 1``), builds length-sorted padded micro-batches within each,
+applies the token-level loss of :mod:`rao_core.train.loss` (weighted by w_d * A_n, Eqs. 4-5 of docs/algorithm.md)
+with gradient accumulation and clipping, optionally stops the minibatch loop at an approximate KL
+(``target_kl``, stable-baselines3's PPO; off by default, as the authors), and saves the result atomically as a
+folder vLLM loads as is, with the AdamW state the next iteration continues (:mod:`rao_core.train.checkpoint`).
+Devices and processes go through ``accelerate.Accelerator``: the same code runs on one CPU process and under
+``accelerate launch`` (FSDP) on GPUs; under FSDP the (sharded) optimizer state is not saved yet. Project choices:
+no sequence packing, a constant learning rate after an optional linear warm-up (a departure: the authors have
+none), samples with w_d * A_n = 0 not run (``skip_zero_advantage``; same update), the KL stop taking the step that
+exceeds the target (stable-baselines3 skips it). On one CPU process (the CPU path; each the same update, tested in
 tests/algo/test_fast_step.py): a micro-batch runs one forward per group of equal-length rows, so no padding token is
 computed and attention takes the causal kernel without a mask (``row_execution``); bf16 compute is a bf16 copy of
 the fp32 master weights, its gradients added into fp32 ones after each micro-batch (``bf16_weights``; autocast
@@ -22,6 +27,7 @@ import math
 import os
 import random
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +40,7 @@ from rao_core.samples import Sample, SampleBatch, check_staleness, read_samples,
 from rao_core.train.checkpoint import (MANIFEST_NAME, atomic_folder, check_out_folder, data_hash, is_lora_checkpoint,
                                       read_manifest)
 from rao_core.train.config import TrainerConfig, cpu_has_bf16
-from rao_core.train.data import collate, make_micro_batches, validate_samples
+from rao_core.train.data import MicroBatch, collate, make_micro_batches, minibatch_partition, validate_samples
 from rao_core.train.loss import (
     PLAIN_LM_HEAD_MODEL_TYPES,
     chunked_token_logprobs,
@@ -302,8 +308,9 @@ def train(
     Steps (docs/algorithm.md, "Loss" and "What the trainer learns from"): check every sample
     (:func:`rao_core.train.data.validate_samples`); :func:`_start` the accelerator, policy, reference and
     optimizer (continuing the parent's AdamW state); :func:`_skip_zero_coefficient` (samples whose
-    w_d * A_n of Eqs. (4)-(5) is 0); :func:`_train_epochs` of :func:`_optimizer_step` (the token-level
-    loss of ``rao_core.train.loss``); :func:`_manifest` and :func:`_save`.
+    w_d * A_n of Eqs. (4)-(5) is 0); :func:`_schedule` (minibatches of whole groups, micro-batches);
+    :func:`_train_epochs` of :func:`_optimizer_step` (the token-level loss of ``rao_core.train.loss``) until the
+    schedule ends or the ``target_kl`` stop; :func:`_manifest` and :func:`_save`.
 
     Args:
         samples: a :class:`SampleBatch`, a list of :class:`Sample`, or a ``.jsonl``/``.parquet`` path.
@@ -315,7 +322,8 @@ def train(
         iteration: RL iteration number, recorded in the manifest.
         on_step: called with each step's metrics dict (main process only).
         on_progress: called with ``(steps done, steps planned)`` after each optimizer step (main process
-            only); steps planned = ``epochs`` x steps per epoch, at most ``max_steps``.
+            only); steps planned = the steps of :func:`_schedule` (``epochs`` x minibatches, at most ``max_steps``),
+            lowered to the steps taken when the ``target_kl`` stop ends the call.
         show_progress: False: no terminal bar; None/True: a rich bar "training steps" on the main process
             when stdout is a terminal (:class:`rao_core.progress.StepProgress`).
         on_phase: called with one line as each phase begins (main process only): ``samples checked (N);
@@ -364,9 +372,9 @@ def train(
 
     phase(f"samples checked ({len(all_rows)}); loading the model")
     run = _start(cfg, model_path, base_path, adapter_path, getattr(hf_cfg, "model_type", None), iteration)
-    rows, skipped = _skip_zero_coefficient(all_rows, cfg)
-    mbs = _micro_batches(rows, cfg)  # by length only: the same for the rows _proximal_logprobs returns
-    schedule = _step_schedule(len(mbs), cfg, iteration, run.accelerator.num_processes)
+    rows, _ = _skip_zero_coefficient(all_rows, cfg)
+    # by groups and lengths only: the same for the rows _proximal_logprobs returns
+    mbs, schedule = _schedule(all_rows, rows, cfg, iteration, run.accelerator.num_processes)
     trained = _trained_rows(mbs, schedule)  # max_steps may leave some out
     lags = [lag if i in trained else 0 for i, lag in enumerate(sample_staleness(rows, parent_version))]
     rows = _proximal_logprobs(run, rows, lags, phase)
@@ -376,10 +384,13 @@ def train(
     done = resume.load(run)  # the metrics of the steps an interrupted run of the same inputs already took
     phase(f"resumed after optimizer step {len(done)} ({resume.folder})" if done else
           "model and optimizer ready; first optimizer step running")
-    metrics = _train_epochs(run, rows, mbs, schedule, skipped, on_step, on_progress,
+    metrics = _train_epochs(run, rows, mbs, schedule, on_step, on_progress,
                             show_progress is not False and run.accelerator.is_main_process, resume=resume, done=done)
+    if len(metrics) < len(schedule):
+        phase(f"approximate KL {metrics[-1]['train/approx_kl']:.4g} > target_kl {cfg.target_kl:g} at optimizer step "
+              f"{len(metrics)}: the remaining {len(schedule) - len(metrics)} step(s) skipped")
     phase("saving checkpoint")
-    manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration, rows_hash)
+    manifest = _manifest(run, model_path, base_path, all_rows, rows, metrics, iteration, rows_hash, len(schedule))
     manifest["policy_version"] = {"parent": parent_version, "max_staleness": max_staleness,
                                   "staleness": {str(k): v for k, v in sorted(staleness.items())}}
     optim_state = None if run.sharded else {
@@ -549,11 +560,17 @@ def _proximal_logprobs(run: _Session, rows: list[Sample], lags: list[int],
 
 
 def planned_steps(n_micro_batches: int, cfg: TrainerConfig, world: int = 1) -> int:
-    """Optimizer steps :func:`train` takes over ``n_micro_batches`` micro-batches on ``world`` processes:
-    ``epochs`` x ceil(micro-batches, padded to a multiple of ``world``, / (``grad_accum`` x ``world``)) (``epochs``
-    x min(``steps_per_batch``, rounds of ``world`` micro-batches) when ``grad_accum`` is None), at most
-    ``max_steps``: the length of :func:`_step_schedule`, the one
-    source of the steps (the count does not depend on the iteration's shuffle)."""
+    """Optimizer steps :func:`train` takes over ``n_micro_batches`` micro-batches on ``world`` processes when the
+    count depends on them alone (``grad_accum`` set, or one minibatch per batch): ``epochs`` x ceil(micro-batches,
+    padded to a multiple of ``world``, / (``grad_accum`` x ``world``)) (``epochs`` x 1 when ``grad_accum`` is None),
+    at most ``max_steps``: the length of :func:`_step_schedule` (the count does not depend on the iteration's
+    shuffle). A ``target_kl`` stop may end the call sooner.
+
+    Raises:
+        ValueError: ``steps_per_batch`` > 1 (the steps then depend on the samples' groups: :func:`_schedule`).
+    """
+    if cfg.grad_accum is None and cfg.steps_per_batch > 1:
+        raise ValueError("with steps_per_batch > 1 the optimizer steps depend on the samples' groups (_schedule)")
     return len(_step_schedule(n_micro_batches, cfg, iteration=0, world=world))
 
 
@@ -606,80 +623,128 @@ class _ResumePoint:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _train_epochs(run: _Session, rows: list[Sample], mbs: list[Any], schedule: list[tuple[int, list[int]]],
-                  skipped: tuple[int, int], on_step: StepCallback | None, on_progress: ProgressCallback | None = None,
+def _train_epochs(run: _Session, rows: list[Sample], mbs: list[MicroBatch], schedule: list[_Step],
+                  on_step: StepCallback | None, on_progress: ProgressCallback | None = None,
                   show_progress: bool = False, resume: _ResumePoint | None = None,
                   done: Sequence[dict[str, float]] = ()) -> list[dict[str, float]]:
-    """Every optimizer step of ``schedule`` (:func:`_step_schedule` of the length-sorted micro-batches ``mbs``
-    of ``rows``: ``cfg.epochs`` passes or ``max_steps``, in the order of :func:`epoch_order`, ``grad_accum``
-    micro-batches per process per step, all of them when None).
-    Progress (bar, ``on_progress``) is reported on the main process only. The first ``len(done)`` steps were
-    taken by an interrupted run (``resume``, whose state ``run`` holds): they are replayed from ``done`` (their
-    metrics reported again), not recomputed; ``resume`` saves a new point as the steps go."""
-    cfg, world = run.cfg, run.accelerator.num_processes
-    tokens_of = [s.num_assistant_tokens for s in rows]
-    one_per_epoch = not cfg.grad_accum and cfg.steps_per_batch == 1
+    """Every optimizer step of ``schedule`` (:func:`_schedule` of ``rows``, whose micro-batches are ``mbs``), until a
+    step's approximate KL exceeds ``target_kl``: that step is taken, the remaining ones are not (stable-baselines3's
+    PPO ``target_kl`` on the minibatch loop, ``train/kl_stop`` 1 in the step's metrics).
+    Progress (bar, ``on_progress``) is reported on the main process only; a KL stop lowers the bar's total to the
+    steps taken. The first ``len(done)`` steps were taken by an interrupted run (``resume``, whose state ``run``
+    holds): they are replayed from ``done`` (their metrics reported again, a KL stop among them included), not
+    recomputed; ``resume`` saves a new point as the steps go. Returns the metrics of the steps taken."""
     metrics: list[dict[str, float]] = []
     main = run.accelerator.is_main_process
+    tokens_of = [s.num_assistant_tokens for s in rows]
     planned = len(schedule)
     with StepProgress("training steps", planned,
                       on_progress=on_progress if main else None, show=show_progress and main) as progress:
-        for epoch, step_mbs in schedule:
+        for step in schedule:
             if len(metrics) < len(done):  # taken before the interruption: its state is restored
                 m = dict(done[len(metrics)])
-            else:  # one step per epoch: the skipped zero-coefficient samples still count in the normaliser
-                m = _optimizer_step(run, rows, mbs, tokens_of, step_mbs, skipped if one_per_epoch else (0, 0), epoch)
+            else:
+                m = _optimizer_step(run, rows, mbs, tokens_of, step)
             metrics.append(m)
+            stop = m.get("train/kl_stop", 0.0) > 0
+            if stop:
+                progress.set_total(len(metrics))
             if on_step is not None and main:
                 on_step(m)
             progress.advance()
             if resume is not None and len(metrics) > len(done):
-                resume.maybe_save(run, metrics, last=len(metrics) >= planned)
+                resume.maybe_save(run, metrics, last=stop or len(metrics) >= planned)
+            if stop:
+                break
     return metrics
 
 
-def _micro_batches(rows: list[Sample], cfg: TrainerConfig) -> list[Any]:
+@dataclass
+class _Step:
+    """One optimizer step of :func:`_schedule`."""
+
+    epoch: int
+    micro_batches: list[int]  # indices into the call's micro-batches; -1: a filler (every process runs as many)
+    # (samples, assistant tokens) of the step's share of the batch that skip_zero_advantage does not run: they count
+    # in the step's normaliser, so that skipping them leaves the update unchanged
+    skipped: tuple[int, int] = (0, 0)
+
+
+def _micro_batches(rows: list[Sample], cfg: TrainerConfig) -> list[MicroBatch]:
     """The length-sorted micro-batches of ``rows`` (:func:`rao_core.train.data.make_micro_batches`)."""
     return make_micro_batches([len(s.token_ids) for s in rows], micro_batch_tokens=cfg.micro_batch_tokens,
                               micro_batch_size=cfg.micro_batch_size)
 
 
+def _schedule(all_rows: list[Sample], rows: list[Sample], cfg: TrainerConfig, iteration: int,
+              world: int) -> tuple[list[MicroBatch], list[_Step]]:
+    """The micro-batches (indices into ``rows``) and, in order, every optimizer step :func:`_train_epochs` takes
+    (at most ``max_steps``; a ``target_kl`` stop may end it sooner): the one source of the steps.
+
+    ``rows`` are the samples that run (:func:`_skip_zero_coefficient` of ``all_rows``: a sublist of the same
+    objects). With ``grad_accum`` set: the length-sorted micro-batches of ``rows`` in each epoch's
+    :func:`epoch_order`, cut into steps of ``grad_accum x world`` micro-batches (:func:`_step_schedule`; groups are
+    not kept whole, the skipped samples are in no normaliser). Else, per epoch, the minibatches of
+    :func:`rao_core.train.data.minibatch_partition` (``steps_per_batch`` of them, whole groups of ``all_rows``):
+    each minibatch's rows are micro-batched by length, ordered by :func:`epoch_order` and padded with fillers to a
+    multiple of ``world``, and make one step whose normaliser also counts the minibatch's skipped samples; a
+    minibatch with no row to run takes no step (the authors' rule, ``platoon/train/tinker/rl.py``). With one
+    minibatch this is exactly one step per epoch over :func:`_micro_batches` of ``rows``, in the same order.
+    """
+    if cfg.grad_accum:
+        mbs = _micro_batches(rows, cfg)
+        return mbs, [_Step(epoch, step_mbs) for epoch, step_mbs in _step_schedule(len(mbs), cfg, iteration, world)]
+    running = {id(s) for s in rows}
+    skipped_of: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # group -> [samples, tokens] not run
+    for s in all_rows:
+        if id(s) not in running:
+            skipped_of[s.group_id][0] += 1
+            skipped_of[s.group_id][1] += s.num_assistant_tokens
+    mbs: list[MicroBatch] = []
+    steps: list[_Step] = []
+    for epoch in range(cfg.epochs):
+        parts = minibatch_partition([s.group_id for s in all_rows], cfg.steps_per_batch, seed=cfg.seed,
+                                    iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
+        for part in parts:
+            groups = {all_rows[i].group_id for i in part}
+            idx = [i for i, s in enumerate(rows) if s.group_id in groups]  # in the order of rows
+            if not idx:
+                continue
+            local = _micro_batches([rows[i] for i in idx], cfg)
+            order = [len(mbs) + j for j in epoch_order(len(local), seed=cfg.seed, iteration=iteration, epoch=epoch,
+                                                        shuffle=cfg.shuffle)]
+            mbs.extend(MicroBatch([idx[k] for k in mb.indices], mb.max_len) for mb in local)
+            skipped = (sum(skipped_of[g][0] for g in groups), sum(skipped_of[g][1] for g in groups))
+            steps.append(_Step(epoch, order + [-1] * (-len(order) % world), skipped))
+            if cfg.max_steps is not None and len(steps) >= cfg.max_steps:
+                return mbs, steps
+    return mbs, steps
+
+
 def _step_schedule(n_micro_batches: int, cfg: TrainerConfig, iteration: int, world: int) -> list[tuple[int, list[int]]]:
-    """``(epoch, micro-batch indices)`` of every optimizer step :func:`_train_epochs` takes, in order: each epoch's
+    """``(epoch, micro-batch indices)`` of every optimizer step over ``n_micro_batches`` micro-batches when groups
+    need not be kept whole (``grad_accum`` set; with ``grad_accum`` None, one step per epoch): each epoch's
     :func:`epoch_order`, padded with fillers (-1) to a multiple of ``world`` (every process runs as many
     micro-batches), cut into steps of ``grad_accum x world`` micro-batches (one step per epoch when None), at most
-    ``max_steps`` steps. The one schedule of the steps and of the proximal pass (:func:`_proximal_logprobs`)."""
+    ``max_steps`` steps. Used by :func:`_schedule` and :func:`planned_steps`."""
     out: list[tuple[int, list[int]]] = []
     for epoch in range(cfg.epochs):
         order = epoch_order(n_micro_batches, seed=cfg.seed, iteration=iteration, epoch=epoch, shuffle=cfg.shuffle)
         order += [-1] * (-len(order) % world)
-        for step_mbs in _cut_epoch(order, cfg, world):
-            out.append((epoch, step_mbs))
+        if not order:
+            continue
+        chunk = cfg.grad_accum * world if cfg.grad_accum else len(order)
+        for i in range(0, len(order), chunk):
+            out.append((epoch, order[i:i + chunk]))
             if cfg.max_steps is not None and len(out) >= cfg.max_steps:
                 return out
     return out
 
 
-def _cut_epoch(order: list[int], cfg: TrainerConfig, world: int) -> list[list[int]]:
-    """One epoch's micro-batch indices (``order``, a multiple of ``world`` long) cut into optimizer steps:
-    ``grad_accum x world`` micro-batches each when ``grad_accum`` is set, else ``steps_per_batch`` consecutive
-    runs of whole rounds of ``world`` micro-batches, as equal as the count allows (fewer steps when there are
-    fewer rounds). No micro-batch: no step."""
-    if not order:
-        return []
-    if cfg.grad_accum:
-        chunk = cfg.grad_accum * world
-        return [order[i:i + chunk] for i in range(0, len(order), chunk)]
-    rounds = len(order) // world
-    steps = min(cfg.steps_per_batch, rounds)
-    bounds = [world * (rounds * k // steps) for k in range(steps + 1)]
-    return [order[bounds[k]:bounds[k + 1]] for k in range(steps)]
-
-
-def _trained_rows(mbs: list[Any], schedule: list[tuple[int, list[int]]]) -> set[int]:
-    """Indices of the rows some optimizer step of ``schedule`` (:func:`_step_schedule`) trains: ``max_steps``
-    may leave micro-batches of ``mbs`` out."""
-    return {i for _, step_mbs in schedule for j in step_mbs if j >= 0 for i in mbs[j].indices}
+def _trained_rows(mbs: list[MicroBatch], schedule: list[_Step]) -> set[int]:
+    """Indices of the rows some optimizer step of ``schedule`` (:func:`_schedule`) trains: ``max_steps`` may leave
+    micro-batches of ``mbs`` out."""
+    return {i for step in schedule for j in step.micro_batches if j >= 0 for i in mbs[j].indices}
 
 
 def _row_groups(rows: list[Sample], indices: list[int], per_length: bool) -> list[list[int]]:
@@ -721,23 +786,25 @@ def _forward_backward(run: _Session, batch: dict[str, torch.Tensor], normalizer:
     return st
 
 
-def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of: list[int], step_mbs: list[int],
-                    skipped: tuple[int, int], epoch: int) -> dict[str, float]:
-    """One optimizer step over the micro-batches ``step_mbs`` (indices into ``mbs``; -1 = a filler).
+def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[MicroBatch], tokens_of: list[int],
+                    step: _Step) -> dict[str, float]:
+    """One optimizer step over the micro-batches of ``step`` (indices into ``mbs``; -1 = a filler).
 
     The normaliser is the step's assistant tokens (``token_mean``) or node trajectories (``sequence_mean``)
-    over all processes, plus the ``skipped`` (samples, tokens), divided by the process count to undo the
+    over all processes, plus the step's ``skipped`` (samples, tokens), divided by the process count to undo the
     gradient averaging of DDP/FSDP (docs/algorithm.md, "Loss aggregation"). Each process takes every
-    ``world``-th micro-batch. Returns the step's metrics (docs/algorithm/metrics.md).
+    ``world``-th micro-batch. Returns the step's metrics (docs/algorithm/metrics.md), with ``train/kl_stop`` 1 when
+    ``target_kl`` is set and the step's approximate KL (measured in its own forward passes) exceeds it.
     """
     cfg, acc = run.cfg, run.accelerator
+    step_mbs, skipped = step.micro_batches, step.skipped
     world, rank, dev = acc.num_processes, acc.process_index, acc.device
     t0 = time.perf_counter()
     idx = [i for j in step_mbs if j >= 0 for i in mbs[j].indices]
     step_samples = sum(1 for i in idx if tokens_of[i] > 0) + skipped[0]
     step_tokens = sum(tokens_of[i] for i in idx) + skipped[1]
     normalizer = max(step_samples if cfg.loss_aggregation == "sequence_mean" else step_tokens, 1) / world
-    sums = torch.zeros(12, device=dev, dtype=torch.float64)
+    sums = torch.zeros(13, device=dev, dtype=torch.float64)
     # [sum k3(behaviour || theta), tokens, sum k3 to the KL reference] per depth
     kl_depth = torch.zeros(3, max(s.depth for s in rows) + 1, device=dev, dtype=torch.float64)
     local = step_mbs[rank::world]
@@ -754,7 +821,7 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
                 batch["attention_mask"].sum().to(st.tokens.dtype),
                 torch.tensor(float(batch["attention_mask"].numel()), device=dev),  # tokens computed, padding too
                 torch.tensor(float(len(part)), device=dev),
-                st.stale_tokens, st.behaviour_weight_sum, st.capped_tokens,
+                st.stale_tokens, st.behaviour_weight_sum, st.capped_tokens, st.approx_kl_sum,
             ]).to(torch.float64)
             kl_depth[0].index_add_(0, batch["depth"], st.kl_mismatch_per_sample.to(torch.float64))
             kl_depth[1].index_add_(0, batch["depth"], st.tokens_per_sample.to(torch.float64))
@@ -771,7 +838,7 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
     dt = time.perf_counter() - t0
     tok = max(float(sums[3]), 1.0)
     m = {
-        "train/step": float(run.steps), "train/epoch": float(epoch),
+        "train/step": float(run.steps), "train/epoch": float(step.epoch),
         "train/loss": float(sums[0]) / tok, "train/pg_loss": float(sums[1]) / tok,
         "train/kl_ref": float(sums[2]) / tok, "train/clip_frac": float(sums[4]) / tok,
         "train/ratio_mean": float(sums[5]) / tok, "train/grad_norm": float(grad_norm),
@@ -780,10 +847,13 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
         "train/tokens": float(sums[3]), "train/seq_tokens": float(sums[6]),
         "train/padded_tokens": float(sums[7]), "train/samples": float(sums[8]),
         "train/kl_mismatch": float(kl_depth[0].sum()) / max(float(kl_depth[1].sum()), 1.0),
+        "train/approx_kl": float(sums[12]) / tok,
         "train/lr": lr, "train/step_s": dt,
         "train/optimizer_steps_total": float(run.warmup.steps_before + run.steps),
         "train/tokens_per_s": float(sums[6]) / dt if dt > 0 else 0.0,
     }
+    if cfg.target_kl is not None:  # the KL stop: the remaining steps of the call are skipped (_train_epochs)
+        m["train/kl_stop"] = float(m["train/approx_kl"] > cfg.target_kl)
     if run.off_policy:  # asynchronous RL: how off-policy the step's tokens were (docs/algorithm/metrics.md)
         stale_tok = float(sums[9])
         m["train/stale_token_frac"] = stale_tok / tok
@@ -798,9 +868,10 @@ def _optimizer_step(run: _Session, rows: list[Sample], mbs: list[Any], tokens_of
 
 
 def _manifest(run: _Session, model_path: Path, base_path: Path, all_rows: list[Sample], rows: list[Sample],
-              metrics: list[dict[str, float]], iteration: int, rows_hash: str) -> dict[str, Any]:
+              metrics: list[dict[str, float]], iteration: int, rows_hash: str, planned: int) -> dict[str, Any]:
     """The checkpoint's ``rao-checkpoint.json``: lineage, data and config hashes (``rows_hash``:
-    ``data_hash(all_rows)``), what ran and how."""
+    ``data_hash(all_rows)``), what ran and how (``planned``: the optimizer steps of the schedule; ``kl_stop`` says
+    whether ``target_kl`` ended the call sooner)."""
     cfg, parent = run.cfg, read_manifest(model_path) or {}
     return {
         "kind": "lora" if cfg.lora is not None else "full", "parent_checkpoint": str(model_path),
@@ -809,6 +880,8 @@ def _manifest(run: _Session, model_path: Path, base_path: Path, all_rows: list[S
         "config_hash": cfg.config_hash(), "config": json.loads(cfg.model_dump_json()),
         "num_samples": len(all_rows), "num_trained_samples": len(rows), "num_steps": run.steps,
         "update_budget": cfg.update_budget(),
+        "kl_stop": {"target_kl": cfg.target_kl, "stopped": len(metrics) < planned, "steps_planned": planned,
+                    "approx_kl": metrics[-1].get("train/approx_kl") if metrics else None},
         "num_assistant_tokens": sum(s.num_assistant_tokens for s in all_rows), "created_at": time.time(),
         "final_metrics": metrics[-1] if metrics else {},
         "base_dtype": str(run.base_dtype).removeprefix("torch."),

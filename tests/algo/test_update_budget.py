@@ -11,7 +11,7 @@ from rao_core.train.loss import token_logprobs
 
 
 def _samples(tiny) -> list[Sample]:
-    """Four on-policy node samples (depths 0, 1, 0, 1) with advantages +1, -1, +1, -1."""
+    """Four on-policy node samples (depths 0, 1, 0, 1) with advantages +1, -1, +1, -1, each its own group."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
@@ -24,24 +24,22 @@ def _samples(tiny) -> list[Sample]:
         with torch.no_grad():
             lp = token_logprobs(model(input_ids=torch.tensor([ids])).logits, torch.tensor([ids]))[0].tolist()
         a = 1.0 if k % 2 == 0 else -1.0
-        out.append(Sample(tree_id=f"t{k}", node_id="n", group_id="g", depth=k % 2, token_ids=ids, assistant_mask=mask,
-                          behaviour_logprobs=[x if m else 0.0 for x, m in zip(lp, mask)], success=float(a > 0),
-                          reward=float(a > 0), baseline=0.5, advantage=a, weight=1.0))
+        out.append(Sample(tree_id=f"t{k}", node_id="n", group_id=f"g{k}", depth=k % 2, token_ids=ids,
+                          assistant_mask=mask, behaviour_logprobs=[x if m else 0.0 for x, m in zip(lp, mask)],
+                          success=float(a > 0), reward=float(a > 0), baseline=0.5, advantage=a, weight=1.0))
     return out
 
 
-def test_steps_per_batch_cuts_each_epoch_into_that_many_steps():
+def test_steps_per_batch_counts_minibatches_of_whole_groups_not_micro_batches():
     one = TrainerConfig(shuffle=False)
     assert _step_schedule(6, one, iteration=0, world=1) == [(0, [0, 1, 2, 3, 4, 5])]  # the default: one step
-    three = TrainerConfig(shuffle=False, steps_per_batch=3)
-    assert _step_schedule(6, three, iteration=0, world=1) == [(0, [0, 1]), (0, [2, 3]), (0, [4, 5])]
-    four = TrainerConfig(shuffle=False, steps_per_batch=4, epochs=2)  # 6 micro-batches in 4 steps: 1, 2, 1, 2
-    assert [len(m) for _, m in _step_schedule(6, four, iteration=0, world=1)] == [1, 2, 1, 2] * 2
-    # two processes: whole rounds of 2 (5 micro-batches padded with one filler), never more steps than rounds
-    assert _step_schedule(5, TrainerConfig(shuffle=False, steps_per_batch=9), iteration=0, world=2) == [
-        (0, [0, 1]), (0, [2, 3]), (0, [4, -1])]
-    assert planned_steps(6, three) == 3 and planned_steps(0, three) == 0
-    assert planned_steps(12, TrainerConfig(steps_per_batch=3, max_steps=2)) == 2
+    assert _step_schedule(5, TrainerConfig(shuffle=False, grad_accum=1), iteration=0, world=2) == [
+        (0, [0, 1]), (0, [2, 3]), (0, [4, -1])]  # two processes: 5 micro-batches padded with one filler
+    assert planned_steps(6, one) == 1 and planned_steps(0, one) == 0
+    assert planned_steps(12, TrainerConfig(grad_accum=3, max_steps=2)) == 2
+    # more minibatches: their steps follow the samples' groups (tests/algo/test_minibatches.py), not a count
+    with pytest.raises(ValueError, match="depend on the samples' groups"):
+        planned_steps(6, TrainerConfig(steps_per_batch=3))
 
 
 def test_the_budget_is_given_one_way_and_said_in_words():
@@ -51,6 +49,8 @@ def test_the_budget_is_given_one_way_and_said_in_words():
     assert TrainerConfig(steps_per_batch=3, epochs=2, max_steps=4).update_budget() == (
         "3 optimizer steps per batch x 2 epochs, at most 4 steps")
     assert TrainerConfig(grad_accum=2).update_budget() == "one optimizer step per 2 micro-batches"
+    assert TrainerConfig(steps_per_batch=4, target_kl=0.02).update_budget() == (
+        "4 optimizer steps per batch, KL stop at 0.02")
 
 
 def test_a_fresh_optimizer_state_warms_up_and_the_budget_is_in_the_manifest(tiny, tmp_path):
