@@ -24,10 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from rao_core.advantages import ADVANTAGE_ESTIMATORS, depth_weights, group_baselines, node_advantage
 from rao_core.jsonl import atomic_path, read_jsonl, write_jsonl
 from rao_core.rewards import BonusRule, node_rewards
-from rao_core.tree import CellStatus, ExecutionTree, Node, unscored
+from rao_core.tree import CellStatus, EndReason, ExecutionTree, Node, unscored
 
-__all__ = ["AlgoSettings", "Sample", "SampleBatch", "SampleStats", "StaleSamplesError", "build_samples",
-           "check_staleness", "node_sample", "read_samples", "sample_staleness", "summarise", "write_samples"]
+__all__ = ["INTERRUPTED_END_REASONS", "AlgoSettings", "Sample", "SampleBatch", "SampleStats", "StaleSamplesError",
+           "build_samples", "check_staleness", "node_sample", "read_samples", "sample_staleness", "summarise",
+           "write_samples"]
+
+#: End reasons of a node interrupted from outside before it ended: its parent's cell ended (cancelled) or the tree's
+#: wall clock ran out (tree_timeout); the authors' "interrupted" trajectory (cancelled or timed out, platoon 0.4.0
+#: utils/trajectory_status.py ``trajectory_was_interrupted``), whose policy tokens they never train.
+INTERRUPTED_END_REASONS = frozenset({EndReason.CANCELLED, EndReason.TREE_TIMEOUT})
 
 
 class Sample(BaseModel):
@@ -75,6 +81,7 @@ class SampleStats(BaseModel):
     dropped_nan_root_trees: int = 0  # trees whose root is unscored
     dropped_small_groups: int = 0  # groups left with < 2 scored roots
     dropped_nodes_of_dropped_trees: int = 0  # every node of the two kinds of dropped trees above
+    dropped_interrupted_nodes: int = 0  # nodes ended by cancellation or the tree's timeout (algo.interrupted exclude)
     dropped_empty_nodes: int = 0  # scored nodes without assistant tokens
     dropped_child_nodes: int = 0  # warm start: children of demonstration trees not picked for SFT
     dropped_uniform_groups: int = 0  # groups whose every node has the same R, dropped by filter_zero_variance_groups
@@ -137,6 +144,13 @@ class AlgoSettings(BaseModel):
     filter_errors: bool = Field(
         True, description="Mask the assistant tokens of turns whose cell raised an error, in samples with a "
         "positive advantage (the authors' filter_errors): a solved trajectory does not reinforce its tracebacks.")
+    interrupted: Literal["exclude", "train"] = Field(
+        "exclude", description="Nodes interrupted before they ended (end reason cancelled or tree_timeout: the "
+        "parent's cell ended, the tree's wall clock ran out; INTERRUPTED_END_REASONS): 'exclude' leaves their samples "
+        "out of training and out of Eq. (5)'s counts, as the authors leave an interrupted trajectory's policy tokens "
+        "out (platoon 0.4.0 utils/tinker_data_processing.py, utils/trajectory_status.py); they still count in their "
+        "parent's bonus as launched and failed (judge rule unfinished). 'train': trained with that outcome, s = 0, "
+        "usually a negative advantage [departure].")
     max_staleness: int = Field(
         0, ge=0, description="Asynchronous RL: the most policy versions a training sample may lag the "
         "checkpoint it trains (0: the synchronous loop, every tree from the checkpoint being trained; k >= 1: "
@@ -289,7 +303,7 @@ def mask_error_turns(sample: Sample, node: Node) -> int:
 
 def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, estimator: str = "leave_one_out",
                   depth_weighting: bool = True, bonus: BonusRule = "eq1", filter_zero_variance_groups: bool = False,
-                  filter_errors: bool = False) -> SampleBatch:
+                  filter_errors: bool = False, interrupted: Literal["exclude", "train"] = "exclude") -> SampleBatch:
     """One training sample per scored node of a batch of execution trees (Eqs. 1, 3, 4, 5).
 
     Args:
@@ -305,6 +319,10 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
             its advantages are 0), BEFORE the Eq. (5) weights, which are computed over the samples left.
         filter_errors: in samples with A_n > 0, mask the tokens of turns whose cell raised
             (:func:`mask_error_turns`); a sample left with no assistant token is dropped.
+        interrupted: ``exclude`` (the authors' rule, ``AlgoSettings.interrupted``): a node whose end reason is in
+            :data:`INTERRUPTED_END_REASONS` produces no sample (``dropped_interrupted_nodes``), so it is not in
+            Eq. (5)'s counts either; its R still enters its parent's bonus and, for a root, its group's baselines
+            (Eq. 3) as judged. ``train``: it is trained like any scored node.
 
     Returns:
         A :class:`SampleBatch`: samples in input tree order, nodes of a tree in depth-first pre-order;
@@ -313,8 +331,11 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
     Raises:
         ValueError: a tree without ``group_id``; a tree id twice in one group; a node whose token
             ids, mask and behaviour log-probs differ in length; a scored node without reward when
-            ``lam`` is None; a success outside [0, 1]; an unknown estimator.
+            ``lam`` is None; a success outside [0, 1]; an unknown estimator; ``interrupted`` neither
+            ``exclude`` nor ``train``.
     """
+    if interrupted not in ("exclude", "train"):
+        raise ValueError(f"interrupted must be 'exclude' or 'train', got {interrupted!r}")
     stats = SampleStats(num_trees=len(trees), num_nodes=sum(len(t.nodes) for t in trees))
     baseline_of, rewards_of = _group_baselines(trees, lam, bonus, estimator, stats)
     samples: list[Sample] = []
@@ -323,6 +344,9 @@ def build_samples(trees: Sequence[ExecutionTree], lam: float | None = None, *, e
             continue
         b, scale = baseline_of[i]
         for n in t.walk():
+            if interrupted == "exclude" and n.end_reason in INTERRUPTED_END_REASONS:
+                stats.dropped_interrupted_nodes += 1
+                continue
             r = rewards_of[i][n.node_id]
             sample = node_sample(t, n, success=0.0 if unscored(n.success) else n.success, reward=r, baseline=b,
                                  advantage=node_advantage(r, b, scale))

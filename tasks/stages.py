@@ -321,7 +321,7 @@ def validate_dataset(ctx: RunContext, iteration: int, scored_uri: str) -> Valida
     cfg = ctx.config
     batch = build_samples(trees, estimator=cfg.algo.advantage, depth_weighting=cfg.algo.depth_weights,
                           filter_zero_variance_groups=cfg.algo.filter_zero_variance_groups,
-                          filter_errors=cfg.algo.filter_errors)
+                          filter_errors=cfg.algo.filter_errors, interrupted=cfg.algo.interrupted)
     report = validate_training_data(trees, batch, max_depth=cfg.runtime.effective_max_depth,
                                     lam=cfg.algo.bonus_weight(cfg.tasks.env),
                                     context_window=cfg.runtime.context_window, estimator=cfg.algo.advantage)
