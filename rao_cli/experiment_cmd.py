@@ -266,6 +266,9 @@ def seeds(
             from research.units import control_records, plan_units, seed_records as unit_seed_records
 
             plan = plan_units(experiment, f"configs/experiment-{experiment}.yaml", [], unit_design(experiment))
+            if plan.design.variants:
+                raise ValueError(f"{experiment} is a sweep of config variants: it is read by its preregistered "
+                                 f"decision rule (docs/experiments/{experiment}.md), not by a seeds section")
             records = unit_seed_records(plan)
             if not records:
                 raise FileNotFoundError(f"no finished arm unit of {experiment} under {UNITS_DIR}/{experiment} (rao "

@@ -2,11 +2,13 @@
 
 An arm is one campaign run from the experiment's config with the overrides of :func:`arm_overrides`; it is
 evaluated in its own mode (:data:`ARM_MODES`), and :data:`ARM_PAIRS` are the comparisons made when both arms
-ran. An experiment run as units (``research.units``) has a :class:`UnitDesign`. Docs: docs/experiments.md.
+ran. An experiment run as units (``research.units``) has a :class:`UnitDesign`: its arms, or named config
+variants of one arm (a sweep). Docs: docs/experiments.md.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, field
 
@@ -54,16 +56,33 @@ def git_output(*args: str) -> str | None:
     return p.stdout.strip() if p.returncode == 0 else None
 
 
+#: A variant's name (:attr:`UnitDesign.variants`): lower-case letters, digits, '.' and '-', starting with a letter
+#: or digit; its units are ``<variant>-seed<S>`` and their campaigns ``<experiment>-<variant>-seed<S>-<stamp>``.
+VARIANT_NAME_PATTERN = r"^[a-z0-9][a-z0-9.-]*$"
+
+
 @dataclass(frozen=True)
 class UnitDesign:
-    """An experiment as units (``research.units``): its arms, seeds and warm starts.
+    """An experiment as units (``research.units``): its arms (or config variants of one arm), seeds and warm starts.
 
     ``arms`` in order (each an :func:`arm_overrides` arm); ``seeds`` (empty: the config's seed); ``single_warm_start``
     ``own``: the single arm starts from its own warm start (single-agent demonstrations), ``shared``: from the
     recursive one; ``warm_overrides``: per warm-start kind (``recursive``, ``single``), ``KEY=VALUE`` overrides of
     its recipe (e.g. its SFT epochs); ``depth_control``: the arms whose unit also evaluates its last checkpoint on
     ``control_difficulty`` with ``runtime.max_depth`` 1 (the depth-limited control: the checkpoint does not outlive
-    the unit's machine). The RL iterations of an arm unit are the config's ``iterations``."""
+    the unit's machine). The RL iterations of an arm unit are the config's ``iterations``.
+
+    ``variants`` (a sweep): variant name -> its ``KEY=VALUE`` overrides (e.g. ``{"lr1e-5-mb1": ("trainer.lr=1e-5",
+    "trainer.steps_per_batch=1")}``), applied to the one arm of ``arms`` after the command's own ``--set``
+    overrides and the arm's; the units are then ``<variant>-seed<S>`` in the order given, all from the arm's one warm
+    start (instead of ``<arm>-seed<S>``). ``eval_on_training``: the evaluation set is drawn from the TRAINING split
+    (the config's ``eval.split`` must be ``train``), every problem of the RL task pool and of the demonstrations of
+    every unit skipped (``rao_core.task_sets.evaluation_tasks``): training-split problems the runs never train on,
+    for a design decision (a sweep), not a held-out evaluation.
+
+    Raises ValueError for variants with more or fewer than one arm, a variant name outside
+    :data:`VARIANT_NAME_PATTERN` (or one starting ``warm-``), an override that is not ``KEY=VALUE``, or
+    ``eval_on_training`` with a depth-limited control."""
 
     arms: tuple[str, ...] = ("recursive", "single")
     seeds: tuple[int, ...] = ()
@@ -71,6 +90,24 @@ class UnitDesign:
     warm_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
     depth_control: tuple[str, ...] = ()
     control_difficulty: str = "nest2"
+    variants: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    eval_on_training: bool = False
+
+    def __post_init__(self) -> None:
+        if self.eval_on_training and self.depth_control:
+            raise ValueError("a design that evaluates training-split problems (eval_on_training) has no depth-limited "
+                             "control (its tasks would not skip the training problems)")
+        if not self.variants:
+            return
+        if len(self.arms) != 1:
+            raise ValueError(f"a design with variants has one arm (its units are <variant>-seed<S>), got {self.arms}")
+        for name, overrides in self.variants.items():
+            if not re.fullmatch(VARIANT_NAME_PATTERN, name) or name.startswith("warm-"):
+                raise ValueError(f"variant {name!r}: not a variant name (lower-case letters, digits, '.' and '-', "
+                                 "starting with a letter or digit, not 'warm-')")
+            bad = [o for o in overrides if "=" not in o or not o.partition("=")[0].strip()]
+            if bad:
+                raise ValueError(f"variant {name!r}: override {bad[0]!r} is not KEY=VALUE")
 
 
 #: The unit designs of the experiments that have one; another experiment gets ``UnitDesign()`` with the arms and

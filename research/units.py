@@ -13,7 +13,12 @@ A multi-arm, multi-seed experiment (``research.designs.unit_design``) is a set o
   exists yet, the unit says so (``warm_start_sha256_matches``: false / null) and evaluates its own warm start too, so
   its comparison stays paired inside the unit; so does an arm whose evaluation (modes, runtime) is not the one its
   warm-start unit made (:func:`eval_signature`: e.g. the single arm of a design that shares the recursive warm
-  start).
+  start);
+- in a design with variants (a sweep, ``UnitDesign.variants``), ``<variant>-seed<S>`` instead: the same for its one
+  arm with the variant's overrides, every variant from the one warm start.
+
+A design with ``eval_on_training`` evaluates every unit on one set of training-split problems that no unit trains
+on (:attr:`UnitPlan.eval_tasks`) instead of the config's held-out set.
 
 Every evaluation is ``infra.checkpoint_eval.serve_and_evaluate`` of the config's ``eval`` section (the tasks, modes
 and runtime the campaign evaluates with); the campaign itself runs with ``eval.enabled`` false, so no point is
@@ -53,18 +58,25 @@ WARM_PREFIX = "warm-"
 
 @dataclass(frozen=True)
 class Unit:
-    """One unit of an experiment: ``name`` (``warm-<kind>`` or ``<arm>-seed<S>``), its ``warm`` kind (the warm
-    start it builds or starts from), and for an arm unit its ``arm`` and ``seed``."""
+    """One unit of an experiment: ``name`` (``warm-<kind>``, ``<arm>-seed<S>`` or, in a design with variants,
+    ``<variant>-seed<S>``), its ``warm`` kind (the warm start it builds or starts from), and for an arm unit its
+    ``arm``, ``seed`` and ``variant`` (None outside a sweep)."""
 
     name: str
     warm: str
     arm: str | None = None
     seed: int | None = None
+    variant: str | None = None
 
     @property
     def is_warm_start(self) -> bool:
         """True for a warm-start unit (the warm start and its evaluation)."""
         return self.arm is None
+
+    @property
+    def label(self) -> str | None:
+        """What the unit's points are labelled with in the seed records: its variant, else its arm."""
+        return self.variant or self.arm
 
 
 @dataclass
@@ -83,6 +95,10 @@ class UnitPlan:
     #: arm unit -> its evaluation (the eval section's tasks and modes, the runtime) is its warm-start unit's, so
     #: that unit's iteration-0 point is this arm's when the weights are the same
     shares_warm_eval: dict[str, bool] = field(default_factory=dict)
+    #: the evaluation tasks every unit evaluates (a design with ``eval_on_training``:
+    #: ``rao_core.task_sets.evaluation_tasks`` without any unit's training problems); None: each evaluation draws
+    #: its config's held-out set (``rao_core.evaluation.eval_tasks``)
+    eval_tasks: list[Any] | None = None
 
     def unit(self, name: str) -> Unit:
         """The unit called ``name``; ValueError naming the known units otherwise."""
@@ -107,10 +123,15 @@ def warm_kind(design: UnitDesign, arm: str) -> str:
 
 def plan_units(experiment: str, config: str, overrides: list[str] | None = None,
                design: UnitDesign | None = None, default_config: str | None = None) -> UnitPlan:
-    """The units of ``experiment`` (warm starts first, then arm x seed in the design's order), each config
-    resolved and the held-out set checked against the training pool and the demonstrations
-    (``rao_core.task_sets.check_task_sets``). Raises ConfigError / ValueError (one line) before anything runs."""
-    from rao_core.task_sets import check_task_sets
+    """The units of ``experiment`` (warm starts first, then arm x seed in the design's order, or variant x seed for
+    a design with variants), each config resolved and the evaluation set checked: the held-out set against the
+    training pool and the demonstrations (``rao_core.task_sets.check_task_sets``), or, for a design with
+    ``eval_on_training``, drawn from the training split without any unit's training problems
+    (``rao_core.task_sets.evaluation_tasks``, :attr:`UnitPlan.eval_tasks`). Raises ConfigError / ValueError (one
+    line) before anything runs, e.g. for ``eval_on_training`` with an ``eval.split`` other than ``train`` or with
+    units whose evaluations differ."""
+    from rao_core.evaluation import EvalConfig
+    from rao_core.task_sets import check_task_sets, evaluation_tasks, training_problems
 
     overrides = list(overrides or [])
     base = _resolve(config, overrides)
@@ -118,7 +139,11 @@ def plan_units(experiment: str, config: str, overrides: list[str] | None = None,
     seeds = list(design.seeds) if design.seeds else [base.seed]
     kinds = list(dict.fromkeys(warm_kind(design, a) for a in design.arms))
     units = [Unit(f"{WARM_PREFIX}{k}", k) for k in kinds]
-    units += [Unit(f"{a}-seed{s}", warm_kind(design, a), a, s) for a in design.arms for s in seeds]
+    if design.variants:
+        (arm,) = design.arms
+        units += [Unit(f"{v}-seed{s}", warm_kind(design, arm), arm, s, v) for v in design.variants for s in seeds]
+    else:
+        units += [Unit(f"{a}-seed{s}", warm_kind(design, a), a, s) for a in design.arms for s in seeds]
     plan = UnitPlan(experiment, config, overrides, design, units, default_config=default_config)
     for u in units:
         plan.configs[u.name] = _resolve(config, unit_overrides(plan, u, checkpoint=None))
@@ -126,7 +151,20 @@ def plan_units(experiment: str, config: str, overrides: list[str] | None = None,
         if not u.is_warm_start:
             plan.shares_warm_eval[u.name] = (eval_signature(plan.configs[u.name])
                                              == eval_signature(plan.configs[f"{WARM_PREFIX}{u.warm}"]))
-    check_task_sets(plan.configs[units[-1].name])
+    if not design.eval_on_training:
+        check_task_sets(plan.configs[units[-1].name])
+        return plan
+    first = plan.configs[units[0].name]
+    if first.eval.split != "train":
+        raise ValueError(f"{experiment}: the design evaluates training-split problems (eval_on_training) but "
+                         f"eval.split is {first.eval.split!r}; set eval.split: train")
+    fields = set(EvalConfig.model_fields)
+    for u in units:
+        if plan.configs[u.name].eval.model_dump(include=fields) != first.eval.model_dump(include=fields):
+            raise ValueError(f"{experiment}: unit {u.name}'s eval section differs from unit {units[0].name}'s; a "
+                             "design that evaluates training-split problems evaluates every unit on one set")
+    skip = set().union(*(training_problems(plan.configs[u.name]) for u in units))
+    plan.eval_tasks = evaluation_tasks(first, skip)
     return plan
 
 
@@ -168,13 +206,15 @@ def warm_overrides(plan: UnitPlan, kind: str) -> list[str]:
 def unit_overrides(plan: UnitPlan, unit: Unit, checkpoint: str | None) -> list[str]:
     """Overrides of ``unit``'s config: a warm-start unit's :func:`warm_overrides`; an arm unit's campaign: the arm's
     (``research.designs.arm_overrides``) from warm-start folder ``checkpoint`` (None: planning, the warm start's
-    recipe kept), the seed's (task stream, sampling, trainer), no evaluation inside the campaign (the unit evaluates)
-    and the newest checkpoint kept locally."""
+    recipe kept), then its variant's (``UnitDesign.variants``, after the command's and the arm's), the seed's (task
+    stream, sampling, trainer), no evaluation inside the campaign (the unit evaluates) and the newest checkpoint
+    kept locally."""
     if unit.is_warm_start:
         return warm_overrides(plan, unit.warm)
     base = _resolve(plan.config, plan.overrides)
     extra = arm_overrides(unit.arm, plan.overrides, base.model.registered_model, checkpoint,
                           base.runtime.whole_tree_steps)
+    extra += list(plan.design.variants[unit.variant]) if unit.variant else []
     return extra + [f"seed={unit.seed}", f"trainer.seed={unit.seed}", "eval.enabled=false",
                     "checkpoints.local_copies=latest"]
 
@@ -264,9 +304,11 @@ def build_warm_start(cfg: Any, out_dir: Path, say: Callable[[str], None] = print
 
 
 def evaluate_checkpoints(cfg: Any, checkpoints: list[tuple[int, Path]], say: Callable[[str], None] = print,
-                         control: str | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+                         control: str | None = None, tasks: list[Any] | None = None
+                         ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Evaluate each ``(iteration, folder)`` on ``cfg``'s held-out set (its ``eval`` section: difficulties,
-    n_tasks, seed, split, modes) with its runtime, each checkpoint served once
+    n_tasks, seed, split, modes), or on ``tasks`` when given (:attr:`UnitPlan.eval_tasks`, in the eval section's
+    modes), with its runtime, each checkpoint served once
     (``infra.checkpoint_eval.serve_and_evaluate``); with ``control`` (a difficulty), the last checkpoint also on
     that difficulty's tasks with ``runtime.max_depth`` 1 (the depth-limited control; its points say ``control``:
     true). Returns the points (``research.studies.study_point`` of each row, with ``iteration``,
@@ -284,7 +326,7 @@ def evaluate_checkpoints(cfg: Any, checkpoints: list[tuple[int, Path]], say: Cal
     for it, folder in checkpoints:
         t0 = time.monotonic()
         sha = weights_sha256(folder)
-        jobs = [EvalJob(label=f"iteration {it}", config=ev, runtime=cfg.runtime)]
+        jobs = [EvalJob(label=f"iteration {it}", config=ev, runtime=cfg.runtime, tasks=tasks)]
         if control and (it, folder) == checkpoints[-1]:
             jobs.append(EvalJob(label=f"iteration {it}, depth-limited control (runtime.max_depth 1)",
                                 config=ev.model_copy(update={"difficulties": [control]}),
@@ -350,14 +392,17 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
     base_sha = weights_sha256(warm_cfg.model.path)
     rec: dict[str, Any] = {
         "experiment": plan.experiment, "unit": unit.name, "kind": "warm_start" if unit.is_warm_start else "arm",
-        "arm": unit.arm, "seed": unit.seed, "warm_start_kind": unit.warm, "command": plan.command(unit.name),
+        "arm": unit.arm, "seed": unit.seed, "variant": unit.variant,
+        "variant_overrides": list(plan.design.variants.get(unit.variant, ())) if unit.variant else None,
+        "warm_start_kind": unit.warm, "command": plan.command(unit.name),
         "config": plan.config, "overrides": plan.overrides, "commit": commit or "unknown",
         "dirty": None if dirty is None else bool(dirty), "started": started, "machine": machine(),
+        "eval_on_training": plan.design.eval_on_training,
         "warm_start": {**ws, "sha256": sha, "base_model": str(warm_cfg.model.path), "base_model_sha256": base_sha}}
     say(f"unit {unit.name}: warm start sha256 {sha}")
     if unit.is_warm_start:
         rec["started_from_sha256"] = base_sha
-        points, times = evaluate_checkpoints(warm_cfg, [(0, folder)], say)
+        points, times = evaluate_checkpoints(warm_cfg, [(0, folder)], say, tasks=plan.eval_tasks)
         stages.update(times)
         rec["config_values"] = warm_cfg.model_dump(mode="json")
         rec["points"] = points
@@ -401,7 +446,7 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
         todo = [] if shared else [(0, folder)]
         todo.append((last["iteration"], Path(last["checkpoint_local"])))
         control = plan.design.control_difficulty if unit.arm in plan.design.depth_control else None
-        points, times = evaluate_checkpoints(cfg, todo, say, control=control)
+        points, times = evaluate_checkpoints(cfg, todo, say, control=control, tasks=plan.eval_tasks)
         stages.update(times)
         rec["points"] = points
         rec["training"] = _training(unit.arm, summary)
@@ -424,8 +469,9 @@ def run_unit(plan: UnitPlan, name: str, *, root: Path | None = None, say: Callab
 
 def seed_records(plan: UnitPlan, root: Path | None = None) -> list[dict[str, Any]]:
     """The experiment's records per seed, in the form ``research.experiment.write_seeds_section`` reads (the form
-    ``rao experiment`` writes: ``experiment``, ``seed``, ``points`` with ``arm``, ``iteration``, ``difficulty``,
-    ``mode``, ``per_task``; ``endpoint``, ``config_values``), assembled from the finished units' records: each arm
+    ``rao experiment`` writes: ``experiment``, ``seed``, ``points`` with ``arm`` (in a design with variants: the
+    variant's name), ``iteration``, ``difficulty``, ``mode``, ``per_task``; ``endpoint``, ``config_values``),
+    assembled from the finished units' records: each arm
     unit's points, and as its iteration 0 the unit's own evaluation of its warm start (its rebuild differed) or else
     the warm-start unit's (the same weights). Depth-limited control points are left out. Seeds without any finished
     arm unit are left out; an empty list when none has one. Raises ValueError naming a record that is not JSON."""
@@ -442,9 +488,9 @@ def seed_records(plan: UnitPlan, root: Path | None = None) -> list[dict[str, Any
             if not any(p["iteration"] == 0 for p in own):
                 warm = read_record(plan.experiment, f"{WARM_PREFIX}{u.warm}", root) or {}
                 own = [p for p in warm.get("points", []) if not p.get("control")] + own
-            points += [{**p, "arm": u.arm, "unit": u.name} for p in own]
-            units[u.arm] = {"unit": u.name, "commit": rec.get("commit"), "wall_s": rec.get("wall_s"),
-                            "warm_start_sha256_matches": rec.get("warm_start_sha256_matches")}
+            points += [{**p, "arm": u.label, "unit": u.name} for p in own]
+            units[u.label] = {"unit": u.name, "commit": rec.get("commit"), "wall_s": rec.get("wall_s"),
+                              "warm_start_sha256_matches": rec.get("warm_start_sha256_matches")}
         if not units:
             continue
         cfg = plan.configs[next(u.name for u in plan.units if u.seed == seed)]
@@ -487,7 +533,9 @@ class Pace:
     vllm_start_s: float = 160.0  # a vLLM start: 127-193 s
     eval_tree_s: float = 7.5  # an evaluation point of 200 trees: 18.5-31.5 min, 25 min / 200
     rollout_tree_s: float = 4.0  # an iteration's 48 rollout trees: 141-238 s, 190 s / 48
-    train_step_s: float = 283.0  # one optimizer step over an iteration's samples: 90-476 s
+    train_pass_s: float = 283.0  # one pass over an iteration's samples (there: one optimizer step): 90-476 s; more
+    #                              minibatches split the same pass into more steps (their extra optimizer updates,
+    #                              not measured, are left out)
     iteration_other_s: float = 82.0  # judge, validate, reload, register, log: an iteration's 7.5-11 min (555 s)
     #                                   less its generation and step
     sft_demo_epoch_s: float = 16.0  # SFT per demonstration and epoch: textcraft-nested 635 s for 20 x 2
@@ -505,7 +553,8 @@ def _trees_per_point(cfg: Any) -> int:
 def estimate_unit(plan: UnitPlan, unit: Unit, pace: Pace = PACE) -> dict[str, float]:
     """The estimated seconds of ``unit`` from its config and ``pace``: ``warm_start`` (demonstrations x epochs x
     ``sft_demo_epoch_s``), ``campaign`` (a vLLM start, then per iteration its rollout trees x ``rollout_tree_s``,
-    its optimizer steps x ``train_step_s`` and ``iteration_other_s``), ``evaluate`` (a vLLM start and the point's
+    its passes over the batch (``trainer.epochs``, however many minibatches each) x ``train_pass_s`` and
+    ``iteration_other_s``), ``evaluate`` (a vLLM start and the point's
     trees x ``eval_tree_s``; a unit with the depth-limited control: its trees too), ``fixed``; tree times x
     ``single_tree_factor`` where the trees are a single agent's.
     ``total``: the expected time (an arm unit whose rebuilt warm start matches the record: one evaluation point,
@@ -523,7 +572,7 @@ def estimate_unit(plan: UnitPlan, unit: Unit, pace: Pace = PACE) -> dict[str, fl
         out["total"] = out["total_if_differs"] = sft + pace.fixed_s + point
         return out
     per_it = (cfg.tasks.tasks_per_iteration * cfg.algo.G * pace.rollout_tree_s * f
-              + cfg.trainer.steps_per_batch * pace.train_step_s + pace.iteration_other_s)
+              + cfg.trainer.epochs * pace.train_pass_s + pace.iteration_other_s)
     out["campaign"] = pace.vllm_start_s + cfg.iterations * per_it
     control = (cfg.eval.n_tasks * len(cfg.eval.modes) * pace.eval_tree_s * f
                if unit.arm in plan.design.depth_control else 0.0)
@@ -567,14 +616,25 @@ def unit_rows(plan: UnitPlan, root: Path | None = None, pace: Pace = PACE) -> li
 def status_text(plan: UnitPlan, root: Path | None = None, pace: Pace = PACE) -> str:
     """``rao experiment NAME --status``: the units, which are done (a record under
     ``docs/results/units/<experiment>/``) and which remain, each unit's measured or estimated minutes (units over
-    :data:`MAX_UNIT_MIN` flagged ``OVER``), the next command and how the estimate is made."""
+    :data:`MAX_UNIT_MIN` flagged ``OVER``), the next command and how the estimate is made; for a design with
+    variants, each variant's overrides, and for one with ``eval_on_training``, its evaluation set."""
     rows = unit_rows(plan, root, pace)
     any_cfg = plan.configs[plan.units[-1].name]
     n_warm = sum(u.is_warm_start for u in plan.units)
+    kind = "variant x seed" if plan.design.variants else "arm x seed"
     lines = [f"{plan.experiment}: {len(plan.units)} units ({n_warm} warm start(s) with their evaluation, "
-             f"{len(plan.units) - n_warm} arm x seed), config {plan.config}, {any_cfg.iterations} RL iteration(s) per "
-             f"arm unit; records in {UNITS_DIR}/{plan.experiment}/", "",
-             f"{'unit':<18} {'state':<26} {'minutes':>8}  {'if the warm start differs':>26}"]
+             f"{len(plan.units) - n_warm} {kind}), config {plan.config}, {any_cfg.iterations} RL iteration(s) per "
+             f"arm unit; records in {UNITS_DIR}/{plan.experiment}/"]
+    if plan.design.variants:
+        (arm,) = plan.design.arms
+        lines.append(f"variants (each the {arm} arm from warm-{warm_kind(plan.design, arm)}, with these overrides):")
+        lines += [f"  {v:<16} {' '.join(o)}" for v, o in plan.design.variants.items()]
+    if plan.eval_tasks is not None:
+        ev = plan.configs[plan.units[0].name].eval
+        lines.append(f"evaluation set: {len(plan.eval_tasks)} problems of the training split (eval.seed {ev.seed}, "
+                     f"{', '.join(ev.difficulties)}, {', '.join(ev.modes)} mode), none of them in any unit's RL task "
+                     "pool or demonstrations")
+    lines += ["", f"{'unit':<18} {'state':<26} {'minutes':>8}  {'if the warm start differs':>26}"]
     for r in rows:
         if r["done"]:
             state = "done" + ("" if r["committed"] is not False else " (record not committed)")
@@ -605,7 +665,8 @@ def status_text(plan: UnitPlan, root: Path | None = None, pace: Pace = PACE) -> 
     lines += ["", "Estimates (a unit not yet run) from the config and stage times measured on the quiet 2-core machine "
               "(research.units.Pace): warm start = demonstrations x SFT epochs x "
               f"{p.sft_demo_epoch_s:.0f} s; an RL iteration = tasks x G rollout trees x {p.rollout_tree_s:.1f} s + "
-              f"optimizer steps x {p.train_step_s:.0f} s + {p.iteration_other_s:.0f} s; an evaluation point = a vLLM "
+              f"passes over the batch (trainer.epochs, however many minibatches) x {p.train_pass_s:.0f} s + "
+              f"{p.iteration_other_s:.0f} s; an evaluation point = a vLLM "
               f"start ({p.vllm_start_s:.0f} s) + trees x {p.eval_tree_s:.1f} s (the depth-limited control's trees "
               f"too where the unit runs it); tree times x "
               f"{p.single_tree_factor} for a single agent; + {p.fixed_s:.0f} s. An arm unit evaluates its last "

@@ -136,3 +136,30 @@ def test_the_deeper_design_draws_100_distinct_held_out_problems_per_level():
     assert {t.data["graph"]["items_per_tier"] for ts in (*held.values(), *train.values()) for t in ts} == {300}
     assert check_task_sets(cfg)  # raises on any shared problem
     assert cfg.eval.evaluated_iterations(cfg.iterations) == [0, 3]  # the units' 3 iterations
+
+
+def test_an_evaluation_on_the_training_split_skips_the_training_problems(monkeypatch):
+    """rao_core.task_sets.evaluation_tasks: drawn from the training split, tier1's few multisets collide with the RL
+    pool and the demonstrations (the plain draw shares problems with them); with those problems skipped the set keeps
+    eval.n_tasks distinct problems of the split, seeded, the plain draw's kept tasks first and in order, and passes
+    the disjointness check. Nothing to skip: the plain draw. A generator that cannot give that many: said so."""
+    import rao_core.task_sets as task_sets
+    from rao_core.task_sets import evaluation_tasks, training_problems
+
+    cfg = load_config(TIER1, ["eval.split=train"], check_paths=False)
+    plain = eval_tasks(get_env("textcraft-synth"), cfg.eval)
+    trained = training_problems(cfg)
+    assert {task_identity(t) for t in plain} & trained  # the plain draw collides
+    assert evaluation_tasks(cfg) == plain
+    got = evaluation_tasks(cfg, trained)
+    ids = [task_identity(t) for t in got]
+    assert len(got) == len(set(ids)) == 50 and not set(ids) & trained and {t.split for t in got} == {"train"}
+    kept = [t for t in plain if task_identity(t) not in trained]
+    assert 0 < len(kept) < 50 and got[:len(kept)] == kept
+    assert evaluation_tasks(cfg, trained) == got
+    _, train = campaign_task_sets(cfg)
+    assert check_disjoint({"evaluation": got}, train) == {"evaluation": 50, **{k: len(v) for k, v in train.items()}}
+    monkeypatch.setattr(task_sets, "sample_tasks", lambda env, **kw: list(plain))
+    with pytest.raises(ValueError, match=rf"only {len(kept)} of 50 'tier1' evaluation tasks \(split train, eval.seed "
+                                         rf"1234\) are not among the {len(trained)} problems to skip"):
+        evaluation_tasks(cfg, trained)

@@ -154,7 +154,7 @@ def test_a_killed_unit_leaves_no_record_and_runs_again_from_its_start(tmp_path, 
                 "timeline": {"rows": []}, "guard": {"stopped_at": None}}
 
     monkeypatch.setattr(flows.campaign, "rao_campaign", campaign)
-    monkeypatch.setattr(ru, "evaluate_checkpoints", lambda cfg, todo, say, control=None: (
+    monkeypatch.setattr(ru, "evaluate_checkpoints", lambda cfg, todo, say, control=None, tasks=None: (
         evaluated.append([i for i, _ in todo]),
         [{"iteration": i, "difficulty": "easy", "per_task": {"t0": 1.0}} for i, _ in todo], {"evaluate_s": 1.0})[1:])
     rec = ru.run_unit(plan, "recursive-seed0", root=root, say=lambda m: None)
@@ -271,3 +271,130 @@ def test_the_seeds_and_the_verdict_are_read_from_the_unit_records(tmp_path):
     assert (ctrl["seeds"], ctrl["full"], ctrl["control"], ctrl["depth_shown"]) == ([0, 1, 2], [180, 300], [90, 300],
                                                                                     True)
     assert [p["holds"] for p in verdict["primaries"]] == [True, True]
+
+
+SMOKE = "configs/cpu-smoke.yaml"
+
+
+def _variant_design(**extra):
+    from research.designs import UnitDesign
+
+    return UnitDesign(arms=("recursive",), seeds=(0, 1), variants={
+        "slow": ("trainer.lr=1.0e-5",),
+        "fast-mb4": ("trainer.lr=1.0e-4", "trainer.steps_per_batch=4", "trainer.max_grad_norm=0.5")}, **extra)
+
+
+def test_a_design_with_variants_has_a_unit_per_variant_and_seed_each_with_its_overrides():
+    """Config variants of one arm (a sweep): the arm's warm start, then <variant>-seed<S> in the design's order, each
+    config carrying its variant's overrides after the command's --set (which does not undo them) and its seed's;
+    every variant starts from the one warm start and shares its evaluation. The estimate counts passes over the
+    batch, however many minibatches: the 4-minibatch variant is estimated as the one-step one, 41 min (32 x 2 x 16 s
+    SFT + 120 + a vLLM start 160 + 2 x (24 trees x 4.0 + 283 + 82) + an evaluation point 160 + 8 x 7.5)."""
+    from research.units import estimate_unit, plan_units, status_text, unit_overrides
+
+    plan = plan_units("tiny-sweep", SMOKE, ["trainer.lr=5.0e-5"], _variant_design())
+    assert [u.name for u in plan.units] == ["warm-recursive", "slow-seed0", "slow-seed1", "fast-mb4-seed0",
+                                            "fast-mb4-seed1"]
+    assert [(u.arm, u.variant, u.seed, u.warm, u.label) for u in plan.units[3:]] == [
+        ("recursive", "fast-mb4", 0, "recursive", "fast-mb4"), ("recursive", "fast-mb4", 1, "recursive", "fast-mb4")]
+    t = {name: cfg.trainer for name, cfg in plan.configs.items()}
+    assert (t["slow-seed1"].lr, t["slow-seed1"].steps_per_batch, t["slow-seed1"].max_grad_norm) == (1e-5, 1, 1.0)
+    mb4 = t["fast-mb4-seed0"]
+    assert (mb4.lr, mb4.steps_per_batch, mb4.max_grad_norm) == (1e-4, 4, 0.5)
+    assert t["warm-recursive"].lr == 5e-5  # the warm start's config: the command's --set, no variant's
+    assert (plan.configs["fast-mb4-seed1"].seed, t["fast-mb4-seed1"].seed) == (1, 1)
+    ov = unit_overrides(plan, plan.unit("fast-mb4-seed1"), checkpoint="/w")
+    assert ov.index("trainer.lr=5.0e-5") < ov.index("trainer.lr=1.0e-4") < ov.index("seed=1")
+    assert "warm_start.checkpoint=/w" in ov and "eval.enabled=false" in ov
+    assert plan.shares_warm_eval == {u.name: True for u in plan.units[1:]}
+    slow, fast = (estimate_unit(plan, plan.unit(n)) for n in ("slow-seed0", "fast-mb4-seed0"))
+    assert slow == fast and round(fast["total"] / 60) == 41
+    status = status_text(plan)
+    assert "5 units (1 warm start(s) with their evaluation, 4 variant x seed)" in status
+    assert "variants (each the recursive arm from warm-recursive, with these overrides):" in status
+    assert "\n  fast-mb4         trainer.lr=1.0e-4 trainer.steps_per_batch=4 trainer.max_grad_norm=0.5\n" in status
+    assert _row(status, "fast-mb4-seed1")[1:5] == ["to", "do", "41", "est."]
+    assert ("next: rao experiment tiny-sweep --config configs/cpu-smoke.yaml --unit warm-recursive "
+            "--set trainer.lr=5.0e-5") in status
+
+
+def test_a_design_s_variants_are_checked_when_it_is_made():
+    from research.designs import UnitDesign
+
+    with pytest.raises(ValueError, match="a design with variants has one arm"):
+        UnitDesign(arms=("recursive", "single"), variants={"a": ("trainer.lr=1.0e-5",)})
+    for bad in ("Lr1", "warm-x", "a b", "-a", ""):
+        with pytest.raises(ValueError, match="not a variant name"):
+            UnitDesign(arms=("recursive",), variants={bad: ("trainer.lr=1.0e-5",)})
+    with pytest.raises(ValueError, match="override 'trainer.lr' is not KEY=VALUE"):
+        UnitDesign(arms=("recursive",), variants={"a": ("trainer.lr",)})
+    with pytest.raises(ValueError, match="has no depth-limited control"):
+        UnitDesign(arms=("recursive",), eval_on_training=True, depth_control=("recursive",))
+    assert list(UnitDesign(arms=("recursive",), variants={"lr1e-5-mb1": ("trainer.lr=1.0e-5",)}).variants) == [
+        "lr1e-5-mb1"]
+
+
+def test_a_design_on_training_split_problems_evaluates_one_set_that_no_unit_trains_on(tmp_path, monkeypatch):
+    """eval_on_training: every unit evaluates the same 100 training-split problems, none of them in any unit's RL
+    pool or demonstrations (seeds 0 and 1: two pools), where the plain draw of the same config shares problems with
+    training; the config must say eval.split train and no unit may evaluate otherwise. The warm-start unit and a
+    variant unit evaluate the plan's tasks; the variant's campaign gets its overrides, its record names the variant,
+    and the seed records label its points with it (iteration 0 from the warm-start unit's record: the same weights)."""
+    import flows.campaign
+    import research.units as ru
+    from rao_core.task_sampling import task_identity
+    from rao_core.task_sets import check_task_sets, training_problems
+
+    _checkpoint(tmp_path / "model", b"base")
+    sets = ["eval.split=train", "eval.n_tasks=100", f"model.path={tmp_path / 'model'}"]
+    plan = ru.plan_units("tiny-sweep", SMOKE, sets, _variant_design(eval_on_training=True))
+    tasks = plan.eval_tasks
+    ids = {task_identity(t) for t in tasks}
+    assert len(tasks) == len(ids) == 100 and {(t.split, t.difficulty) for t in tasks} == {("train", "tier1")}
+    trained = set().union(*(training_problems(cfg) for cfg in plan.configs.values()))
+    assert not ids & trained and trained > training_problems(plan.configs["slow-seed0"])  # seed 1's pool too
+    with pytest.raises(ValueError, match=r"evaluation \(eval.seed 1234\) and training \(seed 0\) share \d+ task"):
+        check_task_sets(plan.configs["slow-seed0"])  # the plain draw of the same config
+    assert ru.plan_units("tiny-sweep", SMOKE, sets, _variant_design(eval_on_training=True)).eval_tasks == tasks
+    assert ("evaluation set: 100 problems of the training split (eval.seed 1234, tier1, recursive mode), none of them "
+            "in any unit's RL task pool or demonstrations") in ru.status_text(plan, tmp_path)
+    with pytest.raises(ValueError, match="eval.split is 'validation'; set eval.split: train"):
+        ru.plan_units("tiny-sweep", SMOKE, sets[1:], _variant_design(eval_on_training=True))
+    from research.designs import UnitDesign
+
+    with pytest.raises(ValueError, match="unit b-seed0's eval section differs from unit warm-recursive's"):
+        ru.plan_units("tiny-sweep", SMOKE, sets, UnitDesign(arms=("recursive",), seeds=(0,), eval_on_training=True,
+                                                             variants={"b": ("eval.n_tasks=50",)}))
+    # the units: the warm start, then a variant from it, each evaluating the plan's tasks
+    monkeypatch.setenv("RAO_HOME", str(tmp_path / "home"))
+    evaluated, campaigns = [], []
+    monkeypatch.setattr(ru, "build_warm_start", lambda cfg, out, say: (
+        _checkpoint(out, b"rebuilt"), {"sft_steps": 1, "demo_s": 1.0, "sft_s": 2.0})[1])
+    monkeypatch.setattr(ru, "evaluate_checkpoints", lambda cfg, todo, say, control=None, tasks=None: (
+        evaluated.append(([i for i, _ in todo], tasks)),
+        [{"iteration": i, "difficulty": "tier1", "mode": "recursive", "per_task": {t.task_id: float(i > 0)
+                                                                                   for t in tasks}}
+         for i, _ in todo], {"evaluate_s": 1.0})[1:])
+
+    def campaign(params):
+        campaigns.append(params)
+        last = tmp_path / "iter-2"
+        _checkpoint(last, b"trained")
+        return {"iterations": [{"iteration": 2, "checkpoint_local": str(last), "metrics": {}}],
+                "timeline": {"rows": []}, "guard": None}
+
+    monkeypatch.setattr(flows.campaign, "rao_campaign", campaign)
+    root = tmp_path / "repo"
+    warm = ru.run_unit(plan, "warm-recursive", root=root, say=lambda m: None)
+    rec = ru.run_unit(plan, "fast-mb4-seed1", root=root, say=lambda m: None)
+    assert [(its, got is tasks) for its, got in evaluated] == [([0], True), ([2], True)]
+    assert warm["eval_on_training"] is True and warm["variant"] is None
+    assert (rec["variant"], rec["variant_overrides"], rec["seed"]) == (
+        "fast-mb4", ["trainer.lr=1.0e-4", "trainer.steps_per_batch=4", "trainer.max_grad_norm=0.5"], 1)
+    assert rec["warm_start_sha256_matches"] is True and rec["config_values"]["trainer"]["steps_per_batch"] == 4
+    (params,) = campaigns
+    assert params.name.startswith("tiny-sweep-fast-mb4-seed1-") and "trainer.max_grad_norm=0.5" in params.overrides
+    (seed1,) = ru.seed_records(plan, root)
+    assert (seed1["seed"], seed1["arms"]) == (1, ["fast-mb4"])
+    assert [(p["arm"], p["iteration"], sum(p["per_task"].values())) for p in seed1["points"]] == [
+        ("fast-mb4", 0, 0.0), ("fast-mb4", 2, 100.0)]
