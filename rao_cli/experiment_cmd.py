@@ -1,8 +1,10 @@
 """``rao experiment``: learning-curve experiments on CPU, one command each (textcraft-ablation, textcraft-deeper,
 textcraft-nested, textcraft-tier1x, textcraft-tier1, textcraft-cpu: RAO vs an outcome-only ablation vs a single agent;
-recursion one level deeper than trained, on the stable default or the old setting; recursive vs single agent), and
-the studies of an experiment's checkpoints (textcraft-generalisation: success and the cause of each miss vs the number of sub-goals K; textcraft-wallclock:
-wall-clock one tree at a time, children gathered vs sequential vs the single agent; ``research/studies.py``)."""
+recursion one level deeper than trained, on the stable default or the old setting; recursive vs single agent), the
+update-sweep (the update per batch swept on the training split, run as units only), and the studies of an
+experiment's checkpoints (textcraft-generalisation: success and the cause of each miss vs the number of sub-goals K;
+textcraft-wallclock: wall-clock one tree at a time, children gathered vs sequential vs the single agent;
+``research/studies.py``)."""
 
 from __future__ import annotations
 
@@ -159,6 +161,24 @@ def textcraft_deeper(
         return
     _run("textcraft-deeper", config, iterations, arm, write_docs, override, seed, None, "own", name,
          single_checkpoint)
+
+
+@app.command("update-sweep")
+def update_sweep(
+    config: str = typer.Option("configs/experiment-update-sweep.yaml", help="Config of the sweep."),
+    override: list[str] = SETS,
+    status: bool = STATUS,
+    unit: str = UNIT,
+) -> None:
+    """The update per batch swept on the training split (preregistered in the config and
+    docs/experiments/update-sweep.md): lr 1e-5, 3e-5, 1e-4 x 1 or 4 minibatches per batch (the 4-minibatch ones
+    with the approximate-KL stop), one seed, one shared warm start, each variant one unit; evaluated on 100
+    training-split tier1 problems no unit trains on. It runs as units only: --status, then --unit UNIT."""
+    if _units("update-sweep", config, status, unit, override):
+        return
+    from rao_cli import InputError
+
+    raise InputError("update-sweep runs as units only: give --status (the units and the next command) or --unit UNIT")
 
 
 @app.command("textcraft-nested")

@@ -118,6 +118,16 @@ UNIT_DESIGNS: dict[str, UnitDesign] = {
     "textcraft-deeper": UnitDesign(arms=("recursive", "outcome", "single"), seeds=(0, 1, 2), single_warm_start="own",
                                    warm_overrides={"single": ("warm_start.trainer.epochs=4",)},
                                    depth_control=("recursive",)),
+    # docs/experiments/update-sweep.md (preregistered): lr x minibatches per batch, the 4-minibatch ones with the
+    # approximate-KL stop; one seed, one shared warm start; evaluated on training-split problems no unit trains on
+    "update-sweep": UnitDesign(arms=("recursive",), seeds=(0,), eval_on_training=True, variants={
+        "lr1e-5-mb1": ("trainer.lr=1.0e-5", "trainer.steps_per_batch=1"),
+        "lr3e-5-mb1": ("trainer.lr=3.0e-5", "trainer.steps_per_batch=1"),
+        "lr1e-4-mb1": ("trainer.lr=1.0e-4", "trainer.steps_per_batch=1"),
+        "lr1e-5-mb4": ("trainer.lr=1.0e-5", "trainer.steps_per_batch=4", "trainer.target_kl=0.02"),
+        "lr3e-5-mb4": ("trainer.lr=3.0e-5", "trainer.steps_per_batch=4", "trainer.target_kl=0.02"),
+        "lr1e-4-mb4": ("trainer.lr=1.0e-4", "trainer.steps_per_batch=4", "trainer.target_kl=0.02"),
+    }),
 }
 
 
