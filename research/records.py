@@ -224,15 +224,12 @@ def paired_sign_test(tables: Sequence[tuple[dict[str, Any], dict[str, Any]]]) ->
 def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[bool]:
     """Holm's step-down correction (Holm 1979) of ``pvalues`` at family-wise level ``alpha``: sorted
     ascending, the k-th smallest (k = 0, 1, ...) is rejected while p_(k) < alpha / (m - k); at the first that is
-    not, it and every larger one are kept. Returns, in the input's order, whether each is rejected.
+    not, it and every larger one are kept. Returns, in the input's order, whether each is rejected: its adjusted
+    p-value (:func:`rao_core.regression.holm_adjusted`, the nightly's) below ``alpha``.
     With two tests: the smaller p < alpha / 2 and then the larger < alpha."""
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
-    out = [False] * len(pvalues)
-    for k, i in enumerate(order):
-        if not pvalues[i] < alpha / (len(pvalues) - k):
-            break
-        out[i] = True
-    return out
+    from rao_core.regression import holm_adjusted
+
+    return [p < alpha for p in holm_adjusted(pvalues)]
 
 
 def seed_comparison(records: list[dict[str, Any]], arm: str, against: str, difficulty: str,
