@@ -74,6 +74,7 @@ CASES = [
     ("experiment textcraft-deeper --single-checkpoint {tmp}/nope", 2,
      "warm_start.checkpoint = '{tmp}/nope': no checkpoint folder there"),
     ("experiment textcraft-cpu --config {bad_yaml}", 2, "error: {bad_yaml}: " + YAML_WHERE),
+    ("experiment update-sweep --unit nope", 2, "error: --unit 'nope': no such unit of update-sweep"),
     ("experiment seeds no-such-experiment", 2, "no record of no-such-experiment under "),
     ("experiment rerun {tmp}/none.json {garbage}", 2, "error: record not found: {tmp}/none.json"),
     ("experiment rerun {garbage} {garbage}", 2, "error: {garbage}: not a JSON record"),
